@@ -1,0 +1,28 @@
+"""Exception types: every user-facing error names the field or tensor and what was expected."""
+
+from __future__ import annotations
+
+
+class HeadwiseError(Exception):
+    """Base class for errors caused by user input (CLI exit code 2)."""
+
+
+class ConfigError(HeadwiseError, ValueError):
+    """An invalid configuration value; the message names the field, the value and what is allowed."""
+
+
+class SelectorError(HeadwiseError, ValueError):
+    """A malformed or out-of-range head selector; the message names the selector and model shape."""
+
+
+class SpecError(HeadwiseError, ValueError):
+    """An invalid YAML spec; the message starts with the field path (e.g. ``heads.L1.H9``)."""
+
+
+class CheckpointError(HeadwiseError, ValueError):
+    """A corrupt, truncated or mismatched checkpoint; the message names the file and key."""
+
+
+def field_error(path: str, value: object, expected: str) -> ConfigError:
+    """Build a ConfigError with the standard ``path: got VALUE, expected ...`` message."""
+    return ConfigError(f"{path}: got {value!r}, expected {expected}")

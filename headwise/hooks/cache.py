@@ -1,0 +1,178 @@
+"""Attaching hooks for a ``with`` block, and ``run_with_cache`` with its ActivationCache."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from torch import Tensor, nn
+
+from headwise.hooks.hook_point import Hook, HookContext, HookPoint
+
+
+def _points(model: nn.Module) -> dict[str, HookPoint]:
+    return {m.name: m for m in model.modules() if isinstance(m, HookPoint)}
+
+
+def _as_hooks(items: Iterable[Any]) -> list[Hook]:
+    out: list[Hook] = []
+    for item in items:
+        if isinstance(item, Hook):
+            out.append(item)
+        elif isinstance(item, tuple) and 2 <= len(item) <= 3:  # (name, fn[, heads])
+            out.append(Hook(item[0], item[1], tuple(item[2]) if len(item) == 3 else None))
+        elif isinstance(item, Iterable) and not isinstance(item, (str, bytes)):
+            out.extend(_as_hooks(item))
+        else:
+            raise TypeError(f"hooks: expected Hook or (name, fn[, heads]) tuples, got {item!r}")
+    return out
+
+
+@contextmanager
+def attach_hooks(model: nn.Module, *hooks: Any) -> Iterator[None]:
+    """Attach hooks while the block runs; all are detached on exit, even on error.
+
+    Args:
+        model: a model containing HookPoints.
+        hooks: ``Hook`` objects, ``(name, fn)`` / ``(name, fn, heads)`` tuples, or lists of them.
+
+    Raises:
+        KeyError: a name that is no hook point of the model (with the close matches).
+    """
+    points = _points(model)
+    attached: list[tuple[HookPoint, Hook]] = []
+    try:
+        for hook in _as_hooks(hooks):
+            for point in _resolve(points, hook.name):
+                point.attach(hook)
+                attached.append((point, hook))
+        yield
+    finally:
+        for point, hook in attached:
+            point.detach(hook)
+
+
+def _resolve(points: dict[str, HookPoint], name: str | Callable[[str], bool]) -> list[HookPoint]:
+    if callable(name):
+        return [p for n, p in points.items() if name(n)]
+    if name not in points:
+        from difflib import get_close_matches
+
+        close = get_close_matches(name, list(points), n=3)
+        raise KeyError(f"{name!r} is not a hook point of this model; close: {close}")
+    return [points[name]]
+
+
+class ActivationCache:
+    """Cached activations by hook name; head-restricted entries record which heads they hold.
+
+    ``cache[name]`` is the tensor. For points with a head axis, ``cache.heads_of(name)`` gives
+    the head indices along it (``None``: all heads) and ``cache.head(name, h)`` one head's slice.
+    """
+
+    def __init__(self) -> None:
+        self._store: dict[str, Tensor] = {}
+        self._heads: dict[str, tuple[int, ...] | None] = {}
+        self._axis: dict[str, int | None] = {}
+
+    def __getitem__(self, name: str) -> Tensor:
+        if name not in self._store:
+            raise KeyError(f"{name!r} was not cached; cached: {sorted(self._store)}")
+        return self._store[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._store
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def keys(self) -> list[str]:
+        return list(self._store)
+
+    def items(self) -> list[tuple[str, Tensor]]:
+        return list(self._store.items())
+
+    def heads_of(self, name: str) -> tuple[int, ...] | None:
+        """Head indices held along the head axis of ``name`` (``None``: every head)."""
+        self[name]
+        return self._heads[name]
+
+    def axis_of(self, name: str) -> int | None:
+        """The head axis of ``name``'s value (``None``: not head-shaped)."""
+        self[name]
+        return self._axis[name]
+
+    def head(self, name: str, head: int) -> Tensor:
+        """One head's slice of a cached value (the head axis removed).
+
+        Raises:
+            KeyError: the head was not cached at this point.
+        """
+        value, axis, heads = self[name], self._axis[name], self._heads[name]
+        if axis is None:
+            raise KeyError(f"{name!r} has no head axis")
+        pos = head if heads is None else (heads.index(head) if head in heads else None)
+        if pos is None:
+            raise KeyError(f"{name!r}: head {head} not cached; cached heads {heads}")
+        return value.select(axis, pos)
+
+    def _put(self, name: str, value: Tensor, ctx: HookContext, axis: int | None) -> None:
+        self._store[name] = value
+        self._heads[name] = ctx.heads
+        self._axis[name] = axis
+
+
+def run_with_cache(model: nn.Module, tokens: Tensor,
+                   names: Iterable[str] | Callable[[str], bool], heads: Any = None,
+                   detach: bool = True, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
+    """Run ``model(tokens, **kwargs)`` and cache exactly the requested hook points.
+
+    Args:
+        names: hook names, or a predicate over names.
+        heads: restrict head-axis points to these heads: a ``HeadSet`` / selector string (each
+            layer's points get that layer's heads), or ``None`` for all heads. Attention keeps
+            every head not cached (and not otherwise requested) on the fused path.
+        detach: store detached tensors (set ``False`` to keep the graph, e.g. for a loss).
+
+    Returns:
+        ``(logits, cache)``.
+    """
+    points = _points(model)
+    selected = [n for n in points if names(n)] if callable(names) else list(names)
+    layer_heads = _layer_heads(model, heads)
+    cache = ActivationCache()
+    hooks = []
+    for name in selected:
+        if name not in points:
+            _resolve(points, name)  # raises with suggestions
+        point = points[name]
+        restrict = None
+        if layer_heads is not None and point.head_axis is not None:
+            restrict = layer_heads.get(_layer_of(name), ())
+            if not restrict:
+                continue
+
+        def store(x: Tensor, ctx: HookContext, name: str = name,
+                  axis: int | None = point.head_axis) -> None:
+            cache._put(name, x.detach() if detach else x, ctx, axis)
+
+        hooks.append(Hook(name, store, restrict))
+    with attach_hooks(model, hooks):
+        logits = model(tokens, **kwargs)
+    return logits, cache
+
+
+def _layer_of(name: str) -> int | None:
+    parts = name.split(".")
+    return int(parts[1]) if parts[0] == "blocks" and len(parts) > 1 else None
+
+
+def _layer_heads(model: nn.Module, heads: Any) -> dict[int | None, tuple[int, ...]] | None:
+    if heads is None:
+        return None
+    from headwise.heads import HeadSet
+
+    cfg = model.config  # type: ignore[attr-defined]
+    hs = heads if isinstance(heads, HeadSet) else HeadSet.parse(heads, cfg.n_layers, cfg.n_heads)
+    return {layer: hs.in_layer(layer) for layer in hs.layers}

@@ -1,0 +1,193 @@
+"""Multi-head self-attention with a fused path (SDPA) and an explicit path for requested heads.
+
+Per head h (Vaswani et al. 2017)::
+
+    q_h = x W_Q[h], k_h = x W_K[g(h)], v_h = x W_V[g(h)]       g(h) = h // (H / H_kv)  (GQA)
+    scores_h = q_h k_h^T / sqrt(Dh)   masked where not allowed
+    pattern_h = softmax(scores_h)     (a row with no allowed key is all zeros)
+    z_h = pattern_h v_h;  out = concat_h(z_h) W_O + b_O
+
+The module picks its path itself: heads whose scores or pattern some attached hook asks for are
+computed explicitly (and exposed at ``hook_attn_scores`` / ``hook_pattern``); every other head
+runs through ``torch.nn.functional.scaled_dot_product_attention``. The fused call always covers
+all heads, so the outputs of heads that stay fused are the very same numbers whatever is
+requested; explicit heads then overwrite their slice.
+
+Optional slots installed by ``headwise.control`` (never set by the builder):
+``head_mask`` (structural masks) and ``head_gate`` (task gates).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from headwise.hooks.hook_point import HookPoint
+from headwise.model.positional import Rotary
+
+# head_mask(seq_len, task_ids, device) -> bool mask (H|1, T, T) or (B, H|1, T, T), True = may attend
+HeadMaskFn = Callable[[int, "Tensor | None", torch.device], "Tensor | None"]
+
+
+class Attention(nn.Module):
+    """Multi-head (optionally grouped-query) self-attention.
+
+    Args:
+        q_proj: Linear D -> H*Dh.  k_proj, v_proj: Linear D -> H_kv*Dh.  o_proj: H*Dh -> D.
+        n_heads: H.  n_kv_heads: H_kv (divides H).  d_head: Dh.
+        causal: mask keys after the query.
+        rotary: rotary embedding applied to q and k, or ``None``.
+        dropout: attention dropout on the pattern (training only).
+    """
+
+    def __init__(self, q_proj: nn.Module, k_proj: nn.Module, v_proj: nn.Module,
+                 o_proj: nn.Module, *, n_heads: int, n_kv_heads: int, d_head: int,
+                 causal: bool, rotary: Rotary | None = None, dropout: float = 0.0) -> None:
+        super().__init__()
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
+        self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_head
+        self.group = n_heads // n_kv_heads
+        self.causal = causal
+        self.rotary = rotary
+        self.dropout = dropout
+        self.head_mask: HeadMaskFn | None = None
+        self.head_gate: nn.Module | None = None
+        self.hook_q = HookPoint(head_axis=2)  # (B, T, H, Dh)
+        self.hook_k = HookPoint(head_axis=2, kv_group=self.group)  # (B, T, H_kv, Dh)
+        self.hook_v = HookPoint(head_axis=2, kv_group=self.group)  # (B, T, H_kv, Dh)
+        if rotary is not None:
+            self.hook_rot_q = HookPoint(head_axis=2)
+            self.hook_rot_k = HookPoint(head_axis=2, kv_group=self.group)
+        self.hook_attn_scores = HookPoint(head_axis=1)  # (B, h, T, T) for explicit heads
+        self.hook_pattern = HookPoint(head_axis=1)  # (B, h, T, T) for explicit heads
+        self.hook_z = HookPoint(head_axis=2)  # (B, T, H, Dh)
+        self.hook_result = HookPoint(head_axis=2)  # (B, T, H, D), only when requested
+
+    def kv_heads(self, heads: Tensor | list[int]) -> Tensor:
+        """The kv head each query head reads: ``h // (H / H_kv)``."""
+        return torch.as_tensor(heads) // self.group
+
+    def explicit_heads(self) -> tuple[int, ...]:
+        """Heads the attached hooks need explicit scores/patterns for (empty: all fused)."""
+        wanted: set[int] = set()
+        for point in (self.hook_attn_scores, self.hook_pattern):
+            req = point.requested_heads()
+            if req is None:
+                continue
+            if -1 in req:
+                return tuple(range(self.n_heads))
+            wanted |= req
+        return tuple(sorted(wanted))
+
+    def forward(self, x: Tensor, key_padding: Tensor | None = None,
+                task_ids: Tensor | None = None) -> Tensor:
+        """Args:
+            x: (B, T, D) input.
+            key_padding: (B, T) bool, True for real tokens, or ``None``.
+            task_ids: (B,) long task index per example (for masks and gates), or ``None``.
+
+        Returns:
+            (B, T, D) attention output, before the residual add.
+        """
+        B, T, _ = x.shape
+        H, Hkv, Dh = self.n_heads, self.n_kv_heads, self.d_head
+        q = self.hook_q(self.q_proj(x).view(B, T, H, Dh))
+        k = self.hook_k(self.k_proj(x).view(B, T, Hkv, Dh))
+        v = self.hook_v(self.v_proj(x).view(B, T, Hkv, Dh))
+        if self.rotary is not None:
+            q = self.hook_rot_q(self.rotary(q))
+            k = self.hook_rot_k(self.rotary(k))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|Hkv, T, Dh)
+
+        allowed = self._allowed(B, T, key_padding, task_ids, x.device)  # (B|1, H|1, T, T)|None
+        explicit = self.explicit_heads()
+        z = None
+        if len(explicit) < H:
+            z = self._fused(q, k, v, allowed)  # (B, H, T, Dh)
+        if explicit:
+            z_exp = self._explicit(q, k, v, allowed, explicit)  # (B, h, T, Dh)
+            idx = torch.tensor(explicit, device=x.device)
+            z = z_exp if z is None else z.index_copy(1, idx, z_exp)
+        assert z is not None
+        z = self.hook_z(z.transpose(1, 2))  # (B, T, H, Dh)
+        if self.head_gate is not None:
+            z = self.head_gate(z, task_ids)
+        if self.hook_result.active:
+            return self._per_head_result(z)
+        return self.o_proj(z.reshape(B, T, H * Dh))
+
+    def _allowed(self, B: int, T: int, key_padding: Tensor | None, task_ids: Tensor | None,
+                 device: torch.device) -> Tensor | None:
+        """Combine causal, padding and per-head masks; ``None`` when only causal (or nothing)."""
+        head = self.head_mask(T, task_ids, device) if self.head_mask is not None else None
+        if key_padding is None and head is None:
+            return None
+        allowed = torch.ones(1, 1, T, T, dtype=torch.bool, device=device)
+        if self.causal:
+            allowed = allowed.tril()
+        if key_padding is not None:
+            allowed = allowed & key_padding[:, None, None, :].bool()  # (B, 1, T, T)
+        if head is not None:
+            if head.dim() == 3:
+                head = head[None]
+            allowed = allowed & head
+        return allowed
+
+    def _fused(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:
+        p = self.dropout if self.training else 0.0
+        gqa = self.group > 1
+        if allowed is None:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal,
+                                                  enable_gqa=gqa)
+        # A row with no allowed key would give NaN: let it attend everywhere, then zero it.
+        row_ok = allowed.any(-1, keepdim=True)  # (B|1, H|1, T, 1)
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~row_ok, dropout_p=p,
+                                           enable_gqa=gqa)
+        return z * row_ok
+
+    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None,
+                  heads: tuple[int, ...]) -> Tensor:
+        idx = torch.tensor(heads, device=q.device)
+        kv_idx = idx // self.group
+        qh = q.index_select(1, idx)  # (B, h, T, Dh)
+        kh = k.index_select(1, kv_idx)  # (B, h, T, Dh)
+        vh = v.index_select(1, kv_idx)
+        scores = qh @ kh.transpose(-1, -2) / math.sqrt(self.d_head)  # (B, h, T, T)
+        T = q.shape[2]
+        if allowed is None and self.causal:
+            allowed = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()[None, None]
+        if allowed is not None:
+            if allowed.shape[1] > 1:
+                allowed = allowed.index_select(1, idx)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        scores = self.hook_attn_scores(scores, heads)
+        if allowed is not None:
+            row_ok = allowed.any(-1, keepdim=True)
+            pattern = torch.softmax(scores.masked_fill(~row_ok, 0.0), dim=-1) * row_ok
+        else:
+            pattern = torch.softmax(scores, dim=-1)
+        pattern = self.hook_pattern(pattern, heads)  # (B, h, T, T)
+        pattern = F.dropout(pattern, self.dropout, self.training)
+        return pattern @ vh  # (B, h, T, Dh)
+
+    def _per_head_result(self, z: Tensor) -> Tensor:
+        """Per-head contributions to the residual (``hook_result``), then their sum + bias."""
+        B, T, H, Dh = z.shape
+        weight = _effective_weight(self.o_proj)  # (D, H*Dh)
+        w = weight.view(weight.shape[0], H, Dh)  # (D, H, Dh)
+        result = self.hook_result(torch.einsum("bthd,mhd->bthm", z, w))  # (B, T, H, D)
+        out = result.sum(2)
+        bias = getattr(self.o_proj, "bias", None)
+        return out + bias if bias is not None else out
+
+
+def _effective_weight(linear: nn.Module) -> Tensor:
+    """The weight a Linear-like module applies (an adapter exposes ``effective_weight()``)."""
+    fn = getattr(linear, "effective_weight", None)
+    return fn() if callable(fn) else linear.weight  # type: ignore[return-value]

@@ -1,0 +1,132 @@
+"""Transformer: embeddings, a stack of blocks, final norm and unembedding, with hook points.
+
+``model(tokens, attention_mask=None, token_type_ids=None, task_ids=None) -> logits (B, T, V)``;
+``model.hidden(...)`` returns the final residual stream (after the final norm, if any).
+Hooks are attached with ``model.hooks(...)`` and activations cached with
+``model.run_with_cache(...)`` (both implemented in ``headwise.hooks``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from headwise.hooks.hook_point import Hook, HookPoint
+
+if TYPE_CHECKING:
+    from headwise.config import ModelConfig
+    from headwise.hooks.cache import ActivationCache
+
+
+class Transformer(nn.Module):
+    """The model. Build it with ``build_model(config)``; sub-modules are injected here.
+
+    Args:
+        config: kept for reference (shape, conversion, saving); never read by sub-modules.
+        embed: token embedding (V, D).
+        pos_embed: absolute positional module ``(T) -> (T, D)`` or ``None``.
+        token_type_embed: segment embedding (BERT) or ``None``.
+        embed_norm: norm after the embedding sum (BERT) or ``None``.
+        blocks: the layers.
+        ln_final: final norm (pre-norm models) or ``None``.
+        unembed: Linear D -> V (weight shared with ``embed`` when tied).
+        dropout: embedding dropout.
+    """
+
+    def __init__(self, config: ModelConfig, *, embed: nn.Embedding, pos_embed: nn.Module | None,
+                 token_type_embed: nn.Embedding | None, embed_norm: nn.Module | None,
+                 blocks: Sequence[nn.Module], ln_final: nn.Module | None, unembed: nn.Linear,
+                 dropout: float = 0.0) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = embed
+        self.pos_embed = pos_embed
+        self.token_type_embed = token_type_embed
+        self.embed_norm = embed_norm
+        self.embed_dropout = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(blocks)
+        self.ln_final = ln_final
+        self.unembed = unembed
+        self.hook_embed = HookPoint()
+        self.hook_pos_embed = HookPoint()
+        self.hook_logits = HookPoint()
+        for name, module in self.named_modules():
+            if isinstance(module, HookPoint):
+                module.name = name
+
+    def hidden(self, tokens: Tensor, attention_mask: Tensor | None = None,
+               token_type_ids: Tensor | None = None, task_ids: Tensor | None = None) -> Tensor:
+        """Final residual stream (B, T, D).
+
+        Args:
+            tokens: (B, T) long token ids.
+            attention_mask: (B, T), 1/True for real tokens and 0/False for padding (HF style).
+            token_type_ids: (B, T) segment ids (models with ``n_token_types`` > 0).
+            task_ids: (B,) task index per example (task masks and gates).
+
+        Raises:
+            ValueError: naming the tensor whose shape, dtype or range is wrong.
+        """
+        _check_inputs(tokens, attention_mask, task_ids, self.embed.num_embeddings)
+        B, T = tokens.shape
+        x = self.hook_embed(self.embed(tokens))  # (B, T, D)
+        if self.pos_embed is not None:
+            x = x + self.hook_pos_embed(self.pos_embed(T))
+        if self.token_type_embed is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(tokens)
+            x = x + self.token_type_embed(token_type_ids)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
+        x = self.embed_dropout(x)
+        key_padding = attention_mask.bool() if attention_mask is not None else None
+        for block in self.blocks:
+            x = block(x, key_padding, task_ids)
+        return self.ln_final(x) if self.ln_final is not None else x
+
+    def forward(self, tokens: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None,
+                task_ids: Tensor | None = None) -> Tensor:
+        """Logits (B, T, V); arguments as in ``hidden``."""
+        return self.hook_logits(
+            self.unembed(self.hidden(tokens, attention_mask, token_type_ids, task_ids)))
+
+    def hook_points(self) -> dict[str, HookPoint]:
+        """Every hook point of the model by name, in module order."""
+        return {n: m for n, m in self.named_modules() if isinstance(m, HookPoint)}
+
+    def hooks(self, *hooks: Hook | tuple[Any, ...] | Iterable[Hook]
+              ) -> AbstractContextManager[None]:
+        """Attach hooks for the duration of a ``with`` block (see ``headwise.hooks.hooks``)."""
+        from headwise.hooks.cache import attach_hooks
+
+        return attach_hooks(self, *hooks)
+
+    def run_with_cache(self, tokens: Tensor, names: Iterable[str] | Callable[[str], bool],
+                       heads: Any = None, detach: bool = True,
+                       **kwargs: Any) -> tuple[Tensor, ActivationCache]:
+        """Run forward and cache only the named points (see ``headwise.hooks.run_with_cache``)."""
+        from headwise.hooks.cache import run_with_cache
+
+        return run_with_cache(self, tokens, names, heads=heads, detach=detach, **kwargs)
+
+
+def _check_inputs(tokens: Tensor, attention_mask: Tensor | None, task_ids: Tensor | None,
+                  vocab: int) -> None:
+    if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
+        got = (f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, Tensor)
+               else type(tokens).__name__)
+        raise ValueError(f"tokens: expected a (B, T) long tensor, got {got}")
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise ValueError(f"tokens: ids must lie in [0, {vocab}), got range "
+                         f"[{int(tokens.min())}, {int(tokens.max())}]")
+    if attention_mask is not None and attention_mask.shape != tokens.shape:
+        raise ValueError(f"attention_mask: expected shape {tuple(tokens.shape)} like tokens, "
+                         f"got {tuple(attention_mask.shape)}")
+    if task_ids is not None and task_ids.shape != tokens.shape[:1]:
+        raise ValueError(f"task_ids: expected shape ({tokens.shape[0]},), "
+                         f"got {tuple(task_ids.shape)}")
