@@ -80,7 +80,8 @@ class HeadSet:
                 out.append(part)
                 continue
             if not isinstance(part, str):
-                raise SelectorError(f"{part!r}: expected a selector string like 'L1.H2'")
+                raise SelectorError(f"{part!r}: expected a selector string like 'L1.H2'"
+                                    f" ({n_layers} layers x {n_heads} heads)")
             out.extend(_parse_item(part.replace(" ", ""), n_layers, n_heads))
         return cls(out, n_layers, n_heads)
 
@@ -150,7 +151,7 @@ def _parse_item(item: str, n_layers: int, n_heads: int) -> list[Head]:
     if not m:
         raise SelectorError(
             f"{item!r}: malformed head selector; expected forms like 'L1.H2', 'L1.*', '*.H0', "
-            "'L0-2.H1-3'"
+            f"'L0-2.H1-3' ({n_layers} layers x {n_heads} heads)"
         )
     layers = _span(item, m.group(1), m.group(2), m.group(3), n_layers, "layer", n_layers, n_heads)
     heads = _span(item, m.group(4), m.group(5), m.group(6), n_heads, "head", n_layers, n_heads)
@@ -164,7 +165,8 @@ def _span(item: str, whole: str, lo: str | None, hi: str | None, size: int, what
     start = int(lo)  # type: ignore[arg-type]
     stop = int(hi) if hi is not None else start
     if stop < start:
-        raise SelectorError(f"{item!r}: empty {what} range {start}-{stop}")
+        raise SelectorError(f"{item!r}: empty {what} range {start}-{stop}"
+                            f" ({n_layers} layers x {n_heads} heads)")
     limit = n_layers if what == "layer" else n_heads
     if stop >= limit:
         if what == "layer":
