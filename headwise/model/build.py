@@ -26,6 +26,7 @@ def build_model(config: ModelConfig, seed: int | None = None) -> Transformer:
             without touching the global RNG).
     """
     c = config
+    rng_state = torch.get_rng_state() if seed is not None else None  # layer constructors draw
     assert c.d_head is not None and c.n_kv_heads is not None and c.d_ff is not None
     qkv_bias = c.bias in ("all", "qkv")
     bias = c.bias == "all"
@@ -61,6 +62,8 @@ def build_model(config: ModelConfig, seed: int | None = None) -> Transformer:
         unembed=unembed, dropout=c.dropout,
     )
     _init_weights(model, c.n_layers, seed)
+    if rng_state is not None:
+        torch.set_rng_state(rng_state)
     return model
 
 
