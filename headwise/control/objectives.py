@@ -1,0 +1,316 @@
+"""Attention-pattern objectives: per-head pattern targets (KL / CE / MSE) and entropy bounds.
+
+Every objective follows the ``Objective`` protocol the trainer uses::
+
+    with model.hooks(*obj.hooks()):          # capture what the loss needs, with gradient
+        logits = model(tokens, attention_mask)
+    term, logs = obj.loss(tokens, attention_mask)   # weight * loss, per-head values
+
+Pattern losses attach a ``Hook`` on ``blocks.{l}.attn.hook_pattern`` restricted to the
+supervised heads, so only those heads leave the fused (SDPA) path.
+
+Notation for one supervised head: ``P[b, i, :]`` is the model's attention row of query ``i``
+(a distribution over keys, zero on masked keys), ``Q[b, i, :]`` the target row. The *valid
+rows* are those where (1) the target is defined (index >= 0, or a row with positive mass),
+(2) the query is a real token (``attention_mask``), and (3) the model row has at least one
+allowed key. For index targets, (1) also requires the target key to be allowed by the model's
+causal and padding masks. Per-row losses (natural log, ``eps = 1e-12``)::
+
+    kl:  sum_j Q_ij (log Q_ij - log max(P_ij, eps))      (0 log 0 = 0)
+    ce:  - sum_j Q_ij log max(P_ij, eps)
+    mse: sum_j (P_ij - Q_ij)^2
+
+A head's loss is the mean of its per-row losses over valid rows (0 if none); the objective's
+loss is the mean over its heads, times ``weight``. See ``docs/levers.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor, nn
+
+from headwise.control._common import as_headset, model_shape
+from headwise.hooks.hook_point import Hook, HookContext
+
+EPS = 1e-12
+LOSS_KINDS = ("kl", "ce", "mse")
+TARGETS = ("previous_token", "induction", "first_token", "self", "uniform")
+TargetFn = Callable[[Tensor], Tensor]
+
+
+@runtime_checkable
+class Objective(Protocol):
+    """A loss term the trainer adds to the task loss (``weight`` may be changed by the caller)."""
+
+    name: str
+    weight: float
+
+    def hooks(self) -> list[Hook]:
+        """Hooks to attach during the forward pass."""
+        ...
+
+    def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
+             ) -> tuple[Tensor, dict[str, float]]:
+        """``(weight * loss, {log name: unweighted value})`` after the forward pass."""
+        ...
+
+
+class _PatternCapture:
+    """Captures, with gradient, the patterns (B, h, T, T) of chosen heads during a forward."""
+
+    def __init__(self, model: nn.Module, heads: Any, what: str) -> None:
+        self.model = model
+        self.heads = as_headset(model, heads, what)
+        if not len(self.heads):
+            raise ValueError(f"{what}: got an empty head set, expected at least one head")
+        self.causal = bool(model.config.causal)  # type: ignore[union-attr]
+        self._captured: dict[int, tuple[tuple[int, ...], Tensor]] = {}
+
+    def hooks(self) -> list[Hook]:
+        def grab(layer: int) -> Callable[[Tensor, HookContext], None]:
+            def fn(x: Tensor, ctx: HookContext) -> None:
+                assert ctx.heads is not None
+                self._captured[layer] = (ctx.heads, x)
+            return fn
+        return [Hook(f"blocks.{l}.attn.hook_pattern", grab(l), self.heads.in_layer(l))
+                for l in self.heads.layers]
+
+    def patterns(self) -> list[tuple[str, Tensor]]:
+        """``[(head name, P (B, T, T))]`` from the last forward; clears the capture.
+
+        Raises:
+            RuntimeError: nothing was captured (the forward ran without ``hooks()``).
+        """
+        out = []
+        for layer in self.heads.layers:
+            if layer not in self._captured:
+                raise RuntimeError(f"no attention pattern captured for layer {layer}: run the "
+                                   "forward inside `with model.hooks(*objective.hooks())`")
+            held, x = self._captured[layer]
+            for h in self.heads.in_layer(layer):
+                out.append((f"L{layer}.H{h}", x[:, held.index(h)]))
+        self._captured.clear()
+        return out
+
+
+def _key_allowed(B: int, T: int, causal: bool, attention_mask: Tensor | None,
+                 device: torch.device) -> Tensor:
+    """(B, T, T) bool: keys the model's own causal and padding masks allow."""
+    allowed = torch.ones(1, T, T, dtype=torch.bool, device=device)
+    if causal:
+        allowed = allowed.tril()
+    if attention_mask is not None:
+        allowed = allowed & attention_mask.bool()[:, None, :]
+    return allowed.expand(B, T, T)
+
+
+def _index_target(idx: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
+    """One-hot rows from (B, T) key indices (-1 = none); rows whose key is disallowed drop."""
+    T = allowed.shape[-1]
+    if idx.numel() and int(idx.max()) >= T:
+        raise ValueError(f"target: index {int(idx.max())} out of range for T={T} positions")
+    has = idx >= 0
+    safe = idx.clamp_min(0)
+    key_ok = allowed.gather(-1, safe[..., None]).squeeze(-1)
+    Q = torch.nn.functional.one_hot(safe, T).to(torch.float32)
+    return Q, has & key_ok
+
+
+def _induction_index(tokens: Tensor, real: Tensor) -> Tensor:
+    """(B, T): ``j + 1`` for the latest ``j < i`` with ``tokens[j] == tokens[i]``, else -1."""
+    B, T = tokens.shape
+    pos = torch.arange(T, device=tokens.device)
+    same = (tokens[:, :, None] == tokens[:, None, :]) & (pos[None, :] < pos[:, None])
+    same = same & real[:, None, :]
+    last = torch.where(same, pos, -1).amax(-1)  # (B, T)
+    return torch.where(last >= 0, last + 1, -1)
+
+
+def pattern_target(target: Any, tokens: Tensor, attention_mask: Tensor | None,
+                   causal: bool) -> tuple[Tensor, Tensor]:
+    """The target distribution ``Q`` (B, T, T) and its defined rows (B, T) bool.
+
+    See ``PatternObjective`` for the meaning of each target.
+
+    Raises:
+        ValueError: unknown target name, or a tensor/function output of the wrong shape.
+    """
+    B, T = tokens.shape
+    dev = tokens.device
+    allowed = _key_allowed(B, T, causal, attention_mask, dev)
+    real = attention_mask.bool() if attention_mask is not None else torch.ones_like(
+        tokens, dtype=torch.bool)
+    pos = torch.arange(T, device=dev).expand(B, T)
+    if isinstance(target, str):
+        if target == "previous_token":
+            return _index_target(pos - 1, allowed)
+        if target == "self":
+            return _index_target(pos, allowed)
+        if target == "first_token":
+            first = real.to(torch.int8).argmax(1, keepdim=True).expand(B, T)
+            return _index_target(first, allowed)
+        if target == "induction":
+            return _index_target(_induction_index(tokens, real), allowed)
+        if target == "uniform":
+            mass = allowed.to(torch.float32)
+            return mass / mass.sum(-1, keepdim=True).clamp_min(1.0), allowed.any(-1)
+        raise ValueError(f"target: got {target!r}, expected one of {list(TARGETS)}, a (T, T) "
+                         "tensor or a function of the tokens")
+    out = target(tokens) if callable(target) else target
+    if not isinstance(out, Tensor):
+        raise ValueError(f"target: got {type(out).__name__}, expected a tensor")
+    if out.dtype == torch.long and out.shape == (B, T):
+        return _index_target(out.to(dev), allowed)
+    if out.dim() == 2 and out.shape[0] == out.shape[1] and not callable(target):
+        if out.shape[0] < T:
+            raise ValueError(f"target: matrix is {tuple(out.shape)}, the input has T={T}")
+        out = out[:T, :T].expand(B, T, T)
+    if out.shape != (B, T, T) or not out.is_floating_point():
+        raise ValueError(f"target: got {tuple(out.shape)} {out.dtype}, expected a float (T, T) "
+                         f"or ({B}, {T}, {T}) distribution, or ({B}, {T}) long key indices")
+    if bool((out < 0).any()):
+        raise ValueError("target: has negative entries, expected non-negative row weights")
+    out = out.to(dev, torch.float32)
+    mass = out.sum(-1, keepdim=True)
+    return out / mass.clamp_min(EPS), mass.squeeze(-1) > 0
+
+
+def row_loss(P: Tensor, Q: Tensor, kind: str) -> Tensor:
+    """Per-row loss (..., T) of model rows ``P`` against target rows ``Q`` (module docstring)."""
+    logp = torch.log(P.clamp_min(EPS))
+    if kind == "kl":
+        return (torch.special.xlogy(Q, Q) - Q * logp).sum(-1)
+    if kind == "ce":
+        return -(Q * logp).sum(-1)
+    if kind == "mse":
+        return (P - Q).pow(2).sum(-1)
+    raise ValueError(f"kind: got {kind!r}, expected one of {list(LOSS_KINDS)}")
+
+
+def masked_mean(values: Tensor, valid: Tensor) -> Tensor:
+    """Mean of ``values`` over ``valid`` entries (0 when there are none)."""
+    valid = valid.to(values.dtype)
+    return (values * valid).sum() / valid.sum().clamp_min(1.0)
+
+
+class PatternObjective:
+    """Pull chosen heads' attention patterns towards a target.
+
+    Targets (``Q`` rows, see module docstring for valid rows and the loss maths):
+    ``"previous_token"`` (one-hot on ``i - 1``; row 0 excluded), ``"self"`` (on ``i``),
+    ``"first_token"`` (on the first real token), ``"induction"`` (on ``j + 1`` for the latest
+    ``j < i`` holding the same token as ``i``; rows without an earlier occurrence excluded),
+    ``"uniform"`` (uniform over keys allowed by the causal and padding masks), a fixed float
+    (N, N) matrix (its top-left (T, T), rows normalised to sum 1, zero rows excluded), or a
+    function ``fn(tokens (B, T)) -> (B, T, T)`` float row weights (normalised likewise) or
+    ``(B, T)`` long key indices (-1: no target), e.g. syntactic parents.
+
+    Args:
+        model: a headwise Transformer.
+        heads: selector / ``Head`` / ``HeadSet`` of the supervised heads.
+        target: see above.
+        kind: ``"kl"``, ``"ce"`` or ``"mse"``.
+        weight: multiplies the loss.
+
+    Raises:
+        ValueError: unknown ``target`` or ``kind``, or a fixed matrix that is not square.
+        SelectorError: a head out of range.
+    """
+
+    def __init__(self, model: nn.Module, heads: Any, target: Any, kind: str = "kl",
+                 weight: float = 1.0) -> None:
+        if kind not in LOSS_KINDS:
+            raise ValueError(f"kind: got {kind!r}, expected one of {list(LOSS_KINDS)}")
+        if isinstance(target, str) and target not in TARGETS:
+            raise ValueError(f"target: got {target!r}, expected one of {list(TARGETS)}, a "
+                             "(T, T) tensor or a function of the tokens")
+        if isinstance(target, Tensor) and (target.dim() != 2
+                                           or target.shape[0] != target.shape[1]):
+            raise ValueError(f"target: tensor of shape {tuple(target.shape)}, expected (T, T)")
+        if not isinstance(target, (str, Tensor)) and not callable(target):
+            raise ValueError(f"target: got {type(target).__name__}, expected a name, a (T, T) "
+                             "tensor or a function of the tokens")
+        model_shape(model)
+        self.name = "pattern"
+        self.weight = float(weight)
+        self.kind = kind
+        self.target = target
+        self._capture = _PatternCapture(model, heads, "heads")
+        self.heads = self._capture.heads
+
+    def hooks(self) -> list[Hook]:
+        """Hooks on ``hook_pattern`` restricted to the supervised heads."""
+        return self._capture.hooks()
+
+    def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
+             ) -> tuple[Tensor, dict[str, float]]:
+        """``weight * mean_heads(loss_head)`` and ``{"pattern/L0.H0": loss_head, ...}``."""
+        Q, defined = pattern_target(self.target, tokens, attention_mask, self._capture.causal)
+        real = attention_mask.bool() if attention_mask is not None else torch.ones_like(
+            defined)
+        terms, logs = [], {}
+        for name, P in self._capture.patterns():
+            valid = defined & real & (P.detach().sum(-1) > 0.5)
+            value = masked_mean(row_loss(P, Q.to(P.dtype), self.kind), valid)
+            terms.append(value)
+            logs[f"{self.name}/{name}"] = float(value.detach())
+        total = torch.stack(terms).mean()
+        return self.weight * total, logs
+
+
+class EntropyBound:
+    """Keep chosen heads' attention entropy within ``[min, max]`` nats.
+
+    Per valid row (real query with an allowed key) ``H_i = -sum_j P_ij log max(P_ij, eps)``;
+    per head ``mean_i [relu(min - H_i) + relu(H_i - max)]`` over valid rows; the loss is the
+    mean over heads times ``weight``. Missing bounds are not enforced.
+
+    Raises:
+        ValueError: neither bound given, a negative bound, or ``min > max``.
+    """
+
+    def __init__(self, model: nn.Module, heads: Any, min: float | None = None,
+                 max: float | None = None, weight: float = 1.0) -> None:
+        if min is None and max is None:
+            raise ValueError("EntropyBound: got min=None and max=None, expected at least one")
+        for key, v in (("min", min), ("max", max)):
+            if v is not None and v < 0:
+                raise ValueError(f"EntropyBound: {key} got {v}, expected >= 0 (nats)")
+        if min is not None and max is not None and min > max:
+            raise ValueError(f"EntropyBound: min={min} > max={max}")
+        self.name = "entropy"
+        self.weight = float(weight)
+        self.min, self.max = min, max
+        self._capture = _PatternCapture(model, heads, "heads")
+        self.heads = self._capture.heads
+
+    def hooks(self) -> list[Hook]:
+        return self._capture.hooks()
+
+    def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
+             ) -> tuple[Tensor, dict[str, float]]:
+        """``weight * mean_heads(hinge)``; logs each head's mean entropy ``entropy/L0.H0``."""
+        terms, logs = [], {}
+        for name, P in self._capture.patterns():
+            valid = P.detach().sum(-1) > 0.5
+            if attention_mask is not None:
+                valid = valid & attention_mask.bool()
+            ent = -(P * torch.log(P.clamp_min(EPS))).sum(-1)  # (B, T)
+            hinge = torch.zeros_like(ent)
+            if self.min is not None:
+                hinge = hinge + torch.relu(self.min - ent)
+            if self.max is not None:
+                hinge = hinge + torch.relu(ent - self.max)
+            terms.append(masked_mean(hinge, valid))
+            logs[f"{self.name}/{name}"] = float(masked_mean(ent.detach(), valid))
+        return self.weight * torch.stack(terms).mean(), logs
+
+
+# Re-exported so that every Objective constructor lives under one name.
+from headwise.control.regularizers import FFNPenalty, HeadDiversity  # noqa: E402
+
+__all__ = ["EPS", "LOSS_KINDS", "TARGETS", "EntropyBound", "FFNPenalty", "HeadDiversity",
+           "Objective", "PatternObjective", "masked_mean", "pattern_target", "row_loss"]
