@@ -1,1 +1,24 @@
-"""interop"""
+"""Interop with HuggingFace: load GPT-2, BERT and Llama-family checkpoints offline, convert them,
+and exchange LoRA adapters with PEFT."""
+
+from headwise.interop.bert import BertPooler
+from headwise.interop.load import (
+    convert,
+    convert_state_dict,
+    hf_converter,
+    load_converted,
+    load_hf,
+    load_pooler,
+)
+from headwise.interop.registry import (
+    CONVERTERS,
+    Converter,
+    Rule,
+    get_converter,
+    supported_model_types,
+)
+from headwise.interop.tokenizer import encode_batch, load_tokenizer
+
+__all__ = ["CONVERTERS", "BertPooler", "Converter", "Rule", "convert", "convert_state_dict",
+           "encode_batch", "get_converter", "hf_converter", "load_converted", "load_hf",
+           "load_pooler", "load_tokenizer", "supported_model_types"]

@@ -1,0 +1,233 @@
+"""Load HF checkpoints from a local directory into headwise models; convert and reload them.
+
+``load_hf(dir)`` reads ``config.json``, picks the family converter by ``model_type``, translates
+the config, maps every tensor through the converter's key table (checking names and shapes) and
+returns a ``Transformer`` in eval mode. Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor
+
+from headwise.config import ModelConfig
+from headwise.errors import CheckpointError, ConfigError
+from headwise.interop.bert import POOLER_KEYS, BertPooler
+from headwise.interop.registry import Converter, get_converter
+from headwise.interop.weights import SAFETENSORS, read_json, read_safetensors, read_state_dict
+from headwise.model import Transformer, build_model
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.txt", "merges.txt", "vocab.json")
+
+
+def hf_converter(path: str | Path) -> tuple[Converter, ModelConfig]:
+    """The converter and our config for the HF directory ``path`` (reads ``config.json`` only).
+
+    Raises:
+        CheckpointError: no/invalid ``config.json``, unknown ``model_type`` (listing the
+            supported ones), or an unsupported config field (named).
+    """
+    hf = read_json(Path(path) / "config.json")
+    converter = get_converter(hf.get("model_type"))
+    try:
+        config = converter.config_from_hf(hf)
+    except ConfigError as e:
+        raise CheckpointError(f"{Path(path) / 'config.json'}: translated config invalid: {e}"
+                              ) from None
+    return converter, config
+
+
+def convert_state_dict(converter: Converter, config: ModelConfig, hf_state: dict[str, Tensor],
+                       *, source: str = "checkpoint", strict: bool = True,
+                       dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
+    """Map HF tensors to our parameter names, checking every key and shape.
+
+    Args:
+        converter: the family converter.
+        config: our config (decides which parameters exist).
+        hf_state: HF tensors by HF key (prefixes are stripped here).
+        source: name used in error messages (the directory).
+        strict: reject HF keys the converter neither uses nor knows to ignore.
+        dtype: floating tensors are cast to this dtype.
+
+    Returns:
+        Our state dict (tied unembedding included, sharing the embedding tensor).
+
+    Raises:
+        CheckpointError: a missing key, a wrong shape, or (strict) unexpected keys, naming them.
+    """
+    hf = _strip(converter, hf_state, source)
+    shapes = {k: tuple(v.shape) for k, v in build_model(config, seed=0).state_dict().items()}
+    ours: dict[str, Tensor] = {}
+    used: set[str] = set()
+    for key, shape in shapes.items():
+        if key == "unembed.weight" and config.tie_embeddings:
+            continue
+        rule = converter.rule_for(key)
+        if rule is None:
+            raise CheckpointError(f"{source}: the {converter.model_type[0]} converter has no "
+                                  f"rule for our parameter {key!r}")
+        if rule.hf not in hf:
+            sample = sorted(hf)[:3]
+            raise CheckpointError(f"{source}: missing key {rule.hf!r} (needed for our {key}); "
+                                  f"the checkpoint has {len(hf)} keys, e.g. {sample}")
+        tensor, expected = hf[rule.hf], rule.hf_shape(shape)
+        if tuple(tensor.shape) != expected:
+            raise CheckpointError(f"{source}: key {rule.hf!r}: got shape {tuple(tensor.shape)}, "
+                                  f"expected {expected} (for our {key})")
+        tensor = rule.apply(tensor)
+        ours[key] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+        used.add(rule.hf)
+    if config.tie_embeddings:
+        ours["unembed.weight"] = ours["embed.weight"]
+    unexpected = sorted(k for k in hf if k not in used and not converter.is_ignored(k))
+    if strict and unexpected:
+        raise CheckpointError(f"{source}: unexpected keys {unexpected[:5]} (of {len(unexpected)})"
+                              f" not used by the {converter.model_type[0]} converter; pass "
+                              "strict=False to ignore them")
+    return ours
+
+
+def load_hf(path: str | Path, *, strict: bool = True, dtype: torch.dtype = torch.float32,
+            max_seq_len: int | None = None) -> Transformer:
+    """A headwise model with the weights of the local HF checkpoint directory ``path``.
+
+    Args:
+        path: directory with ``config.json`` and ``model.safetensors`` (or its sharded index,
+            or ``pytorch_model.bin``, read with ``weights_only=True``).
+        strict: reject unknown HF keys (task heads we do not model) instead of ignoring them.
+        dtype: parameter dtype (float32 for exact parity).
+        max_seq_len: lower the position limit of a RoPE model (smaller rotary tables).
+
+    Raises:
+        CheckpointError: see ``hf_converter``, ``read_state_dict`` and ``convert_state_dict``.
+    """
+    converter, config = hf_converter(path)
+    if max_seq_len is not None:
+        if config.positional == "learned":
+            raise CheckpointError(f"max_seq_len: got {max_seq_len}, but learned positions fix "
+                                  f"it at {config.max_seq_len}; leave it unset")
+        config = config.replace(max_seq_len=max_seq_len)
+    state = convert_state_dict(converter, config, read_state_dict(path), source=str(path),
+                               strict=strict, dtype=dtype)
+    model = build_model(config, seed=0).to(dtype)
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+def convert(hf_dir: str | Path, out_dir: str | Path, *, strict: bool = True) -> Path:
+    """Convert an HF checkpoint directory to headwise's format in ``out_dir``.
+
+    Writes ``config.json`` (``ModelConfig.to_dict``) and ``model.safetensors`` atomically
+    (temporary file + ``os.replace``), and copies the tokenizer files that exist.
+
+    Returns:
+        ``out_dir`` as a Path.
+    """
+    model = load_hf(hf_dir, strict=strict)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_embeddings:
+        del state["unembed.weight"]  # safetensors refuses shared tensors; rebuilt on load
+    _atomic(out / SAFETENSORS, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    text = json.dumps(model.config.to_dict(), indent=2) + "\n"
+    _atomic(out / "config.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    for name in TOKENIZER_FILES:
+        src = Path(hf_dir) / name
+        if src.is_file():
+            _atomic(out / name, lambda tmp, s=src: shutil.copyfile(s, tmp))
+    return out
+
+
+def load_converted(out_dir: str | Path) -> Transformer:
+    """Reload a model written by ``convert`` (eval mode).
+
+    Raises:
+        CheckpointError: missing/invalid files, missing or unexpected keys, wrong shapes.
+    """
+    d = Path(out_dir)
+    try:
+        config = ModelConfig.from_dict(read_json(d / "config.json"), path="config.json")
+    except ConfigError as e:
+        raise CheckpointError(f"{d}: {e}") from None
+    state = read_safetensors(d / SAFETENSORS)
+    model = build_model(config, seed=0)
+    expected = model.state_dict()
+    if config.tie_embeddings:
+        expected.pop("unembed.weight")
+    for key, value in expected.items():
+        if key not in state:
+            raise CheckpointError(f"{d / SAFETENSORS}: missing key {key!r}")
+        if state[key].shape != value.shape:
+            raise CheckpointError(f"{d / SAFETENSORS}: key {key!r}: got shape "
+                                  f"{tuple(state[key].shape)}, expected {tuple(value.shape)}")
+    extra = sorted(set(state) - set(expected))
+    if extra:
+        raise CheckpointError(f"{d / SAFETENSORS}: unexpected keys {extra[:5]}")
+    model.load_state_dict(state, strict=False)
+    return model.eval()
+
+
+def _strip(converter: Converter, hf_state: dict[str, Tensor], source: str) -> dict[str, Tensor]:
+    out: dict[str, Tensor] = {}
+    for key, value in hf_state.items():
+        new = key
+        for prefix in converter.prefixes:
+            if new.startswith(prefix):
+                new = new[len(prefix):]
+                break
+        if converter.rename is not None:
+            new = converter.rename(new)
+        if new in out:
+            raise CheckpointError(f"{source}: key {key!r} duplicates {new!r} after removing "
+                                  f"the prefixes {list(converter.prefixes)}")
+        out[new] = value
+    return out
+
+
+def _atomic(target: Path, write: object) -> None:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)  # type: ignore[operator]
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load_pooler(path: str | Path) -> BertPooler | None:
+    """BERT's pooler from an HF BERT directory, or ``None`` when the checkpoint has none.
+
+    Raises:
+        CheckpointError: not a BERT checkpoint, only half the pooler present, or a wrong shape.
+    """
+    converter, config = hf_converter(path)
+    if "bert" not in converter.model_type:
+        raise CheckpointError(f"{path}: model_type {converter.model_type[0]!r} has no pooler, "
+                              "expected a BERT checkpoint")
+    hf = _strip(converter, read_state_dict(path), str(path))
+    present = [k for k in POOLER_KEYS if k in hf]
+    if not present:
+        return None
+    pooler = BertPooler(config.d_model)
+    expected = {POOLER_KEYS[0]: (config.d_model, config.d_model),
+                POOLER_KEYS[1]: (config.d_model,)}
+    for key, shape in expected.items():
+        if key not in hf:
+            raise CheckpointError(f"{path}: missing key {key!r} (the pooler is incomplete)")
+        if tuple(hf[key].shape) != shape:
+            raise CheckpointError(f"{path}: key {key!r}: got shape {tuple(hf[key].shape)}, "
+                                  f"expected {shape}")
+    pooler.dense.load_state_dict({"weight": hf[POOLER_KEYS[0]].float(),
+                                  "bias": hf[POOLER_KEYS[1]].float()})
+    return pooler.eval()

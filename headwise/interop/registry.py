@@ -1,0 +1,133 @@
+"""Converter registry: one ``Converter`` per HuggingFace ``model_type``, each a key-map table.
+
+A converter is data plus one function: the HF-prefixes to strip, the config translator, a
+table ``our parameter name -> Rule`` (``{i}`` stands for the layer index), and patterns of HF
+keys that are known and deliberately unused. The generic code in ``headwise.interop.load``
+applies the table; family modules (``gpt2``, ``bert``, ``llama``) hold every family difference.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from headwise.config import ModelConfig
+from headwise.errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one of our tensors is read from an HF tensor.
+
+    Applied in this order: ``transpose`` (HF ``Conv1D`` stores ``(in, out)``), then ``split``
+    ``(k, n)``: take part ``k`` of ``n`` equal chunks along the output axis (fused q/k/v).
+
+    Args:
+        hf: HF key template (``{i}`` = layer index), after prefix stripping.
+        transpose: the HF tensor is stored transposed.
+        split: ``(part, n_parts)`` of a fused tensor, or ``None``.
+    """
+
+    hf: str
+    transpose: bool = False
+    split: tuple[int, int] | None = None
+
+    def hf_shape(self, ours: tuple[int, ...]) -> tuple[int, ...]:
+        """The HF tensor shape this rule expects, given our tensor's shape."""
+        shape = list(ours)
+        if self.split is not None:
+            shape[0] *= self.split[1]
+        if self.transpose:
+            shape = shape[::-1]
+        return tuple(shape)
+
+    def apply(self, tensor: Tensor) -> Tensor:
+        """Our tensor from the HF tensor (shape already checked)."""
+        if self.transpose:
+            tensor = tensor.t()
+        if self.split is not None:
+            part, n = self.split
+            tensor = tensor.chunk(n, dim=0)[part]
+        return tensor.contiguous()
+
+
+@dataclass(frozen=True)
+class Converter:
+    """Everything family-specific about reading one HF architecture.
+
+    Args:
+        model_type: HF ``config.json`` ``model_type`` values this converter reads.
+        config_from_hf: translate HF ``config.json`` (a dict) into our ``ModelConfig``;
+            raises ``CheckpointError`` naming an unsupported field.
+        global_keys: rules for parameters outside the blocks (embeddings, final norm, unembed).
+        layer_keys: rules for ``blocks.{i}.*`` parameters.
+        prefixes: HF key prefixes to strip (e.g. ``"transformer."`` of ``GPT2LMHeadModel``).
+        ignored: regexes of HF keys that are known and unused (buffers, task heads we drop).
+        rename: optional normaliser for legacy HF key spellings (e.g. ``gamma`` -> ``weight``).
+        peft_modules: our module path (``blocks.{i}.attn.q_proj``) -> HF module path for
+            PEFT adapters (relative to the HF causal-LM / base model; see ``peft_export``).
+    """
+
+    model_type: tuple[str, ...]
+    config_from_hf: Callable[[dict[str, Any]], ModelConfig]
+    global_keys: dict[str, Rule]
+    layer_keys: dict[str, Rule]
+    prefixes: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()
+    rename: Callable[[str], str] | None = None
+    peft_modules: dict[str, str] = field(default_factory=dict)
+
+    def rule_for(self, our_key: str) -> Rule | None:
+        """The rule producing ``our_key`` (layer index substituted), or ``None``."""
+        if our_key in self.global_keys:
+            return self.global_keys[our_key]
+        m = re.fullmatch(r"blocks\.(\d+)\.(.+)", our_key)
+        if m is None:
+            return None
+        template = self.layer_keys.get(f"blocks.{{i}}.{m.group(2)}")
+        if template is None:
+            return None
+        return Rule(template.hf.format(i=m.group(1)), template.transpose, template.split)
+
+    def is_ignored(self, hf_key: str) -> bool:
+        """Whether an HF key is known and deliberately unused."""
+        return any(re.fullmatch(p, hf_key) for p in self.ignored)
+
+
+CONVERTERS: dict[str, Converter] = {}
+
+
+def register(converter: Converter) -> Converter:
+    """Add a converter under each of its ``model_type`` names (returns it, for module use)."""
+    for name in converter.model_type:
+        CONVERTERS[name] = converter
+    return converter
+
+
+def get_converter(model_type: object) -> Converter:
+    """The converter for an HF ``model_type``.
+
+    Raises:
+        CheckpointError: an unknown or missing ``model_type``, listing the supported ones.
+    """
+    _load_families()
+    if not isinstance(model_type, str) or model_type not in CONVERTERS:
+        raise CheckpointError(
+            f"config.json model_type: got {model_type!r}, expected one of {sorted(CONVERTERS)}"
+        )
+    return CONVERTERS[model_type]
+
+
+def supported_model_types() -> list[str]:
+    """Every HF ``model_type`` headwise can load."""
+    _load_families()
+    return sorted(CONVERTERS)
+
+
+def _load_families() -> None:
+    # Importing a family module registers it; done lazily to keep the import graph flat.
+    from headwise.interop import bert, gpt2, llama  # noqa: F401
