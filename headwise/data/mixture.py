@@ -1,0 +1,110 @@
+"""Mixture: several tasks sampled into one batch by weight, each example tagged with its task id.
+
+Each example's task is drawn independently (``torch.multinomial`` with the normalised weights),
+then every task draws its examples, in the order of ``mixture.names``, from the same generator;
+so a batch is a pure function of the generator state. Sequences shorter than the longest task's
+are right-padded with ``PAD`` (``attention_mask`` 0, targets ignored).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+
+from headwise.data.batch import IGNORE, PAD, Batch
+from headwise.data.task import Task
+from headwise.errors import ConfigError, field_error
+
+
+class Mixture:
+    """A weighted mixture of named tasks.
+
+    Args:
+        tasks: name -> task; the order fixes the task ids (``names[i]`` has id ``i``).
+        weights: name -> positive weight (normalised); ``None`` for equal weights.
+
+    Raises:
+        ConfigError: no tasks, a weight for an unknown task, a missing or non-positive weight.
+    """
+
+    def __init__(self, tasks: Mapping[str, Task], weights: Mapping[str, float] | None = None
+                 ) -> None:
+        if not tasks:
+            raise ConfigError("data.tasks: got no tasks, expected at least one")
+        for name, task in tasks.items():
+            if not isinstance(task, Task):
+                raise field_error(f"data.tasks.{name}", task, "a headwise.data.Task")
+        weights = dict.fromkeys(tasks, 1.0) if weights is None else dict(weights)
+        unknown = sorted(set(weights) - set(tasks))
+        if unknown:
+            raise ConfigError(f"data.weights.{unknown[0]}: not a task of the mixture, "
+                              f"expected one of {list(tasks)}")
+        for name in tasks:
+            if name not in weights:
+                raise ConfigError(f"data.weights.{name}: missing, expected a positive weight "
+                                  f"for every task")
+            w = weights[name]
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not (
+                    w > 0 and math.isfinite(w)):
+                raise field_error(f"data.weights.{name}", w, "a positive finite number")
+        self.tasks: dict[str, Task] = dict(tasks)
+        self.names: list[str] = list(tasks)
+        total = sum(float(weights[n]) for n in self.names)
+        self.weights: dict[str, float] = {n: float(weights[n]) / total for n in self.names}
+
+    @property
+    def seq_len(self) -> int:
+        """T of every batch: the longest task's sequence length."""
+        return max(t.seq_len for t in self.tasks.values())
+
+    @property
+    def vocab_size(self) -> int:
+        """The smallest model vocabulary that holds every task's ids."""
+        return max(t.vocab_size for t in self.tasks.values())
+
+    def check_model(self, vocab_size: int, max_seq_len: int | None = None) -> None:
+        """Check that a model with this vocabulary (and context length) can take every task.
+
+        Raises:
+            ConfigError: naming the task whose vocabulary or length does not fit.
+        """
+        for name, task in self.tasks.items():
+            if task.vocab_size > vocab_size:
+                raise ConfigError(f"data.tasks.{name}.vocab_size: got {task.vocab_size}, "
+                                  f"expected at most the model's vocab_size={vocab_size}")
+            if max_seq_len is not None and task.seq_len > max_seq_len:
+                raise ConfigError(f"data.tasks.{name}: sequence length {task.seq_len} exceeds "
+                                  f"the model's max_seq_len={max_seq_len}")
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
+        """Draw a batch of ``batch_size`` examples (B, T) with ``task_ids`` set.
+
+        Args:
+            batch_size: B (>= 1).
+            generator: CPU generator; its state advances deterministically.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise field_error("batch_size", batch_size, "an integer >= 1")
+        T = self.seq_len
+        probs = torch.tensor([self.weights[n] for n in self.names], dtype=torch.float64)
+        choice = torch.multinomial(probs, batch_size, replacement=True, generator=generator)
+        tokens = torch.full((batch_size, T), PAD, dtype=torch.long)
+        targets = torch.full((batch_size, T), IGNORE, dtype=torch.long)
+        mask = torch.zeros((batch_size, T), dtype=torch.long)
+        for i, name in enumerate(self.names):
+            rows = (choice == i).nonzero().flatten()
+            if rows.numel() == 0:
+                continue
+            part = self.tasks[name].sample(int(rows.numel()), generator)
+            t = part.tokens.shape[1]
+            tokens[rows, :t] = part.tokens
+            targets[rows, :t] = part.targets
+            mask[rows, :t] = 1 if part.attention_mask is None else part.attention_mask
+        padded = bool((mask == 0).any())
+        return Batch(tokens, targets, mask if padded else None, choice.long())
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{n}: {self.weights[n]:.3g}" for n in self.names)
+        return f"Mixture({parts})"

@@ -1,0 +1,91 @@
+"""Task: the interface every data generator follows, and shared validation helpers.
+
+A task knows its vocabulary size (the ids it uses, see ``headwise.data.batch`` for the shared
+layout), its sequence length, and how to draw ``n`` examples from a ``torch.Generator``.
+Drawing is a pure function of the generator's state, so a seeded generator reproduces a batch
+exactly (the trainer saves the generator's state in checkpoints for exact resume).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from headwise.data.batch import CONTENT, Batch
+from headwise.errors import field_error
+
+
+class Task(ABC):
+    """A seeded generator of examples for one job (copy, sort, language modelling, ...).
+
+    Subclasses are frozen dataclasses whose fields are the task's keyword arguments; they are
+    registered by ``name`` in ``headwise.data.TASKS``.
+    """
+
+    name: ClassVar[str] = "task"
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of token ids the task uses (ids lie in ``[0, vocab_size)``)."""
+
+    @property
+    @abstractmethod
+    def seq_len(self) -> int:
+        """Length T of every sequence the task draws."""
+
+    @abstractmethod
+    def sample(self, n: int, generator: torch.Generator) -> Batch:
+        """Draw ``n`` examples.
+
+        Args:
+            n: number of examples (>= 0).
+            generator: CPU generator; its state advances deterministically.
+
+        Returns:
+            A ``Batch`` of shape (n, seq_len) with ``task_ids`` all 0.
+        """
+
+
+def check_int(task: str, field: str, value: object, minimum: int) -> int:
+    """Return ``value`` if it is an int >= ``minimum``.
+
+    Raises:
+        ConfigError: ``<task>.<field>: got <value>, expected an integer >= <minimum>``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise field_error(f"{task}.{field}", value, f"an integer >= {minimum}")
+    return value
+
+
+def check_vocab(task: str, vocab_size: object, needed: int, why: str) -> None:
+    """Check that ``vocab_size`` holds the special ids plus the task's symbols.
+
+    Raises:
+        ConfigError: naming the task, the value, the minimum and the reason.
+    """
+    check_int(task, "vocab_size", vocab_size, 1)
+    assert isinstance(vocab_size, int)
+    if vocab_size < needed:
+        raise field_error(f"{task}.vocab_size", vocab_size,
+                          f"an integer >= {needed} ({CONTENT} special ids + {why})")
+
+
+def symbols(n: int, length: int, n_symbols: int, generator: torch.Generator,
+            distinct: bool = False) -> Tensor:
+    """Random symbol indices (n, length) in ``[0, n_symbols)``.
+
+    Args:
+        distinct: draw without replacement within each row (needs ``length <= n_symbols``).
+    """
+    if distinct:
+        return torch.rand(n, n_symbols, generator=generator).argsort(dim=1)[:, :length]
+    return torch.randint(0, n_symbols, (n, length), generator=generator)
+
+
+def make_batch(tokens: Tensor, targets: Tensor) -> Batch:
+    """A single-task batch without padding (task ids 0)."""
+    return Batch(tokens, targets, None, torch.zeros(tokens.shape[0], dtype=torch.long))
