@@ -1,0 +1,87 @@
+"""A head's OV circuit: which token it writes when it attends to a token (copying scores).
+
+The direct-path OV circuit of head ``h`` in layer ``l`` (Elhage et al. 2021) maps a token ``t``
+to logits::
+
+    M[t] = W_U' W_O^h W_V^h n(E[t])          M: (V, V)
+
+with ``E`` the token embedding, ``n`` the normalisation the block applies before attention
+(``ln1`` in pre-norm blocks; the embedding norm, if any, in post-norm models), ``W_V^h`` the
+head's value rows (its kv group's under GQA), ``W_O^h`` its output columns, and ``W_U'`` the
+unembedding with the final norm's gain folded in. Biases, positional embeddings, the final norm's
+centring/scaling and every other path are ignored (the standard direct-path approximation).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from headwise.heads import Head
+
+
+def _parts(model: nn.Module, head: Head) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(n(E) (V,D), W_V^h (Dh,D), W_O^h (D,Dh), W_U' (V,D)) for ``head``."""
+    cfg = model.config  # type: ignore[attr-defined]
+    block = model.blocks[head.layer]  # type: ignore[index]
+    attn = block.attn
+    E = model.embed.weight  # type: ignore[union-attr]
+    from headwise.model.block import PreNormBlock
+
+    if isinstance(block, PreNormBlock):
+        E = block.ln1(E)
+    elif getattr(model, "embed_norm", None) is not None:
+        E = model.embed_norm(E)  # type: ignore[operator]
+    Dh = cfg.d_head
+    g = head.head // (cfg.n_heads // cfg.n_kv_heads)
+    wv = _weight(attn.v_proj)[g * Dh:(g + 1) * Dh]  # (Dh, D)
+    wo = _weight(attn.o_proj)[:, head.head * Dh:(head.head + 1) * Dh]  # (D, Dh)
+    wu = model.unembed.weight  # type: ignore[union-attr]
+    gain = getattr(getattr(model, "ln_final", None), "weight", None)
+    if gain is not None:
+        wu = wu * gain[None, :]
+    return E, wv, wo, wu
+
+
+def _weight(linear: nn.Module) -> Tensor:
+    fn = getattr(linear, "effective_weight", None)
+    return fn() if callable(fn) else linear.weight  # type: ignore[return-value]
+
+
+@torch.no_grad()
+def ov_logits(model: nn.Module, head: Head, tokens: Tensor | None = None) -> Tensor:
+    """Rows of the OV circuit ``M`` for ``tokens`` (default: all V tokens): (n, V)."""
+    E, wv, wo, wu = _parts(model, head)
+    if tokens is not None:
+        E = E[tokens]
+    return ((E @ wv.T) @ wo.T) @ wu.T  # (n, Dh) -> (n, D) -> (n, V)
+
+
+@torch.no_grad()
+def ov_top1(model: nn.Module, head: Head, chunk: int = 1024) -> Tensor:
+    """(V,) bool: whether ``M[t]`` ranks ``t`` itself first (the head copies ``t``).
+
+    Computed in chunks of rows so a 50k vocabulary never builds the full V x V matrix.
+    """
+    V = model.embed.weight.shape[0]  # type: ignore[union-attr]
+    out = torch.zeros(V, dtype=torch.bool)
+    for start in range(0, V, chunk):
+        ids = torch.arange(start, min(start + chunk, V))
+        rows = ov_logits(model, head, ids.to(model.embed.weight.device))  # type: ignore
+        out[ids] = (rows.argmax(-1).cpu() == ids)
+    return out
+
+
+@torch.no_grad()
+def copying_eigen_ratio(model: nn.Module, head: Head) -> float:
+    """Elhage et al. 2021's copying statistic ``sum(lambda_i) / sum(|lambda_i|)`` of ``M``.
+
+    +1 when every eigenvalue is positive (the head copies), -1 when all are negative. The
+    non-zero eigenvalues of ``M = (n(E) W_V^T)(W_O^T W_U'^T)`` equal those of the small
+    (Dh, Dh) product ``W_O^T W_U'^T n(E) W_V^T``, which is what we decompose.
+    """
+    E, wv, wo, wu = _parts(model, head)
+    small = (wo.T @ wu.T) @ (E @ wv.T)  # (Dh, V) @ (V, Dh) -> (Dh, Dh)
+    lam = torch.linalg.eigvals(small.double())
+    total = lam.abs().sum()
+    return float(lam.sum().real / total) if total > 0 else 0.0

@@ -1,0 +1,135 @@
+"""RoleTable: role scores of heads (heads x roles), with lookup, top role, JSON and rich views."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from torch import Tensor
+
+from headwise.heads import Head
+
+# Roles that describe *where* a head attends; ``top_role`` picks among these.
+TOP_ROLE_CANDIDATES = ("previous_token", "induction", "duplicate_token", "first_token", "self",
+                       "next_token")
+
+
+def _head(head: Head | str) -> Head:
+    if isinstance(head, Head):
+        return head
+    text = head.strip().upper()
+    try:
+        layer, h = text.split(".")
+        return Head(int(layer.lstrip("L")), int(h.lstrip("H")))
+    except ValueError:
+        raise ValueError(f"head: got {head!r}, expected a single head like 'L1.H2'") from None
+
+
+class RoleTable:
+    """Scores of ``heads`` (rows) on ``roles`` (columns); NaN where a role is undefined on the data.
+
+    Args:
+        heads: the scored heads, in row order.
+        roles: role names, in column order.
+        values: (n_heads, n_roles) scores.
+        info: how the scores were obtained (probe sampling, window, period, ...), JSON-ready.
+    """
+
+    def __init__(self, heads: Sequence[Head], roles: Sequence[str], values: Tensor,
+                 info: dict[str, Any] | None = None) -> None:
+        if values.shape != (len(heads), len(roles)):
+            raise ValueError(f"values: got shape {tuple(values.shape)}, expected "
+                             f"({len(heads)}, {len(roles)}) for heads x roles")
+        self.heads = list(heads)
+        self.roles = list(roles)
+        self.values = values.detach().double().cpu()
+        self.info = dict(info or {})
+        self._row = {h: i for i, h in enumerate(self.heads)}
+        self._col = {r: j for j, r in enumerate(self.roles)}
+
+    def get(self, head: Head | str, role: str) -> float:
+        """One score.
+
+        Raises:
+            KeyError: the head or role is not in the table (the message lists what is).
+        """
+        h = _head(head)
+        if h not in self._row:
+            raise KeyError(f"head {h} not scored; scored heads: {[str(x) for x in self.heads]}")
+        if role not in self._col:
+            raise KeyError(f"role {role!r} not scored; roles: {self.roles}")
+        return float(self.values[self._row[h], self._col[role]])
+
+    def column(self, role: str) -> dict[Head, float]:
+        """``{head: score}`` for one role."""
+        return {h: self.get(h, role) for h in self.heads}
+
+    def top_role(self, head: Head | str, min_score: float = 0.0,
+                 candidates: Iterable[str] = TOP_ROLE_CANDIDATES) -> str:
+        """The candidate role with the highest score, or ``"none"`` if no score reaches
+        ``min_score`` (NaN scores never win)."""
+        best, best_role = -math.inf, "none"
+        for role in candidates:
+            if role not in self._col:
+                continue
+            v = self.get(head, role)
+            if not math.isnan(v) and v > best:
+                best, best_role = v, role
+        return best_role if best >= min_score else "none"
+
+    def to_records(self) -> list[dict[str, Any]]:
+        """``[{"layer", "head", role: value, ...}]``; NaN becomes ``None`` (valid JSON)."""
+        out = []
+        for i, h in enumerate(self.heads):
+            rec: dict[str, Any] = {"layer": h.layer, "head": h.head}
+            for j, r in enumerate(self.roles):
+                v = float(self.values[i, j])
+                rec[r] = None if math.isnan(v) else v
+            out.append(rec)
+        return out
+
+    @classmethod
+    def from_records(cls, records: Sequence[dict[str, Any]],
+                     info: dict[str, Any] | None = None) -> RoleTable:
+        """Inverse of ``to_records`` (``None`` back to NaN)."""
+        heads = [Head(int(r["layer"]), int(r["head"])) for r in records]
+        roles = [k for k in (records[0] if records else {}) if k not in ("layer", "head")]
+        vals = torch.tensor([[math.nan if r[k] is None else float(r[k]) for k in roles]
+                             for r in records], dtype=torch.float64).reshape(len(heads),
+                                                                             len(roles))
+        return cls(heads, roles, vals, info)
+
+    def to_rich_table(self, title: str = "role scores") -> Table:
+        """A rich Table: one row per head, one column per role, plus the top role."""
+        table = Table(title=title)
+        table.add_column("head")
+        for r in self.roles:
+            table.add_column(r, justify="right")
+        table.add_column("top role")
+        for i, h in enumerate(self.heads):
+            cells = []
+            for j in range(len(self.roles)):
+                v = float(self.values[i, j])
+                cells.append("-" if math.isnan(v) else f"{v:.2f}")
+            table.add_row(str(h), *cells, self.top_role(h))
+        return table
+
+    def __str__(self) -> str:
+        console = Console(width=200, record=True, file=_Null())
+        console.print(self.to_rich_table())
+        return console.export_text()
+
+    def __repr__(self) -> str:
+        return f"RoleTable({len(self.heads)} heads x {self.roles})"
+
+
+class _Null:
+    def write(self, _: str) -> int:
+        return 0
+
+    def flush(self) -> None:
+        pass

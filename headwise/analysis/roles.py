@@ -1,0 +1,303 @@
+"""Role scores of attention heads (previous-token, induction, duplicate, sink, ...) on data.
+
+Definitions (docs/roles.md gives sources). ``A`` is a head's pattern (B, h, T, T), rows are
+queries ``q``, columns keys ``k``; "allowed" keys are those the causal and padding masks permit.
+Our scores average the attention mass on the role's target keys over the query rows where the
+role is *defined* (a row whose target key exists), so a perfect head scores 1.0:
+
+- ``previous_token``: mass on ``k = q - 1``.          ``next_token``: mass on ``k = q + 1``.
+- ``self``: mass on ``k = q``; ``first_token``: on the first real position (rows with >= 2
+  allowed keys, excluding the first row itself).
+- ``duplicate_token``: mass on earlier keys holding the same token (rows that have one).
+- ``induction`` (stripe score, Olsson et al. 2022): on a sequence with period ``P`` (a repeated
+  half ``[r, r]`` or a periodic probe) mass from query ``q >= P`` on key ``q - P + 1``.
+- ``local``: mass on ``|q - k| <= window``; ``entropy``: mean of ``H(A[q]) / log(n_allowed(q))``
+  (1 = uniform over allowed keys), both over rows with >= 2 allowed keys.
+- ``copying``: attention mass on keys whose token the head's OV circuit ranks first
+  (``headwise.analysis.ov``); ``copying_eig``: Elhage et al.'s eigenvalue ratio (weights only).
+- ``*_tl``: TransformerLens ``head_detector`` "mul" scores, ``sum(A * D) / sum(A)`` per sequence
+  then averaged; its denominator counts *every* row, so a perfect induction head on ``[r, r]``
+  scores 0.5 and a perfect previous-token head ``(T - 1) / T``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from headwise.analysis.ov import copying_eigen_ratio, ov_top1
+from headwise.analysis.probes import infer_period
+from headwise.analysis.role_table import RoleTable
+from headwise.heads import Head, HeadSet
+
+ROLES = ("previous_token", "induction", "duplicate_token", "copying", "first_token", "self",
+         "next_token", "local", "entropy", "previous_token_tl", "duplicate_token_tl",
+         "induction_tl", "copying_eig")
+PATTERN_ROLES = tuple(r for r in ROLES if r not in ("copying", "copying_eig"))
+Target = Tensor | Callable[[Tensor], Tensor]
+Sums = dict[str, tuple[Tensor, Tensor]]  # role -> (numerator (h,), denominator (h,))
+
+
+def _masses(patterns: Tensor, target: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+    """Sum over defined rows of the mass on target keys, and the number of rows.
+
+    patterns (B,h,T,T); target (B,T,T) bool/float; rows (B,T) bool -> ((h,), (h,)).
+    """
+    mass = (patterns * target[:, None].to(patterns.dtype)).sum(-1)  # (B, h, T)
+    num = (mass * rows[:, None].to(mass.dtype)).sum((0, 2))  # (h,)
+    den = rows.sum().to(num.dtype).expand_as(num)
+    return num, den
+
+
+def _tl(patterns: Tensor, detection: Tensor, real: Tensor) -> tuple[Tensor, Tensor]:
+    """TransformerLens "mul": per sequence ``sum(A * D) / sum(A)``, summed over sequences."""
+    keep = (real[:, :, None] & real[:, None, :])[:, None].to(patterns.dtype)  # (B,1,T,T)
+    a = patterns * keep
+    num = (a * detection[:, None].to(a.dtype)).sum((-1, -2)) / a.sum((-1, -2)).clamp_min(1e-12)
+    return num.sum(0), torch.full_like(num[0], float(patterns.shape[0]))
+
+
+def scores_from_patterns(patterns: Tensor, tokens: Tensor, attention_mask: Tensor | None = None,
+                         roles: Sequence[str] | None = None, causal: bool = True,
+                         period: int | Tensor | None = None, window: int = 3,
+                         copy_top1: Tensor | None = None,
+                         target: Tensor | None = None) -> dict[str, Tensor]:
+    """Role scores computed directly from attention patterns (no model needed).
+
+    Args:
+        patterns: (B, h, T, T) patterns of ``h`` heads (rows sum to 1 over allowed keys).
+        tokens: (B, T) long tokens they were computed on.
+        attention_mask: (B, T), 1 for real tokens; ``None``: all real.
+        roles: which of ``PATTERN_ROLES`` (plus ``copying`` with ``copy_top1``, ``target`` with
+            ``target``); default all pattern roles.
+        causal: whether the model is causal (sets the allowed keys).
+        period: the probe's period P (int or (B,) per row); ``None``: inferred per row.
+        window: half-width w of the ``local`` role.
+        copy_top1: (h, V) bool, whether each head's OV circuit ranks token v first.
+        target: (B|1, T, T) target pattern for the ``target`` similarity.
+
+    Returns:
+        ``{role: (h,) scores}``; NaN where the role is undefined on these tokens.
+    """
+    sums = role_sums(patterns, tokens, attention_mask, roles, causal, period, window,
+                     copy_top1, target)
+    return {r: num / den for r, (num, den) in sums.items()}
+
+
+def role_sums(patterns: Tensor, tokens: Tensor, attention_mask: Tensor | None = None,
+              roles: Sequence[str] | None = None, causal: bool = True,
+              period: int | Tensor | None = None, window: int = 3,
+              copy_top1: Tensor | None = None, target: Tensor | None = None) -> Sums:
+    """Numerators and denominators of ``scores_from_patterns`` (so batches can be pooled)."""
+    B, h, T, _ = patterns.shape
+    if tokens.shape != (B, T):
+        raise ValueError(f"tokens: got shape {tuple(tokens.shape)}, expected {(B, T)} to match "
+                         f"patterns {tuple(patterns.shape)}")
+    roles = list(PATTERN_ROLES if roles is None else roles)
+    dev = patterns.device
+    tokens = tokens.to(dev)
+    real = (torch.ones(B, T, dtype=torch.bool, device=dev) if attention_mask is None
+            else attention_mask.to(dev).bool())
+    pos = torch.arange(T, device=dev)
+    qpos, kpos = pos[:, None], pos[None, :]  # (T,1), (1,T)
+    allowed = real[:, :, None] & real[:, None, :]  # (B, T, T)
+    if causal:
+        allowed = allowed & (kpos <= qpos)
+    n_allowed = allowed.sum(-1)  # (B, T)
+    busy = real & (n_allowed >= 2)  # rows where a choice exists
+    earlier_same = (tokens[:, :, None] == tokens[:, None, :]) & (kpos < qpos) & allowed
+    out: Sums = {}
+    for role in roles:
+        if role in ("previous_token", "next_token", "self"):
+            offset = {"previous_token": -1, "next_token": 1, "self": 0}[role]
+            tgt = (kpos == qpos + offset) & allowed  # (B, T, T)
+            rows = busy & tgt.any(-1)
+            out[role] = _masses(patterns, tgt, rows)
+        elif role == "first_token":
+            first = real.float().argmax(1)  # (B,) first real position
+            tgt = (kpos == first[:, None, None]) & allowed
+            rows = busy & (pos[None] != first[:, None])
+            out[role] = _masses(patterns, tgt, rows)
+        elif role == "local":
+            tgt = ((qpos - kpos).abs() <= window) & allowed
+            out[role] = _masses(patterns, tgt, busy)
+        elif role == "entropy":
+            p = patterns.clamp_min(1e-30)
+            ent = -(patterns * p.log()).sum(-1)  # (B, h, T)
+            norm = n_allowed.clamp_min(2).double().log().to(ent.dtype)[:, None]  # (B, 1, T)
+            num = (ent / norm * busy[:, None]).sum((0, 2))
+            out[role] = num, busy.sum().to(num.dtype).expand_as(num)
+        elif role == "duplicate_token":
+            out[role] = _masses(patterns, earlier_same, real & earlier_same.any(-1))
+        elif role == "induction":
+            if period is None:
+                per = infer_period(tokens.cpu(), None if attention_mask is None
+                                   else attention_mask.cpu()).to(dev)
+            else:
+                per = torch.as_tensor(period, device=dev).expand(B)
+            per_ = per[:, None, None]
+            tgt = (kpos == qpos - per_ + 1) & allowed & (per_ > 0)
+            rows = real & (pos[None] >= per[:, None]) & (per[:, None] > 0) & tgt.any(-1)
+            out[role] = _masses(patterns, tgt, rows)
+        elif role == "previous_token_tl":
+            out[role] = _tl(patterns, (kpos == qpos - 1).expand(B, T, T), real)
+        elif role == "duplicate_token_tl":
+            out[role] = _tl(patterns, _tl_duplicate(tokens), real)
+        elif role == "induction_tl":
+            dup = _tl_duplicate(tokens)
+            shifted = torch.zeros_like(dup)
+            shifted[:, :, 1:] = dup[:, :, :-1]  # key j marks a duplicate at j - 1
+            out[role] = _tl(patterns, shifted.tril(), real)
+        elif role == "copying":
+            if copy_top1 is None:
+                raise ValueError("copy_top1: the copying role needs each head's OV top-1 table")
+            copies = copy_top1.to(dev)[:, tokens].permute(1, 0, 2)  # (B, h, T) over keys
+            mass = (patterns * copies[:, :, None, :].to(patterns.dtype)).sum(-1)  # (B, h, T)
+            num = (mass * real[:, None]).sum((0, 2))
+            out[role] = num, real.sum().to(num.dtype).expand_as(num)
+        elif role == "target":
+            if target is None:
+                raise ValueError("target: the target role needs a target pattern")
+            out[role] = _similarity(patterns, target.to(dev), allowed, real)
+        else:
+            raise ValueError(f"roles: got {role!r}, expected one of {list(ROLES)} or 'target'")
+    return out
+
+
+def _tl_duplicate(tokens: Tensor) -> Tensor:
+    """TransformerLens duplicate-token detection: same token, not the diagonal, lower triangle."""
+    eq = tokens[:, :, None] == tokens[:, None, :]  # (B, T, T)
+    eq = eq & ~torch.eye(tokens.shape[1], dtype=torch.bool, device=tokens.device)
+    return eq.tril()
+
+
+def _similarity(patterns: Tensor, target: Tensor, allowed: Tensor,
+                real: Tensor) -> tuple[Tensor, Tensor]:
+    """Sum over rows of ``1 - TV(A[q], target[q])`` (target renormalised over allowed keys)."""
+    B, T = real.shape
+    if target.dim() == 2:
+        target = target[None]
+    if target.shape[-2:] != (T, T) or target.shape[0] not in (1, B):
+        raise ValueError(f"target: got shape {tuple(target.shape)}, expected (T, T) or "
+                         f"(B, T, T) with T={T}, B={B}")
+    t = target.to(patterns.dtype).clamp_min(0) * allowed
+    mass = t.sum(-1, keepdim=True)  # (B, T, 1)
+    t = t / mass.clamp_min(1e-12)
+    rows = real & (mass[..., 0] > 0)
+    overlap = torch.minimum(patterns, t[:, None]).sum(-1)  # (B, h, T)
+    num = (overlap * rows[:, None]).sum((0, 2))
+    return num, rows.sum().to(num.dtype).expand_as(num)
+
+
+def _pattern_name(layer: int) -> str:
+    return f"blocks.{layer}.attn.hook_pattern"
+
+
+def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: HeadSet,
+          roles: list[str], batch_size: int, period: int | Tensor | None, window: int,
+          target: Target | None, forward_kwargs: dict[str, Any]) -> dict[Head, dict[str, float]]:
+    cfg = model.config  # type: ignore[attr-defined]
+    pattern_roles = [r for r in roles if r != "copying_eig"]
+    tables = ({h: ov_top1(model, h) for h in hs} if "copying" in pattern_roles else {})
+    acc: dict[Head, dict[str, Tensor]] = {}
+    names = [_pattern_name(layer) for layer in hs.layers]
+    for start in range(0, tokens.shape[0], batch_size):
+        tok = tokens[start:start + batch_size]
+        mask = None if attention_mask is None else attention_mask[start:start + batch_size]
+        per = period[start:start + batch_size] if isinstance(period, Tensor) else period
+        tgt = target(tok) if callable(target) else target
+        if isinstance(tgt, Tensor) and tgt.dim() == 3 and tgt.shape[0] == tokens.shape[0]:
+            tgt = tgt[start:start + batch_size]
+        kwargs = {k: (v[start:start + batch_size] if isinstance(v, Tensor) else v)
+                  for k, v in forward_kwargs.items()}
+        with torch.no_grad():
+            _, cache = model.run_with_cache(tok, names=names, heads=hs, attention_mask=mask,
+                                            **kwargs)  # type: ignore[operator]
+        for layer in hs.layers:
+            pat = cache[_pattern_name(layer)]
+            present = cache.heads_of(_pattern_name(layer)) or tuple(range(cfg.n_heads))
+            wanted = hs.in_layer(layer)
+            idx = [present.index(h) for h in wanted]
+            copy = (torch.stack([tables[Head(layer, h)] for h in wanted])
+                    if tables else None)
+            sums = role_sums(pat[:, idx].double(), tok, mask, pattern_roles, cfg.causal, per,
+                             window, copy, tgt)
+            for i, h in enumerate(wanted):
+                slot = acc.setdefault(Head(layer, h), {})
+                for r, (num, den) in sums.items():
+                    prev = slot.get(r)
+                    pair = torch.stack([num[i], den[i]])
+                    slot[r] = pair if prev is None else prev + pair
+    out: dict[Head, dict[str, float]] = {}
+    for head in hs:
+        vals = {r: float(v[0] / v[1]) for r, v in acc.get(head, {}).items()}
+        if "copying_eig" in roles:
+            vals["copying_eig"] = copying_eigen_ratio(model, head)
+        out[head] = vals
+    return out
+
+
+def role_scores(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None = None,
+                heads: Any = None, roles: Sequence[str] | None = None, batch_size: int = 64,
+                period: int | Tensor | None = None, window: int = 3,
+                **forward_kwargs: Any) -> RoleTable:
+    """Score heads on ``tokens``; only the requested heads leave the fused attention path.
+
+    Args:
+        model: a headwise Transformer.
+        tokens: (B, T) long probe tokens (e.g. ``induction_probe``).
+        attention_mask: (B, T), 1 for real tokens.
+        heads: selector / HeadSet; ``None`` for every head.
+        roles: names from ``ROLES``; default all.
+        batch_size: sequences per forward pass (scores are pooled exactly across batches).
+        period: probe period for ``induction`` (int or (B,)); ``None``: inferred per row.
+        window: half-width of ``local``.
+        forward_kwargs: extra model inputs (e.g. ``task_ids`` (B,)).
+
+    Returns:
+        RoleTable (heads x roles).
+
+    Raises:
+        ValueError / SelectorError: unknown roles, bad selectors, mis-shaped inputs.
+    """
+    cfg = model.config  # type: ignore[attr-defined]
+    hs = (HeadSet.all(cfg.n_layers, cfg.n_heads) if heads is None
+          else heads if isinstance(heads, HeadSet) else HeadSet.parse(heads, cfg.n_layers,
+                                                                      cfg.n_heads))
+    roles = list(ROLES if roles is None else roles)
+    for r in roles:
+        if r not in ROLES:
+            raise ValueError(f"roles: got {r!r}, expected names from {list(ROLES)}")
+    scores = _scan(model, tokens, attention_mask, hs, roles, batch_size, period, window, None,
+                   forward_kwargs)
+    values = torch.tensor([[scores[h][r] for r in roles] for h in hs], dtype=torch.float64)
+    info = {"n_sequences": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
+            "window": window, "period": period if isinstance(period, int) else "inferred"}
+    return RoleTable(list(hs), roles, values.reshape(len(hs), len(roles)), info)
+
+
+def target_similarity(model: nn.Module, tokens: Tensor, target: Target,
+                      attention_mask: Tensor | None = None, heads: Any = None,
+                      batch_size: int = 64, name: str = "target",
+                      **forward_kwargs: Any) -> RoleTable:
+    """Similarity of each head's pattern to ``target``: mean over rows of ``1 - TV`` distance.
+
+    ``target`` is a (T, T) or (B, T, T) non-negative matrix (rows renormalised over allowed
+    keys; rows with no mass are skipped) or a function ``tokens (b, T) -> (b, T, T)`` for
+    data-dependent targets (e.g. syntactic parents). 1.0 means identical rows, 0.0 disjoint.
+
+    Returns:
+        RoleTable with one column ``name``.
+    """
+    cfg = model.config  # type: ignore[attr-defined]
+    hs = (HeadSet.all(cfg.n_layers, cfg.n_heads) if heads is None
+          else heads if isinstance(heads, HeadSet) else HeadSet.parse(heads, cfg.n_layers,
+                                                                      cfg.n_heads))
+    scores = _scan(model, tokens, attention_mask, hs, ["target"], batch_size, None, 3, target,
+                   forward_kwargs)
+    values = torch.tensor([[scores[h]["target"]] for h in hs], dtype=torch.float64)
+    return RoleTable(list(hs), [name], values.reshape(len(hs), 1),
+                     {"n_sequences": int(tokens.shape[0]), "measure": "1 - total variation"})
