@@ -35,7 +35,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
         max_seq_len=require(hf, "max_position_embeddings"),
         causal=False, norm="post", norm_type="layernorm",
         norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
-        activation=activation(hf, "hidden_act"), positional="learned", bias="all",
+        activation=activation(hf, "hidden_act", "gelu"), positional="learned", bias="all",
         tie_embeddings=True, n_token_types=int(hf.get("type_vocab_size", 2)), embed_norm=True,
     )
 

@@ -31,7 +31,8 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
         d_ff=d_ff, vocab_size=require(hf, "vocab_size"), max_seq_len=require(hf, "n_positions"),
         causal=True, norm="pre", norm_type="layernorm",
         norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
-        activation=activation(hf, "activation_function"), positional="learned", bias="all",
+        activation=activation(hf, "activation_function", "gelu_new"), positional="learned",
+        bias="all",
         tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
     )
 

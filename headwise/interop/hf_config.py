@@ -37,13 +37,13 @@ def require(hf: dict[str, Any], name: str, kind: type | tuple[type, ...] = int) 
     return value
 
 
-def activation(hf: dict[str, Any], name: str) -> Activation:
-    """Our activation name for the HF activation field ``name``.
+def activation(hf: dict[str, Any], name: str, default: str) -> Activation:
+    """Our activation name for the HF activation field ``name`` (HF's ``default`` if unset).
 
     Raises:
         CheckpointError: an activation headwise does not implement.
     """
-    value = hf.get(name)
+    value = hf.get(name) or default
     if value not in ACTIVATIONS:
         raise CheckpointError(
             f"config.json {name}: got {value!r}, expected one of {sorted(ACTIVATIONS)}"
