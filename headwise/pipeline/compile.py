@@ -1,0 +1,216 @@
+"""Compiling a validated spec into a model with its levers, the data, and the contract.
+
+``compile_spec(spec)`` builds (or loads) the model, then installs, in this order: LoRA adapters,
+structural masks, task gates, pattern objectives and regularisers, and freezing. The result
+holds everything ``train()`` and ``verify()`` need; the levers are the same objects the Python
+API offers (``headwise.control``), so anything a spec does, code can do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from headwise.control import masks as mask_lib
+from headwise.control.freeze import FreezeHandle, freeze
+from headwise.control.gates import FixedGates, LearnedGates
+from headwise.control.lora import apply_lora
+from headwise.control.objectives import EntropyBound, HeadDiversity, PatternObjective
+from headwise.data import Batch, Mixture, build_task
+from headwise.errors import HeadwiseError, SpecError
+from headwise.heads import Head, HeadSet
+from headwise.model import build_model
+from headwise.spec import MaskSpec, Spec
+from headwise.train.safetensors_io import load_weights
+
+# Spec mask names -> constructors in headwise.control.masks (a fixed table, never an import).
+MASK_BUILDERS: dict[str, Callable[..., mask_lib.MaskSpec]] = {
+    "causal": lambda: mask_lib.causal(),
+    "previous_token": lambda: mask_lib.previous_token(),
+    "self_only": lambda: mask_lib.self_only(),
+    "first_token": lambda: mask_lib.first_token(),
+    "local": lambda window: mask_lib.local(window),
+    "block_diagonal": lambda segments: mask_lib.block_diagonal(
+        segments if isinstance(segments, int) else list(segments)),
+    "from_graph": lambda edges, n=None: mask_lib.from_graph(edges, n),
+    "from_matrix": lambda matrix: mask_lib.from_matrix(torch.tensor(matrix, dtype=torch.bool)),
+}
+
+
+@dataclass
+class Compiled:
+    """A spec turned into objects.
+
+    Attributes:
+        spec: the spec.
+        model: the model with every lever installed.
+        data: the training mixture (task ids in ``spec.data.names`` order).
+        eval_data: the mixture the held-out set is drawn from (text tasks: eval split).
+        eval_batch: the held-out batch the contract is verified on.
+        objectives: loss terms for ``train()`` (pattern objectives, entropy, diversity, L0).
+        levers: per head, the pattern objectives acting on it (what enforcement raises).
+        optimizer_hooks: callables ``fn(optimizer)`` for ``train()`` (freezing).
+        freeze_handle: the freezing handle, if any.
+        gates: the installed gates, if any.
+    """
+
+    spec: Spec
+    model: nn.Module
+    data: Mixture
+    eval_data: Mixture
+    eval_batch: Batch
+    objectives: list[Any] = field(default_factory=list)
+    levers: dict[Head, list[PatternObjective]] = field(default_factory=dict)
+    optimizer_hooks: list[Callable[[torch.optim.Optimizer], Any]] = field(default_factory=list)
+    freeze_handle: FreezeHandle | None = None
+    gates: FixedGates | LearnedGates | None = None
+
+    @property
+    def task_names(self) -> tuple[str, ...]:
+        """Task names in task-id order."""
+        return self.spec.data.names
+
+    def add_objective(self, heads: HeadSet, target: str, weight: float) -> PatternObjective:
+        """Add a pattern objective (used by enforcement for a clause without a lever)."""
+        obj = PatternObjective(self.model, heads, target, kind="ce", weight=weight)
+        self.objectives.append(obj)
+        for head in heads:
+            self.levers.setdefault(head, []).append(obj)
+        return obj
+
+
+def compile_spec(spec: Spec, weights: str | Path | None = None) -> Compiled:
+    """Build the model, levers, data and held-out batch a spec describes.
+
+    Args:
+        spec: a validated spec.
+        weights: a ``model.safetensors`` written by a run of this spec, loaded after every lever
+            is installed (so adapter and gate parameters load too).
+
+    Raises:
+        SpecError: a lever the spec asks for cannot be installed on this model.
+        CheckpointError: ``weights`` do not match the spec's model.
+    """
+    model = _model(spec)
+    try:
+        if spec.adapters:
+            a = spec.adapters[0]
+            apply_lora(model, targets=[f"{t}_proj" for t in a.targets], layers=a.layers,
+                       heads=_set(spec, a.heads) if a.heads else None, rank=a.rank,
+                       alpha=a.alpha, dropout=a.dropout)
+        _masks(spec, model)
+        gates, gate_objectives = _gates(spec, model)
+    except (ValueError, HeadwiseError) as e:  # a lever that does not fit a pretrained model
+        raise SpecError(f"heads: cannot install the levers on this model: {e}") from None
+    data, eval_data = _data(spec)
+    gen = torch.Generator().manual_seed(spec.data.eval_seed)
+    eval_batch = eval_data.sample(spec.data.eval_examples, gen)
+    out = Compiled(spec, model, data, eval_data, eval_batch, gates=gates)
+    out.objectives.extend(gate_objectives)
+    _objectives(spec, out)
+    if weights is not None:
+        load_weights(model, Path(weights))
+    out.freeze_handle = _freeze(spec, model)
+    if out.freeze_handle is not None:
+        out.optimizer_hooks.append(out.freeze_handle.attach)
+    return out
+
+
+def _set(spec: Spec, heads: tuple[Head, ...]) -> HeadSet:
+    return HeadSet(heads, spec.n_layers, spec.n_heads)
+
+
+def _model(spec: Spec) -> nn.Module:
+    if spec.model.pretrained is not None:
+        from headwise.interop import load_hf
+
+        model = load_hf(spec.model.pretrained.path)
+        model.train()
+        return model
+    return build_model(spec.model.config, seed=spec.train.seed)
+
+
+def _mask(m: MaskSpec) -> mask_lib.MaskSpec:
+    return MASK_BUILDERS[m.name](**dict(m.params))
+
+
+def _masks(spec: Spec, model: nn.Module) -> None:
+    table = {_set(spec, r.heads): _mask(r.mask) for r in spec.heads if r.mask is not None}
+    if table:
+        mask_lib.apply_masks(model, table)
+
+
+def _gates(spec: Spec, model: nn.Module) -> tuple[FixedGates | LearnedGates | None, list[Any]]:
+    """Fixed gates: a head serves the tasks its rule lists, or every task if it lists none."""
+    if spec.gates is None:
+        return None, []
+    names = spec.data.names
+    if spec.gates.kind == "learned":
+        gates = LearnedGates(model, len(names), layers=spec.gates.layers)
+        return gates, [gates.l0_penalty(spec.gates.l0_weight)]
+    only: dict[Head, tuple[str, ...]] = {}
+    for rule in spec.heads:
+        if rule.tasks is not None:
+            only.update(dict.fromkeys(rule.heads, rule.tasks))
+    layers = spec.gates.layers or tuple(sorted({h.layer for h in only}))
+    in_layers = [Head(l, h) for l in layers for h in range(spec.n_heads)]
+    assignment = {t: _set(spec, tuple(h for h in in_layers if t in only.get(h, names)))
+                  for t in names}
+    return FixedGates(model, assignment, task_names=list(names)), []
+
+
+def _objectives(spec: Spec, out: Compiled) -> None:
+    model = out.model
+    for rule in spec.heads:
+        heads = _set(spec, rule.heads)
+        if rule.objective is not None:
+            o = rule.objective
+            obj = PatternObjective(model, heads, o.target, kind=o.kind, weight=o.weight)
+            out.objectives.append(obj)
+            for head in heads:
+                out.levers.setdefault(head, []).append(obj)
+        if rule.entropy is not None:
+            e = rule.entropy
+            out.objectives.append(EntropyBound(model, heads, min=e.at_least, max=e.at_most,
+                                               weight=e.weight))
+        if rule.diversity is not None:
+            out.objectives.extend(HeadDiversity(model, layer, weight=rule.diversity)
+                                  for layer in heads.layers)
+
+
+def _freeze(spec: Spec, model: nn.Module) -> FreezeHandle | None:
+    """``trainable`` heads: only they train. ``freeze`` heads: everything else trains."""
+    trainable = [h for r in spec.heads if r.trainable for h in r.heads]
+    frozen = [h for r in spec.heads if r.freeze for h in r.heads]
+    if trainable:
+        return freeze(model, _set(spec, tuple(trainable)))
+    if not frozen:
+        return None
+    frozen_set = _set(spec, tuple(frozen))
+    others = HeadSet.all(spec.n_layers, spec.n_heads) - frozen_set
+    projections = {f"blocks.{l}.attn.{p}_proj.{w}" for l in frozen_set.layers
+                   for p in ("q", "k", "v", "o") for w in ("weight", "bias")}
+    names = [n for n, _ in model.named_parameters(remove_duplicate=False)
+             if n not in projections or n.endswith("o_proj.bias")]
+    return freeze(model, [*(others if len(others) else []), *names])
+
+
+def _data(spec: Spec) -> tuple[Mixture, Mixture]:
+    train, held_out = {}, {}
+    for t in spec.data.tasks:
+        path = f"data.tasks.{t.name}"
+        kwargs = dict(t.kwargs)
+        try:
+            train[t.name] = build_task(t.task, kwargs, path)
+            if t.task == "text":
+                kwargs["split"] = "eval"
+            held_out[t.name] = build_task(t.task, kwargs, path)
+        except HeadwiseError as e:
+            raise SpecError(str(e)) from None
+    weights = {t.name: t.weight for t in spec.data.tasks}
+    return Mixture(train, weights), Mixture(held_out, weights)

@@ -1,0 +1,82 @@
+"""YAML specs: ``load_spec(path_or_text) -> Spec``, validated into frozen dataclasses.
+
+A spec describes a whole run: ``model``, ``data``, ``train``, ``heads``, ``gates``,
+``adapters`` and ``contract`` (reference: docs/spec.md). It is read with a safe YAML loader
+and never names code to import. Every error is a ``SpecError`` whose message starts with the
+field path, e.g. ``heads.L1.H9: layer 1 has heads 0-3`` or ``train.steps: got -5, expected an
+integer >= 1``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from headwise.errors import SpecError
+from headwise.spec import check
+from headwise.spec.contract import parse_contract
+from headwise.spec.parse import (
+    TOP_LEVEL,
+    parse_adapters,
+    parse_data,
+    parse_gates,
+    parse_heads,
+    parse_model,
+    parse_train,
+)
+from headwise.spec.schema import (
+    AdapterSpec,
+    DataSpec,
+    EntropySpec,
+    GateSpec,
+    HeadRule,
+    MaskSpec,
+    ModelSpec,
+    ObjectiveSpec,
+    PretrainedSpec,
+    Spec,
+    TaskSpec,
+)
+from headwise.spec.yaml_io import parse_yaml, read_spec_text
+
+__all__ = ["AdapterSpec", "DataSpec", "EntropySpec", "GateSpec", "HeadRule", "MaskSpec",
+           "ModelSpec", "ObjectiveSpec", "PretrainedSpec", "Spec", "SpecError", "TaskSpec",
+           "load_spec", "spec_from_dict"]
+
+
+def load_spec(source: str | Path) -> Spec:
+    """Read and validate a spec.
+
+    Args:
+        source: a path to a ``.yaml``/``.yml`` file (relative paths inside the spec resolve
+            against its directory), or the YAML text itself.
+
+    Raises:
+        SpecError: the first problem found, its message starting with the field path.
+    """
+    text, name = read_spec_text(source)
+    data = parse_yaml(text, name)
+    base = Path(name).parent if name != "<spec>" else None
+    return spec_from_dict(data, base=base, text=text)
+
+
+def spec_from_dict(data: dict, base: Path | None = None, text: str = "") -> Spec:
+    """Validate an already-parsed spec mapping (see ``load_spec``).
+
+    Raises:
+        SpecError: the first problem found, its message starting with the field path.
+    """
+    data = check.mapping(data, "spec", "a mapping")
+    check.keys(data, TOP_LEVEL, "", required=("model", "data"))
+    for key in ("name", "description"):
+        if key in data:
+            check.string(data[key], key)
+    model = parse_model(data["model"], base)
+    config = model.config
+    dataspec = parse_data(data["data"], config, base)
+    tasks = dataspec.names
+    train = parse_train(data.get("train"))
+    heads = parse_heads(data.get("heads"), config, tasks)
+    gates = parse_gates(data.get("gates"), heads, config)
+    adapters = parse_adapters(data.get("adapters"), config, heads)
+    contract = parse_contract(data.get("contract"), config, tasks)
+    return Spec(model, dataspec, train, heads, gates, adapters, contract, text=text)

@@ -1,0 +1,334 @@
+"""Parsing a spec's sections into the dataclasses of ``headwise.spec.schema``.
+
+Order matters: the model fixes the head shape that ``heads``, ``adapters`` and ``contract`` are
+checked against, and ``data`` fixes the task names they may mention.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from headwise.config import PRESETS, ModelConfig
+from headwise.errors import HeadwiseError, SpecError
+from headwise.heads import Head, HeadSet
+from headwise.spec import check
+from headwise.spec.levers import parse_entropy, parse_mask, parse_objective
+from headwise.spec.schema import (
+    AdapterSpec,
+    DataSpec,
+    GateSpec,
+    HeadRule,
+    ModelSpec,
+    PretrainedSpec,
+    TaskSpec,
+)
+
+TOP_LEVEL = ("name", "description", "model", "data", "train", "heads", "gates", "adapters",
+             "contract")
+ADAPTER_TARGETS = ("q", "k", "v", "o", "up", "down", "gate")
+
+
+def parse_model(value: Any, base: Path | None) -> ModelSpec:
+    """``model:`` as config fields, ``preset: NAME`` (+ overrides), or ``pretrained: {...}``."""
+    data = check.mapping(value, "model", "a mapping of ModelConfig fields, {preset: NAME} or "
+                         "{pretrained: {path: DIR, format: hf}}")
+    if "pretrained" in data:
+        check.keys(data, ["pretrained"], "model")
+        raw = check.mapping(data["pretrained"], "model.pretrained", "a mapping {path, format}")
+        check.keys(raw, ["path", "format"], "model.pretrained", required=["path"])
+        path = check.string(raw["path"], "model.pretrained.path")
+        fmt = check.string(raw.get("format", "hf"), "model.pretrained.format", ["hf"])
+        resolved = _resolve(path, base)
+        config = _pretrained_config(resolved)
+        return ModelSpec(config, pretrained=PretrainedSpec(str(resolved), fmt))  # type: ignore[arg-type]
+    name = None
+    if "preset" in data:
+        name = check.string(data.pop("preset"), "model.preset", sorted(PRESETS))
+        data = {**PRESETS[name].to_dict(), **data}
+    try:
+        config = ModelConfig.from_dict(data, path="model")
+    except HeadwiseError as e:
+        raise SpecError(str(e)) from None
+    return ModelSpec(config, preset=name)
+
+
+def _resolve(path: str, base: Path | None) -> Path:
+    p = Path(path).expanduser()
+    return p if p.is_absolute() or base is None else base / p
+
+
+def _pretrained_config(path: Path) -> ModelConfig:
+    from headwise.interop import hf_converter
+
+    if not (path / "config.json").is_file():
+        raise SpecError(f"model.pretrained.path: {path} has no config.json; expected a "
+                        "HuggingFace model directory on local disk")
+    try:
+        return hf_converter(path)[1]
+    except HeadwiseError as e:
+        raise SpecError(f"model.pretrained.path: {e}") from None
+
+
+def parse_data(value: Any, config: ModelConfig, base: Path | None) -> DataSpec:
+    """``data: {tasks: {name: {task: KIND, weight: W, ...kwargs}}, eval_examples, eval_seed}``."""
+    from headwise.data import TASKS
+
+    data = check.mapping(value, "data", "a mapping with keys tasks, eval_examples, eval_seed")
+    check.keys(data, ["tasks", "eval_examples", "eval_seed"], "data", required=["tasks"])
+    raw_tasks = data["tasks"]
+    if isinstance(raw_tasks, list) and all(isinstance(t, str) for t in raw_tasks):
+        raw_tasks = {t: {} for t in raw_tasks}
+    raw_tasks = check.mapping(raw_tasks, "data.tasks", "a mapping of task name -> settings")
+    if not raw_tasks:
+        raise SpecError("data.tasks: got an empty mapping, expected at least one task")
+    tasks = []
+    for name, entry in raw_tasks.items():
+        path = check.join("data.tasks", name)
+        entry = check.mapping({} if entry is None else entry, path,
+                              "a mapping {task: KIND, weight: W, ...task settings}")
+        kind_default = name if name in TASKS else None
+        if "task" not in entry and kind_default is None:
+            raise SpecError(f"{path}.task: missing; {name!r} is not a built-in task, so say "
+                            f"which one it is: one of {sorted(TASKS)}")
+        kind = check.string(entry.pop("task", kind_default), check.join(path, "task"),
+                            sorted(TASKS))
+        weight = check.number(entry.pop("weight", 1.0), check.join(path, "weight"),
+                              positive=True)
+        kwargs = _task_kwargs(TASKS[kind], entry, config, base, path)
+        task = _build_task(TASKS[kind], kwargs, path)
+        if task.vocab_size > config.vocab_size:
+            raise SpecError(f"{path}: the task uses {task.vocab_size} token ids, more than "
+                            f"model.vocab_size={config.vocab_size}; expected a task vocab_size "
+                            f"<= {config.vocab_size}")
+        if task.seq_len > config.max_seq_len:
+            raise SpecError(f"{path}: the task's sequences have T={task.seq_len} positions, "
+                            f"more than model.max_seq_len={config.max_seq_len}")
+        tasks.append(TaskSpec(name, kind, weight, MappingProxyType(kwargs)))
+    return DataSpec(
+        tuple(tasks),
+        eval_examples=check.integer(data.get("eval_examples", 512), "data.eval_examples", 1),
+        eval_seed=check.integer(data.get("eval_seed", 12345), "data.eval_seed", 0),
+    )
+
+
+def _task_kwargs(cls: type, entry: dict[str, Any], config: ModelConfig, base: Path | None,
+                 path: str) -> dict[str, Any]:
+    """The task's keyword arguments: the spec's, with ``vocab_size`` defaulting to the model's
+    and relative file paths resolved against the spec's directory."""
+    names = ([f.name for f in fields(cls) if f.init] if is_dataclass(cls)
+             else list(inspect.signature(cls).parameters))
+    check.keys(entry, ["task", "weight", *names], path)
+    kwargs = dict(entry)
+    if "vocab_size" in names and "vocab_size" not in kwargs and not _own_vocab(cls, kwargs):
+        kwargs["vocab_size"] = config.vocab_size
+    for key in ("path", "tokenizer"):
+        if isinstance(kwargs.get(key), str):
+            kwargs[key] = str(_resolve(kwargs[key], base))
+    return kwargs
+
+
+def _own_vocab(cls: type, kwargs: dict[str, Any]) -> bool:
+    """Text tasks with a tokenizer take their vocabulary from it."""
+    return bool(kwargs.get("tokenizer")) or getattr(cls, "name", "") == "text"
+
+
+def _build_task(cls: type, kwargs: dict[str, Any], path: str) -> Any:
+    return check.dataclass_from(cls, kwargs, path, strip=f"{getattr(cls, 'name', '')}.") \
+        if is_dataclass(cls) else _call(cls, kwargs, path)
+
+
+def _call(cls: type, kwargs: dict[str, Any], path: str) -> Any:
+    try:
+        return cls(**kwargs)
+    except (HeadwiseError, ValueError, TypeError) as e:
+        raise SpecError(f"{path}: {e}") from None
+
+
+def parse_train(value: Any) -> Any:
+    """``train:`` -> ``headwise.train.TrainConfig`` (defaults when absent)."""
+    from headwise.train.config import TrainConfig
+
+    return check.dataclass_from(TrainConfig, {} if value is None else value, "train")
+
+
+def _selector(sel: str, path: str, config: ModelConfig) -> HeadSet:
+    try:
+        return HeadSet.parse(sel, config.n_layers, config.n_heads)
+    except HeadwiseError as e:
+        text = str(e)
+        for prefix in (f"{sel}: ", f"{sel!r}: "):
+            if text.startswith(prefix):
+                text = text[len(prefix):]
+        raise SpecError(f"{path}: {text}") from None
+
+
+def parse_heads(value: Any, config: ModelConfig, tasks: tuple[str, ...]) -> tuple[HeadRule, ...]:
+    """``heads: {SELECTOR: {mask, objective, entropy, diversity, tasks, freeze, trainable}}``.
+
+    Raises:
+        SpecError: a bad selector or entry, an unknown task, or two rules that contradict each
+            other on one head (two masks, two objectives, two task lists, freeze + trainable,
+            freeze + objective).
+    """
+    if value is None:
+        return ()
+    data = check.mapping(value, "heads", "a mapping of head selector -> settings")
+    rules = []
+    owner: dict[tuple[Head, str], str] = {}
+    for sel, entry in data.items():
+        path = check.join("heads", sel)
+        heads = _selector(sel, path, config)
+        entry = check.mapping(entry, path, "a mapping with keys mask, objective, entropy, "
+                              "diversity, tasks, freeze, trainable")
+        check.keys(entry, ["mask", "objective", "entropy", "diversity", "tasks", "freeze",
+                           "trainable"], path)
+        if not entry:
+            raise SpecError(f"{path}: got an empty mapping, expected at least one of mask, "
+                            "objective, entropy, diversity, tasks, freeze, trainable")
+        p = functools.partial(check.join, path)
+        rule = HeadRule(
+            selector=sel,
+            heads=tuple(heads),
+            mask=parse_mask(entry["mask"], p("mask")) if "mask" in entry else None,
+            objective=(parse_objective(entry["objective"], p("objective"))
+                       if "objective" in entry else None),
+            entropy=parse_entropy(entry["entropy"], p("entropy")) if "entropy" in entry else None,
+            diversity=(check.number(entry["diversity"], p("diversity"), positive=True)
+                       if "diversity" in entry else None),
+            tasks=(check.string_list(entry["tasks"], p("tasks"), tasks)
+                   if "tasks" in entry else None),
+            freeze=check.boolean(entry.get("freeze", False), p("freeze")),
+            trainable=check.boolean(entry.get("trainable", False), p("trainable")),
+        )
+        if rule.diversity is not None and any(
+                len(heads.in_layer(l)) != config.n_heads for l in heads.layers):
+            raise SpecError(f"{p('diversity')}: the diversity term acts on all heads of a "
+                            f"layer; expected a whole-layer selector such as "
+                            f"L{heads.layers[0]}.*")
+        if rule.freeze and rule.trainable:
+            raise SpecError(f"{path}: freeze and trainable are both true; expected one")
+        _claim(rule, path, owner)
+        rules.append(rule)
+    return tuple(rules)
+
+
+def _claim(rule: HeadRule, path: str, owner: dict[tuple[Head, str], str]) -> None:
+    """Record which rule sets what on each head; two rules setting one thing contradict."""
+    what = [k for k in ("mask", "objective", "tasks") if getattr(rule, k) is not None]
+    what += [k for k in ("freeze", "trainable") if getattr(rule, k)]
+    for head in rule.heads:
+        for key in what:
+            other = owner.get((head, key))
+            if other is not None and other != path:
+                raise SpecError(f"{path}.{key}: {head} already has {key} from {other}; "
+                                f"expected one {key} per head")
+            owner[(head, key)] = path
+        clash = [(a, b) for a, b in (("freeze", "trainable"), ("freeze", "objective"))
+                 if (head, a) in owner and (head, b) in owner]
+        if clash:
+            a, b = clash[0]
+            raise SpecError(f"{path}: {head} has {a} (from {owner[(head, a)]}) and {b} (from "
+                            f"{owner[(head, b)]}); a frozen head cannot also be "
+                            f"{'trainable' if b == 'trainable' else 'trained by an objective'}")
+
+
+def parse_gates(value: Any, rules: tuple[HeadRule, ...], config: ModelConfig
+                ) -> GateSpec | None:
+    """``gates: {kind: fixed|learned, layers, l0_weight, temperature}``.
+
+    Fixed gates are implied when any head rule assigns ``tasks``; learned gates find their own
+    assignment, so they cannot be combined with ``heads.*.tasks``.
+    """
+    assigned = [r for r in rules if r.tasks is not None]
+    if value is None:
+        return GateSpec("fixed") if assigned else None
+    data = check.mapping(value, "gates", "a mapping with keys kind, layers, l0_weight, "
+                         "temperature")
+    check.keys(data, ["kind", "layers", "l0_weight", "temperature"], "gates")
+    kind = check.string(data.get("kind", "fixed"), "gates.kind", ["fixed", "learned"])
+    layers = None
+    if "layers" in data:
+        raw = data["layers"]
+        raw = [raw] if isinstance(raw, int) and not isinstance(raw, bool) else raw
+        if not isinstance(raw, list) or not raw:
+            raise check.fail("gates.layers", data["layers"], "a non-empty list of layer indices")
+        layers = tuple(check.integer(v, f"gates.layers[{i}]", 0, config.n_layers - 1)
+                       for i, v in enumerate(raw))
+    if kind == "fixed" and not assigned:
+        raise SpecError("gates.kind: fixed gates need a task assignment; expected "
+                        "heads.<selector>.tasks on at least one head")
+    if kind == "learned" and assigned:
+        raise SpecError(f"heads.{assigned[0].selector}.tasks: a fixed task assignment "
+                        "contradicts gates.kind=learned; expected one or the other")
+    return GateSpec(
+        kind,  # type: ignore[arg-type]
+        layers,
+        check.number(data.get("l0_weight", 0.01), "gates.l0_weight", minimum=0.0),
+        check.number(data.get("temperature", 0.5), "gates.temperature", positive=True),
+    )
+
+
+def parse_adapters(value: Any, config: ModelConfig, rules: tuple[HeadRule, ...]
+                   ) -> tuple[AdapterSpec, ...]:
+    """``adapters: {targets: [q, v], rank: 4, alpha: 8, dropout: 0, layers | heads}``.
+
+    A model carries one adapter set (a list of one mapping is accepted too). Adapters freeze
+    every base weight, so they cannot be combined with ``heads.*.freeze``/``trainable``.
+    """
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, dict) else value
+    if not isinstance(items, list) or not items:
+        raise check.fail("adapters", value, "a mapping {targets, rank, alpha, dropout, "
+                         "layers | heads}")
+    if len(items) > 1:
+        raise SpecError(f"adapters: got {len(items)} adapter sets, expected one (a model "
+                        "carries one set; list several targets in it instead)")
+    clash = [r for r in rules if r.freeze or r.trainable]
+    if clash:
+        key = "freeze" if clash[0].freeze else "trainable"
+        raise SpecError(f"heads.{clash[0].selector}.{key}: adapters freeze every base weight "
+                        "and train only the adapters; expected either adapters or "
+                        "freeze/trainable")
+    path = "adapters"
+    data = check.mapping(items[0], path, "a mapping with keys targets, rank, alpha, dropout, "
+                         "layers, heads")
+    check.keys(data, ["targets", "rank", "alpha", "dropout", "layers", "heads"], path,
+               required=["targets", "rank"])
+    if "layers" in data and "heads" in data:
+        raise SpecError(f"{path}: both layers and heads are given; expected one scope")
+    rank = check.integer(data["rank"], f"{path}.rank", minimum=1)
+    layers = None
+    if "layers" in data:
+        raw_l = data["layers"]
+        raw_l = [raw_l] if isinstance(raw_l, int) and not isinstance(raw_l, bool) else raw_l
+        if not isinstance(raw_l, list) or not raw_l:
+            raise check.fail(f"{path}.layers", data["layers"], "a list of layer indices")
+        layers = tuple(check.integer(v, f"{path}.layers[{j}]", 0, config.n_layers - 1)
+                       for j, v in enumerate(raw_l))
+    heads = None
+    if "heads" in data:
+        sel = check.string(data["heads"], f"{path}.heads")
+        heads = tuple(_selector(sel, f"{path}.heads", config))
+    targets = check.string_list(data["targets"], f"{path}.targets", ADAPTER_TARGETS)
+    if heads is not None and set(targets) - {"q", "k", "v", "o"}:
+        raise SpecError(f"{path}.targets: head-scoped adapters act on q, k, v, o; got "
+                        f"{sorted(set(targets) - {'q', 'k', 'v', 'o'})}")
+    if config.attn_only and set(targets) & {"up", "down", "gate"}:
+        raise SpecError(f"{path}.targets: the model is attention-only (no MLP); expected "
+                        "targets among q, k, v, o")
+    if "gate" in targets and config.activation != "swiglu":
+        raise SpecError(f"{path}.targets: 'gate' needs a gated MLP (model.activation: swiglu)")
+    return (AdapterSpec(
+        targets=targets,
+        rank=rank,
+        alpha=check.number(data.get("alpha", rank), f"{path}.alpha", positive=True),
+        dropout=check.number(data.get("dropout", 0.0), f"{path}.dropout", 0.0, 0.99),
+        layers=layers,
+        heads=heads,
+    ),)

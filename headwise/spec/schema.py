@@ -1,0 +1,162 @@
+"""The parsed spec: frozen dataclasses for model, data, train, heads, gates, adapters, contract.
+
+These are plain descriptions; ``headwise.pipeline.compile_spec`` turns them into a model, levers,
+data and a contract. Every field has been validated by ``headwise.spec.parse``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+from headwise.config import ModelConfig
+from headwise.heads import Head
+
+
+def _empty() -> Mapping[str, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class PretrainedSpec:
+    """A checkpoint on local disk: ``path`` to a HuggingFace directory, ``format`` ("hf")."""
+
+    path: str
+    format: Literal["hf"] = "hf"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Either a config (given directly or from a preset) or a pretrained checkpoint.
+
+    ``config`` is always set: for a pretrained model it is the converted config, read from the
+    checkpoint's ``config.json`` without loading weights.
+    """
+
+    config: ModelConfig
+    preset: str | None = None
+    pretrained: PretrainedSpec | None = None
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task of the mixture: a user ``name``, the built-in generator ``task`` and its weight."""
+
+    name: str
+    task: str
+    weight: float = 1.0
+    kwargs: Mapping[str, Any] = field(default_factory=_empty)
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """The training mixture, and the held-out set the contract is verified on:
+    ``eval_examples`` examples drawn with their own seed ``eval_seed`` (text tasks use their
+    ``eval`` split)."""
+
+    tasks: tuple[TaskSpec, ...]
+    eval_examples: int = 512
+    eval_seed: int = 12345
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Task names in task-id order."""
+        return tuple(t.name for t in self.tasks)
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """A structural mask by name (``previous_token``, ``local``, ...) with its parameters."""
+
+    name: str
+    params: Mapping[str, Any] = field(default_factory=_empty)
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """A pattern objective: push the heads' attention towards ``target`` with loss ``kind``."""
+
+    target: str
+    kind: Literal["ce", "kl", "mse"] = "ce"
+    weight: float = 1.0
+    params: Mapping[str, Any] = field(default_factory=_empty)
+
+
+@dataclass(frozen=True)
+class EntropySpec:
+    """Keep the heads' mean attention entropy (nats) within ``[at_least, at_most]``."""
+
+    at_least: float | None = None
+    at_most: float | None = None
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class HeadRule:
+    """Everything the spec says about the heads a selector names.
+
+    ``tasks``: the tasks these heads serve (task gates); ``None`` means every task.
+    ``freeze``: these heads' weights do not change. ``trainable``: only heads marked trainable
+    (and non-attention parameters, unless frozen elsewhere) are trained.
+    ``diversity``: weight of a disagreement regulariser among the heads of each selected
+    layer (the selector must name whole layers).
+    """
+
+    selector: str
+    heads: tuple[Head, ...]
+    mask: MaskSpec | None = None
+    objective: ObjectiveSpec | None = None
+    entropy: EntropySpec | None = None
+    diversity: float | None = None
+    tasks: tuple[str, ...] | None = None
+    freeze: bool = False
+    trainable: bool = False
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    """Task gates: ``fixed`` from ``heads.*.tasks``, or ``learned`` with an L0 penalty."""
+
+    kind: Literal["fixed", "learned"] = "fixed"
+    layers: tuple[int, ...] | None = None
+    l0_weight: float = 0.01
+    temperature: float = 0.5
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """LoRA adapters on ``targets`` (q, k, v, o, up, down, gate) of some layers or heads."""
+
+    targets: tuple[str, ...]
+    rank: int
+    alpha: float
+    dropout: float = 0.0
+    layers: tuple[int, ...] | None = None
+    heads: tuple[Head, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A whole validated spec. ``train`` is a ``headwise.train.TrainConfig``;
+    ``contract`` holds the clause mappings (already checked by ``Contract.from_list``)."""
+
+    model: ModelSpec
+    data: DataSpec
+    train: Any
+    heads: tuple[HeadRule, ...] = ()
+    gates: GateSpec | None = None
+    adapters: tuple[AdapterSpec, ...] = ()
+    contract: tuple[Mapping[str, Any], ...] = ()
+    text: str = field(default="", repr=False, compare=False)
+
+    @property
+    def n_layers(self) -> int:
+        """Layers of the model the spec describes."""
+        return self.model.config.n_layers
+
+    @property
+    def n_heads(self) -> int:
+        """Query heads per layer of the model the spec describes."""
+        return self.model.config.n_heads
