@@ -1,0 +1,26 @@
+"""Small models for the lever tests: every dimension a distinct size."""
+
+from __future__ import annotations
+
+import pytest
+
+from headwise import ModelConfig, Transformer, build_model
+
+BASE = dict(n_layers=2, n_heads=4, d_model=20, d_head=6, d_ff=28, vocab_size=23,
+            max_seq_len=16)
+
+
+def make(**changes: object) -> Transformer:
+    """A seeded tiny model; ``changes`` override ``BASE``."""
+    return build_model(ModelConfig(**{**BASE, **changes}), seed=0)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def model() -> Transformer:
+    return make()
+
+
+@pytest.fixture
+def gqa_model() -> Transformer:
+    return make(n_kv_heads=2, positional="rope", norm_type="rmsnorm", activation="swiglu",
+                bias="none")

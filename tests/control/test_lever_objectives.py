@@ -1,0 +1,179 @@
+"""Pattern objectives against hand-computed values and PyTorch's own KL / NLL / cosine."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from headwise import SelectorError
+from headwise.control import (
+    EntropyBound,
+    FFNPenalty,
+    HeadDiversity,
+    Objective,
+    PatternObjective,
+)
+from headwise.control.objectives import row_loss
+from headwise.hooks import Hook
+
+from .conftest import make
+
+
+def run(model, obj, tokens, mask=None):  # type: ignore[no-untyped-def]
+    with model.hooks(*obj.hooks()):
+        model(tokens, attention_mask=mask)
+    return obj.loss(tokens, mask)
+
+
+def uniform_layer0():  # type: ignore[no-untyped-def]
+    """q = 0 in layer 0, so every causal row is uniform: P[i, j] = 1 / (i + 1), j <= i."""
+    model = make()
+    with torch.no_grad():
+        model.blocks[0].attn.q_proj.weight.zero_()
+        model.blocks[0].attn.q_proj.bias.zero_()
+    return model
+
+
+def test_row_losses_by_hand() -> None:
+    P = torch.tensor([[0.5, 0.25, 0.25], [0.5, 0.25, 0.25]])
+    Q = torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]])
+    ln2 = math.log(2)
+    torch.testing.assert_close(row_loss(P, Q, "kl"), torch.tensor([ln2, 0.5 * ln2]))
+    torch.testing.assert_close(row_loss(P, Q, "ce"), torch.tensor([ln2, 0.5 * ln2 + ln2]))
+    torch.testing.assert_close(row_loss(P, Q, "mse"), torch.tensor([0.375, 0.125]))
+
+
+@pytest.mark.parametrize("target, kind, expected", [
+    ("previous_token", "kl", (math.log(2) + math.log(3) + math.log(4)) / 3),
+    ("previous_token", "ce", (math.log(2) + math.log(3) + math.log(4)) / 3),
+    ("previous_token", "mse", (0.5 + 6 / 9 + 0.75) / 3),
+    ("self", "kl", (0 + math.log(2) + math.log(3) + math.log(4)) / 4),
+    ("first_token", "kl", (0 + math.log(2) + math.log(3) + math.log(4)) / 4),
+    ("uniform", "kl", 0.0),
+    ("induction", "kl", (math.log(3) + math.log(4)) / 2),  # rows 2, 3 only
+])
+def test_objective_values_on_a_hand_computed_example(target, kind, expected) -> None:  # type: ignore[no-untyped-def]
+    model = uniform_layer0()
+    tokens = torch.tensor([[5, 7, 5, 7]])
+    obj = PatternObjective(model, "L0.H2", target, kind=kind, weight=3.0)
+    term, logs = run(model, obj, tokens)
+    assert logs["pattern/L0.H2"] == pytest.approx(expected, abs=1e-6)
+    assert float(term.detach()) == pytest.approx(3.0 * expected, abs=1e-5)
+
+
+def test_padding_rows_and_keys_are_excluded() -> None:
+    model = uniform_layer0()
+    tokens = torch.tensor([[5, 7, 5, 7, 1, 1]])
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0]])
+    obj = PatternObjective(model, "L0.H0", "previous_token")
+    _, logs = run(model, obj, tokens, mask)
+    assert logs["pattern/L0.H0"] == pytest.approx((math.log(2) + math.log(3) + math.log(4)) / 3)
+
+
+def test_objectives_match_torch_kl_and_nll_on_a_random_model() -> None:
+    model = make()
+    with torch.no_grad():  # sharpen the patterns so that the losses are far from zero
+        model.blocks[1].attn.q_proj.weight.mul_(40.0)
+    tokens = torch.randint(0, 23, (3, 10))
+    _, cache = model.run_with_cache(tokens, ["blocks.1.attn.hook_pattern"], heads="L1.H3")
+    P = cache.head("blocks.1.attn.hook_pattern", 3)  # (B, T, T)
+    Q = torch.ones(10, 10).tril()
+    Q = Q / Q.sum(-1, keepdim=True)
+    kl = F.kl_div(P.clamp_min(1e-12).log(), Q.expand(3, 10, 10), reduction="none").sum(-1).mean()
+    _, logs = run(model, PatternObjective(model, "L1.H3", "uniform"), tokens)
+    assert logs["pattern/L1.H3"] == pytest.approx(float(kl), rel=1e-5)
+    prev = torch.arange(10).expand(3, 10) - 1
+    nll = F.nll_loss(P[:, 1:].log().reshape(-1, 10), prev[:, 1:].reshape(-1))
+    for target in ("previous_token", lambda t: torch.arange(t.shape[1]).expand_as(t) - 1,
+                   torch.eye(12).roll(-1, dims=1).tril()):
+        _, logs = run(model, PatternObjective(model, "L1.H3", target, kind="ce"), tokens)
+        assert logs["pattern/L1.H3"] == pytest.approx(float(nll), rel=1e-5)
+
+
+def test_only_supervised_heads_leave_the_fused_path_and_get_gradient() -> None:
+    model = make()
+    obj = PatternObjective(model, "L0.H1,L0.H3", "previous_token")
+    assert isinstance(obj, Objective)
+    seen = {}
+
+    def probe(layer: int):  # type: ignore[no-untyped-def]
+        def fn(x, ctx):  # type: ignore[no-untyped-def]
+            seen[layer] = model.blocks[layer].attn.explicit_heads()
+        return fn
+
+    tokens = torch.randint(0, 23, (2, 8))
+    with model.hooks(*obj.hooks(), *[Hook(f"blocks.{l}.attn.hook_z", probe(l))
+                                     for l in range(2)]):
+        model(tokens)
+    assert seen == {0: (1, 3), 1: ()}
+    term, logs = obj.loss(tokens)
+    assert set(logs) == {"pattern/L0.H1", "pattern/L0.H3"}
+    term.backward()
+    g = model.blocks[0].attn.q_proj.weight.grad.view(4, 6, 20)
+    assert g[[1, 3]].abs().sum() > 0 and g[[0, 2]].abs().sum() == 0
+    assert model.blocks[1].attn.q_proj.weight.grad is None
+
+
+def test_entropy_bound_by_hand() -> None:
+    model = uniform_layer0()
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    ent = [math.log(i + 1) for i in range(4)]
+    obj = EntropyBound(model, "L0.H0", min=1.0, max=1.2)
+    term, logs = run(model, obj, tokens)
+    hinge = [max(0.0, 1.0 - e) + max(0.0, e - 1.2) for e in ent]
+    assert float(term.detach()) == pytest.approx(sum(hinge) / 4, abs=1e-6)
+    assert logs["entropy/L0.H0"] == pytest.approx(sum(ent) / 4, abs=1e-6)
+
+
+def test_head_diversity_pattern_by_hand_and_output_against_cosine() -> None:
+    model = uniform_layer0()
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    term, logs = run(model, HeadDiversity(model, 0, on="pattern", weight=2.0), tokens)
+    expected = sum(1 / (i + 1) for i in range(4)) / 4  # every pair overlaps sum_k P^2
+    assert float(term.detach()) == pytest.approx(2.0 * expected, abs=1e-6)
+    model = make()
+    tokens = torch.randint(0, 23, (2, 7))
+    _, cache = model.run_with_cache(tokens, ["blocks.1.attn.hook_z"])
+    z = cache["blocks.1.attn.hook_z"]  # (B, T, H, Dh)
+    cos = F.cosine_similarity(z[:, :, :, None], z[:, :, None, :], dim=-1)  # (B, T, H, H)
+    term, logs = run(model, HeadDiversity(model, 1, on="output"), tokens)
+    assert float(term.detach()) == pytest.approx(float(cos.mean()), rel=1e-5)
+    assert logs["diversity/L1.H2"] == pytest.approx(float(cos[:, :, 2].mean()), rel=1e-5)
+
+
+def test_ffn_penalty_against_cached_mlp_out() -> None:
+    model = make()
+    tokens = torch.randint(0, 23, (2, 7))
+    _, cache = model.run_with_cache(tokens, ["blocks.0.hook_mlp_out", "blocks.1.hook_mlp_out"])
+    m0, m1 = cache["blocks.0.hook_mlp_out"], cache["blocks.1.hook_mlp_out"]
+    term, logs = run(model, FFNPenalty(model, [0, 1], kind="l1"), tokens)
+    assert float(term.detach()) == pytest.approx(float((m0.abs().mean() + m1.abs().mean()) / 2), rel=1e-5)
+    target = torch.linspace(-1, 1, 20)
+    term, _ = run(model, FFNPenalty(model, 1, kind="target", target=target), tokens)
+    assert float(term.detach()) == pytest.approx(float((m1 - target).pow(2).mean()), rel=1e-5)
+
+
+def test_bad_objective_input_raises_naming_it() -> None:
+    model = make()
+    with pytest.raises(ValueError, match="target: got 'next_token'"):
+        PatternObjective(model, "L0.H0", "next_token")
+    with pytest.raises(ValueError, match="kind: got 'hinge'"):
+        PatternObjective(model, "L0.H0", "self", kind="hinge")
+    with pytest.raises(SelectorError, match="L2.H0"):
+        PatternObjective(model, "L2.H0", "self")
+    with pytest.raises(ValueError, match="target: tensor of shape \\(3, 4\\)"):
+        PatternObjective(model, "L0.H0", torch.ones(3, 4))
+    with pytest.raises(ValueError, match="min=2.0 > max=1.0"):
+        EntropyBound(model, "L0.H0", min=2.0, max=1.0)
+    with pytest.raises(ValueError, match="on: got 'values'"):
+        HeadDiversity(model, 0, on="values")
+    with pytest.raises(ValueError, match="kind: got 'l2'"):
+        FFNPenalty(model, 0, kind="l2")
+    with pytest.raises(ValueError, match="layer 1 has no MLP"):
+        FFNPenalty(make(attn_only=True), 1)
+    obj = PatternObjective(model, "L0.H0", "self")
+    with pytest.raises(RuntimeError, match="no attention pattern captured for layer 0"):
+        obj.loss(torch.randint(0, 23, (1, 4)))
