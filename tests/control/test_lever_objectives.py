@@ -150,7 +150,8 @@ def test_ffn_penalty_against_cached_mlp_out() -> None:
     _, cache = model.run_with_cache(tokens, ["blocks.0.hook_mlp_out", "blocks.1.hook_mlp_out"])
     m0, m1 = cache["blocks.0.hook_mlp_out"], cache["blocks.1.hook_mlp_out"]
     term, logs = run(model, FFNPenalty(model, [0, 1], kind="l1"), tokens)
-    assert float(term.detach()) == pytest.approx(float((m0.abs().mean() + m1.abs().mean()) / 2), rel=1e-5)
+    expected = (m0.abs().mean() + m1.abs().mean()) / 2
+    assert float(term.detach()) == pytest.approx(float(expected), rel=1e-5)
     target = torch.linspace(-1, 1, 20)
     term, _ = run(model, FFNPenalty(model, 1, kind="target", target=target), tokens)
     assert float(term.detach()) == pytest.approx(float((m1 - target).pow(2).mean()), rel=1e-5)
