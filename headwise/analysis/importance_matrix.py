@@ -1,0 +1,128 @@
+"""ImportanceMatrix (units x tasks x metrics with bootstrap CIs) and the paired bootstrap."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from rich.table import Table
+from torch import Tensor
+
+from headwise.heads import Head, HeadSet
+
+
+def bootstrap_ci(clean_num: Tensor, ablated_num: Tensor, count: Tensor, sign: float,
+                 n_boot: int, confidence: float,
+                 gen: torch.Generator) -> tuple[float, float, float]:
+    """Point estimate and percentile CI of ``sign * (ablated - clean)`` for ratio metrics.
+
+    Each metric is ``sum(num) / sum(count)`` over examples; resampling draws examples with
+    replacement and applies the same draw to both runs (paired).
+
+    Args:
+        clean_num, ablated_num, count: (B,) per-example numerators and counts.
+
+    Returns:
+        ``(point, low, high)``.
+    """
+    def metric(num: Tensor, idx: Tensor | None = None) -> Tensor:
+        n, c = (num, count) if idx is None else (num[idx], count[idx])
+        return n.sum(-1) / c.sum(-1).clamp_min(1e-12)
+
+    point = float(sign * (metric(ablated_num) - metric(clean_num)))
+    B = clean_num.shape[0]
+    if n_boot <= 0 or B < 2:
+        return point, math.nan, math.nan
+    idx = torch.randint(0, B, (n_boot, B), generator=gen)
+    diffs = sign * (metric(ablated_num, idx) - metric(clean_num, idx))  # (n_boot,)
+    alpha = (1.0 - confidence) / 2
+    q = torch.quantile(diffs, torch.tensor([alpha, 1 - alpha], dtype=diffs.dtype))
+    return point, float(q[0]), float(q[1])
+
+
+class ImportanceMatrix:
+    """Importance of units (single heads or head groups) for tasks, per metric.
+
+    Attributes:
+        units: the HeadSets (``labels`` their text, e.g. ``L1.H2``).
+        values, ci_low, ci_high: (U, K, M) tensors.
+        clean: ``{task: {metric: value}}`` without intervention.
+        ablated: (U, K, M) metric values under the intervention (ablation only).
+    """
+
+    def __init__(self, units: Sequence[HeadSet], tasks: Sequence[str], metrics: Sequence[str],
+                 values: Tensor, ci_low: Tensor, ci_high: Tensor,
+                 clean: dict[str, dict[str, float]], ablated: Tensor | None,
+                 info: dict[str, Any]) -> None:
+        self.units = list(units)
+        self.labels = [str(u) for u in self.units]
+        self.tasks, self.metrics = list(tasks), list(metrics)
+        self.values, self.ci_low, self.ci_high = values, ci_low, ci_high
+        self.clean, self.ablated, self.info = clean, ablated, info
+
+    def _index(self, unit: Head | HeadSet | str, task: str, metric: str) -> tuple[int, int, int]:
+        label = str(unit)
+        if label not in self.labels:
+            raise KeyError(f"unit {label!r} not measured; units: {self.labels}")
+        if task not in self.tasks:
+            raise KeyError(f"task {task!r} not measured; tasks: {self.tasks}")
+        if metric not in self.metrics:
+            raise KeyError(f"metric {metric!r} not measured; metrics: {self.metrics}")
+        return self.labels.index(label), self.tasks.index(task), self.metrics.index(metric)
+
+    def get(self, unit: Head | HeadSet | str, task: str, metric: str = "accuracy") -> float:
+        """The drop (or gradient importance) of ``unit`` on ``task``."""
+        return float(self.values[self._index(unit, task, metric)])
+
+    def ci(self, unit: Head | HeadSet | str, task: str,
+           metric: str = "accuracy") -> tuple[float, float]:
+        """Its bootstrap confidence interval."""
+        i = self._index(unit, task, metric)
+        return float(self.ci_low[i]), float(self.ci_high[i])
+
+    def matrix(self, metric: str) -> Tensor:
+        """(U, K) values for one metric."""
+        return self.values[:, :, self.metrics.index(metric)]
+
+    def to_records(self) -> list[dict[str, Any]]:
+        """One JSON-ready record per (unit, task, metric)."""
+        out = []
+        for u, label in enumerate(self.labels):
+            for k, task in enumerate(self.tasks):
+                for m, metric in enumerate(self.metrics):
+                    rec: dict[str, Any] = {
+                        "unit": label, "task": task, "metric": metric,
+                        "value": _num(self.values[u, k, m]),
+                        "ci_low": _num(self.ci_low[u, k, m]),
+                        "ci_high": _num(self.ci_high[u, k, m]),
+                        "clean": _num(self.clean.get(task, {}).get(metric, math.nan)),
+                        "method": self.info.get("method"), "mode": self.info.get("mode")}
+                    if len(self.units[u]) == 1:
+                        (h,) = tuple(self.units[u])
+                        rec["layer"], rec["head"] = h.layer, h.head
+                    if self.ablated is not None:
+                        rec["ablated"] = _num(self.ablated[u, k, m])
+                    out.append(rec)
+        return out
+
+    def to_rich_table(self, metric: str | None = None) -> Table:
+        """Units x tasks for one metric (default the first), ``value [low, high]`` cells."""
+        metric = metric or self.metrics[0]
+        m = self.metrics.index(metric)
+        table = Table(title=f"importance ({self.info.get('method')}, {metric})")
+        table.add_column("unit")
+        for t in self.tasks:
+            table.add_column(t, justify="right")
+        for u, label in enumerate(self.labels):
+            table.add_row(label, *(f"{float(self.values[u, k, m]):+.3f} "
+                                   f"[{float(self.ci_low[u, k, m]):+.3f}, "
+                                   f"{float(self.ci_high[u, k, m]):+.3f}]"
+                                   for k in range(len(self.tasks))))
+        return table
+
+
+def _num(v: Any) -> float | None:
+    f = float(v)
+    return None if math.isnan(f) else f

@@ -1,0 +1,167 @@
+"""Ablation, gradient (Michel et al. 2019) and patching importance against explicit references."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from headwise import Head, ModelConfig, build_model, scale
+from headwise.analysis.importance import (
+    ablation_importance,
+    gradient_importance,
+    task_metrics,
+)
+from headwise.analysis.importance_matrix import bootstrap_ci
+from headwise.analysis.patching import activation_patching
+
+
+@dataclass
+class B:
+    tokens: torch.Tensor
+    targets: torch.Tensor
+    attention_mask: torch.Tensor | None = None
+    task_ids: torch.Tensor | None = None
+
+
+def _model(n_layers: int = 2) -> torch.nn.Module:
+    cfg = ModelConfig(n_layers=n_layers, n_heads=3, d_model=24, vocab_size=17, max_seq_len=16,
+                      attn_only=True)
+    return build_model(cfg, seed=3).eval()
+
+
+def _batch(seed: int, n: int = 12, T: int = 10) -> B:
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 17, (n, T), generator=g)
+    targets = tokens.roll(-1, 1).clone()
+    targets[:, -1] = -100
+    targets[:, :3] = -100
+    return B(tokens, targets)
+
+
+def _zero_o_columns(model: torch.nn.Module, head: Head) -> torch.nn.Module:
+    """Reference for zero ablation: the head's output-projection columns set to zero."""
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        m.blocks[head.layer].attn.o_proj.weight[:, head.head * 8:(head.head + 1) * 8] = 0
+    return m
+
+
+def test_task_metrics_explicit() -> None:
+    model, batch = _model(), _batch(0)
+    logits = model(batch.tokens)
+    valid = batch.targets != -100
+    loss = F.cross_entropy(logits[valid], batch.targets[valid]).detach()
+    acc = (logits.argmax(-1)[valid] == batch.targets[valid]).float().mean()
+    got = task_metrics(model, batch)
+    assert got["loss"] == pytest.approx(float(loss), rel=1e-5)
+    assert got["accuracy"] == pytest.approx(float(acc))
+
+
+def test_zero_ablation_matches_zeroed_output_projection() -> None:
+    model = _model()
+    tasks = {"a": _batch(1), "b": _batch(2, T=12)}
+    imp = ablation_importance(model, tasks, heads="L0.H1,L1.H2", n_boot=200)
+    for head in (Head(0, 1), Head(1, 2)):
+        ref_model = _zero_o_columns(model, head)
+        for task, batch in tasks.items():
+            clean, ablated = task_metrics(model, batch), task_metrics(ref_model, batch)
+            assert imp.get(head, task, "loss") == pytest.approx(ablated["loss"] - clean["loss"],
+                                                                abs=1e-5)
+            assert imp.get(head, task, "accuracy") == pytest.approx(
+                clean["accuracy"] - ablated["accuracy"], abs=1e-9)
+            lo, hi = imp.ci(head, task, "loss")
+            assert lo <= imp.get(head, task, "loss") + 1e-9 <= hi + 2e-9
+    recs = imp.to_records()
+    assert len(recs) == 2 * 2 * 2 and {"unit", "task", "metric", "ci_low"} <= set(recs[0])
+
+
+def test_group_ablation_and_mean_mode() -> None:
+    model, batch = _model(), _batch(4)
+    imp = ablation_importance(model, batch, groups=["L1.*"], mode="mean", n_boot=0)
+    # reference: replace every layer-1 head's z with its batch mean, by explicit maths
+    _, cache = model.run_with_cache(batch.tokens, names=["blocks.1.attn.hook_z"])
+    mean_z = cache["blocks.1.attn.hook_z"].mean(0, keepdim=True)
+    with model.hooks(("blocks.1.attn.hook_z", lambda z, ctx: mean_z.expand_as(z).clone())):
+        ref = task_metrics(model, batch)
+    assert imp.get("L1.H0,L1.H1,L1.H2", "task", "loss") == pytest.approx(
+        ref["loss"] - task_metrics(model, batch)["loss"], abs=1e-5)
+
+
+def test_bootstrap_identical_runs_has_zero_interval() -> None:
+    num = torch.rand(20, dtype=torch.float64)
+    point, lo, hi = bootstrap_ci(num, num, torch.ones(20, dtype=torch.float64), 1.0, 100, 0.95,
+                                 torch.Generator().manual_seed(0))
+    assert point == lo == hi == 0.0
+
+
+def test_gradient_importance_matches_finite_differences() -> None:
+    model, batch = _model(), _batch(5, n=6)
+    imp = gradient_importance(model, {"t": batch}, n_boot=50)
+    eps = 1e-3
+    for head in (Head(0, 0), Head(1, 2)):
+        per_example = []
+        for b in range(6):
+            one = B(batch.tokens[b:b + 1], batch.targets[b:b + 1])
+            with model.hooks(scale(model, str(head), 1 + eps)):
+                up = task_metrics(model, one)["loss"]
+            with model.hooks(scale(model, str(head), 1 - eps)):
+                down = task_metrics(model, one)["loss"]
+            per_example.append(abs(up - down) / (2 * eps))
+        ref = sum(per_example) / len(per_example)
+        assert imp.get(head, "t", "gradient") == pytest.approx(ref, rel=2e-2)
+
+
+def test_gradient_importance_abs_per_example_not_per_batch() -> None:
+    """|mean of gradients| <= mean of |gradients|: per-batch abs would understate importance."""
+    model, batch = _model(), _batch(6, n=16)
+    imp = gradient_importance(model, batch, heads="L1.H0", n_boot=0)
+    gate = torch.ones(1, requires_grad=True)
+    with model.hooks(scale(model, "L1.H0", 1.0)), model.hooks(
+            ("blocks.1.attn.hook_z", lambda z, ctx: z * gate.to(z.dtype), (0,))):
+        logits = model(batch.tokens)
+    valid = batch.targets != -100
+    ce = F.cross_entropy(logits.transpose(1, 2), batch.targets, reduction="none")
+    per_ex = (ce * valid).sum(1) / valid.sum(1)
+    (g,) = torch.autograd.grad(per_ex.mean(), gate)
+    assert abs(float(g)) <= imp.get("L1.H0", "task", "gradient") + 1e-9
+
+
+def test_activation_patching_matches_explicit_one_layer_maths() -> None:
+    model = _model(n_layers=1)
+    g = torch.Generator().manual_seed(7)
+    clean = torch.randint(0, 17, (4, 9), generator=g)
+    corrupted = clean.clone()
+    corrupted[:, 3] = (corrupted[:, 3] + 5) % 17
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        return logits[:, -1, 2].mean() - logits[:, -1, 5].mean()
+
+    res = activation_patching(model, clean, corrupted, metric)
+    _, c_clean = model.run_with_cache(clean, names=["blocks.0.attn.hook_z"])
+    _, c_corr = model.run_with_cache(corrupted, names=["blocks.0.attn.hook_z"])
+    attn = model.blocks[0].attn
+    resid = model.embed.weight[corrupted] + model.pos_embed(9)
+    for h in range(3):
+        z = c_corr["blocks.0.attn.hook_z"].clone()
+        z[:, :, h] = c_clean["blocks.0.attn.hook_z"][:, :, h]
+        x = resid + attn.o_proj(z.reshape(4, 9, 24))
+        ref = metric(model.unembed(model.ln_final(x)))
+        assert res.patched[Head(0, h)] == pytest.approx(float(ref), abs=1e-5)
+        r = res.recovered(Head(0, h))
+        assert math.isnan(r) or r == pytest.approx(
+            (float(ref) - res.corrupted) / (res.clean - res.corrupted), abs=1e-4)
+    assert len(res.to_records()) == 3
+
+
+def test_accepts_headwise_data_batch() -> None:
+    from headwise.data.batch import Batch
+
+    b = _batch(8)
+    batch = Batch(b.tokens, b.targets, None, torch.zeros(12, dtype=torch.long))
+    imp = ablation_importance(_model(), {"x": batch}, heads="L0.H0", n_boot=10)
+    assert not math.isnan(imp.get("L0.H0", "x", "loss"))
