@@ -62,11 +62,12 @@ def ablate(model: nn.Module, heads: Any, mode: AblationMode = "zero",
 
         def replace(x: Tensor, ctx: HookContext, stored: Tensor = stored,
                     name: str = name) -> Tensor:
-            T = x.shape[1]
-            if stored.shape[1] < T:
-                raise ValueError(f"reference: {name} has {stored.shape[1]} positions, the input "
+            square = point in ("pattern", "attn_scores")  # (B, h, T, T): positions last
+            T, have = (x.shape[-1], stored.shape[-1]) if square else (x.shape[1], stored.shape[1])
+            if have < T:
+                raise ValueError(f"reference: {name} has {have} positions, the input "
                                  f"has {T}; use reference tokens at least as long")
-            src = stored[:, :T].to(x.dtype)
+            src = (stored[:, :, :T, :T] if square else stored[:, :T]).to(x.dtype)
             if mode == "mean":
                 return src.mean(0, keepdim=True).expand_as(x).clone()
             pick = torch.randint(0, src.shape[0], (x.shape[0],), generator=gen)

@@ -199,3 +199,23 @@ def test_ablating_result_equals_ablating_z(model: Transformer, tokens: Tensor) -
     with model.hooks(ablate(model, "L1.H1")):
         by_z = model(tokens)
     torch.testing.assert_close(by_result, by_z, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("point", ["pattern", "attn_scores"])
+def test_mean_ablation_of_square_points_with_longer_reference(model: Transformer,
+                                                               tokens: Tensor, point: str) -> None:
+    """(B, h, T, T) points are cut to the input's T x T block of the reference (regression)."""
+    reference = torch.randint(0, 17, (4, 7))
+    name = f"blocks.1.attn.hook_{point}"
+    _, ref = model.run_with_cache(reference, [name], heads="L1.H0")
+    expected = ref[name][:, 0, :5, :5].mean(0)  # (T, T)
+    seen: list[Tensor] = []
+    with model.hooks(ablate(model, "L1.H0", mode="mean", reference=reference, point=point),
+                     Hook(name, lambda x, c: seen.append(x.clone()), (0,))):
+        model(tokens)
+    for b in range(2):
+        torch.testing.assert_close(seen[0][b, 0], expected)
+    short = torch.randint(0, 17, (4, 3))
+    with pytest.raises(ValueError, match="has 3 positions, the input has 5"):
+        with model.hooks(ablate(model, "L1.H0", mode="mean", reference=short, point=point)):
+            model(tokens)
