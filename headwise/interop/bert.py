@@ -78,13 +78,13 @@ LAYER_KEYS = {
 }
 
 # PEFT module names relative to ``BertModel`` (``base_model.model.<name>``).
-PEFT_MODULES = {
-    "blocks.{i}.attn.q_proj": _L + "attention.self.query",
-    "blocks.{i}.attn.k_proj": _L + "attention.self.key",
-    "blocks.{i}.attn.v_proj": _L + "attention.self.value",
-    "blocks.{i}.attn.o_proj": _L + "attention.output.dense",
-    "blocks.{i}.mlp.up_proj": _L + "intermediate.dense",
-    "blocks.{i}.mlp.down_proj": _L + "output.dense",
+PEFT_MODULES: dict[str, tuple[str, ...]] = {
+    _L + "attention.self.query": ("blocks.{i}.attn.q_proj",),
+    _L + "attention.self.key": ("blocks.{i}.attn.k_proj",),
+    _L + "attention.self.value": ("blocks.{i}.attn.v_proj",),
+    _L + "attention.output.dense": ("blocks.{i}.attn.o_proj",),
+    _L + "intermediate.dense": ("blocks.{i}.mlp.up_proj",),
+    _L + "output.dense": ("blocks.{i}.mlp.down_proj",),
 }
 
 POOLER_KEYS = ("pooler.dense.weight", "pooler.dense.bias")
@@ -99,6 +99,7 @@ CONVERTER = register(Converter(
     ignored=(r"embeddings\.position_ids", r"pooler\.dense\.(weight|bias)", r"cls\..*"),
     rename=rename,
     peft_modules=PEFT_MODULES,
+    peft_model_class="BertModel",
 ))
 
 

@@ -64,11 +64,14 @@ LAYER_KEYS = {
     "blocks.{i}.mlp.down_proj.bias": Rule("h.{i}.mlp.c_proj.bias"),
 }
 
-# PEFT targets on GPT-2: c_attn is fused (q|k|v), so only whole Conv1D modules map one-to-one.
-PEFT_MODULES = {
-    "blocks.{i}.attn.o_proj": "transformer.h.{i}.attn.c_proj",
-    "blocks.{i}.mlp.up_proj": "transformer.h.{i}.mlp.c_fc",
-    "blocks.{i}.mlp.down_proj": "transformer.h.{i}.mlp.c_proj",
+# PEFT module names of GPT2LMHeadModel. c_attn fuses q|k|v: adapters on our q/k/v proj export
+# exactly as one c_attn adapter with stacked A and block-diagonal B (rank = sum of ranks).
+PEFT_MODULES: dict[str, tuple[str, ...]] = {
+    "transformer.h.{i}.attn.c_attn": ("blocks.{i}.attn.q_proj", "blocks.{i}.attn.k_proj",
+                                      "blocks.{i}.attn.v_proj"),
+    "transformer.h.{i}.attn.c_proj": ("blocks.{i}.attn.o_proj",),
+    "transformer.h.{i}.mlp.c_fc": ("blocks.{i}.mlp.up_proj",),
+    "transformer.h.{i}.mlp.c_proj": ("blocks.{i}.mlp.down_proj",),
 }
 
 CONVERTER = register(Converter(
@@ -80,4 +83,7 @@ CONVERTER = register(Converter(
     # Old checkpoints carry the causal-mask buffers; a tied lm_head duplicates wte.
     ignored=(r"h\.\d+\.attn\.(bias|masked_bias)", r"lm_head\.weight"),
     peft_modules=PEFT_MODULES,
+    peft_model_class="GPT2LMHeadModel",
+    peft_task_type="CAUSAL_LM",
+    peft_fan_in_fan_out=True,
 ))

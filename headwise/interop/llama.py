@@ -95,10 +95,10 @@ LAYER_KEYS = {
 }
 
 # PEFT module names relative to ``*ForCausalLM`` (``base_model.model.<name>``).
-PEFT_MODULES = {
-    **{f"blocks.{{i}}.attn.{p}": f"model.layers.{{i}}.self_attn.{p}"
+PEFT_MODULES: dict[str, tuple[str, ...]] = {
+    **{f"model.layers.{{i}}.self_attn.{p}": (f"blocks.{{i}}.attn.{p}",)
        for p in ("q_proj", "k_proj", "v_proj", "o_proj")},
-    **{f"blocks.{{i}}.mlp.{p}": f"model.layers.{{i}}.mlp.{p}"
+    **{f"model.layers.{{i}}.mlp.{p}": (f"blocks.{{i}}.mlp.{p}",)
        for p in ("gate_proj", "up_proj", "down_proj")},
 }
 
@@ -111,4 +111,6 @@ CONVERTER = register(Converter(
     ignored=(r"layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"rotary_emb\.inv_freq",
              r"lm_head\.weight"),
     peft_modules=PEFT_MODULES,
+    peft_model_class="LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM",
+    peft_task_type="CAUSAL_LM",
 ))

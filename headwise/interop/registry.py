@@ -68,8 +68,12 @@ class Converter:
         prefixes: HF key prefixes to strip (e.g. ``"transformer."`` of ``GPT2LMHeadModel``).
         ignored: regexes of HF keys that are known and unused (buffers, task heads we drop).
         rename: optional normaliser for legacy HF key spellings (e.g. ``gamma`` -> ``weight``).
-        peft_modules: our module path (``blocks.{i}.attn.q_proj``) -> HF module path for
-            PEFT adapters (relative to the HF causal-LM / base model; see ``peft_export``).
+        peft_modules: HF module path (relative to ``peft_model_class``) -> our module paths it
+            holds, in order along its output axis (several for a fused module such as GPT-2's
+            ``c_attn`` = q|k|v); used by ``peft_export``.
+        peft_model_class: the HF class whose module names PEFT keys follow.
+        peft_task_type: PEFT ``task_type`` for that class (``None``: a plain ``PeftModel``).
+        peft_fan_in_fan_out: the HF modules are ``Conv1D`` (weights stored ``(in, out)``).
     """
 
     model_type: tuple[str, ...]
@@ -79,7 +83,10 @@ class Converter:
     prefixes: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()
     rename: Callable[[str], str] | None = None
-    peft_modules: dict[str, str] = field(default_factory=dict)
+    peft_modules: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    peft_model_class: str = ""
+    peft_task_type: str | None = None
+    peft_fan_in_fan_out: bool = False
 
     def rule_for(self, our_key: str) -> Rule | None:
         """The rule producing ``our_key`` (layer index substituted), or ``None``."""

@@ -57,9 +57,9 @@ def read_state_dict(directory: str | Path) -> dict[str, Tensor]:
     if (d / SAFETENSORS_INDEX).is_file():
         return _read_sharded(d / SAFETENSORS_INDEX, read_safetensors)
     if (d / PICKLE).is_file():
-        return _read_pickle(d / PICKLE)
+        return read_pickle(d / PICKLE)
     if (d / PICKLE_INDEX).is_file():
-        return _read_sharded(d / PICKLE_INDEX, _read_pickle)
+        return _read_sharded(d / PICKLE_INDEX, read_pickle)
     raise CheckpointError(
         f"{d}: no weights found, expected one of {SAFETENSORS}, {SAFETENSORS_INDEX}, "
         f"{PICKLE}, {PICKLE_INDEX}"
@@ -74,7 +74,7 @@ def read_safetensors(path: Path) -> dict[str, Tensor]:
                               f"({e})") from None
 
 
-def _read_pickle(path: Path) -> dict[str, Tensor]:
+def read_pickle(path: Path) -> dict[str, Tensor]:
     try:
         data = torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as e:

@@ -1,0 +1,264 @@
+"""PEFT exchange: export headwise LoRA adapters as a PEFT adapter directory, and import them.
+
+PEFT computes ``delta W = B @ A * scaling`` with ``scaling = lora_alpha / r`` (or
+``/ sqrt(r)`` with rsLoRA); headwise's ``LoRALinear.full_factors()`` gives exactly these ``A``
+(r, in) and ``B`` (out, r), zero outside a head scope, so a head-scoped adapter exports as a
+module adapter that is zero outside the head's slice. Keys follow PEFT's saved layout
+``base_model.model.<HF module>.lora_A.weight`` for the family's ``peft_model_class`` (e.g.
+``LlamaForCausalLM``). A fused HF module (GPT-2's ``c_attn`` = q|k|v) holding several of our
+adapters gets ``A`` stacked and ``B`` block-diagonal, rank = the sum of ranks: still exact.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from headwise.control.lora import LoRAConfig, apply_lora, lora_modules
+from headwise.control.lora_layer import LoRALinear
+from headwise.errors import CheckpointError
+from headwise.interop.load import _atomic
+from headwise.interop.registry import Converter, get_converter
+from headwise.interop.weights import read_json, read_pickle, read_safetensors
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_BIN = "adapter_model.bin"
+PREFIX = "base_model.model."
+_KEY = re.compile(r"(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[A-Za-z0-9_]+)?\.weight")
+
+
+def export_peft(model: nn.Module, out_dir: str | Path, model_type: str, *,
+                base_model_name_or_path: str | None = None) -> Path:
+    """Write the model's LoRA adapters as a PEFT adapter for the matching HF model.
+
+    Args:
+        model: a headwise model with adapters (``apply_lora`` / ``load_lora``).
+        out_dir: directory for ``adapter_config.json`` and ``adapter_model.safetensors``.
+        model_type: the HF ``model_type`` the base model came from (``"llama"``, ``"gpt2"``...).
+        base_model_name_or_path: recorded in the config (e.g. the local HF directory).
+
+    Returns:
+        ``out_dir`` as a Path.
+
+    Raises:
+        ValueError: no adapters, or an adapter on a module the HF family has no PEFT target
+            for (naming it and listing the exportable ones).
+        CheckpointError: unknown ``model_type``.
+    """
+    converter = get_converter(model_type)
+    adapters = lora_modules(model)
+    if not adapters:
+        raise ValueError("export_peft: the model has no LoRA adapters (apply_lora first)")
+    owner = {ours: (hf, k) for hf, parts in converter.peft_modules.items()
+             for k, ours in enumerate(parts)}
+    groups: dict[tuple[str, int], dict[int, LoRALinear]] = {}
+    for name, mod in adapters.items():
+        template, layer = _template(name)
+        if template not in owner:
+            raise ValueError(f"export_peft: adapter {name} has no {model_type} PEFT target; "
+                             f"exportable modules: {sorted(owner)}")
+        hf_template, part = owner[template]
+        groups.setdefault((hf_template, layer), {})[part] = mod
+    tensors: dict[str, Tensor] = {}
+    shapes: dict[str, tuple[int, float]] = {}
+    for (hf_template, layer), parts in sorted(groups.items()):
+        sizes = [_out_features(model, t.format(i=layer))
+                 for t in converter.peft_modules[hf_template]]
+        A, B, r, alpha = _fuse(parts, sizes)
+        hf_name = hf_template.format(i=layer)
+        tensors[f"{PREFIX}{hf_name}.lora_A.weight"] = A.detach().contiguous().cpu()
+        tensors[f"{PREFIX}{hf_name}.lora_B.weight"] = B.detach().contiguous().cpu()
+        shapes[hf_name] = (r, alpha)
+    counts = Counter(shapes.values())  # the commonest (r, alpha) is global; ties: smallest
+    r0, alpha0 = min(counts, key=lambda ra: (-counts[ra], ra))
+    lora_config = getattr(model, "lora_config", None)
+    config = {
+        "peft_type": "LORA", "task_type": converter.peft_task_type,
+        "base_model_name_or_path": base_model_name_or_path, "inference_mode": True,
+        "r": r0, "lora_alpha": alpha0,
+        "lora_dropout": float(lora_config.dropout) if lora_config is not None else 0.0,
+        "target_modules": sorted(shapes), "bias": "none",
+        "fan_in_fan_out": converter.peft_fan_in_fan_out,
+        "rank_pattern": {n: r for n, (r, _) in shapes.items() if r != r0},
+        "alpha_pattern": {n: a for n, (_, a) in shapes.items() if a != alpha0},
+        "use_rslora": False, "use_dora": False, "init_lora_weights": True,
+        "modules_to_save": None, "layers_to_transform": None,
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic(out / ADAPTER_WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    text = json.dumps(config, indent=2) + "\n"
+    _atomic(out / ADAPTER_CONFIG, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return out
+
+
+def _fuse(parts: dict[int, LoRALinear], sizes: list[int]) -> tuple[Tensor, Tensor, int, float]:
+    """One PEFT ``(A, B, r, alpha)`` for the adapters on the parts of one HF module."""
+    if len(sizes) == 1:
+        mod = parts[0]
+        A, B = mod.full_factors()
+        return A, B, mod.rank, float(mod.alpha)
+    order = sorted(parts)
+    ref = parts[order[0]].scaling
+    r = sum(parts[k].rank for k in order)
+    B = torch.zeros(sum(sizes), r, dtype=parts[order[0]].lora_B.dtype)
+    As, col = [], 0
+    for k in order:
+        A_k, B_k = parts[k].full_factors()
+        row = sum(sizes[:k])
+        factor = parts[k].scaling / ref  # 1.0 when every part shares alpha / r
+        B[row:row + sizes[k], col:col + parts[k].rank] = B_k.detach() * factor
+        As.append(A_k.detach())
+        col += parts[k].rank
+    uniform = all(parts[k].scaling == ref for k in order)
+    alpha = sum(parts[k].alpha for k in order) if uniform else ref * r
+    return torch.cat(As, 0), B, r, float(alpha)
+
+
+def import_peft(model: nn.Module, adapter_dir: str | Path, model_type: str) -> LoRAConfig:
+    """Wrap the model's projections in adapters carrying a PEFT LoRA adapter's weights.
+
+    Adapters get one common rank (the largest; smaller ones are zero-padded) and scaling (B is
+    rescaled where a module's ``alpha / r`` differs), so ``B @ A * scaling`` equals PEFT's delta
+    for every module. Modules of the chosen layers and targets that the adapter does not cover
+    get ``B = 0`` (no change).
+
+    Args:
+        model: a headwise model of the same family without adapters.
+        adapter_dir: PEFT adapter directory (``adapter_config.json`` and
+            ``adapter_model.safetensors``, or ``adapter_model.bin`` read with weights_only).
+        model_type: the HF ``model_type`` of the base model.
+
+    Returns:
+        The ``LoRAConfig`` from ``apply_lora``.
+
+    Raises:
+        CheckpointError: unsupported adapter features (DoRA, bias, modules_to_save; named), a
+            key for a module headwise cannot map, a missing A/B, or a wrong shape.
+    """
+    converter = get_converter(model_type)
+    d = Path(adapter_dir)
+    cfg = read_json(d / ADAPTER_CONFIG)
+    _check_config(cfg, d / ADAPTER_CONFIG)
+    source = d / ADAPTER_WEIGHTS if (d / ADAPTER_WEIGHTS).is_file() else d / ADAPTER_BIN
+    if not source.is_file():
+        raise CheckpointError(f"{d}: no {ADAPTER_WEIGHTS} or {ADAPTER_BIN} found")
+    raw = read_safetensors(source) if source.suffix == ".safetensors" else read_pickle(source)
+    factors = _pairs(raw, source)
+    loaded: dict[str, tuple[Tensor, Tensor, float]] = {}
+    for hf_name, (A, B) in sorted(factors.items()):
+        hf_template, layer = _match_module(converter, hf_name, source)
+        ours = [t.format(i=layer) for t in converter.peft_modules[hf_template]]
+        alpha = float(_pattern(cfg.get("alpha_pattern") or {}, hf_name, cfg.get("lora_alpha", 8)))
+        r = A.shape[0]
+        scaling = alpha / (r ** 0.5 if cfg.get("use_rslora") else r)
+        bases = [_base(model, n) for n in ours]
+        sizes = [b.out_features for b in bases]
+        key = f"{PREFIX}{hf_name}"
+        if B.shape != (sum(sizes), r):
+            raise CheckpointError(f"{source}: key {key}.lora_B.weight: got shape "
+                                  f"{tuple(B.shape)}, expected {(sum(sizes), r)}")
+        if A.shape[1] != bases[0].in_features:
+            raise CheckpointError(f"{source}: key {key}.lora_A.weight: got shape "
+                                  f"{tuple(A.shape)}, expected {(r, bases[0].in_features)}")
+        for name, B_part in zip(ours, B.split(sizes, 0), strict=True):
+            loaded[name] = (A.float(), B_part.float(), scaling)
+    rank = max(A.shape[0] for A, _, _ in loaded.values())
+    first = sorted(loaded)[0]
+    common = loaded[first][2]
+    targets = sorted({n.rsplit(".", 1)[1] for n in loaded})
+    layers = sorted({_template(n)[1] for n in loaded})
+    config = apply_lora(model, targets, layers=layers, rank=rank, alpha=common * rank,
+                        dropout=float(cfg.get("lora_dropout") or 0.0))
+    with torch.no_grad():
+        for name, mod in lora_modules(model).items():
+            if name not in loaded:
+                mod.lora_B.zero_()
+                continue
+            A, B, scaling = loaded[name]
+            r = A.shape[0]
+            mod.lora_A.zero_()
+            mod.lora_A[:r] = A
+            mod.lora_B.zero_()
+            mod.lora_B[:, :r] = B if scaling == common else B * (scaling / common)
+    return config
+
+
+def _check_config(cfg: dict[str, Any], path: Path) -> None:
+    checks = (("peft_type", "LORA"), ("use_dora", False), ("bias", "none"),
+              ("modules_to_save", None), ("lora_bias", False), ("target_parameters", None))
+    for name, want in checks:
+        value = cfg.get(name, want)
+        if value != want and not (want is None and not value) and not (want is False
+                                                                       and not value):
+            raise CheckpointError(f"{path}: {name}: got {value!r}, expected {want!r} "
+                                  "(headwise imports plain LoRA adapters on Linear modules)")
+
+
+def _pairs(raw: dict[str, Tensor], source: Path) -> dict[str, tuple[Tensor, Tensor]]:
+    parts: dict[str, dict[str, Tensor]] = {}
+    for key, value in raw.items():
+        m = _KEY.fullmatch(key)
+        if not key.startswith(PREFIX) or m is None:
+            raise CheckpointError(f"{source}: key {key!r} is not a LoRA A/B weight under "
+                                  f"{PREFIX!r} (embedding, DoRA or bias adapters are not "
+                                  "supported)")
+        parts.setdefault(m["module"][len(PREFIX):], {})[m["ab"]] = value
+    out = {}
+    for module, ab in parts.items():
+        for which in "AB":
+            if which not in ab:
+                raise CheckpointError(f"{source}: missing key "
+                                      f"'{PREFIX}{module}.lora_{which}.weight'")
+        out[module] = (ab["A"], ab["B"])
+    return out
+
+
+def _match_module(converter: Converter, hf_name: str, source: Path) -> tuple[str, int]:
+    for template in converter.peft_modules:
+        pattern = re.escape(template).replace(r"\{i\}", r"(\d+)")
+        m = re.fullmatch(pattern, hf_name)
+        if m is not None:
+            return template, int(m.group(1))
+    raise CheckpointError(f"{source}: module {hf_name!r} is not one headwise can map for "
+                          f"{converter.model_type[0]} ({converter.peft_model_class}); "
+                          f"supported: {sorted(converter.peft_modules)}")
+
+
+def _pattern(patterns: dict[str, Any], name: str, default: Any) -> Any:
+    for key, value in patterns.items():  # PEFT's get_pattern_key semantics
+        if re.match(rf"(.*\.)?({key})$", name):
+            return value
+    return default
+
+
+def _base(model: nn.Module, name: str) -> nn.Linear:
+    try:
+        module = model.get_submodule(name)
+    except AttributeError:
+        raise CheckpointError(f"import_peft: the model has no module {name}") from None
+    if isinstance(module, LoRALinear):
+        raise ValueError("import_peft: the model already has LoRA adapters; remove_lora first")
+    assert isinstance(module, nn.Linear)
+    return module
+
+
+def _out_features(model: nn.Module, name: str) -> int:
+    module = model.get_submodule(name)
+    assert isinstance(module, (nn.Linear, LoRALinear))
+    return int(module.out_features)
+
+
+def _template(name: str) -> tuple[str, int]:
+    m = re.fullmatch(r"blocks\.(\d+)\.(.+)", name)
+    if m is None:
+        raise ValueError(f"{name}: expected a module under blocks.<layer>")
+    return f"blocks.{{i}}.{m.group(2)}", int(m.group(1))
