@@ -160,7 +160,7 @@ def gradient_importance(model: nn.Module, batches: Mapping[str, Any] | Any, head
         (grad,) = torch.autograd.grad(per_example.sum(), gate)  # (B, L, H): dL(x)/d xi
         imp = grad.abs().double()
         keep = count > 0
-        clean_vals[task] = {"loss": float(num.sum() / count.sum().clamp_min(1))}
+        clean_vals[task] = {"loss": float(num.detach().sum() / count.sum().clamp_min(1))}
         for ui, unit in enumerate(units):
             (h,) = tuple(unit)
             x = imp[keep, h.layer, h.head]
