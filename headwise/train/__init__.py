@@ -1,1 +1,21 @@
-"""train"""
+"""Training: the ``train()`` loop, its config, checkpoints with exact resume, and DDP helpers."""
+
+from headwise.train.checkpoint import (
+    CheckpointInfo,
+    checkpoint_dir,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from headwise.train.config import TrainConfig
+from headwise.train.evaluate import EVAL_SEED_OFFSET, evaluate
+from headwise.train.loop import TrainResult, TrainState, make_optimizer, train
+from headwise.train.metrics import task_loss
+from headwise.train.safetensors_io import load_weights, save_weights
+
+__all__ = [
+    "EVAL_SEED_OFFSET", "CheckpointInfo", "TrainConfig", "TrainResult", "TrainState",
+    "checkpoint_dir", "evaluate", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
+    "load_weights", "make_optimizer", "save_checkpoint", "save_weights", "task_loss", "train",
+]

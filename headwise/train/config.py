@@ -1,0 +1,123 @@
+"""TrainConfig: the validated, frozen settings of one training run."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from headwise.errors import ConfigError, field_error
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimiser, schedule, evaluation and checkpoint settings.
+
+    Args:
+        steps: optimiser updates in total.
+        batch_size: global batch size B (split evenly over data-parallel ranks).
+        lr: peak learning rate of AdamW.
+        weight_decay: decoupled weight decay, applied to matrices and embeddings (parameters
+            with 2 or more dims) only; never to biases, norm weights or other 1-D parameters.
+        betas: AdamW's (beta1, beta2).
+        warmup_steps: linear warm-up from ``lr / warmup_steps`` to ``lr``.
+        min_lr_ratio: the cosine decay ends at ``lr * min_lr_ratio`` after ``steps`` updates.
+        grad_clip: clip the global gradient norm to this value; 0 turns clipping off.
+        seed: seeds the data generator (training) and, offset by ``EVAL_SEED_OFFSET``, the
+            evaluation generator; ``torch.manual_seed(seed + rank)`` seeds dropout. The model's
+            initialisation is the caller's (``build_model(config, seed=...)``).
+        eval_every: evaluate (and call callbacks) every this many steps and at the end; 0: never.
+        eval_batches: evaluation batches of ``batch_size`` examples each.
+        checkpoint_every: save a checkpoint every this many steps and at the end; 0: never.
+        log_every: write a training line to ``metrics.jsonl`` every this many steps.
+        bf16: run forward passes under bfloat16 autocast.
+
+    Raises:
+        ConfigError: naming the field, its value and what is allowed.
+    """
+
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_every: int = 0
+    eval_batches: int = 4
+    checkpoint_every: int = 0
+    log_every: int = 10
+    bf16: bool = False
+
+    def __post_init__(self) -> None:
+        for name, low in (("steps", 1), ("batch_size", 1), ("warmup_steps", 0), ("seed", 0),
+                          ("eval_every", 0), ("eval_batches", 1), ("checkpoint_every", 0),
+                          ("log_every", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise field_error(name, value, f"an integer >= {low}")
+        if not _number(self.lr) or self.lr <= 0:
+            raise field_error("lr", self.lr, "a positive number")
+        if not _number(self.weight_decay) or self.weight_decay < 0:
+            raise field_error("weight_decay", self.weight_decay, "a number >= 0")
+        if not _number(self.min_lr_ratio) or not 0 <= self.min_lr_ratio <= 1:
+            raise field_error("min_lr_ratio", self.min_lr_ratio, "a number in [0, 1]")
+        if not _number(self.grad_clip) or self.grad_clip < 0:
+            raise field_error("grad_clip", self.grad_clip, "a number >= 0 (0: no clipping)")
+        betas = self.betas
+        if (not isinstance(betas, (tuple, list)) or len(betas) != 2
+                or not all(_number(b) and 0 <= b < 1 for b in betas)):
+            raise field_error("betas", betas, "two numbers in [0, 1), e.g. [0.9, 0.999]")
+        object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
+        if not isinstance(self.bf16, bool):
+            raise field_error("bf16", self.bf16, "true or false")
+        if self.warmup_steps > self.steps:
+            raise field_error("warmup_steps", self.warmup_steps,
+                              f"an integer <= steps={self.steps}")
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate for update ``step`` (0-based): linear warm-up, then cosine decay.
+
+        ``lr * (step + 1) / warmup_steps`` during warm-up; afterwards
+        ``lr * (r + (1 - r) * (1 + cos(pi * p)) / 2)`` with ``r = min_lr_ratio`` and
+        ``p = (step - warmup_steps) / (steps - warmup_steps)``.
+        """
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        p = (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps)
+        r = self.min_lr_ratio
+        return self.lr * (r + (1 - r) * 0.5 * (1 + math.cos(math.pi * min(p, 1.0))))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain (JSON-ready) dict that ``from_dict`` turns back into an equal config."""
+        d = asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], path: str = "train") -> TrainConfig:
+        """Build from a mapping, rejecting unknown keys by name (with ``path`` prefixed).
+
+        Raises:
+            ConfigError: an unknown key (with the closest valid one), or an invalid value.
+        """
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: got {type(data).__name__}, expected a mapping of fields")
+        names = [f.name for f in fields(cls)]
+        for key in data:
+            if key not in names:
+                from difflib import get_close_matches
+
+                hint = get_close_matches(str(key), names, n=1)
+                extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+                raise ConfigError(f"{path}.{key}: unknown field{extra}")
+        try:
+            return cls(**data)
+        except ConfigError as e:
+            raise ConfigError(f"{path}.{e}") from None
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

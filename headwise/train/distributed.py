@@ -1,0 +1,131 @@
+"""Data-parallel training under ``torchrun``: process group, DDP wrapping, shards, reductions.
+
+``train()`` calls ``setup`` once. Started by ``torchrun --nproc_per_node=N`` (``WORLD_SIZE`` > 1
+in the environment) it initialises the default process group (``gloo`` for a CPU model,
+``nccl`` for a CUDA model, which moves to ``cuda:LOCAL_RANK``) unless the caller already did, and
+``wrap`` puts the model in ``DistributedDataParallel``. Every rank draws the same global batch
+from an identically seeded generator and keeps the contiguous shard
+``[rank * B / N, (rank + 1) * B / N)``; since DDP averages gradients over ranks and each rank's
+loss is the mean over its (equally many) examples, an update equals one process's update on
+the whole global batch, up to floating-point summation order. Only rank 0 writes files.
+Without ``WORLD_SIZE`` > 1 every helper is a no-op for a single process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from headwise.data import Batch
+from headwise.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """This process's place in a data-parallel run (rank 0 of 1 when not distributed)."""
+
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    owns_group: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        """Whether more than one process takes part."""
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the process that writes files, metrics and the progress bar."""
+        return self.rank == 0
+
+    def shard(self, batch: Batch) -> Batch:
+        """This rank's contiguous share of a global batch.
+
+        Raises:
+            ConfigError: the global batch size is not divisible by the world size.
+        """
+        if not self.enabled:
+            return batch
+        if batch.size % self.world_size:
+            raise ConfigError(f"batch_size: got {batch.size}, expected a multiple of the "
+                              f"world size {self.world_size}")
+        n = batch.size // self.world_size
+        return batch.slice(self.rank * n, (self.rank + 1) * n)
+
+    def all_reduce_sum(self, t: Tensor) -> Tensor:
+        """Sum ``t`` over ranks (in place on a copy on this rank's device)."""
+        if not self.enabled:
+            return t
+        out = t.detach().to(self.device).clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out.to(t.device)
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (JSON-like Python objects)."""
+        if not self.enabled:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, by rank."""
+        if not self.enabled:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        """Wait for every rank."""
+        if self.enabled:
+            dist.barrier()
+
+
+def setup(model: nn.Module) -> DistContext:
+    """Detect ``torchrun``'s environment and join (or create) the process group.
+
+    The model stays where it is for one process; under DDP a CUDA model moves to
+    ``cuda:LOCAL_RANK``.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    if world <= 1 and not (dist.is_available() and dist.is_initialized()):
+        return DistContext(device=device)
+    owns = False
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        model.to(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        owns = True
+    return DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device,
+                       owns_group=owns)
+
+
+def wrap(model: nn.Module, ctx: DistContext) -> nn.Module:
+    """``DistributedDataParallel(model)`` when distributed, else ``model`` itself.
+
+    Hooks and objectives keep addressing the inner model (its hook names are fixed at build
+    time); ``find_unused_parameters`` tolerates heads or adapters a task's forward skips.
+    """
+    if not ctx.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
+
+
+def teardown(ctx: DistContext) -> None:
+    """Destroy the process group if ``setup`` created it."""
+    if ctx.owns_group and dist.is_initialized():
+        dist.destroy_process_group()

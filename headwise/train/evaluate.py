@@ -1,0 +1,123 @@
+"""One forward pass with objectives attached, and held-out evaluation of task and objectives.
+
+Objectives are duck-typed (``headwise.control`` defines them): ``obj.name``, ``obj.weight``,
+``obj.hooks() -> list[Hook]`` (attached to the inner model during the forward) and
+``obj.loss(tokens, attention_mask) -> (weighted scalar, {name: float})`` called right after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from headwise.data import Batch, Mixture
+from headwise.train.distributed import DistContext
+from headwise.train.metrics import overall_loss, summarise, task_loss
+
+# The evaluation generator is seeded with ``config.seed + EVAL_SEED_OFFSET``, so evaluation
+# batches never coincide with training batches and are the same at every evaluation point.
+EVAL_SEED_OFFSET = 1_000_003
+
+
+def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager[Any]:
+    """bfloat16 autocast on ``device`` when enabled, else a null context."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def forward(model: nn.Module, inner: nn.Module, batch: Batch, objectives: Sequence[Any],
+            bf16: bool, device: torch.device) -> tuple[Tensor, list[tuple[Tensor, dict]]]:
+    """Logits (B, T, V) and each objective's ``(weighted loss, logs)`` for one batch.
+
+    Args:
+        model: what to call (the DDP wrapper or the model itself).
+        inner: the unwrapped model, whose hook points the objectives' hooks attach to.
+    """
+    hooks = [h for obj in objectives for h in obj.hooks()]
+    with autocast(device, bf16), inner.hooks(*hooks):  # type: ignore[operator]
+        logits = model(batch.tokens, attention_mask=batch.attention_mask,
+                       task_ids=batch.task_ids)
+        terms = [obj.loss(batch.tokens, batch.attention_mask) for obj in objectives]
+    return logits, terms
+
+
+def objective_record(objectives: Sequence[Any], sums: list[Tensor], logs: list[dict],
+                     n: int) -> dict[str, Any]:
+    """``{name: {"loss", "weight", "heads"}}`` from summed losses and logs over ``n`` calls."""
+    out = {}
+    for obj, total, log in zip(objectives, sums, logs, strict=True):
+        out[obj.name] = {"loss": float(total) / max(n, 1), "weight": float(obj.weight),
+                         "heads": {k: v / max(n, 1) for k, v in log.items()}}
+    return out
+
+
+def accumulate_logs(into: dict[str, float], logs: dict[str, float]) -> None:
+    """Add an objective's logged values into running sums."""
+    for k, v in logs.items():
+        into[k] = into.get(k, 0.0) + float(v)
+
+
+def reduce_objectives(ctx: DistContext, sums: list[Tensor], logs: list[dict[str, float]]
+                      ) -> tuple[list[Tensor], list[dict[str, float]]]:
+    """Average objective sums and logs over ranks (key order fixed by sorting)."""
+    if not ctx.enabled or not sums:
+        return sums, logs
+    keys = [sorted(log) for log in logs]
+    flat = torch.tensor([float(s) for s in sums] + [log[k] for log, ks in zip(logs, keys,
+                        strict=True) for k in ks], dtype=torch.float64)
+    flat = ctx.all_reduce_sum(flat) / ctx.world_size
+    out_sums = [flat[i] for i in range(len(sums))]
+    pos, out_logs = len(sums), []
+    for ks in keys:
+        out_logs.append({k: float(flat[pos + j]) for j, k in enumerate(ks)})
+        pos += len(ks)
+    return out_sums, out_logs
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Mixture, *, batch_size: int, n_batches: int, seed: int,
+             objectives: Sequence[Any] = (), bf16: bool = False,
+             ctx: DistContext | None = None) -> dict[str, Any]:
+    """Task loss and accuracy per task (and objective values) on held-out batches.
+
+    Args:
+        model: the unwrapped model (put in eval mode for the call, restored after).
+        data: the mixture to draw from (``generator = Generator().manual_seed(seed)``).
+        batch_size: global examples per batch (sharded over ranks when distributed).
+        n_batches: batches to average over.
+        seed: evaluation seed.
+        objectives: objectives whose values to report.
+        bf16: evaluate under bfloat16 autocast.
+        ctx: the data-parallel context (statistics are summed over ranks).
+
+    Returns:
+        ``{"loss", "tasks": {name: {"loss", "accuracy", "exact", "examples"}},
+        "objectives": {name: {"loss", "weight", "heads"}}}``.
+    """
+    ctx = ctx or DistContext()
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    stats = torch.zeros(len(data.names), 5, dtype=torch.float64)
+    sums = [torch.zeros((), dtype=torch.float64) for _ in objectives]
+    logs: list[dict[str, float]] = [{} for _ in objectives]
+    try:
+        for _ in range(n_batches):
+            batch = ctx.shard(data.sample(batch_size, gen)).to(device)
+            logits, terms = forward(model, model, batch, objectives, bf16, device)
+            stats += task_loss(logits, batch, len(data.names))[1]
+            for i, (value, log) in enumerate(terms):
+                sums[i] += float(value)
+                accumulate_logs(logs[i], log)
+    finally:
+        model.train(was_training)
+    stats = ctx.all_reduce_sum(stats)
+    sums, logs = reduce_objectives(ctx, sums, logs)
+    return {"loss": overall_loss(stats), "tasks": summarise(stats, data.names),
+            "objectives": objective_record(objectives, sums, logs, n_batches)}

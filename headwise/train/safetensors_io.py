@@ -1,0 +1,132 @@
+"""Safetensors I/O without pickle: atomic, fsynced writes; validated model-weight loading.
+
+Tied weights (``unembed.weight`` sharing ``embed.weight``) are stored once; the file's metadata
+maps every alias to its stored name (``headwise.aliases``), so loading restores the tie.
+Every read error (missing file, truncated or corrupt header) becomes a ``CheckpointError``
+naming the file; a missing, unexpected or mis-shaped tensor names the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save
+from torch import Tensor, nn
+
+from headwise.errors import CheckpointError
+
+ALIASES_KEY = "headwise.aliases"
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a directory entry (after creating or renaming files in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file, fsync and ``os.replace``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def save_tensors(tensors: dict[str, Tensor], path: Path,
+                 metadata: dict[str, str] | None = None) -> str:
+    """Write tensors as safetensors atomically; returns the file's sha256 hex digest."""
+    data = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                metadata=metadata)
+    write_bytes_atomic(path, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def load_tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Read every tensor and the metadata of a safetensors file (on CPU).
+
+    Raises:
+        CheckpointError: the file is missing, truncated or not valid safetensors.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            meta = dict(f.metadata() or {})
+            return {k: f.get_tensor(k) for k in f.keys()}, meta
+    except Exception as e:  # safetensors raises its own SafetensorError / OSError types
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_tensors(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """The model's state as unique tensors, and ``alias -> stored name`` for shared ones."""
+    tensors: dict[str, Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[int, tuple[int, ...], tuple[int, ...]], str] = {}
+    for name, t in model.state_dict().items():
+        key = (t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size(),
+               tuple(t.shape), tuple(t.stride()))
+        if t.numel() and key in seen:
+            aliases[name] = seen[key]
+        else:
+            seen[key] = name
+            tensors[name] = t
+    return tensors, aliases
+
+
+def save_weights(model: nn.Module, path: Path) -> str:
+    """Save a model's weights (tied weights once) atomically; returns the sha256."""
+    tensors, aliases = model_tensors(model)
+    return save_tensors(tensors, path, {"format": "pt", ALIASES_KEY: json.dumps(aliases)})
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    """Load weights saved by ``save_weights`` into ``model``, checking every key and shape.
+
+    Raises:
+        CheckpointError: an unreadable file, or a missing, unexpected or mis-shaped tensor
+            (naming the file and the key).
+    """
+    tensors, meta = load_tensors(path)
+    try:
+        aliases = json.loads(meta.get(ALIASES_KEY, "{}"))
+    except json.JSONDecodeError:
+        raise CheckpointError(f"{path}: metadata {ALIASES_KEY!r} is not valid JSON") from None
+    expected = model.state_dict()
+    for alias, target in aliases.items():
+        if target not in tensors:
+            raise CheckpointError(f"{path}: alias {alias!r} points to missing tensor {target!r}")
+        tensors[alias] = tensors[target]
+    for key, ref in expected.items():
+        if key not in tensors:
+            raise CheckpointError(f"{path}: missing tensor {key!r}")
+        if tuple(tensors[key].shape) != tuple(ref.shape):
+            raise CheckpointError(f"{path}: tensor {key!r} has shape "
+                                  f"{tuple(tensors[key].shape)}, expected {tuple(ref.shape)}")
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"{path}: unexpected tensor {unexpected[0]!r} (not in the model)")
+    with torch.no_grad():
+        for key, ref in expected.items():
+            ref.copy_(tensors[key])
