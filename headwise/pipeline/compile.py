@@ -52,7 +52,8 @@ class Compiled:
         data: the training mixture (task ids in ``spec.data.names`` order).
         eval_data: the mixture the held-out set is drawn from (text tasks: eval split).
         eval_batch: the held-out batch the contract is verified on.
-        objectives: loss terms for ``train()`` (pattern objectives, entropy, diversity, L0).
+        objectives: loss terms for ``train()`` (pattern objectives, entropy, diversity, L0),
+            each with a unique ``name`` (``pattern[L0.H1]``): checkpoints store weights by name.
         levers: per head, the pattern objectives acting on it (what enforcement raises).
         optimizer_hooks: callables ``fn(optimizer)`` for ``train()`` (freezing).
         freeze_handle: the freezing handle, if any.
@@ -78,6 +79,7 @@ class Compiled:
     def add_objective(self, heads: HeadSet, target: str, weight: float) -> PatternObjective:
         """Add a pattern objective (used by enforcement for a clause without a lever)."""
         obj = PatternObjective(self.model, heads, target, kind="ce", weight=weight)
+        obj.name = f"pattern[{heads}]"
         self.objectives.append(obj)
         for head in heads:
             self.levers.setdefault(head, []).append(obj)
@@ -171,16 +173,20 @@ def _objectives(spec: Spec, out: Compiled) -> None:
         if rule.objective is not None:
             o = rule.objective
             obj = PatternObjective(model, heads, o.target, kind=o.kind, weight=o.weight)
+            obj.name = f"pattern[{rule.selector}]"
             out.objectives.append(obj)
             for head in heads:
                 out.levers.setdefault(head, []).append(obj)
         if rule.entropy is not None:
             e = rule.entropy
-            out.objectives.append(EntropyBound(model, heads, min=e.at_least, max=e.at_most,
-                                               weight=e.weight))
+            bound = EntropyBound(model, heads, min=e.at_least, max=e.at_most, weight=e.weight)
+            bound.name = f"entropy[{rule.selector}]"
+            out.objectives.append(bound)
         if rule.diversity is not None:
-            out.objectives.extend(HeadDiversity(model, layer, weight=rule.diversity)
-                                  for layer in heads.layers)
+            for layer in heads.layers:
+                div = HeadDiversity(model, layer, weight=rule.diversity)
+                div.name = f"diversity[L{layer}]"
+                out.objectives.append(div)
 
 
 def _freeze(spec: Spec, model: nn.Module) -> FreezeHandle | None:

@@ -1,0 +1,73 @@
+"""``headwise demo [--out DIR]``: the built-in run — train the bundled spec, verify, report."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from headwise.pipeline.output import console, print_outcome
+
+DEMO_SPEC = "demo.yaml"
+
+
+def demo_spec_path() -> Path:
+    """Path of the bundled demo spec (``headwise/examples/demo.yaml``, package data)."""
+    return Path(str(resources.files("headwise") / "examples" / DEMO_SPEC))
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``demo`` subcommand."""
+    p = subparsers.add_parser(
+        "demo", help="train the bundled demo spec, verify its contract, write the report",
+        description="One layer, four heads, two tasks: a 1-layer Transformer learns copy and "
+                    "reverse at once; one head gets its role from a mask, one from an "
+                    "objective, and two are gated to one task each. The contract proves who "
+                    "does what. About a minute on 2 CPU cores. Exit code 0: the contract "
+                    "holds.")
+    p.add_argument("--out", metavar="DIR", default="runs/demo",
+                   help="run directory (default: runs/demo; an earlier demo run there is "
+                        "replaced)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="override train.steps (a shorter or longer run)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train the demo spec into ``--out`` and print what happened and where to look."""
+    from headwise.pipeline.report import write_run_report
+    from headwise.pipeline.run import train_run
+
+    out = console()
+    spec = demo_spec_path()
+    source: str | Path = spec
+    if args.steps is not None:
+        source = _with_steps(spec.read_text(), args.steps)
+    out.print(f"headwise demo: training {spec} -> {args.out}")
+    start = time.perf_counter()
+    outcome = train_run(source, Path(args.out), overwrite=True, progress=not args.quiet)
+    write_run_report(outcome.run_dir, outcome.compiled, outcome.contract, outcome.enforcement)
+    print_outcome(out, outcome)
+    out.print(f"wall time {time.perf_counter() - start:.1f} s. Next: open "
+              f"{outcome.run_dir / 'report.html'}; try `headwise explain {outcome.run_dir} "
+              f"--head L0.H2 --input copy` or `headwise analyze {outcome.run_dir}`.")
+    return 0 if outcome.contract is None or outcome.contract.passed else 1
+
+
+def _with_steps(text: str, steps: int) -> str:
+    """The demo spec with ``train.steps`` (and its evaluation points) changed."""
+    import yaml
+
+    from headwise.errors import SpecError
+
+    if steps < 1:
+        raise SpecError(f"--steps: got {steps}, expected an integer >= 1")
+    data = yaml.safe_load(text)
+    train = data.setdefault("train", {})
+    train["steps"] = steps
+    train["warmup_steps"] = min(train.get("warmup_steps", 0), steps)
+    train["eval_every"] = min(train.get("eval_every", steps), steps)
+    return yaml.safe_dump(data, sort_keys=False)

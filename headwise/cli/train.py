@@ -1,0 +1,47 @@
+"""``headwise train SPEC [--out RUN] [--resume] [--enforce]``: train a spec, verify, report."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from headwise.pipeline.output import console, print_outcome
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``train`` subcommand."""
+    p = subparsers.add_parser(
+        "train", help="train a spec, verify its contract and write the report",
+        description="Train the model a YAML spec describes (levers, tasks, gates), verify its "
+                    "contract on held-out data and write the run directory with report.html. "
+                    "Exit code 0: the contract holds; 1: it does not; 2: bad input.")
+    p.add_argument("spec", help="the YAML spec (reference: docs/spec.md)")
+    p.add_argument("--out", metavar="RUN", help="run directory (default: runs/<spec name>)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the run's latest checkpoint (exact resume)")
+    p.add_argument("--enforce", action="store_true",
+                   help="at each evaluation point, raise the levers behind failing contract "
+                        "clauses until the contract holds or the steps run out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing run in --out instead of refusing")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def default_out(spec_path: str) -> Path:
+    """``runs/<file stem>`` for a spec file."""
+    return Path("runs") / Path(spec_path).stem
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train, verify and report; the exit code says whether the contract holds."""
+    from headwise.pipeline.report import write_run_report
+    from headwise.pipeline.run import train_run
+
+    out = Path(args.out) if args.out else default_out(args.spec)
+    outcome = train_run(args.spec, out, resume=args.resume, enforce=args.enforce,
+                        overwrite=args.overwrite, progress=not args.quiet)
+    write_run_report(outcome.run_dir, outcome.compiled, outcome.contract, outcome.enforcement)
+    print_outcome(console(), outcome)
+    return 0 if outcome.contract is None or outcome.contract.passed else 1

@@ -1,0 +1,31 @@
+"""``headwise verify SPEC --run RUN``: check a trained run against a spec's contract."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from headwise.pipeline.output import console
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``verify`` subcommand."""
+    p = subparsers.add_parser(
+        "verify", help="verify a trained run against a spec's contract",
+        description="Rebuild the run's model with the spec's levers, load its weights, measure "
+                    "every contract clause on held-out data and write RUN/contract.json. "
+                    "Exit code 0: the contract holds; 1: it does not; 2: bad input.")
+    p.add_argument("spec", help="the YAML spec whose contract to check")
+    p.add_argument("--run", required=True, metavar="RUN", help="the run directory")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Verify and print one row per clause."""
+    from headwise.pipeline.run import verify_run
+
+    verdict = verify_run(args.spec, args.run)
+    out = console()
+    out.print(verdict.to_rich_table())
+    out.print(f"written: {args.run}/contract.json")
+    return verdict.exit_code

@@ -1,0 +1,90 @@
+"""What a trained run's heads do: role scores, ablation importance per task, gates, trajectories.
+
+``analyse_run(compiled)`` measures on the held-out data that verification uses
+(``headwise.pipeline.run.verify_data``): pattern role scores on the held-out mixture (with each
+example's task id, so gates apply), the induction score on the ``repeated`` probe, the effect of
+ablating each head on each task, and the gate table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headwise.analysis.importance import ablation_importance
+from headwise.analysis.importance_matrix import ImportanceMatrix
+from headwise.analysis.role_table import RoleTable
+from headwise.analysis.roles import role_scores
+from headwise.control.gates import GateTable, gate_table
+from headwise.pipeline.compile import Compiled
+from headwise.pipeline.run import verify_data
+
+# Roles shown for every head (the TransformerLens variants are left to the Python API).
+DATA_ROLES = ("previous_token", "duplicate_token", "first_token", "self", "local", "entropy")
+
+
+@dataclass
+class RunAnalysis:
+    """Role scores (heads x roles), ablation drops (heads x tasks), gate values (tasks x heads)."""
+
+    roles: RoleTable
+    importance: ImportanceMatrix
+    gates: GateTable | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"roles": self.roles.to_records(), "importance": self.importance.to_records(),
+                "gates": None if self.gates is None else {
+                    "tasks": self.gates.task_names, "heads": [str(h) for h in self.gates.heads],
+                    "values": self.gates.values.tolist()}}
+
+
+def analyse_run(compiled: Compiled, n_boot: int = 200) -> RunAnalysis:
+    """Measure a compiled (trained) model on its held-out data (see module docstring)."""
+    model = compiled.model
+    data = verify_data(compiled)
+    model.eval()
+    with torch.no_grad():
+        batch = data.probes["default"]
+        table = role_scores(model, batch.tokens, batch.attention_mask, roles=list(DATA_ROLES),
+                            task_ids=batch.task_ids)
+        if "repeated" in data.probes:
+            rep = data.probes["repeated"]
+            ind = role_scores(model, rep.tokens, roles=["induction"], task_ids=rep.task_ids)
+            table = _join(table, ind)
+    importance = ablation_importance(model, data.tasks, n_boot=n_boot)
+    gates = gate_table(model, list(compiled.task_names)) if compiled.gates is not None else None
+    return RunAnalysis(table, importance, gates)
+
+
+def _join(a: RoleTable, b: RoleTable) -> RoleTable:
+    """Columns of ``b`` appended to ``a`` (same heads)."""
+    values = torch.cat([a.values, b.values], dim=1)
+    return RoleTable(list(a.heads), [*a.roles, *b.roles], values,
+                     {**a.info, "induction_probe": b.info})
+
+
+def metrics_curve(run_dir: Path) -> list[dict[str, Any]]:
+    """The evaluation lines of ``metrics.jsonl`` (empty when there are none)."""
+    import json
+
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a kill; later lines still count
+            continue
+        if record.get("kind") == "eval":
+            out.append(record)
+    return out
+
+
+def finite(v: float) -> float | None:
+    """``None`` for NaN (JSON-safe)."""
+    return None if math.isnan(v) else v

@@ -1,0 +1,61 @@
+"""Terminal output of runs: the contract table, the enforcement summary and where to look."""
+
+from __future__ import annotations
+
+import shutil
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from headwise.pipeline.run import RunOutcome
+
+
+def console() -> Console:
+    """The console the CLI prints to (plain text, 120+ columns, when not a terminal)."""
+    width = max(shutil.get_terminal_size((120, 40)).columns, 120)
+    return Console(highlight=False, width=width)
+
+
+def task_line(metrics: dict[str, Any]) -> str:
+    """``copy 1.000, reverse 0.998`` from an evaluation record's per-task accuracy."""
+    tasks = metrics.get("tasks", {})
+    return ", ".join(f"{name} {m.get('accuracy', float('nan')):.3f}"
+                     for name, m in tasks.items())
+
+
+def enforcement_table(summary: dict[str, Any]) -> Table:
+    """One row per clause that failed at some evaluation point during training."""
+    held = summary.get("held_at_step")
+    title = (f"enforcement: contract held at step {held}, cost {summary['cost_steps']} steps"
+             if held is not None else
+             f"enforcement: {summary['cost_steps']} steps under raised levers, "
+             f"contract {'holds' if summary['contract_holds'] else 'still fails'} at the end")
+    table = Table(title=title)
+    for col in ("#", "clause", "lever", "raises", "weight", "first failed", "held at"):
+        table.add_column(col)
+    for c in summary["clauses"]:
+        levers = c.get("lever") or ["(no lever)"]
+        weights = ", ".join(f"{c['initial_weights'].get(n, 0.0):g} -> {w:g}"
+                            for n, w in c.get("weights", {}).items()) or "-"
+        table.add_row(str(c["index"]), c["description"], ", ".join(levers), str(c["raises"]),
+                      weights, str(c["first_failed_at"]),
+                      "-" if c["held_at"] is None else str(c["held_at"]))
+    return table
+
+
+def print_outcome(out: Console, outcome: RunOutcome) -> None:
+    """Summary after ``headwise train`` / ``headwise demo``."""
+    run = outcome.run_dir
+    metrics = outcome.train.metrics
+    out.print(f"trained {outcome.train.step} steps; held-out accuracy: {task_line(metrics)}")
+    if outcome.enforcement is not None:
+        out.print(enforcement_table(outcome.enforcement))
+    if outcome.contract is not None:
+        out.print(outcome.contract.to_rich_table())
+        verdict = "HOLDS" if outcome.contract.passed else "FAILS"
+        out.print(f"contract {verdict}: {len(outcome.contract.results)} clauses, "
+                  f"{sum(not r.passed for r in outcome.contract.results)} failed")
+    out.print(f"run directory: {run}/  (report: {run / 'report.html'}, "
+              f"metrics: {run / 'metrics.jsonl'}, weights: {run / 'model.safetensors'})")

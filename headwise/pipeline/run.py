@@ -1,0 +1,180 @@
+"""Runs: train a spec into a run directory, verify a run against a spec, rebuild a run's model.
+
+A run directory holds ``spec.yaml`` (the spec as given), ``config.json``, ``model.safetensors``,
+``checkpoints/``, ``metrics.jsonl``, ``contract.json``, ``enforcement.json`` (with
+``--enforce``), ``report.json`` and ``report.html``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headwise.analysis.contract import Contract
+from headwise.analysis.probes import induction_probe
+from headwise.analysis.verify import ContractResult, VerifyData, verify
+from headwise.data import CONTENT, Batch
+from headwise.errors import CheckpointError, SpecError
+from headwise.pipeline.compile import Compiled, compile_spec
+from headwise.spec import Spec, load_spec
+from headwise.train import TrainResult, train
+from headwise.train.safetensors_io import write_bytes_atomic
+
+RUN_FILES = ("spec.yaml", "config.json", "model.safetensors", "metrics.jsonl", "contract.json",
+             "enforcement.json", "report.json", "report.html")
+
+
+@dataclass
+class RunOutcome:
+    """What ``train_run`` produced."""
+
+    run_dir: Path
+    compiled: Compiled
+    train: TrainResult
+    contract: ContractResult | None
+    enforcement: dict[str, Any] | None
+
+
+def contract_of(spec: Spec) -> Contract:
+    """The spec's contract as a ``Contract`` (already validated by ``load_spec``)."""
+    return Contract.from_list(list(spec.contract), spec.n_layers, spec.n_heads,
+                              list(spec.data.names))
+
+
+def verify_data(compiled: Compiled) -> VerifyData:
+    """Held-out data for verification: one batch per task, and probes for role scores.
+
+    Probes: ``default`` (the held-out mixture), each task's name (its part of it), and
+    ``repeated`` (random halves repeated once, for induction scores; run as task 0).
+    """
+    batch = compiled.eval_batch
+    tasks: dict[str, Batch] = {}
+    for i, name in enumerate(compiled.task_names):
+        rows = (batch.task_ids == i).nonzero().flatten()
+        if rows.numel():
+            mask = batch.attention_mask[rows] if batch.attention_mask is not None else None
+            tasks[name] = Batch(batch.tokens[rows], batch.targets[rows], mask,
+                                batch.task_ids[rows])
+    probes: dict[str, Any] = {"default": batch, **tasks}
+    config = compiled.spec.model.config
+    half = min(config.max_seq_len // 2, 32)
+    if half >= 2:
+        reserved = CONTENT if config.vocab_size - CONTENT >= half else 0
+        gen = torch.Generator().manual_seed(compiled.spec.data.eval_seed + 1)
+        tokens = induction_probe(config.vocab_size, 128, half, gen, reserved=reserved)
+        probes["repeated"] = Batch(tokens, torch.full_like(tokens, -100), None,
+                                   torch.zeros(tokens.shape[0], dtype=torch.long))
+    return VerifyData(tasks=tasks, probes=probes)
+
+
+def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool) -> None:
+    """Create ``out`` and write ``spec.yaml``; refuse to clobber another run by accident.
+
+    Raises:
+        SpecError: ``out`` holds a run and neither ``resume`` nor ``overwrite`` was given, or
+            ``resume`` with a spec that differs from the run's ``spec.yaml``.
+    """
+    saved = out / "spec.yaml"
+    if resume:
+        if saved.is_file() and saved.read_text() != spec.text:
+            raise SpecError(f"{out}: --resume with a spec that differs from {saved}; expected "
+                            "the same spec the run started with")
+    elif any((out / name).exists() for name in (*RUN_FILES, "checkpoints")):
+        if not overwrite:
+            raise SpecError(f"{out}: already holds a run; pass --resume to continue it or "
+                            "choose another --out")
+        for name in RUN_FILES:
+            (out / name).unlink(missing_ok=True)
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(saved, spec.text.encode())
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically."""
+    write_bytes_atomic(path, json.dumps(data, indent=1, default=str).encode())
+
+
+def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
+              enforce: bool = False, overwrite: bool = False,
+              progress: bool = True) -> RunOutcome:
+    """Train a spec into ``out``, verify its contract and write the report.
+
+    Raises:
+        SpecError: an invalid spec, or ``--enforce`` without evaluation points.
+        CheckpointError: ``resume`` from a corrupt checkpoint.
+    """
+    from headwise.enforce import Enforcer, prepare_levers, summary
+
+    spec = load_spec(spec_source)
+    if enforce and spec.train.eval_every == 0:
+        raise SpecError("train.eval_every: got 0, expected an integer >= 1 with --enforce "
+                        "(enforcement acts at evaluation points)")
+    if enforce and not spec.contract:
+        raise SpecError("contract: missing; --enforce needs a contract to enforce")
+    out = Path(out)
+    compiled = compile_spec(spec)
+    contract = contract_of(spec)
+    data = verify_data(compiled)
+    callbacks = []
+    initial: dict[str, float] = {}
+    if enforce:
+        levers = prepare_levers(compiled, contract)
+        initial = {o.name: float(o.weight) for o in compiled.objectives}
+        callbacks.append(Enforcer(contract, data, levers))
+    prepare_run_dir(out, spec, resume, overwrite)
+    result = train(compiled.model, compiled.data, spec.train, out_dir=out,
+                   objectives=compiled.objectives, callbacks=callbacks,
+                   optimizer_hooks=compiled.optimizer_hooks, resume=resume,
+                   eval_data=compiled.eval_data, progress=progress)
+    verdict = verify(compiled.model, contract, data) if spec.contract else None
+    if verdict is not None:
+        write_json(out / "contract.json", verdict.to_dict())
+    enforcement = None
+    if enforce and verdict is not None:
+        enforcement = summary(result.extra, verdict, result.step, initial)
+        write_json(out / "enforcement.json", enforcement)
+    return RunOutcome(out, compiled, result, verdict, enforcement)
+
+
+def load_run(run: str | Path, spec_source: str | Path | None = None) -> Compiled:
+    """Rebuild a trained run's model with its levers from its (or the given) spec.
+
+    Raises:
+        CheckpointError: ``run`` is not a finished run directory.
+        SpecError: the spec is invalid.
+    """
+    run = Path(run)
+    if not run.is_dir():
+        raise CheckpointError(f"{run}: no such run directory")
+    spec_path = Path(spec_source) if spec_source is not None else run / "spec.yaml"
+    if spec_source is None and not spec_path.is_file():
+        raise CheckpointError(f"{run}: no spec.yaml; expected a run directory written by "
+                              "`headwise train`")
+    weights = run / "model.safetensors"
+    if not weights.is_file():
+        raise CheckpointError(f"{run}: no model.safetensors; has training finished? (resume "
+                              "with `headwise train SPEC --out RUN --resume`)")
+    compiled = compile_spec(load_spec(spec_path), weights=weights)
+    compiled.model.eval()
+    return compiled
+
+
+def verify_run(spec_source: str | Path, run: str | Path) -> ContractResult:
+    """Verify ``spec``'s contract on the trained ``run``; writes ``run/contract.json``.
+
+    Raises:
+        SpecError: the spec has no contract, or is invalid.
+        CheckpointError: the run's weights do not fit the spec's model.
+    """
+    compiled = load_run(run, spec_source)
+    if not compiled.spec.contract:
+        raise SpecError("contract: missing; expected a list of clauses to verify")
+    verdict = verify(compiled.model, contract_of(compiled.spec), verify_data(compiled))
+    write_json(Path(run) / "contract.json", verdict.to_dict())
+    return verdict

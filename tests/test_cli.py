@@ -1,0 +1,165 @@
+"""CLI: malformed specs give exit code 2 and one clear message; --help works on every command."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from headwise.cli import build_parser, main
+
+# A small valid spec (2 layers x 4 heads, two tasks); each case below breaks one thing.
+BASE: dict[str, Any] = {
+    "model": {"n_layers": 2, "n_heads": 4, "d_model": 16, "vocab_size": 12, "max_seq_len": 10},
+    "data": {"tasks": {"copy": {"length": 3}, "rev": {"task": "reverse", "length": 3}}},
+    "train": {"steps": 2, "batch_size": 4},
+    "heads": {"L0.H0": {"mask": "previous_token"}, "L1.H1": {"tasks": ["copy"]}},
+    "contract": [{"head": "L0.H0", "score": "previous_token", "at_least": 0.9}],
+}
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    """BASE with the dotted ``path`` set to ``value`` (``None`` deletes the key)."""
+    out = copy.deepcopy(BASE)
+    *parents, last = path.split("/")
+    node = out
+    for key in parents:
+        node = node[key]
+    if value is None:
+        del node[last]
+    else:
+        node[last] = value
+    return out
+
+
+def _dump(spec: dict[str, Any]) -> str:
+    return yaml.safe_dump(spec, sort_keys=False)
+
+
+# (case id, YAML text, text the message must contain: the field path, then what was expected)
+MALFORMED: list[tuple[str, str, list[str]]] = [
+    ("empty file", "", ["spec.yaml", "empty"]),
+    ("only comments", "# nothing here\n", ["spec.yaml", "empty"]),
+    ("not yaml", "model: [1, 2\ndata: {", ["spec.yaml", "not valid YAML", "line"]),
+    ("top level list", "- model\n- data\n", ["spec.yaml", "top level is a list", "mapping"]),
+    ("duplicate key", _dump(BASE) + "train: {steps: 3}\n", ["train: duplicate key"]),
+    ("unknown top key", _dump({**BASE, "modle": {}}), ["modle: unknown key", "'model'"]),
+    ("missing data", _dump(_with("data", None)), ["data: missing"]),
+    ("model not mapping", _dump(_with("model", 5)), ["model: got 5", "mapping"]),
+    ("model wrong type", _dump(_with("model/n_layers", "two")),
+     ["model.n_layers", "integer >= 1"]),
+    ("model unknown field", _dump(_with("model/n_layer", 2)), ["model.n_layer", "'n_layers'"]),
+    ("unknown preset", _dump(_with("model", {"preset": "huge"})), ["model.preset", "'tiny'"]),
+    ("no tasks", _dump(_with("data/tasks", {})), ["data.tasks", "at least one task"]),
+    ("unknown task", _dump(_with("data/tasks/rev/task", "reverce")),
+     ["data.tasks.rev.task", "'reverse'"]),
+    ("unnamed custom task", _dump(_with("data/tasks/mine", {"length": 3})),
+     ["data.tasks.mine.task: missing", "copy"]),
+    ("task unknown arg", _dump(_with("data/tasks/copy", {"lenght": 3})),
+     ["data.tasks.copy.lenght", "'length'"]),
+    ("task negative length", _dump(_with("data/tasks/copy", {"length": -2})),
+     ["data.tasks.copy.length", "integer >= 1"]),
+    ("task zero weight", _dump(_with("data/tasks/copy", {"length": 3, "weight": 0})),
+     ["data.tasks.copy.weight", "> 0"]),
+    ("task too long", _dump(_with("data/tasks/copy", {"length": 9})),
+     ["data.tasks.copy", "max_seq_len=10"]),
+    ("negative steps", _dump(_with("train/steps", -5)), ["train.steps: got -5", "integer"]),
+    ("lr not a number", _dump(_with("train/lr", "fast")), ["train.lr", "number"]),
+    ("train unknown key", _dump(_with("train/stpes", 3)), ["train.stpes", "'steps'"]),
+    ("head out of range", _dump(_with("heads/L1.H9", {"mask": "self_only"})),
+     ["heads.L1.H9", "heads 0-3"]),
+    ("layer out of range", _dump(_with("heads/L5.*", {"freeze": True})),
+     ["heads.L5.*", "layers 0-1"]),
+    ("malformed selector", _dump(_with("heads/layer0", {"freeze": True})),
+     ["heads.layer0", "L1.H2"]),
+    ("unknown mask", _dump(_with("heads/L0.H0", {"mask": "previous"})),
+     ["heads.L0.H0.mask", "'previous_token'"]),
+    ("mask bad param", _dump(_with("heads/L0.H0", {"mask": {"local": {"window": 0}}})),
+     ["heads.L0.H0.mask.local.window", "integer >= 1"]),
+    ("head unknown key", _dump(_with("heads/L0.H2", {"objectve": {"target": "self"}})),
+     ["heads.L0.H2.objectve", "'objective'"]),
+    ("unknown objective target", _dump(_with("heads/L0.H2", {"objective": {"target": "prev"}})),
+     ["heads.L0.H2.objective.target", "previous_token"]),
+    ("head unknown task", _dump(_with("heads/L1.H1", {"tasks": ["cpy"]})),
+     ["heads.L1.H1.tasks[0]", "'copy'"]),
+    ("two masks one head", _dump(_with("heads/L0.*", {"mask": "self_only"})),
+     ["heads.L0.*.mask", "L0.H0 already has mask from heads.L0.H0"]),
+    ("freeze and objective", _dump(_with(
+        "heads", {"L0.H2": {"objective": {"target": "self"}}, "L0.*": {"freeze": True}})),
+     ["heads.L0.*", "frozen head"]),
+    ("learned gates with tasks", _dump(_with("gates", {"kind": "learned"})),
+     ["heads.L1.H1.tasks", "contradicts gates.kind=learned"]),
+    ("bad gate kind", _dump(_with("gates", {"kind": "soft"})), ["gates.kind", "'fixed'"]),
+    ("adapter rank 0", _dump(_with("adapters", {"targets": ["q"], "rank": 0})),
+     ["adapters.rank", "integer >= 1"]),
+    ("adapter unknown target", _dump(_with("adapters", {"targets": ["qq"], "rank": 2})),
+     ["adapters.targets[0]", "'q'"]),
+    ("contract not list", _dump(_with("contract", {"head": "L0.H0"})),
+     ["contract: got a mapping", "list of clauses"]),
+    ("contract head out of range", _dump(_with("contract", [
+        {"head": "L0.H7", "score": "previous_token", "at_least": 0.9}])),
+     ["contract[0]", "heads 0-3"]),
+    ("contradictory clauses", _dump(_with("contract", [
+        {"head": "L0.H0", "score": "previous_token", "at_least": 0.9},
+        {"head": "L0.H0", "score": "previous_token", "at_most": 0.5}])),
+     ["contract[1]: contradicts contract[0]", ">= 0.9 and <= 0.5"]),
+    ("contradictory bounds", _dump(_with("contract", [
+        {"ablate": "L1.H1", "task": "copy", "metric": "accuracy", "drop_at_least": 0.5,
+         "drop_at_most": 0.1}])),
+     ["contract[0]", "drop_at_least 0.5 > drop_at_most 0.1"]),
+    ("contract unknown task", _dump(_with("contract", [
+        {"ablate": "L1.H1", "task": "cpy", "drop_at_least": 0.5}])),
+     ["contract[0].task", "'copy'"]),
+    ("pretrained without config", _dump(_with("model", {"pretrained": {"path": "nowhere"}})),
+     ["model.pretrained.path", "config.json"]),
+]
+
+
+@pytest.mark.parametrize("text,expected", [c[1:] for c in MALFORMED],
+                         ids=[c[0] for c in MALFORMED])
+def test_malformed_spec_exits_2_with_one_clear_message(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
+        expected: list[str]) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text)
+    code = main(["train", str(spec), "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("headwise train: error: ")
+    for part in expected:
+        assert part in lines[0], (part, lines[0])
+    assert not (tmp_path / "run").exists()
+
+
+def test_table_has_at_least_20_cases() -> None:
+    assert len(MALFORMED) >= 20
+
+
+def test_base_spec_is_valid() -> None:
+    from headwise.spec import load_spec
+
+    spec = load_spec(_dump(BASE))
+    assert spec.data.names == ("copy", "rev")
+
+
+def test_missing_spec_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", str(tmp_path / "absent.yaml")]) == 2
+    assert "absent.yaml: no such spec file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["demo", "train", "verify", "analyze", "report", "explain"])
+def test_help_exits_0(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([command, "--help"]) == 0
+    assert "usage: headwise " + command in capsys.readouterr().out
+
+
+def test_every_subcommand_is_registered() -> None:
+    text = build_parser().format_help()
+    for command in ("demo", "train", "verify", "analyze", "report", "explain"):
+        assert command in text

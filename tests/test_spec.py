@@ -1,0 +1,127 @@
+"""Spec parsing: valid specs become the expected dataclasses; YAML quirks are handled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from headwise.config import PRESETS, ModelConfig
+from headwise.errors import SpecError
+from headwise.heads import Head
+from headwise.spec import load_spec
+from headwise.train.config import TrainConfig
+
+FULL = """
+name: full
+model: {preset: tiny, n_layers: 2}
+data:
+  tasks:
+    copy: {length: 3, weight: 2}
+    backwards: {task: reverse, length: 3}
+  eval_examples: 64
+  eval_seed: 7
+train: {steps: 5, batch_size: 8, lr: 3e-3, betas: [0.8, 0.9]}
+heads:
+  L0.H0: {mask: previous_token}
+  L0.H1: {mask: {local: {window: 2}}, entropy: {at_most: 1.5, weight: 0.5}}
+  L0.H2: {objective: {target: induction, kind: kl, weight: 0.25}}
+  L1.H0: {tasks: [copy]}
+  L1.H1: {tasks: backwards, trainable: true}
+  L1.*: {diversity: 0.1}
+contract:
+  - {head: L0.H0, score: previous_token, at_least: 0.99}
+"""
+
+
+def test_full_spec_parses_into_dataclasses() -> None:
+    spec = load_spec(FULL)
+    assert spec.model.preset == "tiny"
+    assert spec.model.config == PRESETS["tiny"].replace(n_layers=2)
+    assert spec.data.names == ("copy", "backwards")
+    copy, back = spec.data.tasks
+    assert (copy.task, copy.weight, dict(copy.kwargs)) == (
+        "copy", 2.0, {"length": 3, "vocab_size": PRESETS["tiny"].vocab_size})
+    assert back.task == "reverse"
+    assert (spec.data.eval_examples, spec.data.eval_seed) == (64, 7)
+    assert spec.train == TrainConfig(steps=5, batch_size=8, lr=3e-3, betas=(0.8, 0.9))
+    rules = {r.selector: r for r in spec.heads}
+    assert rules["L0.H0"].mask is not None and rules["L0.H0"].mask.name == "previous_token"
+    local = rules["L0.H1"].mask
+    assert local is not None and (local.name, dict(local.params)) == ("local", {"window": 2})
+    entropy = rules["L0.H1"].entropy
+    assert entropy is not None and (entropy.at_least, entropy.at_most, entropy.weight) == (
+        None, 1.5, 0.5)
+    obj = rules["L0.H2"].objective
+    assert obj is not None and (obj.target, obj.kind, obj.weight) == ("induction", "kl", 0.25)
+    assert rules["L1.H0"].tasks == ("copy",)
+    assert rules["L1.H1"].tasks == ("backwards",) and rules["L1.H1"].trainable
+    assert rules["L1.*"].heads == tuple(Head(1, h) for h in range(3))
+    assert spec.gates is not None and spec.gates.kind == "fixed"  # implied by tasks
+    assert spec.contract == ({"head": "L0.H0", "score": "previous_token", "at_least": 0.99},)
+
+
+def test_load_from_file_resolves_relative_paths(tmp_path: Path) -> None:
+    (tmp_path / "corpus.txt").write_text("hello world, " * 50)
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text("model: {vocab_size: 256, max_seq_len: 16}\n"
+                         "data: {tasks: {lm: {task: text, path: corpus.txt, seq_len: 8}}}\n")
+    spec = load_spec(spec_path)
+    assert spec.data.tasks[0].kwargs["path"] == str(tmp_path / "corpus.txt")
+    assert "vocab_size" not in spec.data.tasks[0].kwargs  # text tasks bring their own
+    assert spec.text == spec_path.read_text()
+
+
+def test_yaml_exponent_without_dot_is_a_float() -> None:
+    spec = load_spec("model: {}\ndata: {tasks: [copy]}\ntrain: {lr: 1e-4, weight_decay: 0}\n")
+    assert spec.train.lr == 1e-4 and isinstance(spec.train.lr, float)
+
+
+def test_defaults_when_sections_absent() -> None:
+    spec = load_spec("model: {}\ndata: {tasks: [copy, sort]}\n")
+    assert spec.model.config == ModelConfig()
+    assert spec.train == TrainConfig()
+    assert spec.heads == () and spec.gates is None and spec.adapters == ()
+    assert spec.contract == ()
+
+
+def test_yaml_never_constructs_python_objects() -> None:
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec("model: !!python/object/apply:os.system ['echo hi']\ndata: {tasks: [copy]}\n")
+
+
+def test_learned_gates_and_adapters() -> None:
+    spec = load_spec("model: {n_layers: 2}\ndata: {tasks: [copy, reverse]}\n"
+                     "gates: {kind: learned, layers: [1], l0_weight: 0.05}\n"
+                     "adapters: {targets: [q, v], rank: 2, heads: L1.H0-1}\n")
+    assert spec.gates is not None
+    assert (spec.gates.kind, spec.gates.layers, spec.gates.l0_weight) == ("learned", (1,), 0.05)
+    (adapter,) = spec.adapters
+    assert adapter.targets == ("q", "v") and adapter.rank == 2 and adapter.alpha == 2.0
+    assert adapter.heads == (Head(1, 0), Head(1, 1))
+
+
+@pytest.mark.parametrize("text,message", [
+    ("model: {}\ndata: {tasks: [copy]}\nheads: {L0.H0: {}}\n", "heads.L0.H0: got an empty"),
+    ("model: {}\ndata: {tasks: [copy]}\nheads: {L0.H0-1: {diversity: 0.1}}\n",
+     "heads.L0.H0-1.diversity: the diversity term acts on all heads of a layer"),
+    ("model: {}\ndata: {tasks: [copy]}\nheads: {L0.H0: {freeze: true, trainable: true}}\n",
+     "heads.L0.H0: freeze and trainable are both true"),
+    ("model: {}\ndata: {tasks: [copy]}\nheads: {L0.H0: {entropy: {at_least: 2, at_most: 1}}}\n",
+     "heads.L0.H0.entropy: at_least=2.0 > at_most=1.0"),
+    ("model: {}\ndata: {tasks: [copy]}\ngates: {kind: fixed}\n",
+     "gates.kind: fixed gates need a task assignment"),
+    ("model: {}\ndata: {tasks: [copy]}\nheads: {L0.H0: {freeze: true}}\n"
+     "adapters: {targets: [q], rank: 2}\n", "heads.L0.H0.freeze: adapters freeze every base"),
+    ("model: {}\ndata: {tasks: [copy]}\nadapters: [{targets: [q], rank: 2}, "
+     "{targets: [v], rank: 2}]\n", "adapters: got 2 adapter sets"),
+    ("model: {attn_only: true}\ndata: {tasks: [copy]}\nadapters: {targets: [up], rank: 2}\n",
+     "adapters.targets: the model is attention-only"),
+    ("model: {vocab_size: 8}\ndata: {tasks: {copy: {vocab_size: 9}}}\n",
+     "data.tasks.copy: the task uses 9 token ids, more than model.vocab_size=8"),
+    ("model: {}\ndata: {tasks: [copy]}\nname: 3\n", "name: got 3, expected a non-empty string"),
+])
+def test_more_errors_name_the_field(text: str, message: str) -> None:
+    with pytest.raises(SpecError) as info:
+        load_spec(text)
+    assert str(info.value).startswith(message), str(info.value)
