@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+import torch
 
 from headwise import ModelConfig, Transformer, build_model
 
@@ -15,12 +18,10 @@ def make(**changes: object) -> Transformer:
     return build_model(ModelConfig(**{**BASE, **changes}), seed=0)  # type: ignore[arg-type]
 
 
-@pytest.fixture
-def model() -> Transformer:
-    return make()
-
-
-@pytest.fixture
-def gqa_model() -> Transformer:
-    return make(n_kv_heads=2, positional="rope", norm_type="rmsnorm", activation="swiglu",
-                bias="none")
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread, and the CI machine is shared."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
