@@ -68,7 +68,8 @@ def test_tokenizer_text(tmp_path: Path) -> None:
 
 def test_text_too_short(tmp_path: Path) -> None:
     (tmp_path / "t.txt").write_text("abc")
-    with pytest.raises(ConfigError, match=r"'train' split .* has 3 ids, expected at least seq_len \+ 1 = 65"):
+    with pytest.raises(ConfigError,
+                       match=r"'train' split .* has 3 ids, expected at least seq_len \+ 1 = 65"):
         TextTask(path=str(tmp_path / "t.txt"), eval_fraction=0.01)
 
 

@@ -1,6 +1,7 @@
 """A tiny training run for subprocess tests: resume after SIGKILL, and torchrun (DDP).
 
 Usage: python run_tiny.py OUT_DIR [--resume] [--sleep S] [--steps N] [--batch B] [--dropout P]
+       [--bias all|none]
 
 The run exercises every piece of state a resume must restore: dropout (torch RNG), a data
 mixture (data generator), AdamW moments, warm-up + cosine, a pattern objective whose weight a
@@ -59,10 +60,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--bias", default="all")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = ModelConfig(n_layers=2, n_heads=2, d_model=16, d_ff=24, vocab_size=20,
-                      max_seq_len=12, dropout=args.dropout, tie_embeddings=True)
+                      max_seq_len=12, dropout=args.dropout, tie_embeddings=True,
+                      bias=args.bias)
     model = build_model(cfg, seed=0)
     data = Mixture({"copy": CopyTask(length=4, vocab_size=20),
                     "add": ModularAdditionTask(modulus=7, vocab_size=20)}, {"copy": 2, "add": 1})

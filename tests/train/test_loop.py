@@ -1,0 +1,191 @@
+"""train(): learns copy, logs parseable per-task metrics, follows its schedule, honours levers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from headwise.config import ModelConfig
+from headwise.data import CopyTask, Mixture, ModularAdditionTask, SortTask
+from headwise.errors import ConfigError
+from headwise.model import build_model
+from headwise.train import TrainConfig, TrainState, evaluate, train
+
+CFG = ModelConfig(n_layers=2, n_heads=2, d_model=32, d_ff=48, vocab_size=12, max_seq_len=12)
+
+
+def _copy() -> Mixture:
+    return Mixture({"copy": CopyTask(length=4, vocab_size=12)})
+
+
+def test_short_run_learns_copy(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    model = build_model(CFG, seed=0)
+    data = _copy()
+    before = evaluate(model, data, batch_size=64, n_batches=2, seed=123)
+    result = train(model, data, TrainConfig(steps=250, batch_size=32, lr=3e-3, warmup_steps=20,
+                                            eval_every=125, eval_batches=2),
+                   out_dir=tmp_path, progress=False)
+    after = evaluate(model, data, batch_size=64, n_batches=2, seed=123)
+    assert before["tasks"]["copy"]["loss"] > math.log(8) - 0.3  # ~uniform over 8 symbols
+    assert after["tasks"]["copy"]["loss"] < 0.5 * before["tasks"]["copy"]["loss"]
+    assert after["tasks"]["copy"]["accuracy"] > 0.6
+    assert result.step == 250 and result.weights_path == tmp_path / "model.safetensors"
+    assert result.metrics["kind"] == "eval" and result.metrics["step"] == 250
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert ModelConfig.from_dict(saved) == CFG
+
+
+def test_metrics_lines_parse_with_per_task_accuracy(tmp_path: Path) -> None:
+    data = Mixture({"copy": CopyTask(length=4, vocab_size=12),
+                    "add": ModularAdditionTask(modulus=5, vocab_size=12)}, {"copy": 1, "add": 1})
+    config = TrainConfig(steps=12, batch_size=16, warmup_steps=4, log_every=3, eval_every=6,
+                         eval_batches=1, lr=2e-3, min_lr_ratio=0.2)
+    train(build_model(CFG, seed=0), data, config, out_dir=tmp_path, progress=False)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in lines] == [
+        ("train", 3), ("train", 6), ("eval", 6), ("train", 9), ("train", 12), ("eval", 12)]
+    for r in lines:
+        assert set(r["tasks"]) == {"copy", "add"}
+        for stats in r["tasks"].values():
+            assert 0.0 <= stats["accuracy"] <= 1.0 and stats["loss"] > 0
+            assert 0.0 <= stats["exact"] <= stats["accuracy"] + 1e-9  # equal targets per row
+        if r["kind"] == "train":
+            assert r["lr"] == pytest.approx(config.lr_at(r["step"] - 1))
+            assert sum(s["examples"] for s in r["tasks"].values()) == 3 * 16
+
+
+def test_lr_schedule_matches_formula() -> None:
+    c = TrainConfig(steps=110, batch_size=1, lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    assert [c.lr_at(s) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])
+    assert c.lr_at(10) == pytest.approx(1.0)
+    assert c.lr_at(60) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert c.lr_at(110) == pytest.approx(0.1)
+
+
+class _Recorder(torch.nn.Module):
+    """Wraps a model and records the keyword arguments of each call."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.config = inner.config
+        self.calls: list[dict[str, Any]] = []
+
+    def forward(self, tokens: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        self.calls.append(kwargs)
+        return self.inner(tokens, **kwargs)
+
+    def hooks(self, *hooks: Any) -> Any:
+        return self.inner.hooks(*hooks)
+
+
+def test_task_ids_and_masks_reach_the_model_and_callbacks_stop() -> None:
+    model = _Recorder(build_model(CFG, seed=0))
+    data = Mixture({"copy": CopyTask(length=4, vocab_size=12),
+                    "add": ModularAdditionTask(modulus=5, vocab_size=12)})
+    seen: list[int] = []
+
+    def stop_at_4(state: TrainState) -> None:
+        seen.append(state.step)
+        state.stop = state.step >= 4
+
+    result = train(model, data, TrainConfig(steps=20, batch_size=8, eval_every=2,
+                                            eval_batches=1), callbacks=[stop_at_4],
+                   progress=False)
+    assert seen == [2, 4] and result.stopped_early and result.step == 4
+    call = model.calls[0]
+    assert set(call) == {"attention_mask", "task_ids"}
+    assert call["task_ids"].shape == (8,) and set(call["task_ids"].tolist()) <= {0, 1}
+    assert call["attention_mask"] is not None  # add (T=5) is padded to copy's T=10
+
+
+def test_frozen_parameters_stay_bitwise_and_decay_only_matrices() -> None:
+    model = build_model(CFG, seed=0)
+    model.blocks[0].attn.q_proj.weight.requires_grad_(False)
+    frozen = model.blocks[0].attn.q_proj.weight.clone()
+    groups: list[list[dict[str, Any]]] = []
+
+    def grab(opt: torch.optim.Optimizer) -> None:
+        groups.append(opt.param_groups)
+
+    train(model, _copy(), TrainConfig(steps=3, batch_size=4, weight_decay=0.5),
+          optimizer_hooks=[grab], progress=False)
+    assert torch.equal(model.blocks[0].attn.q_proj.weight, frozen)
+    decay, no_decay = groups[0]
+    assert decay["weight_decay"] == 0.5 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"])
+    assert all(p.dim() == 1 for p in no_decay["params"])
+    n_trainable = sum(p.requires_grad for p in model.parameters())
+    assert len(decay["params"]) + len(no_decay["params"]) == n_trainable
+
+
+def test_bf16_autocast_runs() -> None:
+    model = build_model(CFG, seed=0)
+    result = train(model, _copy(), TrainConfig(steps=3, batch_size=4, bf16=True, log_every=1),
+                   progress=False)
+    assert math.isfinite(result.metrics["loss"])
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_data_must_fit_the_model() -> None:
+    data = Mixture({"sort": SortTask(length=4, vocab_size=20)})
+    with pytest.raises(ConfigError, match="data.tasks.sort.vocab_size: got 20"):
+        train(build_model(CFG), data, TrainConfig(steps=1, batch_size=2), progress=False)
+    with pytest.raises(ConfigError, match="resume: got True without out_dir"):
+        train(build_model(CFG), _copy(), TrainConfig(steps=1, batch_size=2), resume=True)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"steps": 0}, "steps: got 0, expected an integer >= 1"),
+    ({"batch_size": 2.5}, "batch_size: got 2.5"),
+    ({"lr": -1}, "lr: got -1, expected a positive number"),
+    ({"betas": (0.9,)}, "betas: got (0.9,)"),
+    ({"min_lr_ratio": 2}, "min_lr_ratio: got 2"),
+    ({"warmup_steps": 20, "steps": 10}, "warmup_steps: got 20, expected an integer <= steps"),
+    ({"grad_clip": -0.1}, "grad_clip: got -0.1"),
+    ({"bf16": "yes"}, "bf16: got 'yes', expected true or false"),
+])
+def test_config_errors_name_the_field(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        TrainConfig(**kwargs)
+
+
+def test_config_from_dict() -> None:
+    assert TrainConfig.from_dict({"steps": 5, "betas": [0.8, 0.9]}).betas == (0.8, 0.9)
+    with pytest.raises(ConfigError, match=r"train.stpes: unknown field \(did you mean 'steps'"):
+        TrainConfig.from_dict({"stpes": 5})
+    with pytest.raises(ConfigError, match="train.lr: got 0"):
+        TrainConfig.from_dict({"lr": 0})
+    c = TrainConfig(steps=7)
+    assert TrainConfig.from_dict(c.to_dict()) == c
+
+
+def test_task_loss_matches_explicit_per_example_reference() -> None:
+    from headwise.data import IGNORE
+    from headwise.train import task_loss
+
+    data = Mixture({"copy": CopyTask(length=3, vocab_size=12),
+                    "add": ModularAdditionTask(modulus=5, vocab_size=12)})
+    batch = data.sample(9, torch.Generator().manual_seed(0))
+    logits = torch.randn(9, batch.tokens.shape[1], 12)
+    loss, stats = task_loss(logits, batch, 2)
+    per_example, correct, counts = [], [0, 0], [0, 0]
+    for b in range(9):
+        rows = [t for t in range(batch.tokens.shape[1]) if batch.targets[b, t] != IGNORE]
+        ce = torch.nn.functional.cross_entropy(logits[b, rows], batch.targets[b, rows])
+        per_example.append(float(ce))
+        task = int(batch.task_ids[b])
+        correct[task] += sum(int(logits[b, t].argmax() == batch.targets[b, t]) for t in rows)
+        counts[task] += len(rows)
+    assert float(loss) == pytest.approx(sum(per_example) / 9, rel=1e-6)
+    assert stats[:, 1].tolist() == correct and stats[:, 2].tolist() == counts
+    ids = batch.task_ids.tolist()
+    for task in (0, 1):
+        expected = sum(v for v, t in zip(per_example, ids, strict=True) if t == task)
+        assert float(stats[task, 0]) == pytest.approx(expected, rel=1e-6)
