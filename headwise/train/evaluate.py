@@ -104,8 +104,8 @@ def evaluate(model: nn.Module, data: Mixture, *, batch_size: int, n_batches: int
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed)
-    stats = torch.zeros(len(data.names), 5, dtype=torch.float64)
-    sums = [torch.zeros((), dtype=torch.float64) for _ in objectives]
+    stats = torch.zeros(len(data.names), 5, dtype=torch.float64, device=device)
+    sums = [torch.zeros((), dtype=torch.float64, device=device) for _ in objectives]
     logs: list[dict[str, float]] = [{} for _ in objectives]
     try:
         for _ in range(n_batches):
@@ -113,7 +113,7 @@ def evaluate(model: nn.Module, data: Mixture, *, batch_size: int, n_batches: int
             logits, terms = forward(model, model, batch, objectives, bf16, device)
             stats += task_loss(logits, batch, len(data.names))[1]
             for i, (value, log) in enumerate(terms):
-                sums[i] += float(value)
+                sums[i] += value.detach().double()
                 accumulate_logs(logs[i], log)
     finally:
         model.train(was_training)

@@ -187,10 +187,12 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
     state_metrics: dict[str, Any] = {}
     stopped = False
     n_tasks = len(data.names)
-    stats = torch.zeros(n_tasks, 5, dtype=torch.float64)
-    sums = [torch.zeros((), dtype=torch.float64) for _ in objectives]
+    # Running sums stay on the device; they are read (synchronised) only at log points.
+    stats = torch.zeros(n_tasks, 5, dtype=torch.float64, device=device)
+    sums = [torch.zeros((), dtype=torch.float64, device=device) for _ in objectives]
     logs: list[dict[str, float]] = [{} for _ in objectives]
-    loss_sum, since_log, t0 = 0.0, 0, time.perf_counter()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    since_log, t0 = 0, time.perf_counter()
     grad_norm: Tensor | None = None
     done = start
     try:
@@ -211,10 +213,10 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
             optimizer.step()
             done = step + 1
             stats += step_stats
-            loss_sum += float(total.detach())
+            loss_sum += total.detach().double()
             since_log += 1
             for i, (value, log) in enumerate(terms):
-                sums[i] += float(value.detach())
+                sums[i] += value.detach().double()
                 accumulate_logs(logs[i], log)
             if done % config.log_every == 0 or done == config.steps:
                 record = _train_record(ctx, done, lr, stats, loss_sum, since_log, sums, logs,
@@ -222,9 +224,9 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
                 writer.write(record)
                 bar.update(done, record["loss"], record["tasks"])
                 stats.zero_()
-                sums = [torch.zeros((), dtype=torch.float64) for _ in objectives]
+                sums = [torch.zeros_like(x) for x in sums]
                 logs = [{} for _ in objectives]
-                loss_sum, since_log = 0.0, 0
+                loss_sum, since_log = torch.zeros_like(loss_sum), 0
                 state_metrics = record
             else:
                 bar.update(done)
@@ -260,13 +262,13 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
                        checkpoints=steps, stopped_early=stopped, extra=extra)
 
 
-def _train_record(ctx: DistContext, step: int, lr: float, stats: Tensor, loss_sum: float,
+def _train_record(ctx: DistContext, step: int, lr: float, stats: Tensor, loss_sum: Tensor,
                   n_steps: int, sums: list[Tensor], logs: list[dict[str, float]],
                   objectives: list[Any], names: list[str], grad_norm: Tensor | None,
                   t0: float) -> dict[str, Any]:
     """The ``"train"`` metrics line, summed over ranks (every rank calls this)."""
     stats = ctx.all_reduce_sum(stats)
-    loss = float(ctx.all_reduce_sum(torch.tensor([loss_sum], dtype=torch.float64))[0])
+    loss = float(ctx.all_reduce_sum(loss_sum))
     sums, logs = reduce_objectives(ctx, sums, logs)
     record: dict[str, Any] = {
         "kind": "train", "step": step, "lr": lr,

@@ -33,7 +33,8 @@ def task_loss(logits: Tensor, batch: Batch, n_tasks: int) -> tuple[Tensor, Tenso
 
     Returns:
         ``(loss, stats)``: scalar loss with gradient, and a float64 (n_tasks, 5) matrix of
-        summed per-example loss, correct tokens, target tokens, exact examples and examples.
+        summed per-example loss, correct tokens, target tokens, exact examples and examples,
+        on the logits' device (no host synchronisation per step).
     """
     logits = logits.float()
     targets = batch.targets
@@ -50,7 +51,7 @@ def task_loss(logits: Tensor, batch: Batch, n_tasks: int) -> tuple[Tensor, Tenso
                             exact.double(), torch.ones_like(count, dtype=torch.float64)], 1)
         stats = torch.zeros(n_tasks, 5, dtype=torch.float64, device=logits.device)
         stats.index_add_(0, batch.task_ids, cols)
-    return loss, stats.cpu()
+    return loss, stats
 
 
 def summarise(stats: Tensor, names: list[str]) -> dict[str, Any]:
