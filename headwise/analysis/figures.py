@@ -1,0 +1,83 @@
+"""Matplotlib figures rendered to PNG bytes and data URIs (for self-contained HTML reports)."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+
+def fig_png(fig: Figure) -> bytes:
+    """PNG bytes of ``fig`` (then closed)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def data_uri(png: bytes) -> str:
+    """``data:image/png;base64,...`` for embedding without external files."""
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _clean(v: float | None) -> float:
+    return float("nan") if v is None else float(v)
+
+
+def heatmap(matrix: Sequence[Sequence[float | None]], title: str,
+            xlabels: Sequence[str] | None = None, ylabels: Sequence[str] | None = None,
+            cmap: str = "viridis", vmin: float | None = None, vmax: float | None = None,
+            annotate: bool = False) -> bytes:
+    """A labelled heatmap (rows = ylabels) as PNG bytes; ``None`` cells are blank."""
+    data = [[_clean(v) for v in row] for row in matrix]
+    n_rows, n_cols = len(data), len(data[0]) if data else 0
+    fig, ax = plt.subplots(figsize=(max(3.0, 0.45 * n_cols + 1.5), max(2.5, 0.35 * n_rows + 1)))
+    im = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto",
+                   interpolation="nearest")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_title(title, fontsize=9)
+    if xlabels is not None and len(xlabels) <= 64:
+        ax.set_xticks(range(len(xlabels)), list(xlabels), rotation=60, ha="right", fontsize=7)
+    if ylabels is not None and len(ylabels) <= 64:
+        ax.set_yticks(range(len(ylabels)), list(ylabels), fontsize=7)
+    if annotate and n_rows * n_cols <= 400:
+        for i, row in enumerate(data):
+            for j, v in enumerate(row):
+                if v == v:
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6,
+                            color="white" if vmax is None or v < 0.6 * vmax else "black")
+    return fig_png(fig)
+
+
+def side_by_side(left: Sequence[Sequence[float]], right: Sequence[Sequence[float]],
+                 titles: tuple[str, str], suptitle: str) -> bytes:
+    """Two (T, T) patterns next to each other on a shared [0, 1] scale."""
+    fig, axes = plt.subplots(1, 2, figsize=(7, 3.4))
+    for ax, m, t in zip(axes, (left, right), titles):
+        im = ax.imshow(m, cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
+        ax.set_title(t, fontsize=9)
+        ax.set_xlabel("key", fontsize=8)
+        ax.set_ylabel("query", fontsize=8)
+    fig.colorbar(im, ax=list(axes), fraction=0.03)
+    fig.suptitle(suptitle, fontsize=10)
+    return fig_png(fig)
+
+
+def lines(x: Sequence[float], series: Mapping[str, Sequence[float | None]], title: str,
+          xlabel: str = "step", ylabel: str = "score") -> bytes:
+    """One line per series over ``x``."""
+    fig, ax = plt.subplots(figsize=(5, 2.8))
+    for name, ys in series.items():
+        ax.plot(list(x), [_clean(v) for v in ys], label=name, marker=".", markersize=3)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=6, loc="best")
+    return fig_png(fig)

@@ -1,0 +1,264 @@
+"""Specialization report: one JSON-ready dict, written as report.json and a self-contained HTML.
+
+``build_report`` gathers role scores, importance, contract verdicts, trajectories, supervised
+heads' expected vs observed patterns and head walkthroughs into a dict of plain JSON values.
+``write_report`` writes ``report.json`` and ``report.html``, whose figures (matplotlib PNGs) are
+rendered from that dict and embedded as base64 data URIs, so the page needs no other file.
+``print_report`` shows the main tables in the terminal (rich).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from torch import Tensor, nn
+
+from headwise.analysis import figures
+from headwise.analysis import report_html as H
+from headwise.analysis.explain import Walkthrough, walkthrough_html
+from headwise.analysis.importance_matrix import ImportanceMatrix
+from headwise.analysis.role_table import RoleTable
+from headwise.analysis.trajectories import Trajectory
+from headwise.analysis.verify import ContractResult
+from headwise.heads import Head, HeadSet
+
+REPORT_VERSION = 1
+
+
+def _jsonable(x: Any) -> Any:
+    """Plain JSON values: tensors to lists, NaN/inf to None, dataclasses to dicts."""
+    if isinstance(x, Tensor):
+        return _jsonable(x.tolist())
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if is_dataclass(x) and not isinstance(x, type):
+        return _jsonable(asdict(x))
+    if isinstance(x, (Head, HeadSet)):
+        return str(x)
+    return x
+
+
+def target_pattern(name: str, tokens: Tensor) -> Tensor:
+    """(T, T) ideal pattern for a named role on one sequence (causal).
+
+    ``previous_token`` (row 0 on itself), ``self``, ``first_token``, ``uniform`` and
+    ``induction`` (key after the latest earlier occurrence of the query's token; rows without
+    one on the first token).
+    """
+    T = tokens.shape[0]
+    out = torch.zeros(T, T)
+    for q in range(T):
+        if name == "previous_token":
+            out[q, max(q - 1, 0)] = 1.0
+        elif name == "self":
+            out[q, q] = 1.0
+        elif name == "first_token":
+            out[q, 0] = 1.0
+        elif name == "uniform":
+            out[q, : q + 1] = 1.0 / (q + 1)
+        elif name == "induction":
+            earlier = [j for j in range(q) if tokens[j] == tokens[q]]
+            out[q, earlier[-1] + 1 if earlier else 0] = 1.0
+        else:
+            raise ValueError(f"target: got {name!r}, expected previous_token, self, "
+                             "first_token, uniform or induction")
+    return out
+
+
+@torch.no_grad()
+def expected_vs_observed(model: nn.Module, tokens: Tensor, head: Head | str,
+                         target: str | Tensor, **forward_kwargs: Any) -> dict[str, Any]:
+    """A supervised head's target and actual pattern on one sequence ``tokens`` (T,).
+
+    Returns:
+        ``{"head", "target", "tokens", "expected", "observed", "similarity"}`` where similarity
+        is the mean over rows of ``1 - total variation`` (as ``target_similarity``).
+    """
+    cfg = model.config  # type: ignore[attr-defined]
+    h = head if isinstance(head, Head) else Head.parse(head, cfg.n_layers, cfg.n_heads)
+    expected = target_pattern(target, tokens) if isinstance(target, str) else target.float()
+    name = f"blocks.{h.layer}.attn.hook_pattern"
+    _, cache = model.run_with_cache(tokens[None], names=[name],  # type: ignore[operator]
+                                    heads=HeadSet([h], cfg.n_layers, cfg.n_heads),
+                                    **forward_kwargs)
+    observed = cache.head(name, h.head)[0].float()  # (T, T)
+    exp_n = expected / expected.sum(-1, keepdim=True).clamp_min(1e-12)
+    sim = float(torch.minimum(observed, exp_n).sum(-1).mean())
+    return {"head": str(h), "target": target if isinstance(target, str) else "matrix",
+            "tokens": tokens.tolist(), "expected": expected.tolist(),
+            "observed": observed.tolist(), "similarity": sim}
+
+
+def build_report(*, title: str = "headwise report", model_config: Any = None,
+                 roles: RoleTable | None = None,
+                 importance: ImportanceMatrix | Sequence[ImportanceMatrix] | None = None,
+                 contract: ContractResult | None = None, trajectory: Trajectory | None = None,
+                 supervised: Sequence[dict[str, Any]] = (),
+                 walkthroughs: Sequence[Walkthrough] = (),
+                 meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Collect the analysis results into one JSON-serialisable dict (sections may be absent)."""
+    imps = ([importance] if isinstance(importance, ImportanceMatrix)
+            else list(importance or []))
+    report: dict[str, Any] = {"version": REPORT_VERSION, "title": title, "meta": dict(meta or {})}
+    if model_config is not None:
+        report["model"] = (asdict(model_config) if is_dataclass(model_config)
+                           else dict(model_config))
+    if roles is not None:
+        report["roles"] = {"roles": roles.roles, "records": roles.to_records(),
+                           "top_roles": {str(h): roles.top_role(h) for h in roles.heads},
+                           "info": roles.info}
+    if imps:
+        report["importance"] = [{"info": m.info, "tasks": m.tasks, "metrics": m.metrics,
+                                 "units": m.labels, "clean": m.clean,
+                                 "records": m.to_records()} for m in imps]
+    if contract is not None:
+        report["contract"] = contract.to_dict()
+    if trajectory is not None:
+        report["trajectories"] = trajectory.to_dict()
+    if supervised:
+        report["supervised"] = list(supervised)
+    if walkthroughs:
+        report["walkthroughs"] = [w.to_dict() for w in walkthroughs]
+    out = _jsonable(report)
+    json.dumps(out, allow_nan=False)  # fails loudly if anything is not plain JSON
+    return out  # type: ignore[no-any-return]
+
+
+def write_report(report: Mapping[str, Any], out_dir: str | Path,
+                 figures_extra: Mapping[str, bytes] | None = None) -> dict[str, Path]:
+    """Write ``report.json`` and a self-contained ``report.html`` into ``out_dir``.
+
+    Args:
+        report: a dict from ``build_report`` (or loaded back from report.json).
+        out_dir: created if missing.
+        figures_extra: more ``{caption: PNG bytes}`` figures for an "extra figures" section.
+
+    Returns:
+        ``{"json": path, "html": path}``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "report.json", "html": out / "report.html"}
+    paths["json"].write_text(json.dumps(report, indent=1, allow_nan=False))
+    paths["html"].write_text(render_html(report, figures_extra), encoding="utf-8")
+    return paths
+
+
+def render_html(report: Mapping[str, Any], figures_extra: Mapping[str, bytes] | None = None
+                ) -> str:
+    """The report page (all images embedded as data URIs)."""
+    sections: list[tuple[str, str, str]] = []
+    if "contract" in report:
+        sections.append(("contract", "Contract", _contract_html(report["contract"])))
+    if "roles" in report:
+        sections.append(("roles", "Role scores", _roles_html(report["roles"])))
+    if "importance" in report:
+        sections.append(("importance", "Importance",
+                         "".join(_importance_html(m) for m in report["importance"])))
+    if "supervised" in report:
+        sections.append(("supervised", "Supervised heads: expected vs observed",
+                         "".join(_supervised_html(s) for s in report["supervised"])))
+    if "trajectories" in report:
+        sections.append(("trajectories", "Trajectories", _traj_html(report["trajectories"])))
+    for i, w in enumerate(report.get("walkthroughs", [])):
+        sections.append((f"walkthrough-{i}", f"Walkthrough {w['head']}", walkthrough_html(w)))
+    if figures_extra:
+        sections.append(("extra", "More figures", "".join(
+            H.img(figures.data_uri(png), cap) for cap, png in figures_extra.items())))
+    if report.get("model") or report.get("meta"):
+        info = {**report.get("meta", {}), **{f"model.{k}": v
+                                              for k, v in (report.get("model") or {}).items()}}
+        sections.append(("run", "Run", H.table(["field", "value"], sorted(info.items()))))
+    return H.page(str(report.get("title", "headwise report")), sections)
+
+
+def _contract_html(c: Mapping[str, Any]) -> str:
+    rows = [(r["path"], H.esc(r["name"] or r["description"]), H.fmt(r["measured"]),
+             H.esc(r["threshold"]), H.esc(r["decided_by"] or ""), H.verdict(r["passed"]))
+            for r in c["clauses"]]
+    head = f"<p>Overall: {H.verdict(c['passed'])} ({c['n_failed']} of {c['n_clauses']} failed)</p>"
+    return head + H.table(["clause", "description", "measured", "threshold", "decided by",
+                           "verdict"], rows, raw_cols=(1, 3, 4, 5))
+
+
+def _roles_html(r: Mapping[str, Any]) -> str:
+    roles, recs = r["roles"], r["records"]
+    labels = [f"L{x['layer']}.H{x['head']}" for x in recs]
+    png = figures.heatmap([[x[k] for k in roles] for x in recs], "role scores (heads x roles)",
+                          roles, labels, vmin=0, vmax=1, annotate=True)
+    rows = [(lab, *(x[k] for k in roles), r["top_roles"].get(lab, ""))
+            for lab, x in zip(labels, recs)]
+    return H.img(figures.data_uri(png), "role scores") + H.table(["head", *roles, "top role"],
+                                                                 rows)
+
+
+def _importance_html(m: Mapping[str, Any]) -> str:
+    parts = []
+    for metric in m["metrics"]:
+        cells = {(x["unit"], x["task"]): x["value"] for x in m["records"] if x["metric"] == metric}
+        matrix = [[cells.get((u, t)) for t in m["tasks"]] for u in m["units"]]
+        png = figures.heatmap(matrix, f"{m['info'].get('method')} {m['info'].get('mode') or ''}"
+                              f" - {metric}", m["tasks"], m["units"], cmap="magma",
+                              annotate=True)
+        parts.append(H.img(figures.data_uri(png), f"importance: {metric} (units x tasks)"))
+    rows = [(x["unit"], x["task"], x["metric"], x["value"], x["ci_low"], x["ci_high"])
+            for x in m["records"]]
+    return "".join(parts) + H.table(["unit", "task", "metric", "value", "CI low", "CI high"],
+                                    rows)
+
+
+def _supervised_html(s: Mapping[str, Any]) -> str:
+    png = figures.side_by_side(s["expected"], s["observed"], ("expected", "observed"),
+                               f"{s['head']} target {s['target']} (similarity "
+                               f"{s['similarity']:.2f})")
+    return H.img(figures.data_uri(png), f"{s['head']}: expected vs observed pattern")
+
+
+def _traj_html(t: Mapping[str, Any]) -> str:
+    parts = []
+    for h in t["heads"]:
+        label = f"L{h['layer']}.H{h['head']}"
+        series = {r: v for r, v in h["scores"].items() if r not in ("entropy",)}
+        png = figures.lines(t["steps"], series, f"{label} (final: {h['final_role']})")
+        parts.append(H.img(figures.data_uri(png), f"{label} scores over training"))
+    rows = [(f"L{h['layer']}.H{h['head']}", h["final_role"], h["commitment_step"],
+             h["forecast"]) for h in t["heads"]]
+    acc = t.get("forecast_accuracy")
+    return ("".join(parts) + f"<p>Forecast from the first {t['forecast_fraction']:.0%} of "
+            f"checkpoints: accuracy {H.fmt(acc)}</p>"
+            + H.table(["head", "final role", "commitment step", "forecast"], rows))
+
+
+def print_report(report: Mapping[str, Any], console: Console | None = None) -> None:
+    """Terminal summary: contract verdicts, role scores and importance (rich tables)."""
+    console = console or Console()
+    if "contract" in report:
+        t = Table(title=f"contract: {'PASS' if report['contract']['passed'] else 'FAIL'}")
+        for col in ("clause", "measured", "threshold", "verdict"):
+            t.add_column(col)
+        for r in report["contract"]["clauses"]:
+            t.add_row(r["name"] or r["description"], H.fmt(r["measured"]), r["threshold"],
+                      "[green]pass[/green]" if r["passed"] else "[red]FAIL[/red]")
+        console.print(t)
+    if "roles" in report:
+        console.print(RoleTable.from_records(report["roles"]["records"]).to_rich_table())
+    for m in report.get("importance", []):
+        t = Table(title=f"importance ({m['info'].get('method')})")
+        for col in ("unit", "task", "metric", "value", "95% CI"):
+            t.add_column(col)
+        for x in m["records"]:
+            t.add_row(x["unit"], x["task"], x["metric"], H.fmt(x["value"]),
+                      f"[{H.fmt(x['ci_low'])}, {H.fmt(x['ci_high'])}]")
+        console.print(t)

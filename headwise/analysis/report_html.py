@@ -1,0 +1,65 @@
+"""HTML pieces for the self-contained report: page shell, tables and embedded images."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.5em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; }
+table { border-collapse: collapse; margin: .6em 0; font-size: .85em; }
+td, th { border: 1px solid #ddd; padding: .25em .5em; text-align: right; }
+th { background: #f4f4f4; } td.l, th.l { text-align: left; }
+.pass { color: #137333; font-weight: bold; } .fail { color: #b3261e; font-weight: bold; }
+figure { display: inline-block; margin: .5em; vertical-align: top; }
+figcaption { font-size: .8em; color: #555; } pre { background: #f7f7f7; padding: .6em; }
+nav a { margin-right: 1em; }
+"""
+
+
+def esc(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def img(uri: str, caption: str) -> str:
+    """An embedded image with a caption (``uri`` is a data URI)."""
+    return (f'<figure><img src="{uri}" alt="{esc(caption)}">'
+            f"<figcaption>{esc(caption)}</figcaption></figure>")
+
+
+def fmt(v: object) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return str(v)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]],
+          raw_cols: Sequence[int] = ()) -> str:
+    """An HTML table; cells are escaped except columns in ``raw_cols`` (trusted markup)."""
+    head = "".join(f'<th class="l">{esc(h)}</th>' if i == 0 else f"<th>{esc(h)}</th>"
+                   for i, h in enumerate(headers))
+    body = []
+    for row in rows:
+        cells = []
+        for i, v in enumerate(row):
+            text = str(v) if i in raw_cols else esc(fmt(v))
+            cells.append(f'<td class="l">{text}</td>' if i == 0 else f"<td>{text}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def verdict(passed: bool) -> str:
+    return '<span class="pass">pass</span>' if passed else '<span class="fail">FAIL</span>'
+
+
+def page(title: str, sections: Sequence[tuple[str, str, str]]) -> str:
+    """A complete HTML document; ``sections`` are ``(anchor, heading, html body)``."""
+    nav = "".join(f'<a href="#{esc(a)}">{esc(h)}</a>' for a, h, _ in sections)
+    body = "".join(f'<section id="{esc(a)}"><h2>{esc(h)}</h2>{b}</section>'
+                   for a, h, b in sections)
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+            f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>"
+            f"<h1>{esc(title)}</h1><nav>{nav}</nav>{body}</body></html>")
