@@ -110,7 +110,6 @@ class Enforcer:
             entry["failed_evals"] += 1
             levers = self.levers.get(clause.index, []) if self._raisable(clause, result) else []
             if not levers:
-                entry["lever"] = entry["lever"] or None
                 continue
             entry["lever"] = [o.name for o in levers]
             for obj in levers:

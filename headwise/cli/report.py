@@ -1,0 +1,29 @@
+"""``headwise report RUN``: (re)write a run's report.json and self-contained report.html."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from headwise.pipeline.output import console
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``report`` subcommand."""
+    p = subparsers.add_parser(
+        "report", help="write a run's report.json and report.html",
+        description="Analyse a finished run (role scores, ablation importance per task, "
+                    "contract verdicts, score trajectories over its checkpoints, expected vs "
+                    "observed patterns, walkthroughs of gated heads) and write RUN/report.json "
+                    "and a self-contained RUN/report.html.")
+    p.add_argument("run", help="a run directory written by `headwise train` / `headwise demo`")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the report and say where it is."""
+    from headwise.pipeline.report import report_existing_run
+
+    paths = report_existing_run(args.run)
+    console().print(f"written: {paths['json']} and {paths['html']}")
+    return 0

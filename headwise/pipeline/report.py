@@ -1,0 +1,169 @@
+"""A run's report: analysis of the trained heads, contract, enforcement and training curves.
+
+``write_run_report`` gathers what ``headwise.analysis.build_report`` renders (role scores,
+ablation importance, the contract verdicts, score trajectories over the run's checkpoints,
+expected vs observed patterns of masked and supervised heads, a walkthrough of one gated head)
+and adds the enforcement summary, the gate table and held-out accuracy curves; it writes
+``report.json`` and the self-contained ``report.html`` into the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from headwise.analysis import figures
+from headwise.analysis.explain import explain_head
+from headwise.analysis.report import build_report, expected_vs_observed, write_report
+from headwise.analysis.trajectories import Trajectory, score_checkpoints
+from headwise.analysis.verify import ContractResult
+from headwise.pipeline.analyze import DATA_ROLES, analyse_run, metrics_curve
+from headwise.pipeline.compile import Compiled
+from headwise.pipeline.run import load_run
+from headwise.train import list_checkpoints, load_weights
+
+# Structural masks and objective targets whose ideal pattern the report can draw.
+DRAWABLE = ("previous_token", "self", "first_token", "uniform", "induction")
+
+
+def write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult | None,
+                     enforcement: dict[str, Any] | None = None) -> dict[str, Path]:
+    """Analyse the trained model in ``compiled`` and write ``run_dir/report.{json,html}``."""
+    run_dir = Path(run_dir)
+    spec = compiled.spec
+    model = compiled.model
+    model.eval()
+    analysis = analyse_run(compiled)
+    batch = compiled.eval_batch
+    meta: dict[str, Any] = {"spec": str(run_dir / "spec.yaml"),
+                            "tasks": ", ".join(compiled.task_names),
+                            "train.steps": spec.train.steps}
+    curve = metrics_curve(run_dir)
+    if curve:
+        last = curve[-1]
+        for name, m in last.get("tasks", {}).items():
+            meta[f"held-out accuracy: {name}"] = m.get("accuracy")
+        meta["trained steps"] = last.get("step")
+    if enforcement is not None:
+        meta.update(_enforcement_meta(enforcement))
+    report = build_report(
+        title=f"headwise report: {_title(spec.text) or run_dir.name}",
+        model_config=spec.model.config, roles=analysis.roles, importance=analysis.importance,
+        contract=contract, trajectory=_trajectory(run_dir, model, batch),
+        supervised=_supervised(compiled), walkthroughs=_walkthroughs(compiled), meta=meta)
+    if enforcement is not None:
+        report["enforcement"] = json.loads(json.dumps(enforcement, default=str))
+    if analysis.gates is not None:
+        report["gates"] = analysis.to_dict()["gates"]
+    extra = {}
+    if curve:
+        steps = [r["step"] for r in curve]
+        series = {name: [r["tasks"].get(name, {}).get("accuracy") for r in curve]
+                  for name in compiled.task_names}
+        extra["held-out accuracy per task during training"] = figures.lines(
+            steps, series, "held-out accuracy", ylabel="accuracy")
+    if analysis.gates is not None:
+        g = analysis.gates
+        extra["task gates (tasks x heads; 1 = the head serves the task)"] = figures.heatmap(
+            g.values.tolist(), "task gates", [str(h) for h in g.heads], g.task_names,
+            vmin=0, vmax=1, annotate=True)
+    return write_report(report, run_dir, extra)
+
+
+def report_existing_run(run_dir: str | Path) -> dict[str, Path]:
+    """Rebuild ``report.{json,html}`` of a finished run from its files."""
+    from headwise.analysis.contract import Contract
+    from headwise.analysis.verify import verify
+    from headwise.pipeline.run import verify_data
+
+    run_dir = Path(run_dir)
+    compiled = load_run(run_dir)
+    spec = compiled.spec
+    verdict = None
+    if spec.contract:
+        contract = Contract.from_list(list(spec.contract), spec.n_layers, spec.n_heads,
+                                      list(spec.data.names))
+        verdict = verify(compiled.model, contract, verify_data(compiled))
+    enforcement = None
+    if (run_dir / "enforcement.json").is_file():
+        enforcement = json.loads((run_dir / "enforcement.json").read_text())
+    return write_run_report(run_dir, compiled, verdict, enforcement)
+
+
+def _title(text: str) -> str | None:
+    for line in text.splitlines():
+        if line.startswith("name:"):
+            return line.split(":", 1)[1].strip().strip("'\"") or None
+    return None
+
+
+def _enforcement_meta(e: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"enforcement: cost in steps": e["cost_steps"],
+                           "enforcement: contract held at step": e["held_at_step"]}
+    for c in e["clauses"]:
+        levers = ", ".join(f"{n} {c['initial_weights'].get(n, 0.0):g} -> {w:g}"
+                           for n, w in c.get("weights", {}).items()) or "no lever"
+        out[f"enforcement: contract[{c['index']}] {c['description']}"] = (
+            f"failed at {c['failed_evals']} evaluation(s) from step {c['first_failed_at']}; "
+            f"raised {c['raises']}x ({levers}); held at step {c['held_at']}")
+    return out
+
+
+def _trajectory(run_dir: Path, model: nn.Module, batch: Any) -> Trajectory | None:
+    """Role scores at every checkpoint (and the final weights), on the held-out batch."""
+    ckpts = list_checkpoints(run_dir)
+    if not ckpts:
+        return None
+    final = run_dir / "model.safetensors"
+
+    def models() -> Iterator[tuple[int, nn.Module]]:
+        for step, path in ckpts:
+            load_weights(model, path / "model.safetensors")
+            yield step, model
+
+    try:
+        with torch.no_grad():
+            return score_checkpoints(models(), batch.tokens, attention_mask=batch.attention_mask,
+                                     roles=list(DATA_ROLES), task_ids=batch.task_ids)
+    finally:
+        load_weights(model, final)
+
+
+def _first_example(compiled: Compiled, task: int) -> tuple[torch.Tensor, int]:
+    batch = compiled.eval_batch
+    rows = (batch.task_ids == task).nonzero().flatten()
+    row = int(rows[0]) if rows.numel() else 0
+    length = (int(batch.attention_mask[row].sum()) if batch.attention_mask is not None
+              else batch.tokens.shape[1])
+    return batch.tokens[row, :length], int(batch.task_ids[row])
+
+
+def _supervised(compiled: Compiled) -> list[dict[str, Any]]:
+    """Expected vs observed pattern of each masked or objective-trained head (first example)."""
+    tokens, task = _first_example(compiled, 0)
+    out = []
+    for rule in compiled.spec.heads:
+        target = (rule.objective.target if rule.objective is not None
+                  else rule.mask.name if rule.mask is not None else None)
+        if target not in DRAWABLE:
+            continue
+        for head in rule.heads:
+            out.append(expected_vs_observed(compiled.model, tokens, head, target,
+                                            task_ids=torch.tensor([task])))
+    return out
+
+
+def _walkthroughs(compiled: Compiled) -> list[Any]:
+    """A walkthrough of the first head assigned to a task, on that task's first example."""
+    names = compiled.task_names
+    for rule in compiled.spec.heads:
+        if rule.tasks:
+            tokens, task_id = _first_example(compiled, names.index(rule.tasks[0]))
+            return [explain_head(compiled.model, tokens, rule.heads[0],
+                                 task_ids=torch.tensor([task_id]))]
+    return []
