@@ -39,10 +39,15 @@ def forward(model: nn.Module, inner: nn.Module, batch: Batch, objectives: Sequen
         inner: the unwrapped model, whose hook points the objectives' hooks attach to.
     """
     hooks = [h for obj in objectives for h in obj.hooks()]
-    with autocast(device, bf16), inner.hooks(*hooks):  # type: ignore[operator]
+    attached = inner.hooks(*hooks) if hooks else contextlib.nullcontext()  # type: ignore[operator]
+    with autocast(device, bf16), attached:
         logits = model(batch.tokens, attention_mask=batch.attention_mask,
                        task_ids=batch.task_ids)
-        terms = [obj.loss(batch.tokens, batch.attention_mask) for obj in objectives]
+        terms = []
+        for obj in objectives:
+            value, logs = obj.loss(batch.tokens, batch.attention_mask)
+            terms.append((torch.as_tensor(value, dtype=torch.float32, device=logits.device)
+                          if not isinstance(value, Tensor) else value, dict(logs)))
     return logits, terms
 
 

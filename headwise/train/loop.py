@@ -14,6 +14,7 @@ if never interrupted (bitwise on CPU).
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -222,6 +223,10 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
                 record = _train_record(ctx, done, lr, stats, loss_sum, since_log, sums, logs,
                                        objectives, data.names, grad_norm, t0)
                 writer.write(record)
+                if not math.isfinite(record["loss"]):
+                    raise FloatingPointError(
+                        f"loss is {record['loss']} at step {done} (lr={lr:.3g}); per task: "
+                        f"{ {n: v['loss'] for n, v in record['tasks'].items()} }")
                 bar.update(done, record["loss"], record["tasks"])
                 stats.zero_()
                 sums = [torch.zeros_like(x) for x in sums]

@@ -189,3 +189,29 @@ def test_task_loss_matches_explicit_per_example_reference() -> None:
     for task in (0, 1):
         expected = sum(v for v, t in zip(per_example, ids, strict=True) if t == task)
         assert float(stats[task, 0]) == pytest.approx(expected, rel=1e-6)
+
+
+class _ConstObjective:
+    """A duck-typed objective with no hooks and a constant (weighted) value."""
+
+    def __init__(self, value: float) -> None:
+        self.name, self.weight, self.value = "const", 1.0, value
+
+    def hooks(self) -> list[Any]:
+        return []
+
+    def loss(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None
+             ) -> tuple[float, dict[str, float]]:
+        return self.weight * self.value, {"L0.H0": self.value}
+
+
+def test_objective_values_are_logged_and_nan_stops_with_a_clear_error(tmp_path: Path) -> None:
+    train(build_model(CFG, seed=0), _copy(), TrainConfig(steps=2, batch_size=4, log_every=2),
+          objectives=[_ConstObjective(0.5)], out_dir=tmp_path, progress=False)
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["objectives"] == {"const": {"loss": 0.5, "weight": 1.0,
+                                              "heads": {"L0.H0": 0.5}}}
+    assert record["loss"] == pytest.approx(record["task_loss"] + 0.5)
+    with pytest.raises(FloatingPointError, match="loss is nan at step 1"):
+        train(build_model(CFG, seed=0), _copy(), TrainConfig(steps=2, batch_size=4, log_every=1),
+              objectives=[_ConstObjective(float("nan"))], progress=False)
