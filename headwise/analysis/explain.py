@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from headwise.analysis._model import as_any, config
 from headwise.heads import Head, HeadSet
 
 TOL = 1e-4
@@ -142,7 +143,7 @@ def explain_head(model: nn.Module, tokens: Tensor, head: Head | str,
     Raises:
         ValueError: more than one sequence, or labels of the wrong length.
     """
-    cfg = model.config  # type: ignore[attr-defined]
+    cfg = config(model)
     if not isinstance(head, Head):
         head = Head.parse(head, cfg.n_layers, cfg.n_heads)
     tokens = tokens[None] if tokens.dim() == 1 else tokens
@@ -154,13 +155,13 @@ def explain_head(model: nn.Module, tokens: Tensor, head: Head | str,
     labels = [str(int(t)) for t in tokens[0]] if labels is None else list(labels)
     if len(labels) != T:
         raise ValueError(f"labels: got {len(labels)} labels, expected {T} (one per position)")
-    attn = model.blocks[head.layer].attn  # type: ignore[index]
+    attn = as_any(model).blocks[head.layer].attn
     pre = f"blocks.{head.layer}.attn."
     rope = attn.rotary is not None
     leaves = ["hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z",
               "hook_result"] + (["hook_rot_q", "hook_rot_k"] if rope else [])
     hs = HeadSet([head], cfg.n_layers, cfg.n_heads)
-    _, cache = model.run_with_cache(tokens, names=[pre + n for n in leaves],  # type: ignore
+    _, cache = as_any(model).run_with_cache(tokens, names=[pre + n for n in leaves],
                                     heads=hs, attention_mask=attention_mask, **forward_kwargs)
     kv = head.head // attn.group
 
@@ -168,7 +169,8 @@ def explain_head(model: nn.Module, tokens: Tensor, head: Head | str,
         name = pre + leaf
         held = cache.heads_of(name)
         pos = idx if held is None else held.index(idx)
-        return cache[name][0].select(cache.axis_of(name) - 1, pos).double()  # type: ignore
+        axis: int = cache.axis_of(name)
+        return cache[name][0].select(axis - 1, pos).double()
 
     Dh = attn.d_head
     q_name, k_name = ("hook_rot_q", "hook_rot_k") if rope else ("hook_q", "hook_k")
@@ -224,6 +226,7 @@ def _allowed(attn: nn.Module, causal: bool, T: int, attention_mask: Tensor | Non
     return allowed
 
 
-def _o_weight(attn: nn.Module) -> Tensor:
+def _o_weight(attn: Any) -> Tensor:
     fn = getattr(attn.o_proj, "effective_weight", None)
-    return fn() if callable(fn) else attn.o_proj.weight  # type: ignore[return-value]
+    weight: Tensor = fn() if callable(fn) else attn.o_proj.weight
+    return weight

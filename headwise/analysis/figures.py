@@ -59,7 +59,7 @@ def side_by_side(left: Sequence[Sequence[float]], right: Sequence[Sequence[float
                  titles: tuple[str, str], suptitle: str) -> bytes:
     """Two (T, T) patterns next to each other on a shared [0, 1] scale."""
     fig, axes = plt.subplots(1, 2, figsize=(7, 3.4))
-    for ax, m, t in zip(axes, (left, right), titles):
+    for ax, m, t in zip(axes, (left, right), titles, strict=True):
         im = ax.imshow(m, cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
         ax.set_title(t, fontsize=9)
         ax.set_xlabel("key", fontsize=8)

@@ -15,13 +15,14 @@ every example's gradient because example ``x``'s loss depends only on its own ga
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from headwise.analysis._model import as_any, config
 from headwise.analysis.importance_matrix import ImportanceMatrix, bootstrap_ci
 from headwise.heads import HeadSet
 from headwise.hooks.hook_point import Hook
@@ -65,7 +66,7 @@ def task_metrics(model: nn.Module, batch: Any) -> dict[str, float]:
 
 
 def _units(model: nn.Module, heads: Any, groups: Sequence[Any] | None) -> list[HeadSet]:
-    cfg = model.config  # type: ignore[attr-defined]
+    cfg = config(model)
 
     def hs(sel: Any) -> HeadSet:
         return sel if isinstance(sel, HeadSet) else HeadSet.parse(sel, cfg.n_layers, cfg.n_heads)
@@ -117,7 +118,7 @@ def ablation_importance(model: nn.Module, batches: Mapping[str, Any] | Any, head
         for ui, unit in enumerate(units):
             hooks = ablate(model, unit, mode=mode, reference=None if mode == "zero" else ref,
                            seed=seed, **({} if mode == "zero" else ref_kw))
-            with model.hooks(hooks):  # type: ignore[operator]
+            with as_any(model).hooks(hooks):
                 stats = example_stats(model(batch.tokens, **kw), batch.targets)
             for mi, m in enumerate(METRICS):
                 sign = 1.0 if m == "loss" else -1.0  # positive = the head mattered
@@ -132,6 +133,13 @@ def ablation_importance(model: nn.Module, batches: Mapping[str, Any] | Any, head
                              "confidence": confidence})
 
 
+def _gate_fn(gate: Tensor, layer: int) -> Callable[[Tensor, Any], Tensor]:
+    """Hook multiplying ``z`` (B, T, H, Dh) by the gate row of ``layer`` (B, H)."""
+    def fn(z: Tensor, ctx: Any) -> Tensor:
+        return z * gate[:, layer, None, :, None].to(z.dtype)
+    return fn
+
+
 def gradient_importance(model: nn.Module, batches: Mapping[str, Any] | Any, heads: Any = None,
                         n_boot: int = 1000, confidence: float = 0.95,
                         seed: int = 0) -> ImportanceMatrix:
@@ -140,7 +148,7 @@ def gradient_importance(model: nn.Module, batches: Mapping[str, Any] | Any, head
     ``L(x)`` is example ``x``'s mean cross-entropy over its scored positions. The model's
     parameter gradients are left untouched (``torch.autograd.grad`` on the gate only).
     """
-    cfg = model.config  # type: ignore[attr-defined]
+    cfg = config(model)
     tasks = _as_tasks(batches)
     units = _units(model, heads, None)
     shape = (len(units), len(tasks), 1)
@@ -150,10 +158,8 @@ def gradient_importance(model: nn.Module, batches: Mapping[str, Any] | Any, head
     for ti, (task, batch) in enumerate(tasks.items()):
         B = batch.tokens.shape[0]
         gate = torch.ones(B, cfg.n_layers, cfg.n_heads, requires_grad=True)
-        hooks = [Hook(f"blocks.{l}.attn.hook_z",
-                      lambda z, ctx, l=l: z * gate[:, l, None, :, None].to(z.dtype))
-                 for l in range(cfg.n_layers)]
-        with model.hooks(hooks):  # type: ignore[operator]
+        hooks = [Hook(f"blocks.{l}.attn.hook_z", _gate_fn(gate, l)) for l in range(cfg.n_layers)]
+        with as_any(model).hooks(hooks):
             logits = model(batch.tokens, **_forward_kwargs(batch))
         num, count = example_stats(logits, batch.targets)["loss"]
         per_example = num / count.clamp_min(1)  # (B,)

@@ -17,26 +17,27 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from headwise.analysis._model import as_any, config
 from headwise.heads import Head
 
 
 def _parts(model: nn.Module, head: Head) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(n(E) (V,D), W_V^h (Dh,D), W_O^h (D,Dh), W_U' (V,D)) for ``head``."""
-    cfg = model.config  # type: ignore[attr-defined]
-    block = model.blocks[head.layer]  # type: ignore[index]
+    cfg = config(model)
+    block = as_any(model).blocks[head.layer]
     attn = block.attn
-    E = model.embed.weight  # type: ignore[union-attr]
+    E = as_any(model).embed.weight
     from headwise.model.block import PreNormBlock
 
     if isinstance(block, PreNormBlock):
         E = block.ln1(E)
     elif getattr(model, "embed_norm", None) is not None:
-        E = model.embed_norm(E)  # type: ignore[operator]
+        E = as_any(model).embed_norm(E)
     Dh = cfg.d_head
     g = head.head // (cfg.n_heads // cfg.n_kv_heads)
     wv = _weight(attn.v_proj)[g * Dh:(g + 1) * Dh]  # (Dh, D)
     wo = _weight(attn.o_proj)[:, head.head * Dh:(head.head + 1) * Dh]  # (D, Dh)
-    wu = model.unembed.weight  # type: ignore[union-attr]
+    wu = as_any(model).unembed.weight
     gain = getattr(getattr(model, "ln_final", None), "weight", None)
     if gain is not None:
         wu = wu * gain[None, :]
@@ -63,11 +64,11 @@ def ov_top1(model: nn.Module, head: Head, chunk: int = 1024) -> Tensor:
 
     Computed in chunks of rows so a 50k vocabulary never builds the full V x V matrix.
     """
-    V = model.embed.weight.shape[0]  # type: ignore[union-attr]
+    V = as_any(model).embed.weight.shape[0]
     out = torch.zeros(V, dtype=torch.bool)
     for start in range(0, V, chunk):
         ids = torch.arange(start, min(start + chunk, V))
-        rows = ov_logits(model, head, ids.to(model.embed.weight.device))  # type: ignore
+        rows = ov_logits(model, head, ids.to(as_any(model).embed.weight.device))
         out[ids] = (rows.argmax(-1).cpu() == ids)
     return out
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from headwise.analysis._model import as_any, config
 from headwise.heads import Head, HeadSet
 from headwise.hooks.interventions import patch
 
@@ -68,18 +69,18 @@ def activation_patching(model: nn.Module, clean: Tensor, corrupted: Tensor, metr
     if clean.shape != corrupted.shape:
         raise ValueError(f"corrupted: got shape {tuple(corrupted.shape)}, expected the clean "
                          f"shape {tuple(clean.shape)}")
-    cfg = model.config  # type: ignore[attr-defined]
+    cfg = config(model)
     hs = (HeadSet.all(cfg.n_layers, cfg.n_heads) if heads is None
           else heads if isinstance(heads, HeadSet)
           else HeadSet.parse(heads, cfg.n_layers, cfg.n_heads))
     names = [f"blocks.{layer}.attn.hook_{point}" for layer in hs.layers]
-    logits, cache = model.run_with_cache(clean, names=names, heads=hs,  # type: ignore[operator]
+    logits, cache = as_any(model).run_with_cache(clean, names=names, heads=hs,
                                          **forward_kwargs)
     result = PatchingResult(float(metric(logits)), float(metric(model(corrupted,
                                                                       **forward_kwargs))),
                             point)
     for head in hs:
-        with model.hooks(patch(model, cache, HeadSet([head], cfg.n_layers, cfg.n_heads),  # type: ignore[operator]
+        with as_any(model).hooks(patch(model, cache, HeadSet([head], cfg.n_layers, cfg.n_heads),
                                point)):
             result.patched[head] = float(metric(model(corrupted, **forward_kwargs)))
     return result

@@ -22,7 +22,7 @@ def _check(name: str, value: int, minimum: int) -> None:
 
 def _draw(vocab_size: int, n: int, length: int, generator: torch.Generator | None,
           distinct: bool, reserved: int) -> Tensor:
-    """(n, length) tokens from ``[reserved, vocab_size)``; distinct per row when asked and possible."""
+    """(n, length) tokens from ``[reserved, vocab_size)``, distinct per row when possible."""
     span = vocab_size - reserved
     if span < 1:
         raise ValueError(f"reserved: got {reserved}, expected fewer than vocab_size={vocab_size}")

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from headwise.analysis import figures
 from headwise.analysis import report_html as H
+from headwise.analysis._model import as_any, config
 from headwise.analysis.explain import Walkthrough, walkthrough_html
 from headwise.analysis.importance_matrix import ImportanceMatrix
 from headwise.analysis.role_table import RoleTable
@@ -86,11 +87,11 @@ def expected_vs_observed(model: nn.Module, tokens: Tensor, head: Head | str,
         ``{"head", "target", "tokens", "expected", "observed", "similarity"}`` where similarity
         is the mean over rows of ``1 - total variation`` (as ``target_similarity``).
     """
-    cfg = model.config  # type: ignore[attr-defined]
+    cfg = config(model)
     h = head if isinstance(head, Head) else Head.parse(head, cfg.n_layers, cfg.n_heads)
     expected = target_pattern(target, tokens) if isinstance(target, str) else target.float()
     name = f"blocks.{h.layer}.attn.hook_pattern"
-    _, cache = model.run_with_cache(tokens[None], names=[name],  # type: ignore[operator]
+    _, cache = as_any(model).run_with_cache(tokens[None], names=[name],
                                     heads=HeadSet([h], cfg.n_layers, cfg.n_heads),
                                     **forward_kwargs)
     observed = cache.head(name, h.head)[0].float()  # (T, T)
@@ -113,7 +114,8 @@ def build_report(*, title: str = "headwise report", model_config: Any = None,
             else list(importance or []))
     report: dict[str, Any] = {"version": REPORT_VERSION, "title": title, "meta": dict(meta or {})}
     if model_config is not None:
-        report["model"] = (asdict(model_config) if is_dataclass(model_config)
+        report["model"] = (asdict(model_config)
+                           if is_dataclass(model_config) and not isinstance(model_config, type)
                            else dict(model_config))
     if roles is not None:
         report["roles"] = {"roles": roles.roles, "records": roles.to_records(),
@@ -133,7 +135,7 @@ def build_report(*, title: str = "headwise report", model_config: Any = None,
         report["walkthroughs"] = [w.to_dict() for w in walkthroughs]
     out = _jsonable(report)
     json.dumps(out, allow_nan=False)  # fails loudly if anything is not plain JSON
-    return out  # type: ignore[no-any-return]
+    return dict(out)
 
 
 def write_report(report: Mapping[str, Any], out_dir: str | Path,
@@ -199,7 +201,7 @@ def _roles_html(r: Mapping[str, Any]) -> str:
     png = figures.heatmap([[x[k] for k in roles] for x in recs], "role scores (heads x roles)",
                           roles, labels, vmin=0, vmax=1, annotate=True)
     rows = [(lab, *(x[k] for k in roles), r["top_roles"].get(lab, ""))
-            for lab, x in zip(labels, recs)]
+            for lab, x in zip(labels, recs, strict=True)]
     return H.img(figures.data_uri(png), "role scores") + H.table(["head", *roles, "top role"],
                                                                  rows)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -119,17 +120,10 @@ class RoleTable:
         return table
 
     def __str__(self) -> str:
-        console = Console(width=200, record=True, file=_Null())
+        console = Console(width=200, record=True, file=io.StringIO())
         console.print(self.to_rich_table())
         return console.export_text()
 
     def __repr__(self) -> str:
         return f"RoleTable({len(self.heads)} heads x {self.roles})"
 
-
-class _Null:
-    def write(self, _: str) -> int:
-        return 0
-
-    def flush(self) -> None:
-        pass

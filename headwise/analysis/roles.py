@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from headwise.analysis._model import as_any, config
 from headwise.analysis.ov import copying_eigen_ratio, ov_top1
 from headwise.analysis.probes import infer_period
 from headwise.analysis.role_table import RoleTable
@@ -199,7 +200,7 @@ def _pattern_name(layer: int) -> str:
 def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: HeadSet,
           roles: list[str], batch_size: int, period: int | Tensor | None, window: int,
           target: Target | None, forward_kwargs: dict[str, Any]) -> dict[Head, dict[str, float]]:
-    cfg = model.config  # type: ignore[attr-defined]
+    cfg = config(model)
     pattern_roles = [r for r in roles if r != "copying_eig"]
     tables = ({h: ov_top1(model, h) for h in hs} if "copying" in pattern_roles else {})
     acc: dict[Head, dict[str, Tensor]] = {}
@@ -214,8 +215,8 @@ def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: H
         kwargs = {k: (v[start:start + batch_size] if isinstance(v, Tensor) else v)
                   for k, v in forward_kwargs.items()}
         with torch.no_grad():
-            _, cache = model.run_with_cache(tok, names=names, heads=hs, attention_mask=mask,
-                                            **kwargs)  # type: ignore[operator]
+            _, cache = as_any(model).run_with_cache(tok, names=names, heads=hs,
+                                                    attention_mask=mask, **kwargs)
         for layer in hs.layers:
             pat = cache[_pattern_name(layer)]
             present = cache.heads_of(_pattern_name(layer)) or tuple(range(cfg.n_heads))
@@ -263,7 +264,7 @@ def role_scores(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None 
     Raises:
         ValueError / SelectorError: unknown roles, bad selectors, mis-shaped inputs.
     """
-    cfg = model.config  # type: ignore[attr-defined]
+    cfg = config(model)
     hs = (HeadSet.all(cfg.n_layers, cfg.n_heads) if heads is None
           else heads if isinstance(heads, HeadSet) else HeadSet.parse(heads, cfg.n_layers,
                                                                       cfg.n_heads))
@@ -292,7 +293,7 @@ def target_similarity(model: nn.Module, tokens: Tensor, target: Target,
     Returns:
         RoleTable with one column ``name``.
     """
-    cfg = model.config  # type: ignore[attr-defined]
+    cfg = config(model)
     hs = (HeadSet.all(cfg.n_layers, cfg.n_heads) if heads is None
           else heads if isinstance(heads, HeadSet) else HeadSet.parse(heads, cfg.n_layers,
                                                                       cfg.n_heads))
