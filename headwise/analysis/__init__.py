@@ -1,1 +1,53 @@
-"""analysis"""
+"""Analysis and verification: role scores, importance, contracts, trajectories and reports.
+
+See docs/roles.md (score definitions and sources) and docs/contracts.md (clause reference).
+"""
+
+from headwise.analysis.contract import Clause, Contract
+from headwise.analysis.explain import Step, Walkthrough, explain_head
+from headwise.analysis.importance import (
+    ablation_importance,
+    example_stats,
+    gradient_importance,
+    task_metrics,
+)
+from headwise.analysis.importance_matrix import ImportanceMatrix
+from headwise.analysis.ov import copying_eigen_ratio, ov_logits, ov_top1
+from headwise.analysis.patching import PatchingResult, activation_patching
+from headwise.analysis.probes import (
+    induction_probe,
+    infer_period,
+    periodic_probe,
+    probe_info,
+    random_tokens,
+)
+from headwise.analysis.report import (
+    build_report,
+    expected_vs_observed,
+    print_report,
+    render_html,
+    target_pattern,
+    write_report,
+)
+from headwise.analysis.role_table import TOP_ROLE_CANDIDATES, RoleTable
+from headwise.analysis.roles import (
+    PATTERN_ROLES,
+    ROLES,
+    role_scores,
+    role_sums,
+    scores_from_patterns,
+    target_similarity,
+)
+from headwise.analysis.trajectories import Trajectory, score_checkpoints
+from headwise.analysis.verify import ClauseResult, ContractResult, VerifyData, verify
+
+__all__ = [
+    "PATTERN_ROLES", "ROLES", "TOP_ROLE_CANDIDATES", "Clause", "ClauseResult", "Contract",
+    "ContractResult", "ImportanceMatrix", "PatchingResult", "RoleTable", "Step", "Trajectory",
+    "VerifyData", "Walkthrough", "ablation_importance", "activation_patching",
+    "build_report", "copying_eigen_ratio", "example_stats", "expected_vs_observed",
+    "explain_head", "gradient_importance", "induction_probe", "infer_period", "ov_logits",
+    "ov_top1", "periodic_probe", "print_report", "probe_info", "random_tokens", "render_html",
+    "role_scores", "role_sums", "score_checkpoints", "scores_from_patterns",
+    "target_pattern", "target_similarity", "task_metrics", "verify", "write_report",
+]
