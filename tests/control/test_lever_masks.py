@@ -164,3 +164,18 @@ def test_bad_masks_raise_naming_the_problem() -> None:
         apply_masks(model, {"L0.H0": torch.ones(4, 4, dtype=torch.bool)})
     with pytest.raises(ValueError, match="L0.H1 is assigned two masks"):
         apply_masks(model, {"L0.H0-1": causal(), "L0.H1": local(2)})
+
+
+def test_head_and_headset_keys_select_the_same_heads_as_strings() -> None:
+    from headwise import Head, HeadSet
+
+    tokens = torch.randint(0, 23, (2, 7))
+    outs = []
+    for key in ("L1.H0,L1.H3", HeadSet.parse("L1.H0,L1.H3", 2, 4)):
+        model = make()
+        with apply_masks(model, {key: self_only()}):
+            outs.append(model(tokens))
+    model = make()
+    with apply_masks(model, {Head(1, 0): self_only(), Head(1, 3): self_only()}):
+        outs.append(model(tokens))
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])

@@ -178,3 +178,21 @@ def test_bad_objective_input_raises_naming_it() -> None:
     obj = PatternObjective(model, "L0.H0", "self")
     with pytest.raises(RuntimeError, match="no attention pattern captured for layer 0"):
         obj.loss(torch.randint(0, 23, (1, 4)))
+
+
+def test_every_objective_follows_the_protocol() -> None:
+    from headwise.control import LearnedGates
+
+    model = make()
+    objectives = [PatternObjective(model, "L0.H0", "self"), EntropyBound(model, "L1.*", max=1),
+                  HeadDiversity(model, 1), FFNPenalty(model),
+                  LearnedGates(model, n_tasks=1).l0_penalty()]
+    tokens = torch.randint(0, 23, (2, 5))
+    with model.hooks(*[h for o in objectives for h in o.hooks()]):
+        model(tokens)
+    for obj in objectives:
+        assert isinstance(obj, Objective)
+        obj.weight = 2.0
+        term, logs = obj.loss(tokens)
+        assert term.dim() == 0 and term.requires_grad and logs
+        assert all(k.startswith(obj.name + "/") for k in logs)
