@@ -208,8 +208,8 @@ def _parse(i: int, raw: Any, n_layers: int, n_heads: int, tasks: list[str]) -> C
             if key in _ALL_KEYS:
                 raise SpecError(f"{path}.{key}: not allowed in a {kind} clause; allowed keys: "
                                 f"{sorted(allowed)}")
-            raise SpecError(f"{path}: unknown key {key!r}{_suggest(key, sorted(allowed))}; "
-                            f"allowed keys: {sorted(allowed)}")
+            raise SpecError(f"{path}: unknown key {key!r}{_suggest(key, sorted(allowed))} "
+                            f"(allowed keys: {sorted(allowed)})")
     subjects = {"score": ("head", "any_of", "all_of"), "ablation": ("ablate", "any_of", "all_of"),
                 "exclusive": ("heads",)}[kind]
     given = [k for k in subjects if k in raw]

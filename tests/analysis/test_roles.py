@@ -238,3 +238,19 @@ def test_role_table_views() -> None:
     assert RoleTable.from_records(recs).get("L0.H0", "previous_token") == pytest.approx(0.9)
     with pytest.raises(KeyError, match="roles"):
         t.get("L0.H0", "copying")
+
+
+def test_only_scored_heads_leave_the_fused_path() -> None:
+    model = _model()
+    seen: list[tuple[int, tuple[int, ...]]] = []
+    for layer, block in enumerate(model.blocks):
+        original = block.attn._explicit
+
+        def record(q, k, v, allowed, heads, layer=layer, original=original):  # type: ignore
+            seen.append((layer, tuple(heads)))
+            return original(q, k, v, allowed, heads)
+
+        block.attn._explicit = record  # type: ignore[method-assign]
+    role_scores(model, torch.randint(0, 40, (2, 8)), heads="L1.H2",
+                roles=["previous_token"])
+    assert seen == [(1, (2,))]
