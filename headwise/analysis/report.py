@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor, nn
 
-from headwise.analysis import figures
+from headwise.analysis import figures as fig
 from headwise.analysis import report_html as H
 from headwise.analysis._model import as_any, config
 from headwise.analysis.explain import Walkthrough, walkthrough_html
@@ -139,13 +139,13 @@ def build_report(*, title: str = "headwise report", model_config: Any = None,
 
 
 def write_report(report: Mapping[str, Any], out_dir: str | Path,
-                 figures_extra: Mapping[str, bytes] | None = None) -> dict[str, Path]:
+                 figures: Mapping[str, bytes] | None = None) -> dict[str, Path]:
     """Write ``report.json`` and a self-contained ``report.html`` into ``out_dir``.
 
     Args:
         report: a dict from ``build_report`` (or loaded back from report.json).
         out_dir: created if missing.
-        figures_extra: more ``{caption: PNG bytes}`` figures for an "extra figures" section.
+        figures: more ``{caption: PNG bytes}`` figures for an "extra figures" section.
 
     Returns:
         ``{"json": path, "html": path}``.
@@ -154,11 +154,11 @@ def write_report(report: Mapping[str, Any], out_dir: str | Path,
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "report.json", "html": out / "report.html"}
     paths["json"].write_text(json.dumps(report, indent=1, allow_nan=False))
-    paths["html"].write_text(render_html(report, figures_extra), encoding="utf-8")
+    paths["html"].write_text(render_html(report, figures), encoding="utf-8")
     return paths
 
 
-def render_html(report: Mapping[str, Any], figures_extra: Mapping[str, bytes] | None = None
+def render_html(report: Mapping[str, Any], figures: Mapping[str, bytes] | None = None
                 ) -> str:
     """The report page (all images embedded as data URIs)."""
     sections: list[tuple[str, str, str]] = []
@@ -176,9 +176,9 @@ def render_html(report: Mapping[str, Any], figures_extra: Mapping[str, bytes] | 
         sections.append(("trajectories", "Trajectories", _traj_html(report["trajectories"])))
     for i, w in enumerate(report.get("walkthroughs", [])):
         sections.append((f"walkthrough-{i}", f"Walkthrough {w['head']}", walkthrough_html(w)))
-    if figures_extra:
+    if figures:
         sections.append(("extra", "More figures", "".join(
-            H.img(figures.data_uri(png), cap) for cap, png in figures_extra.items())))
+            H.img(fig.data_uri(png), cap) for cap, png in figures.items())))
     if report.get("model") or report.get("meta"):
         info = {**report.get("meta", {}), **{f"model.{k}": v
                                               for k, v in (report.get("model") or {}).items()}}
@@ -198,11 +198,11 @@ def _contract_html(c: Mapping[str, Any]) -> str:
 def _roles_html(r: Mapping[str, Any]) -> str:
     roles, recs = r["roles"], r["records"]
     labels = [f"L{x['layer']}.H{x['head']}" for x in recs]
-    png = figures.heatmap([[x[k] for k in roles] for x in recs], "role scores (heads x roles)",
+    png = fig.heatmap([[x[k] for k in roles] for x in recs], "role scores (heads x roles)",
                           roles, labels, vmin=0, vmax=1, annotate=True)
     rows = [(lab, *(x[k] for k in roles), r["top_roles"].get(lab, ""))
             for lab, x in zip(labels, recs, strict=True)]
-    return H.img(figures.data_uri(png), "role scores") + H.table(["head", *roles, "top role"],
+    return H.img(fig.data_uri(png), "role scores") + H.table(["head", *roles, "top role"],
                                                                  rows)
 
 
@@ -211,10 +211,10 @@ def _importance_html(m: Mapping[str, Any]) -> str:
     for metric in m["metrics"]:
         cells = {(x["unit"], x["task"]): x["value"] for x in m["records"] if x["metric"] == metric}
         matrix = [[cells.get((u, t)) for t in m["tasks"]] for u in m["units"]]
-        png = figures.heatmap(matrix, f"{m['info'].get('method')} {m['info'].get('mode') or ''}"
+        png = fig.heatmap(matrix, f"{m['info'].get('method')} {m['info'].get('mode') or ''}"
                               f" - {metric}", m["tasks"], m["units"], cmap="magma",
                               annotate=True)
-        parts.append(H.img(figures.data_uri(png), f"importance: {metric} (units x tasks)"))
+        parts.append(H.img(fig.data_uri(png), f"importance: {metric} (units x tasks)"))
     rows = [(x["unit"], x["task"], x["metric"], x["value"], x["ci_low"], x["ci_high"])
             for x in m["records"]]
     return "".join(parts) + H.table(["unit", "task", "metric", "value", "CI low", "CI high"],
@@ -222,10 +222,10 @@ def _importance_html(m: Mapping[str, Any]) -> str:
 
 
 def _supervised_html(s: Mapping[str, Any]) -> str:
-    png = figures.side_by_side(s["expected"], s["observed"], ("expected", "observed"),
+    png = fig.side_by_side(s["expected"], s["observed"], ("expected", "observed"),
                                f"{s['head']} target {s['target']} (similarity "
                                f"{s['similarity']:.2f})")
-    return H.img(figures.data_uri(png), f"{s['head']}: expected vs observed pattern")
+    return H.img(fig.data_uri(png), f"{s['head']}: expected vs observed pattern")
 
 
 def _traj_html(t: Mapping[str, Any]) -> str:
@@ -233,8 +233,8 @@ def _traj_html(t: Mapping[str, Any]) -> str:
     for h in t["heads"]:
         label = f"L{h['layer']}.H{h['head']}"
         series = {r: v for r, v in h["scores"].items() if r not in ("entropy",)}
-        png = figures.lines(t["steps"], series, f"{label} (final: {h['final_role']})")
-        parts.append(H.img(figures.data_uri(png), f"{label} scores over training"))
+        png = fig.lines(t["steps"], series, f"{label} (final: {h['final_role']})")
+        parts.append(H.img(fig.data_uri(png), f"{label} scores over training"))
     rows = [(f"L{h['layer']}.H{h['head']}", h["final_role"], h["commitment_step"],
              h["forecast"]) for h in t["heads"]]
     acc = t.get("forecast_accuracy")

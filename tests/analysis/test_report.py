@@ -145,3 +145,13 @@ def test_renders_in_headless_chromium(written: dict[str, Path], tmp_path: Path) 
     n_imgs = html.count("<img")
     assert run(page) == f"images={n_imgs} broken=0"
     assert run(bad) == f"images={n_imgs + 1} broken=1"
+
+
+def test_extra_figures_and_minimal_report(tmp_path: Path) -> None:
+    from headwise.analysis.figures import heatmap
+
+    png = heatmap([[0.0, 1.0], [1.0, 0.0]], "extra")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    paths = write_report(build_report(title="minimal"), tmp_path, figures={"my figure": png})
+    html = paths["html"].read_text()
+    assert "More figures" in html and "my figure" in html and html.count("<img") == 1
