@@ -72,6 +72,22 @@ def test_tokenizer_from_dir_matches_hf_fast_tokenizer(tmp_path):
     assert tokens.tolist()[1] == [2, 10, 1, 3] + [0] * 5  # [CLS] a [UNK] [SEP], padded
 
 
+def test_convert_copies_tokenizer(hf_model_dir, tmp_path):
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    _, path = hf_model_dir("gpt2")
+    src = tmp_path / "hf"
+    shutil.copytree(path, src)
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "hi": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(src / "tokenizer.json"))
+    out = convert(src, tmp_path / "out")
+    tokens, _ = encode_batch(load_tokenizer(out), ["hi there"])
+    assert tokens.tolist() == [[1, 0]]
+
+
 def test_missing_tokenizer(tmp_path):
     with pytest.raises(CheckpointError, match=r"tokenizer\.json: file not found"):
         load_tokenizer(tmp_path)

@@ -102,3 +102,20 @@ def test_qwen2_has_qkv_bias_only(hf_model_dir):
     attn = load_hf(path).blocks[1].attn
     assert attn.o_proj.bias is None
     torch.testing.assert_close(attn.k_proj.bias, hf.model.layers[1].self_attn.k_proj.bias)
+
+
+def test_bert_for_masked_lm_body_loads(batch, tmp_path):
+    """A task checkpoint (prefix ``bert.``, MLM head ``cls.*``) loads its encoder exactly."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(num_hidden_layers=1, num_attention_heads=2, hidden_size=10,
+                                  intermediate_size=14, vocab_size=53, max_position_embeddings=16,
+                                  hidden_act="gelu_new")
+    hf = transformers.BertForMaskedLM(cfg).eval()
+    hf.save_pretrained(tmp_path)
+    model = load_hf(tmp_path)
+    assert model.config.activation == "gelu_tanh"
+    tokens, mask = batch
+    with torch.no_grad():
+        ref = hf.bert(input_ids=tokens, attention_mask=mask).last_hidden_state
+        torch.testing.assert_close(model.hidden(tokens, mask)[mask.bool()], ref[mask.bool()],
+                                   atol=1e-4, rtol=0)
