@@ -56,6 +56,7 @@ class CheckpointInfo:
         objective_weights: objective name -> weight at save time.
         extra: JSON state saved by callbacks (``TrainState.extra``).
         config: the train config as a dict, or ``None``.
+        stopped: a callback ended the run at this checkpoint (a resume does not continue it).
     """
 
     path: Path
@@ -66,6 +67,7 @@ class CheckpointInfo:
     objective_weights: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] | None = None
+    stopped: bool = False
 
 
 def checkpoint_dir(out_dir: Path, step: int) -> Path:
@@ -98,7 +100,7 @@ def save_checkpoint(out_dir: Path, step: int, model: nn.Module,
                     torch_rng: list[Tensor] | None = None,
                     objective_weights: Mapping[str, float] | None = None,
                     extra: Mapping[str, Any] | None = None,
-                    config: Mapping[str, Any] | None = None) -> Path:
+                    config: Mapping[str, Any] | None = None, stopped: bool = False) -> Path:
     """Write ``out_dir/checkpoints/step_{step:07d}`` atomically and return its path.
 
     Args:
@@ -111,6 +113,7 @@ def save_checkpoint(out_dir: Path, step: int, model: nn.Module,
         objective_weights: objective name -> current weight.
         extra: JSON-serialisable callback state.
         config: the train config as a dict.
+        stopped: the run ends here because a callback stopped it.
     """
     final = checkpoint_dir(out_dir, step)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -134,7 +137,8 @@ def save_checkpoint(out_dir: Path, step: int, model: nn.Module,
              "trainer.safetensors": save_tensors(tensors, tmp / "trainer.safetensors")}
     meta = {"format": FORMAT, "step": step, "param_groups": groups,
             "objective_weights": dict(objective_weights or {}), "extra": dict(extra or {}),
-            "config": dict(config) if config is not None else None, "sha256": files}
+            "config": dict(config) if config is not None else None, "stopped": stopped,
+            "sha256": files}
     write_bytes_atomic(tmp / "trainer.json", json.dumps(meta, indent=1).encode())
     fsync_dir(tmp)
     if final.exists():  # re-saving a step (e.g. after a resume): move the old one aside first
@@ -188,7 +192,8 @@ def load_checkpoint(path: Path, model: nn.Module,
         torch_rng=[tensors[f"rng.torch.{r}"] for r in range(n_torch)],
         cuda_rng=[tensors[f"rng.cuda.{i}"] for i in range(n_cuda)],
         objective_weights={k: float(v) for k, v in meta["objective_weights"].items()},
-        extra=dict(meta["extra"]), config=meta.get("config"))
+        extra=dict(meta["extra"]), config=meta.get("config"),
+        stopped=bool(meta.get("stopped", False)))
 
 
 def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:

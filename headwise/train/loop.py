@@ -131,7 +131,9 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
         objectives: duck-typed objectives (``name``, ``weight``, ``hooks()``, ``loss(...)``).
         callbacks: called with a ``TrainState`` at each evaluation point.
         optimizer_hooks: called once with the optimizer (e.g. to register step hooks).
-        resume: continue from ``latest_checkpoint(out_dir)`` if there is one.
+        resume: continue from ``latest_checkpoint(out_dir)`` if there is one (a run that a
+            callback stopped stays stopped: the resume only re-evaluates and rewrites the
+            final weights).
         eval_data: held-out mixture (default: ``data`` with the evaluation seed).
         progress: show a progress bar (rank 0).
 
@@ -167,12 +169,12 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
     # The global RNG drives dropout; a resume overwrites this with the checkpoint's state.
     torch.manual_seed(config.seed + ctx.rank)
     writer = MetricsWriter(out_dir, ctx.is_main)
-    start, extra = 0, {}
+    start, extra, stopped = 0, {}, False
     ckpt = latest_checkpoint(out_dir) if resume and out_dir is not None else None
     if ckpt is not None:
         info = load_checkpoint(ckpt, model, optimizer)
         _check_resume_config(config, info.config, ckpt)
-        start, extra = info.step, info.extra
+        start, extra, stopped = info.step, info.extra, info.stopped
         if info.data_rng is not None:
             gen.set_state(info.data_rng)
         if info.torch_rng:
@@ -186,7 +188,6 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
     ddp = wrap(model, ctx)
     bar = ProgressBar(config.steps, start, progress and ctx.is_main)
     state_metrics: dict[str, Any] = {}
-    stopped = False
     n_tasks = len(data.names)
     # Running sums stay on the device; they are read (synchronised) only at log points.
     stats = torch.zeros(n_tasks, 5, dtype=torch.float64, device=device)
@@ -197,7 +198,7 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
     grad_norm: Tensor | None = None
     done = start
     try:
-        for step in range(start, config.steps):
+        for step in range(start, config.steps if not stopped else start):
             lr = config.lr_at(step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -248,11 +249,16 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
             if out_dir is not None and config.checkpoint_every and (
                     done % config.checkpoint_every == 0 or last):
                 _checkpoint(ctx, out_dir, done, model, optimizer, gen, objectives, extra,
-                            config)
+                            config, stopped)
             if stopped:
                 break
     finally:
         bar.close()
+    if done == start and config.eval_every:  # resumed at the end: report, but log nothing new
+        state_metrics = {"kind": "eval", "step": done, **evaluate(
+            model, eval_data, batch_size=config.batch_size, n_batches=config.eval_batches,
+            seed=config.seed + EVAL_SEED_OFFSET, objectives=objectives, bf16=config.bf16,
+            ctx=ctx)}
     weights = None
     if out_dir is not None:
         weights = out_dir / "model.safetensors"
@@ -305,12 +311,12 @@ def _call_back(callbacks: list[Callable[[TrainState], None]], ctx: DistContext, 
 
 def _checkpoint(ctx: DistContext, out_dir: Path, step: int, model: nn.Module,
                 optimizer: torch.optim.Optimizer, gen: torch.Generator, objectives: list[Any],
-                extra: dict[str, Any], config: TrainConfig) -> None:
+                extra: dict[str, Any], config: TrainConfig, stopped: bool) -> None:
     rng = ctx.gather(torch.get_rng_state())
     if ctx.is_main:
         save_checkpoint(out_dir, step, model, optimizer, data_generator=gen, torch_rng=rng,
                         objective_weights={o.name: float(o.weight) for o in objectives},
-                        extra=extra, config=config.to_dict())
+                        extra=extra, config=config.to_dict(), stopped=stopped)
     ctx.barrier()
 
 

@@ -215,3 +215,21 @@ def test_objective_values_are_logged_and_nan_stops_with_a_clear_error(tmp_path: 
     with pytest.raises(FloatingPointError, match="loss is nan at step 1"):
         train(build_model(CFG, seed=0), _copy(), TrainConfig(steps=2, batch_size=4, log_every=1),
               objectives=[_ConstObjective(float("nan"))], progress=False)
+
+
+def test_resuming_a_stopped_run_does_not_train_further(tmp_path: Path) -> None:
+    def stop_at_4(state: TrainState) -> None:
+        state.extra["seen"] = state.step
+        state.stop = state.step >= 4
+
+    config = TrainConfig(steps=20, batch_size=8, eval_every=2, eval_batches=1,
+                         checkpoint_every=3)
+    first = train(build_model(CFG, seed=0), _copy(), config, callbacks=[stop_at_4],
+                  out_dir=tmp_path, progress=False)
+    assert first.checkpoints == [3, 4] and first.stopped_early
+    weights = (tmp_path / "model.safetensors").read_bytes()
+    again = train(build_model(CFG, seed=0), _copy(), config, callbacks=[stop_at_4],
+                  out_dir=tmp_path, resume=True, progress=False)
+    assert (again.step, again.stopped_early, again.extra) == (4, True, {"seen": 4})
+    assert again.metrics["step"] == 4 and "copy" in again.metrics["tasks"]
+    assert (tmp_path / "model.safetensors").read_bytes() == weights
