@@ -56,7 +56,7 @@ class FreezeHandle:
         self._params = {n: params[n] for n in masks}
         self._snapshots: dict[str, Tensor] = {}
         self._grad_hooks = [self._params[n].register_hook(
-            lambda g, m=m: g * m.to(g.dtype)) for n, m in masks.items()]
+            lambda g, m=m: g * m.to(g.device, g.dtype)) for n, m in masks.items()]
         self._opt_hooks: list[Any] = []
         self.refresh()
 
@@ -111,7 +111,7 @@ def _head_masks(model: nn.Module, heads: HeadSet) -> dict[str, Tensor]:
                 p = getattr(base, pname, None)
                 if p is None or (pname == "bias" and axis == 1):
                     continue
-                mask = torch.zeros(p.shape, dtype=torch.bool)
+                mask = torch.zeros(p.shape, dtype=torch.bool, device=p.device)
                 for i in idx:
                     sl = slice(i * dh, (i + 1) * dh)
                     if axis == 0:

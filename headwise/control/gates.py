@@ -120,6 +120,11 @@ class _Installed:
         self._previous = {}
 
 
+def _device(model: nn.Module) -> torch.device:
+    """Where the model's parameters live (new gates are created there)."""
+    return next(model.parameters()).device
+
+
 def _task_index(task: Any, task_names: Sequence[str] | None) -> int:
     if isinstance(task, str):
         if task_names is None or task not in task_names:
@@ -157,7 +162,7 @@ class FixedGates(_Installed):
             for t, hs in sets.items():
                 g[t] = 0.0
                 g[t, list(hs.in_layer(l))] = 1.0
-            gates[l] = FixedHeadGate(g)
+            gates[l] = FixedHeadGate(g.to(_device(model)))
         self.assignment = sets
         super().__init__(model, gates)
 
@@ -178,7 +183,8 @@ class LearnedGates(_Installed):
         for l in chosen:
             if isinstance(l, bool) or not isinstance(l, int) or not 0 <= l < n_layers:
                 raise ValueError(f"layers: got {l!r}, expected 0-{n_layers - 1}")
-        super().__init__(model, {l: HardConcreteGate(n_tasks, n_heads, init) for l in chosen})
+        super().__init__(model, {l: HardConcreteGate(n_tasks, n_heads, init).to(_device(model))
+                                 for l in chosen})
         self.n_tasks = n_tasks
 
     def parameters(self) -> list[nn.Parameter]:
