@@ -138,13 +138,19 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
         progress: show a progress bar (rank 0).
 
     Raises:
-        ConfigError: data that does not fit the model, ``resume`` without ``out_dir``, a
-            config that differs from the checkpoint's in a field exact resume needs.
+        ConfigError: data that does not fit the model, ``resume`` without ``out_dir``, two
+            objectives with one name, a config that differs from the checkpoint's in a field
+            exact resume needs.
         CheckpointError: a corrupt or mismatched checkpoint.
     """
     if resume and out_dir is None:
         raise ConfigError("resume: got True without out_dir, expected a run directory")
     out_dir = Path(out_dir) if out_dir is not None else None
+    names = [obj.name for obj in objectives]
+    for name in names:
+        if names.count(name) > 1:
+            raise ConfigError(f"objectives: name {name!r} appears {names.count(name)} times, "
+                              f"expected unique names (weights are saved by name)")
     cfg = getattr(model, "config", None)
     for mix in (data, eval_data):
         if mix is not None and cfg is not None:

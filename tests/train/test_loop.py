@@ -139,6 +139,9 @@ def test_data_must_fit_the_model() -> None:
         train(build_model(CFG), data, TrainConfig(steps=1, batch_size=2), progress=False)
     with pytest.raises(ConfigError, match="resume: got True without out_dir"):
         train(build_model(CFG), _copy(), TrainConfig(steps=1, batch_size=2), resume=True)
+    with pytest.raises(ConfigError, match="objectives: name 'const' appears 2 times"):
+        train(build_model(CFG), _copy(), TrainConfig(steps=1, batch_size=2),
+              objectives=[_ConstObjective(1.0), _ConstObjective(2.0)])
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
