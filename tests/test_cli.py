@@ -163,3 +163,39 @@ def test_every_subcommand_is_registered() -> None:
     text = build_parser().format_help()
     for command in ("demo", "train", "verify", "analyze", "report", "explain"):
         assert command in text
+
+
+def test_analyze_hf_prints_every_head_and_writes_one_record_per_head(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from headwise.analysis.probes import induction_probe
+
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=3, n_embd=24, vocab_size=50,
+                                    n_positions=20, attn_implementation="eager")).eval()
+    hf.save_pretrained(tmp_path / "gpt2")
+    out = tmp_path / "roles.json"
+    assert main(["analyze", "--hf", str(tmp_path / "gpt2"), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    records = json.loads(out.read_text())["roles"]
+    assert [(r["layer"], r["head"]) for r in records] == [(l, h) for l in range(2)
+                                                           for h in range(3)]
+    assert all(f"L{l}.H{h}" in printed for l in range(2) for h in range(3))
+    # Independent reference: HF's own attention weights on the same probe (16 repeated random
+    # halves of 10 tokens, seed 0): previous-token score = mean attention on key q - 1.
+    tokens = induction_probe(50, 16, 10, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        attentions = hf(tokens, output_attentions=True).attentions  # per layer (B, H, T, T)
+    for r in records:
+        a = attentions[r["layer"]][:, r["head"]]
+        expected = a.diagonal(offset=-1, dim1=1, dim2=2).mean()
+        assert r["previous_token"] == pytest.approx(float(expected), abs=1e-5)
+
+
+def test_analyze_needs_exactly_one_source(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze"]) == 2
+    assert "expected either a run directory or --hf DIR" in capsys.readouterr().err

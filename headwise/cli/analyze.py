@@ -7,8 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from headwise.errors import SpecError
 from headwise.pipeline.output import console
 
@@ -20,13 +18,12 @@ def register(subparsers: Any) -> None:
         description="For a run: role scores of every head on the held-out data, the accuracy "
                     "drop when each head is ablated on each task, and the task gates. For a "
                     "HuggingFace checkpoint (--hf DIR): role scores of every head on text "
-                    "(--text FILE, tokenised with DIR/tokenizer.json) or on repeated random "
-                    "tokens.")
+                    "(--text FILE, one sequence per line, tokenised with DIR/tokenizer.json and "
+                    "cut to the model's max_seq_len) or on repeated random tokens.")
     p.add_argument("run", nargs="?", help="a run directory (or use --hf)")
     p.add_argument("--hf", metavar="DIR", help="a local HuggingFace model directory")
     p.add_argument("--text", metavar="FILE", help="with --hf: text to score on (one sequence "
                                                   "per non-empty line)")
-    p.add_argument("--max-len", type=int, default=64, help="with --hf: tokens per sequence")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (one record per "
                                                   "head under 'roles')")
     p.set_defaults(func=run)
@@ -38,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("analyze: expected either a run directory or --hf DIR (exactly one)")
     if args.text and not args.hf:
         raise SpecError("--text: only used with --hf")
-    result = _run(args.run) if args.run else _hf(args.hf, args.text, args.max_len)
+    result = _run(args.run) if args.run else _hf(args.hf, args.text)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
         console().print(f"written: {args.json}")
@@ -61,30 +58,22 @@ def _run(run_dir: str) -> dict[str, Any]:
     return {"run": run_dir, **analysis.to_dict()}
 
 
-def _hf(directory: str, text: str | None, max_len: int) -> dict[str, Any]:
-    from headwise.analysis.probes import induction_probe
-    from headwise.analysis.roles import ROLES, role_scores
-    from headwise.interop import encode_batch, load_hf, load_tokenizer
+def _hf(directory: str, text: str | None) -> dict[str, Any]:
+    from headwise.analysis.role_table import RoleTable
+    from headwise.interop.analyze import analyze_hf
 
-    model = load_hf(directory)
-    config = model.config
-    max_len = min(max_len, config.max_seq_len)
+    content = None
+    source = "16 sequences of random tokens repeated once"
     if text is not None:
         path = Path(text)
         if not path.is_file():
             raise SpecError(f"--text: {path} is not a file")
-        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        content = path.read_text(encoding="utf-8")
+        lines = [line for line in content.splitlines() if line.strip()]
         if not lines:
             raise SpecError(f"--text: {path} has no non-empty line")
-        tokens, mask = encode_batch(load_tokenizer(directory), lines, max_len=max_len)
         source = f"{len(lines)} lines of {path}"
-    else:
-        half = max(2, max_len // 2)
-        tokens = induction_probe(config.vocab_size, 32, half, torch.Generator().manual_seed(0))
-        mask = None
-        source = f"32 sequences of {half} random tokens repeated once"
-    roles = [r for r in ROLES if r not in ("copying",)]
-    with torch.no_grad():
-        table = role_scores(model, tokens, mask, roles=roles)
+    records = analyze_hf(directory, content)
+    table = RoleTable.from_records(records)
     console().print(table.to_rich_table(f"role scores of {directory} on {source}"))
-    return {"model": directory, "data": source, "roles": table.to_records()}
+    return {"model": directory, "data": source, "roles": records}

@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from headwise.pipeline.output import console, print_outcome
+from headwise.pipeline.output import console, print_outcome, set_threads
 
 DEMO_SPEC = "demo.yaml"
 
@@ -32,6 +32,9 @@ def register(subparsers: Any) -> None:
                         "replaced)")
     p.add_argument("--steps", type=int, default=None,
                    help="override train.steps (a shorter or longer run)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU threads for torch (default 1: the model is so small that more "
+                        "threads only add synchronisation overhead)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -41,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from headwise.pipeline.report import write_run_report
     from headwise.pipeline.run import train_run
 
+    set_threads(args.threads)
     out = console()
     spec = demo_spec_path()
     source: str | Path = spec

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
                         task_ids=torch.tensor([task]))
     out = console()
     out.print(f"task: {names[task]}")
-    out.print(walk.to_text(), markup=False)
+    out.print(walk.to_text(max_positions=24), markup=False)
     if args.html:
         Path(args.html).write_text(page(f"headwise explain {head}",
                                         [("walkthrough", "Walkthrough", walk.to_html())]))

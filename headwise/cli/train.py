@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from headwise.pipeline.output import console, print_outcome
+from headwise.pipeline.output import console, print_outcome, set_threads
 
 
 def register(subparsers: Any) -> None:
@@ -25,6 +25,9 @@ def register(subparsers: Any) -> None:
                         "clauses until the contract holds or the steps run out")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing run in --out instead of refusing")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: torch's choice; 1 is fastest for tiny "
+                        "models)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -39,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
     from headwise.pipeline.report import write_run_report
     from headwise.pipeline.run import train_run
 
+    if args.threads is not None:
+        set_threads(args.threads)
     out = Path(args.out) if args.out else default_out(args.spec)
     outcome = train_run(args.spec, out, resume=args.resume, enforce=args.enforce,
                         overwrite=args.overwrite, progress=not args.quiet)

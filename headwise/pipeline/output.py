@@ -18,6 +18,21 @@ def console() -> Console:
     return Console(highlight=False, width=width)
 
 
+def set_threads(n: int) -> None:
+    """Set torch's intra-op CPU threads.
+
+    Raises:
+        SpecError: ``n`` < 1.
+    """
+    import torch
+
+    from headwise.errors import SpecError
+
+    if n < 1:
+        raise SpecError(f"--threads: got {n}, expected an integer >= 1")
+    torch.set_num_threads(n)
+
+
 def task_line(metrics: dict[str, Any]) -> str:
     """``copy 1.000, reverse 0.998`` from an evaluation record's per-task accuracy."""
     tasks = metrics.get("tasks", {})
