@@ -3,6 +3,7 @@
 from headwise.train.checkpoint import (
     CheckpointInfo,
     checkpoint_dir,
+    clean_checkpoints,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -16,6 +17,7 @@ from headwise.train.safetensors_io import load_weights, save_weights
 
 __all__ = [
     "EVAL_SEED_OFFSET", "CheckpointInfo", "TrainConfig", "TrainResult", "TrainState",
-    "checkpoint_dir", "evaluate", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
-    "load_weights", "make_optimizer", "save_checkpoint", "save_weights", "task_loss", "train",
+    "checkpoint_dir", "clean_checkpoints", "evaluate", "latest_checkpoint", "list_checkpoints",
+    "load_checkpoint", "load_weights", "make_optimizer", "save_checkpoint", "save_weights",
+    "task_loss", "train",
 ]

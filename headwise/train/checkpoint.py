@@ -94,6 +94,27 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def clean_checkpoints(out_dir: Path) -> None:
+    """Tidy what a crash during ``save_checkpoint`` can leave (call before resuming).
+
+    Removes ``.tmp-*`` directories (incomplete writes). A ``.old-step_N-*`` directory is a
+    complete checkpoint moved aside while ``step_N`` was being replaced: it is renamed back if
+    ``step_N`` is missing, else removed.
+    """
+    root = Path(out_dir) / "checkpoints"
+    if not root.is_dir():
+        return
+    for p in sorted(root.iterdir()):
+        if p.name.startswith(".tmp-"):
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.name.startswith(".old-"):
+            final = root / p.name[len(".old-"):].rsplit("-", 1)[0]
+            if final.exists():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                os.replace(p, final)
+
+
 def save_checkpoint(out_dir: Path, step: int, model: nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, *,
                     data_generator: torch.Generator | None = None,

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from headwise.data import Mixture
 from headwise.errors import ConfigError
 from headwise.train.checkpoint import (
+    clean_checkpoints,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -176,6 +177,9 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
     torch.manual_seed(config.seed + ctx.rank)
     writer = MetricsWriter(out_dir, ctx.is_main)
     start, extra, stopped = 0, {}, False
+    if resume and out_dir is not None and ctx.is_main:
+        clean_checkpoints(out_dir)
+    ctx.barrier()
     ckpt = latest_checkpoint(out_dir) if resume and out_dir is not None else None
     if ckpt is not None:
         info = load_checkpoint(ckpt, model, optimizer)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from headwise.data import IGNORE, Batch
+from headwise.train.safetensors_io import write_bytes_atomic
 
 # Columns of the per-task statistics matrix (n_tasks, 5).
 LOSS_SUM, CORRECT, TARGETS, EXACT, EXAMPLES = range(5)
@@ -89,7 +90,7 @@ class MetricsWriter:
                     keep.append(line)
             except json.JSONDecodeError:  # a line cut short by a kill
                 continue
-        self.path.write_text("".join(f"{line}\n" for line in keep))
+        write_bytes_atomic(self.path, "".join(f"{line}\n" for line in keep).encode())
 
     def write(self, record: dict[str, Any]) -> None:
         """Append ``record`` as one line and flush."""

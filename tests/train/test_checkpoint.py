@@ -153,3 +153,18 @@ def test_resume_with_changed_config_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="train.lr: got 0.01, but the checkpoint"):
         train(build_model(CFG, seed=0), data, TrainConfig(steps=3, batch_size=4, lr=0.01),
               out_dir=tmp_path, resume=True, progress=False)
+
+
+def test_clean_restores_a_checkpoint_moved_aside_and_drops_partial_writes(tmp_path: Path) -> None:
+    from headwise.train import clean_checkpoints
+
+    model, opt = _trained()
+    path = save_checkpoint(tmp_path, 6, model, opt)
+    root = path.parent
+    path.rename(root / ".old-step_0000006-999")  # crash between the two renames of a re-save
+    (root / ".tmp-step_0000007-999").mkdir()  # crash while writing step 7
+    assert latest_checkpoint(tmp_path) is None
+    clean_checkpoints(tmp_path)
+    assert sorted(p.name for p in root.iterdir()) == ["step_0000006"]
+    fresh = build_model(CFG)
+    assert load_checkpoint(path, fresh, make_optimizer(fresh, TrainConfig())).step == 6
