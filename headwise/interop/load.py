@@ -65,7 +65,9 @@ def convert_state_dict(converter: Converter, config: ModelConfig, hf_state: dict
         CheckpointError: a missing key, a wrong shape, or (strict) unexpected keys, naming them.
     """
     hf = _strip(converter, hf_state, source)
-    shapes = {k: tuple(v.shape) for k, v in build_model(config, seed=0).state_dict().items()}
+    with torch.device("meta"):  # shapes only: no memory, no initialisation cost
+        skeleton = build_model(config, seed=0)
+    shapes = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
     ours: dict[str, Tensor] = {}
     used: set[str] = set()
     for key, shape in shapes.items():
