@@ -158,17 +158,21 @@ class Attention(nn.Module):
         qh = q.index_select(1, idx)  # (B, h, T, Dh)
         kh = k.index_select(1, kv_idx)  # (B, h, T, Dh)
         vh = v.index_select(1, kv_idx)
-        scores = qh @ kh.transpose(-1, -2) / math.sqrt(self.d_head)  # (B, h, T, T)
+        # Scale q, not the (T, T) scores, and mask in place: each pass over (B, h, T, T) counts.
+        scores = (qh * (1.0 / math.sqrt(self.d_head))) @ kh.transpose(-1, -2)  # (B, h, T, T)
         T = q.shape[2]
         if allowed is None and self.causal:
             allowed = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()[None, None]
+        row_ok = None
         if allowed is not None:
             if allowed.shape[1] > 1:
                 allowed = allowed.index_select(1, idx)
-            scores = scores.masked_fill(~allowed, float("-inf"))
+            scores = scores.masked_fill_(~allowed, float("-inf"))
+            row_ok = allowed.any(-1, keepdim=True)  # (B|1, h|1, T, 1)
+            if bool(row_ok.all()):
+                row_ok = None  # every query has a key (e.g. causal only): plain softmax
         scores = self.hook_attn_scores(scores, heads)
-        if allowed is not None:
-            row_ok = allowed.any(-1, keepdim=True)
+        if row_ok is not None:
             pattern = torch.softmax(scores.masked_fill(~row_ok, 0.0), dim=-1) * row_ok
         else:
             pattern = torch.softmax(scores, dim=-1)

@@ -211,3 +211,13 @@ def test_backward_hook_can_replace_the_gradient(model: Transformer, tokens: Tens
     assert model.embed.weight.grad is not None
     assert torch.equal(model.embed.weight.grad, torch.zeros_like(model.embed.weight))
     assert model.blocks[0].attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def test_predicate_hook_attaches_to_every_matching_point(model: Transformer,
+                                                         tokens: Tensor) -> None:
+    names: list[str] = []
+    with model.hooks(Hook(lambda n: n.endswith("hook_resid_post"),
+                          lambda x, c: names.append(c.name))):
+        model(tokens)
+    assert names == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+    assert attached(model) == []

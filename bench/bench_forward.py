@@ -1,0 +1,307 @@
+"""Forward-pass benchmark (issue 2): headwise vs a nanoGPT-style SDPA reference, hooks' cost.
+
+Run from the repository root::
+
+    .venv/bin/python bench/bench_forward.py                       # speed + memory
+    .venv/bin/python bench/bench_forward.py --tl-python /tmp/tlvenv3/bin/python   # + TL
+
+Speed: both systems in one process, one thread, interleaved (each repetition runs every system
+once, in turn), median of ``--reps`` after ``--warmup`` runs. Forward runs under
+``torch.no_grad()``; forward+backward uses cross-entropy on random targets.
+Memory: one subprocess per mode; the figure is the growth of the peak resident set size
+(``VmHWM``) across one no-grad forward, i.e. the forward's transient and cached memory.
+TransformerLens (optional): ``--tl-python`` names a Python whose environment has
+``transformer_lens`` (never a headwise dependency); it and our run_with_cache are timed in
+alternating subprocesses with identical weights (the TL worker checks its logits against ours).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+SHAPE = {"n_layers": 4, "d_model": 256, "n_heads": 8, "d_ff": 1024, "vocab_size": 4096,
+         "max_seq_len": 1024}
+
+
+def build(seed: int = 0):  # type: ignore[no-untyped-def]
+    """Our GPT-2-shaped model and the reference with the same weights."""
+    sys.path.insert(0, str(HERE))
+    from reference_gpt import GPT, load_from_headwise
+
+    from headwise import ModelConfig, build_model
+
+    cfg = ModelConfig(**SHAPE, positional="learned", activation="gelu_tanh", norm="pre",
+                      norm_type="layernorm", bias="all", tie_embeddings=True, causal=True)
+    ours = build_model(cfg, seed=seed).eval()
+    ref = GPT(**SHAPE).eval()
+    load_from_headwise(ref, ours)
+    return ours, ref
+
+
+def interleaved(systems: dict[str, Callable[[], object]], reps: int,
+                warmup: int) -> dict[str, float]:
+    """Median seconds per system; every repetition runs each system once, in turn."""
+    for _ in range(warmup):
+        for fn in systems.values():
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in systems}
+    for _ in range(reps):
+        for name, fn in systems.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def speed(T: int, B: int, reps: int, warmup: int) -> dict[str, float]:
+    ours, ref = build()
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, SHAPE["vocab_size"], (B, T), generator=g)
+    targets = torch.randint(0, SHAPE["vocab_size"], (B, T), generator=g)
+    with torch.no_grad():
+        diff = (ours(tokens) - ref(tokens)).abs().max().item()
+    assert diff < 1e-4, f"reference and headwise disagree: max |diff| = {diff}"
+    patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(SHAPE["n_layers"])]
+
+    def fwd(model: torch.nn.Module) -> Callable[[], object]:
+        def run() -> object:
+            with torch.no_grad():
+                return model(tokens)
+        return run
+
+    def fwd_bwd(model: torch.nn.Module) -> Callable[[], object]:
+        def run() -> object:
+            model.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
+            loss.backward()
+            return loss
+        return run
+
+    def cached(names: list[str], heads: str | None) -> Callable[[], object]:
+        def run() -> object:
+            with torch.no_grad():
+                return ours.run_with_cache(tokens, names, heads=heads)
+        return run
+
+    fwd_times = interleaved({
+        "ref_fwd": fwd(ref), "ours_fwd": fwd(ours),
+        "ours_fwd_one_head": cached(patterns[:1], "L0.H0"),
+        "ours_fwd_all_patterns": cached(patterns, None),
+    }, reps, warmup)
+    bwd_times = interleaved({"ref_fwd_bwd": fwd_bwd(ref), "ours_fwd_bwd": fwd_bwd(ours)},
+                            reps, warmup)
+    return {**fwd_times, **bwd_times, "max_abs_diff": diff}
+
+
+def memory_worker(mode: str, T: int, B: int) -> None:
+    """One no-grad forward; prints the growth of peak RSS (MiB) it caused."""
+    torch.set_num_threads(1)
+    tokens = torch.randint(0, SHAPE["vocab_size"], (B, T))
+    if mode.startswith("tl"):
+        model = _tl_model(None)
+        run = lambda: model.run_with_cache(  # noqa: E731
+            tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+    else:
+        ours, ref = build()
+        patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(SHAPE["n_layers"])]
+        run = {
+            "ref": lambda: ref(tokens),
+            "none": lambda: ours(tokens),
+            "one_head": lambda: ours.run_with_cache(tokens, patterns[:1], heads="L0.H0"),
+            "all_heads": lambda: ours.run_with_cache(tokens, patterns),
+        }[mode]
+    before = _peak_rss_kib()
+    with torch.no_grad():
+        out = run()
+    after = _peak_rss_kib()
+    del out
+    print(json.dumps({"mode": mode, "peak_growth_mib": (after - before) / 1024}))
+
+
+def _peak_rss_kib() -> int:
+    """Peak resident set size of this process (Linux ``VmHWM``; ``ru_maxrss`` elsewhere).
+
+    ``ru_maxrss`` is not used on Linux: a child started by fork+exec inherits its parent's
+    high-water mark, which would hide the child's own peak.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _tl_model(state_path: str | None):  # type: ignore[no-untyped-def]
+    """TransformerLens HookedTransformer of the same shape (weights from ours if given)."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(
+        n_layers=SHAPE["n_layers"], d_model=SHAPE["d_model"], n_heads=SHAPE["n_heads"],
+        d_head=SHAPE["d_model"] // SHAPE["n_heads"], d_mlp=SHAPE["d_ff"],
+        d_vocab=SHAPE["vocab_size"], n_ctx=SHAPE["max_seq_len"], act_fn="gelu_new",
+        normalization_type="LN", positional_embedding_type="standard",
+        default_prepend_bos=False, dtype=torch.float32, device="cpu")
+    model = HookedTransformer(cfg).eval()
+    if state_path is not None:
+        saved = torch.load(state_path, weights_only=True)
+        model.load_state_dict(_tl_state(saved["state"]), strict=False)
+        with torch.no_grad():
+            diff = (model(saved["tokens"]) - saved["logits"]).abs().max().item()
+        assert diff < 1e-4, f"TransformerLens and headwise disagree: max |diff| = {diff}"
+    return model
+
+
+def _tl_state(s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    H, D = SHAPE["n_heads"], SHAPE["d_model"]
+    Dh = D // H
+    out = {"embed.W_E": s["embed.weight"], "pos_embed.W_pos": s["pos_embed.weight"],
+           "unembed.W_U": s["embed.weight"].T.contiguous(),
+           "unembed.b_U": torch.zeros(SHAPE["vocab_size"]),
+           "ln_final.w": s["ln_final.weight"], "ln_final.b": s["ln_final.bias"]}
+    for l in range(SHAPE["n_layers"]):
+        p, t = f"blocks.{l}.", f"blocks.{l}."
+        for ours, theirs in (("q", "Q"), ("k", "K"), ("v", "V")):
+            w = s[p + f"attn.{ours}_proj.weight"]  # (H*Dh, D)
+            out[t + f"attn.W_{theirs}"] = w.view(H, Dh, D).transpose(1, 2).contiguous()
+            out[t + f"attn.b_{theirs}"] = s[p + f"attn.{ours}_proj.bias"].view(H, Dh)
+        out[t + "attn.W_O"] = s[p + "attn.o_proj.weight"].T.contiguous().view(H, Dh, D)
+        out[t + "attn.b_O"] = s[p + "attn.o_proj.bias"]
+        for n in ("1", "2"):
+            out[t + f"ln{n}.w"] = s[p + f"ln{n}.weight"]
+            out[t + f"ln{n}.b"] = s[p + f"ln{n}.bias"]
+        out[t + "mlp.W_in"] = s[p + "mlp.up_proj.weight"].T.contiguous()
+        out[t + "mlp.b_in"] = s[p + "mlp.up_proj.bias"]
+        out[t + "mlp.W_out"] = s[p + "mlp.down_proj.weight"].T.contiguous()
+        out[t + "mlp.b_out"] = s[p + "mlp.down_proj.bias"]
+    return out
+
+
+def timing_worker(system: str, T: int, B: int, reps: int, warmup: int, state: str) -> None:
+    """Median seconds of run_with_cache(all patterns) for ``ours`` or ``tl``, one thread."""
+    torch.set_num_threads(1)
+    saved = torch.load(state, weights_only=True)
+    tokens = saved["tokens"]
+    if system == "tl":
+        model = _tl_model(state)
+        run = lambda: model.run_with_cache(  # noqa: E731
+            tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+        plain = lambda: model(tokens)  # noqa: E731
+    else:
+        ours, _ = build()
+        names = [f"blocks.{l}.attn.hook_pattern" for l in range(SHAPE["n_layers"])]
+        run = lambda: ours.run_with_cache(tokens, names)  # noqa: E731
+        plain = lambda: ours(tokens)  # noqa: E731
+    with torch.no_grad():
+        res = interleaved({"all_patterns": run, "no_hooks": plain}, reps, warmup)
+    print(json.dumps({"system": system, **res}))
+
+
+def _sub(python: str, *args: object) -> dict[str, float]:
+    cmd = [python, str(Path(__file__).resolve()), *map(str, args)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def tl_compare(tl_python: str, T: int, B: int, rounds: int, reps: int,
+               warmup: int) -> dict[str, float]:
+    ours, _ = build()
+    tokens = torch.randint(0, SHAPE["vocab_size"], (B, T),
+                           generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = ours(tokens)
+    with tempfile.TemporaryDirectory() as tmp:
+        state = os.path.join(tmp, "state.pt")
+        torch.save({"state": ours.state_dict(), "tokens": tokens, "logits": logits}, state)
+        results: dict[str, list[float]] = {}
+        for _ in range(rounds):  # alternate processes: ours, TL, ours, TL, ...
+            for system, python in (("ours", sys.executable), ("tl", tl_python)):
+                r = _sub(python, "--timing-worker", system, T, B, reps, warmup, state)
+                for key in ("all_patterns", "no_hooks"):
+                    results.setdefault(f"{system}_{key}", []).append(r[key])
+    return {k: statistics.median(v) for k, v in results.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--shapes", default="256x8,1024x2", help="TxB list")
+    ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--tl-python", default=None, help="a Python with transformer_lens")
+    ap.add_argument("--tl-rounds", type=int, default=3)
+    ap.add_argument("--memory-worker", nargs=3, metavar=("MODE", "T", "B"))
+    ap.add_argument("--timing-worker", nargs=6,
+                    metavar=("SYSTEM", "T", "B", "REPS", "WARMUP", "STATE"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    if args.memory_worker:
+        mode, T, B = args.memory_worker
+        return memory_worker(mode, int(T), int(B))
+    if args.timing_worker:
+        system, T, B, reps, warmup, state = args.timing_worker
+        return timing_worker(system, int(T), int(B), int(reps), int(warmup), state)
+
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, reps {args.reps}, "
+          f"warmup {args.warmup}")
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    for T, B in shapes:
+        r = speed(T, B, args.reps, args.warmup)
+        print(f"\n## T={T} B={B}   (max |logits diff| vs reference {r['max_abs_diff']:.2e})")
+        print(f"{'system':<28}{'median s':>10}")
+        for k, v in r.items():
+            if k != "max_abs_diff":
+                print(f"{k:<28}{v:>10.4f}")
+        print(f"no hooks, forward:            {r['ref_fwd'] / r['ours_fwd']:.3f}x reference "
+              "(goal >= 0.95)")
+        print(f"no hooks, forward+backward:   {r['ref_fwd_bwd'] / r['ours_fwd_bwd']:.3f}x "
+              "reference (goal >= 0.95)")
+        print(f"one head's pattern cached:    {r['ours_fwd'] / r['ours_fwd_one_head']:.3f}x "
+              "no-hook forward (goal >= 0.9)")
+        print(f"all patterns cached:          {r['ours_fwd'] / r['ours_fwd_all_patterns']:.3f}x"
+              " no-hook forward")
+    if not args.no_memory:
+        T, B = 1024, 2
+        print(f"\n## peak memory growth of one no-grad forward, T={T} B={B} (VmHWM)")
+        modes = ["ref", "none", "one_head", "all_heads"] + (["tl_all"] if args.tl_python else [])
+        for mode in modes:
+            python = args.tl_python if mode.startswith("tl") else sys.executable
+            r = _sub(python, "--memory-worker", mode, T, B)
+            print(f"{mode:<12}{r['peak_growth_mib']:>10.1f} MiB")
+        pattern_mib = SHAPE["n_layers"] * B * SHAPE["n_heads"] * T * T * 4 / 2**20
+        print(f"(all patterns as float32 = {pattern_mib:.0f} MiB)")
+    if args.tl_python:
+        for T, B in shapes:
+            r = tl_compare(args.tl_python, T, B, args.tl_rounds, args.reps, args.warmup)
+            print(f"\n## TransformerLens, T={T} B={B}, median over {args.tl_rounds} alternating "
+                  "process pairs")
+            for k, v in r.items():
+                print(f"{k:<24}{v:>10.4f}")
+            ratio = r["tl_all_patterns"] / r["ours_all_patterns"]
+            print(f"all patterns cached: headwise {ratio:.2f}x TransformerLens run_with_cache "
+                  "(goal >= 1.5)")
+            print(f"no hooks: headwise {r['tl_no_hooks'] / r['ours_no_hooks']:.2f}x "
+                  "TransformerLens")
+
+
+if __name__ == "__main__":
+    main()
