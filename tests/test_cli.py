@@ -199,3 +199,88 @@ def test_analyze_hf_prints_every_head_and_writes_one_record_per_head(
 def test_analyze_needs_exactly_one_source(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["analyze"]) == 2
     assert "expected either a run directory or --hf DIR" in capsys.readouterr().err
+
+
+RUN_SPEC = """
+model: {n_layers: 1, n_heads: 2, d_model: 16, vocab_size: 12, max_seq_len: 10}
+data: {tasks: {copy: {length: 4}}, eval_examples: 32}
+train: {steps: 6, batch_size: 8, eval_every: 3, checkpoint_every: 3}
+heads: {L0.H0: {mask: previous_token}}
+contract:
+  - {head: L0.H0, score: previous_token, at_least: 0.99}
+"""
+
+
+def test_run_directory_resume_and_refusals(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(RUN_SPEC)
+    run = tmp_path / "run"
+    assert main(["train", str(spec), "--out", str(run), "--quiet"]) == 0
+    assert (run / "spec.yaml").read_text() == RUN_SPEC
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "step_0000003", "step_0000006"]
+    weights = (run / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    # Training into a finished run without --resume is refused, nothing touched.
+    assert main(["train", str(spec), "--out", str(run)]) == 2
+    assert "already holds a run; pass --resume" in capsys.readouterr().err
+    # --resume from the last checkpoint: nothing left to train, same weights and verdict.
+    assert main(["train", str(spec), "--out", str(run), "--resume", "--quiet"]) == 0
+    assert (run / "model.safetensors").read_bytes() == weights
+    assert json.loads((run / "contract.json").read_text())["passed"]
+    # --resume with another spec is refused.
+    other = tmp_path / "other.yaml"
+    other.write_text(RUN_SPEC.replace("steps: 6", "steps: 9"))
+    capsys.readouterr()
+    assert main(["train", str(other), "--out", str(run), "--resume"]) == 2
+    assert "differs from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["verify", "{spec}", "--run", "{tmp}/nowhere"], "no such run directory"),
+    (["report", "{tmp}/nowhere"], "no such run directory"),
+    (["analyze", "{tmp}"], "no model.safetensors; has training finished?"),
+    (["explain", "{tmp}/nowhere", "--head", "L0.H0", "--input", "copy"], "no such run"),
+    (["analyze", "--hf", "{tmp}"], "config.json"),
+])
+def test_bad_run_arguments_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                  argv: list[str], message: str) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(RUN_SPEC)
+    args = [a.format(spec=spec, tmp=tmp_path) for a in argv]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_explain_bad_head_and_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(RUN_SPEC)
+    run = tmp_path / "run"
+    assert main(["train", str(spec), "--out", str(run), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["explain", str(run), "--head", "L0.H5", "--input", "copy"]) == 2
+    assert "--head: " in capsys.readouterr().err
+    assert main(["explain", str(run), "--head", "L0.H0", "--input", "1 2 99"]) == 2
+    assert "--input: token id 99 out of range" in capsys.readouterr().err
+    assert main(["explain", str(run), "--head", "L0.H0", "--input", "1 4 5 2"]) == 0
+    assert "<bos> 4 5 <sep>" in capsys.readouterr().out
+
+
+def test_train_a_pretrained_hf_model_from_a_spec(tmp_path: Path) -> None:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=30,
+                               n_positions=16)).save_pretrained(tmp_path / "gpt2")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("model: {pretrained: {path: gpt2, format: hf}}\n"
+                    "data: {tasks: {copy: {length: 3}}, eval_examples: 16}\n"
+                    "train: {steps: 2, batch_size: 4}\n"
+                    "heads: {L0.H1: {mask: previous_token}}\n"
+                    "contract: [{head: L0.H1, score: previous_token, at_least: 0.99}]\n")
+    assert main(["train", str(spec), "--out", str(tmp_path / "run"), "--quiet"]) == 0

@@ -125,3 +125,71 @@ def test_more_errors_name_the_field(text: str, message: str) -> None:
     with pytest.raises(SpecError) as info:
         load_spec(text)
     assert str(info.value).startswith(message), str(info.value)
+
+
+def test_compiled_levers_reach_the_model(tmp_path: Path) -> None:
+    """Each spec lever ends up as the headwise.control object on the right heads."""
+    import torch
+
+    from headwise.control.gates import gate_table
+    from headwise.control.masks import LayerMask
+    from headwise.pipeline import compile_spec
+    from headwise.train import train
+
+    spec = load_spec("""
+model: {n_layers: 2, n_heads: 4, d_model: 16, vocab_size: 12, max_seq_len: 10}
+data: {tasks: {copy: {length: 4}, rev: {task: reverse, length: 4}}, eval_examples: 16}
+train: {steps: 3, batch_size: 8}
+heads:
+  L0.H0: {mask: {local: {window: 2}}}
+  L0.H1: {objective: {target: self, kind: mse, weight: 0.5}, entropy: {at_most: 1.0}}
+  L1.H0: {tasks: [copy]}
+  L1.H1: {tasks: [rev]}
+  L1.*: {diversity: 0.1}
+  L0.H3: {freeze: true}
+""")
+    compiled = compile_spec(spec)
+    model = compiled.model
+    mask = model.blocks[0].attn.head_mask
+    assert isinstance(mask, LayerMask)
+    allowed = mask(4, None, torch.device("cpu"))  # (H, T, T)
+    assert allowed[0].tolist() == [[abs(i - j) < 2 for j in range(4)] for i in range(4)]
+    assert allowed[1:].all()
+    names = [o.name for o in compiled.objectives]
+    assert names == ["pattern[L0.H1]", "entropy[L0.H1]", "diversity[L1]"]
+    assert compiled.objectives[0].kind == "mse" and compiled.objectives[0].weight == 0.5
+    gates = gate_table(model, ["copy", "rev"]).values.tolist()
+    assert gates[0][4:] == [1.0, 0.0, 1.0, 1.0] and gates[1][4:] == [0.0, 1.0, 1.0, 1.0]
+    assert gates[0][:4] == [1.0] * 4  # layer 0 has no gate
+    assert compiled.eval_batch.tokens.shape == (16, 10)
+    q_before = model.blocks[0].attn.q_proj.weight.detach().clone()
+    train(model, compiled.data, spec.train, objectives=compiled.objectives,
+          optimizer_hooks=compiled.optimizer_hooks, progress=False)
+    q_after = model.blocks[0].attn.q_proj.weight.detach()
+    d = model.config.d_head
+    assert torch.equal(q_after[3 * d:], q_before[3 * d:])  # frozen L0.H3: bitwise unchanged
+    assert not torch.equal(q_after[:d], q_before[:d])  # L0.H0 trains
+
+
+def test_compile_learned_gates_and_head_scoped_lora() -> None:
+    from headwise.control.gates import LearnedGates
+    from headwise.control.lora_layer import LoRALinear
+    from headwise.pipeline import compile_spec
+
+    spec = load_spec("""
+model: {n_layers: 2, n_heads: 2, d_model: 8, vocab_size: 12, max_seq_len: 10}
+data: {tasks: {copy: {length: 4}, sort: {length: 4}}}
+gates: {kind: learned, layers: [1], l0_weight: 0.05}
+adapters: {targets: [q, o], rank: 2, alpha: 4, heads: L1.H1}
+""")
+    compiled = compile_spec(spec)
+    assert isinstance(compiled.gates, LearnedGates) and list(compiled.gates.gates) == [1]
+    (penalty,) = compiled.objectives
+    assert penalty.name == "l0" and penalty.weight == 0.05
+    attn = compiled.model.blocks[1].attn
+    assert isinstance(attn.q_proj, LoRALinear) and isinstance(attn.o_proj, LoRALinear)
+    assert not isinstance(compiled.model.blocks[0].attn.q_proj, LoRALinear)
+    trainable = {n for n, p in compiled.model.named_parameters() if p.requires_grad}
+    assert trainable == {"blocks.1.attn.q_proj.lora_A", "blocks.1.attn.q_proj.lora_B",
+                         "blocks.1.attn.o_proj.lora_A", "blocks.1.attn.o_proj.lora_B",
+                         "blocks.1.attn.head_gate.log_alpha"}
