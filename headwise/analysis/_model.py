@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar, cast
 
 from torch import nn
 
@@ -27,3 +30,26 @@ def head_set(model: nn.Module, heads: Any) -> HeadSet:
     if isinstance(heads, HeadSet):
         return heads
     return HeadSet.parse(heads, cfg.n_layers, cfg.n_heads)
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Run a measurement in eval mode (no dropout), restoring the previous mode afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+FnT = TypeVar("FnT", bound=Callable[..., Any])
+
+
+def in_eval_mode(fn: FnT) -> FnT:
+    """Decorator: the wrapped measurement (model as first argument) runs in eval mode."""
+    @functools.wraps(fn)
+    def wrapper(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        with eval_mode(model):
+            return fn(model, *args, **kwargs)
+    return cast(FnT, wrapper)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.analysis._model import as_any, config
+from headwise.analysis._model import as_any, config, in_eval_mode
 from headwise.heads import Head, HeadSet
 
 TOL = 1e-4
@@ -126,6 +126,7 @@ def _maxdiff(a: Tensor, b: Tensor) -> float:
     return float(diff.max()) if diff.numel() else 0.0
 
 
+@in_eval_mode
 @torch.no_grad()
 def explain_head(model: nn.Module, tokens: Tensor, head: Head | str,
                  attention_mask: Tensor | None = None, labels: Sequence[str] | None = None,

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headwise.analysis._model import as_any, config
+from headwise.analysis._model import as_any, config, in_eval_mode
 from headwise.analysis.importance_matrix import ImportanceMatrix, bootstrap_ci
 from headwise.heads import HeadSet
 from headwise.hooks.hook_point import Hook
@@ -58,6 +58,7 @@ def example_stats(logits: Tensor, targets: Tensor) -> dict[str, tuple[Tensor, Te
     return {"loss": (ce.sum(1).double(), count), "accuracy": (hits.sum(1).double(), count)}
 
 
+@in_eval_mode
 @torch.no_grad()
 def task_metrics(model: nn.Module, batch: Any) -> dict[str, float]:
     """Token-weighted ``loss`` and ``accuracy`` of ``model`` on ``batch`` (duck-typed Batch)."""
@@ -81,6 +82,7 @@ def _as_tasks(batches: Mapping[str, Any] | Any) -> dict[str, Any]:
     return dict(batches) if isinstance(batches, Mapping) else {"task": batches}
 
 
+@in_eval_mode
 @torch.no_grad()
 def ablation_importance(model: nn.Module, batches: Mapping[str, Any] | Any, heads: Any = None,
                         mode: Literal["zero", "mean", "resample"] = "zero",
@@ -140,6 +142,7 @@ def _gate_fn(gate: Tensor, layer: int) -> Callable[[Tensor, Any], Tensor]:
     return fn
 
 
+@in_eval_mode
 def gradient_importance(model: nn.Module, batches: Mapping[str, Any] | Any, heads: Any = None,
                         n_boot: int = 1000, confidence: float = 0.95,
                         seed: int = 0) -> ImportanceMatrix:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.analysis._model import as_any, config
+from headwise.analysis._model import as_any, config, in_eval_mode
 from headwise.heads import Head, HeadSet
 from headwise.hooks.interventions import patch
 
@@ -49,6 +49,7 @@ class PatchingResult:
         return out
 
 
+@in_eval_mode
 @torch.no_grad()
 def activation_patching(model: nn.Module, clean: Tensor, corrupted: Tensor, metric: Metric,
                         heads: Any = None, point: str = "z",

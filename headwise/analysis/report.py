@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from headwise.analysis import figures as fig
 from headwise.analysis import report_html as H
-from headwise.analysis._model import as_any, config
+from headwise.analysis._model import as_any, config, in_eval_mode
 from headwise.analysis.explain import Walkthrough, walkthrough_html
 from headwise.analysis.importance_matrix import ImportanceMatrix
 from headwise.analysis.role_table import RoleTable
@@ -78,6 +78,7 @@ def target_pattern(name: str, tokens: Tensor) -> Tensor:
     return out
 
 
+@in_eval_mode
 @torch.no_grad()
 def expected_vs_observed(model: nn.Module, tokens: Tensor, head: Head | str,
                          target: str | Tensor, **forward_kwargs: Any) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.analysis._model import as_any, config
+from headwise.analysis._model import as_any, config, in_eval_mode
 from headwise.analysis.ov import copying_eigen_ratio, ov_top1
 from headwise.analysis.probes import infer_period
 from headwise.analysis.role_table import RoleTable
@@ -241,6 +241,7 @@ def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: H
     return out
 
 
+@in_eval_mode
 def role_scores(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None = None,
                 heads: Any = None, roles: Sequence[str] | None = None, batch_size: int = 64,
                 period: int | Tensor | None = None, window: int = 3,
@@ -280,6 +281,7 @@ def role_scores(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None 
     return RoleTable(list(hs), roles, values.reshape(len(hs), len(roles)), info)
 
 
+@in_eval_mode
 def target_similarity(model: nn.Module, tokens: Tensor, target: Target,
                       attention_mask: Tensor | None = None, heads: Any = None,
                       batch_size: int = 64, name: str = "target",

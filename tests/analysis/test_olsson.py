@@ -72,6 +72,16 @@ class Run:
 
 def train(n_layers: int, steps: int = STEPS, seed: int = 0, supervise: bool = False,
           stop_at_crossing: bool = False, every: int = 50, table_every: int = 0) -> Run:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and CI cores are shared
+    try:
+        return _train(n_layers, steps, seed, supervise, stop_at_crossing, every, table_every)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(n_layers: int, steps: int, seed: int, supervise: bool, stop_at_crossing: bool,
+           every: int, table_every: int) -> Run:
     torch.manual_seed(seed)
     cfg = ModelConfig(n_layers=n_layers, n_heads=4, d_model=64, vocab_size=VOCAB,
                       max_seq_len=T, attn_only=True)

@@ -254,3 +254,11 @@ def test_only_scored_heads_leave_the_fused_path() -> None:
     role_scores(model, torch.randint(0, 40, (2, 8)), heads="L1.H2",
                 roles=["previous_token"])
     assert seen == [(1, (2,))]
+
+
+def test_scores_measured_in_eval_mode_and_mode_restored() -> None:
+    model = _model(dropout=0.5).train()
+    tokens = torch.randint(0, 40, (3, 8))
+    a = role_scores(model, tokens, roles=["previous_token", "entropy"])
+    b = role_scores(model, tokens, roles=["previous_token", "entropy"])
+    assert torch.equal(a.values, b.values) and model.training
