@@ -284,3 +284,35 @@ def test_train_a_pretrained_hf_model_from_a_spec(tmp_path: Path) -> None:
                     "heads: {L0.H1: {mask: previous_token}}\n"
                     "contract: [{head: L0.H1, score: previous_token, at_least: 0.99}]\n")
     assert main(["train", str(spec), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+
+
+@pytest.mark.slow
+def test_train_under_torchrun_equals_one_process(tmp_path: Path) -> None:
+    """`torchrun --nproc_per_node=2 headwise train` (DDP, gloo) matches a 1-process run."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import torch
+    from safetensors.torch import load_file
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(RUN_SPEC)
+    headwise = shutil.which("headwise", path=os.path.dirname(sys.executable))
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    assert headwise and torchrun
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([headwise, "train", str(spec), "--out", str(tmp_path / "one"),
+                          "--quiet", "--threads", "1"], env=env, capture_output=True, text=True)
+    two = subprocess.run([torchrun, "--nproc_per_node=2", headwise, "train", str(spec), "--out",
+                          str(tmp_path / "two"), "--quiet", "--threads", "1"], env=env,
+                         capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    assert two.stdout.count("contract HOLDS") == 1  # only rank 0 prints
+    a = load_file(str(tmp_path / "one" / "model.safetensors"))
+    b = load_file(str(tmp_path / "two" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)

@@ -38,15 +38,21 @@ def default_out(spec_path: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train, verify and report; the exit code says whether the contract holds."""
+    """Train, verify and report; the exit code says whether the contract holds.
+
+    Under ``torchrun --nproc_per_node=N`` every rank trains its shard (DDP inside ``train()``)
+    and verifies; rank 0 writes the run directory and prints.
+    """
     from headwise.pipeline.report import write_run_report
-    from headwise.pipeline.run import train_run
+    from headwise.pipeline.run import is_main_process, train_run
 
     if args.threads is not None:
         set_threads(args.threads)
     out = Path(args.out) if args.out else default_out(args.spec)
     outcome = train_run(args.spec, out, resume=args.resume, enforce=args.enforce,
                         overwrite=args.overwrite, progress=not args.quiet)
-    write_run_report(outcome.run_dir, outcome.compiled, outcome.contract, outcome.enforcement)
-    print_outcome(console(), outcome)
+    if is_main_process():  # under torchrun, rank 0 writes the report and prints
+        write_run_report(outcome.run_dir, outcome.compiled, outcome.contract,
+                         outcome.enforcement)
+        print_outcome(console(), outcome)
     return 0 if outcome.contract is None or outcome.contract.passed else 1

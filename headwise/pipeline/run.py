@@ -8,6 +8,7 @@ A run directory holds ``spec.yaml`` (the spec as given), ``config.json``, ``mode
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,19 +128,28 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
         levers = prepare_levers(compiled, contract)
         initial = {o.name: float(o.weight) for o in compiled.objectives}
         callbacks.append(Enforcer(contract, data, levers))
-    prepare_run_dir(out, spec, resume, overwrite)
+    main = is_main_process()
+    if main:
+        prepare_run_dir(out, spec, resume, overwrite)
     result = train(compiled.model, compiled.data, spec.train, out_dir=out,
                    objectives=compiled.objectives, callbacks=callbacks,
                    optimizer_hooks=compiled.optimizer_hooks, resume=resume,
                    eval_data=compiled.eval_data, progress=progress)
+    compiled.model.to("cpu")  # DDP on GPU moves it; verification and reports run on CPU
     verdict = verify(compiled.model, contract, data) if spec.contract else None
-    if verdict is not None:
-        write_json(out / "contract.json", verdict.to_dict())
     enforcement = None
     if enforce and verdict is not None:
         enforcement = summary(result.extra, verdict, result.step, initial)
+    if main and verdict is not None:
+        write_json(out / "contract.json", verdict.to_dict())
+    if main and enforcement is not None:
         write_json(out / "enforcement.json", enforcement)
     return RunOutcome(out, compiled, result, verdict, enforcement)
+
+
+def is_main_process() -> bool:
+    """Rank 0 under ``torchrun`` (or a single process): the one that writes run files."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def load_run(run: str | Path, spec_source: str | Path | None = None) -> Compiled:
