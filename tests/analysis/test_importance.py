@@ -150,7 +150,7 @@ def test_activation_patching_matches_explicit_one_layer_maths() -> None:
         z = c_corr["blocks.0.attn.hook_z"].clone()
         z[:, :, h] = c_clean["blocks.0.attn.hook_z"][:, :, h]
         x = resid + attn.o_proj(z.reshape(4, 9, 24))
-        ref = metric(model.unembed(model.ln_final(x)))
+        ref = metric(model.unembed(model.ln_final(x))).detach()
         assert res.patched[Head(0, h)] == pytest.approx(float(ref), abs=1e-5)
         r = res.recovered(Head(0, h))
         assert math.isnan(r) or r == pytest.approx(
