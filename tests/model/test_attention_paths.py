@@ -23,11 +23,13 @@ TOL = 1e-5
 
 
 def config(kind: str, causal: bool) -> ModelConfig:
+    """``mha`` (learned positions), ``gqa`` (2 kv heads), ``rope``, or ``gqa_rope``."""
     if kind == "mha":
         return ModelConfig(n_layers=2, n_heads=3, d_model=12, d_head=4, d_ff=20, vocab_size=17,
                            max_seq_len=8, causal=causal)
-    return ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, d_model=24, d_head=6, d_ff=40,
-                       vocab_size=19, max_seq_len=8, causal=causal, positional="rope",
+    return ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2 if "gqa" in kind else 4, d_model=24,
+                       d_head=6, d_ff=40, vocab_size=19, max_seq_len=8, causal=causal,
+                       positional="rope" if "rope" in kind else "learned",
                        norm_type="rmsnorm", activation="swiglu", bias="none")
 
 
@@ -62,7 +64,7 @@ def run(model: Transformer, tokens: Tensor, am: Tensor | None,
         return model.run_with_cache(tokens, names, attention_mask=am)
 
 
-CASES = list(itertools.product(["mha", "gqa_rope"], [True, False], [False, True],
+CASES = list(itertools.product(["mha", "gqa", "rope", "gqa_rope"], [True, False], [False, True],
                                ["none", "per_head", "per_head_batch"]))
 
 
@@ -89,7 +91,7 @@ def test_both_paths_equal_explicit_maths(kind: str, causal: bool, use_padding: b
     cfg = config(kind, causal)
     H = cfg.n_heads
     attn = make_attention(cfg.d_model, H, cfg.n_kv_heads, cfg.d_head, causal=causal,
-                          bias=kind == "mha", rope=kind != "mha").eval()
+                          bias=kind == "mha", rope="rope" in kind).eval()
     x = torch.randn(B, T, cfg.d_model)
     kp = padding_mask().bool() if use_padding else None
     mask = head_mask(hmask, H)
@@ -97,7 +99,7 @@ def test_both_paths_equal_explicit_maths(kind: str, causal: bool, use_padding: b
         attn.head_mask = lambda t, task, dev: mask
     allowed = full_allowed(B, H, T, causal, kp, mask)
     ref_out, _, ref_pattern = reference_attention(attn, x, allowed,
-                                                  rope_base=None if kind == "mha" else 1e4)
+                                                  rope_base=1e4 if "rope" in kind else None)
     torch.testing.assert_close(attn(x, kp), ref_out, atol=TOL, rtol=0)
     patterns: list[Tensor] = []
     with attach_hooks(attn, ("hook_pattern", lambda p, ctx: patterns.append(p))):
