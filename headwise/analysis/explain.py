@@ -171,7 +171,7 @@ def explain_head(model: nn.Module, tokens: Tensor, head: Head | str,
         held = cache.heads_of(name)
         pos = idx if held is None else held.index(idx)
         axis: int = cache.axis_of(name)
-        return cache[name][0].select(axis - 1, pos).double()
+        return cache[name][0].select(axis - 1, pos).double().cpu()
 
     Dh = attn.d_head
     q_name, k_name = ("hook_rot_q", "hook_rot_k") if rope else ("hook_q", "hook_k")
@@ -189,7 +189,7 @@ def explain_head(model: nn.Module, tokens: Tensor, head: Head | str,
     row_ok = allowed.any(-1, keepdim=True)
     pattern = torch.softmax(masked.masked_fill(~row_ok, 0.0), -1) * row_ok
     z = pattern @ v  # (T, Dh)
-    w_o = _o_weight(attn)[:, head.head * Dh:(head.head + 1) * Dh].double()  # (D, Dh)
+    w_o = _o_weight(attn)[:, head.head * Dh:(head.head + 1) * Dh].double().cpu()  # (D, Dh)
     result = z @ w_o.T  # (T, D)
     steps += [Step("raw scores", None, raw, "Q K^T: query-key dot products"),
               Step("scaled scores", None, scaled, f"Q K^T / sqrt(Dh), Dh = {Dh}"),
@@ -211,7 +211,7 @@ def explain_head(model: nn.Module, tokens: Tensor, head: Head | str,
     return Walkthrough(head, [int(t) for t in tokens[0]], labels, steps, checks)
 
 
-def _allowed(attn: nn.Module, causal: bool, T: int, attention_mask: Tensor | None,
+def _allowed(attn: Any, causal: bool, T: int, attention_mask: Tensor | None,
              task_ids: Tensor | None, head: int) -> Tensor:
     allowed = torch.ones(T, T, dtype=torch.bool)
     if causal:
@@ -220,7 +220,7 @@ def _allowed(attn: nn.Module, causal: bool, T: int, attention_mask: Tensor | Non
         allowed = allowed & attention_mask[0].bool().cpu()[None, :]
     fn = getattr(attn, "head_mask", None)
     if fn is not None:
-        m = fn(T, task_ids, torch.device("cpu"))
+        m = fn(T, task_ids, attn.q_proj.weight.device)
         if m is not None:
             m = m[0] if m.dim() == 4 else m
             allowed = allowed & m[head if m.shape[0] > 1 else 0].cpu()

@@ -58,6 +58,11 @@ def example_stats(logits: Tensor, targets: Tensor) -> dict[str, tuple[Tensor, Te
     return {"loss": (ce.sum(1).double(), count), "accuracy": (hits.sum(1).double(), count)}
 
 
+def _cpu(stats: dict[str, tuple[Tensor, Tensor]]) -> dict[str, tuple[Tensor, Tensor]]:
+    """Per-example statistics on the CPU (the bootstrap's generator and quantiles live there)."""
+    return {m: (n.detach().cpu(), c.cpu()) for m, (n, c) in stats.items()}
+
+
 @in_eval_mode
 @torch.no_grad()
 def task_metrics(model: nn.Module, batch: Any) -> dict[str, float]:
@@ -107,7 +112,7 @@ def ablation_importance(model: nn.Module, batches: Mapping[str, Any] | Any, head
     """
     tasks = _as_tasks(batches)
     units = _units(model, heads, groups)
-    clean = {t: example_stats(model(b.tokens, **_forward_kwargs(b)), b.targets)
+    clean = {t: _cpu(example_stats(model(b.tokens, **_forward_kwargs(b)), b.targets))
              for t, b in tasks.items()}
     shape = (len(units), len(tasks), len(METRICS))
     drop, lo, hi, abl = (torch.full(shape, float("nan"), dtype=torch.float64) for _ in range(4))
@@ -121,7 +126,7 @@ def ablation_importance(model: nn.Module, batches: Mapping[str, Any] | Any, head
             hooks = ablate(model, unit, mode=mode, reference=None if mode == "zero" else ref,
                            seed=seed, **({} if mode == "zero" else ref_kw))
             with as_any(model).hooks(hooks):
-                stats = example_stats(model(batch.tokens, **kw), batch.targets)
+                stats = _cpu(example_stats(model(batch.tokens, **kw), batch.targets))
             for mi, m in enumerate(METRICS):
                 sign = 1.0 if m == "loss" else -1.0  # positive = the head mattered
                 (cn, cd), (an, ad) = clean[task][m], stats[m]
@@ -160,15 +165,16 @@ def gradient_importance(model: nn.Module, batches: Mapping[str, Any] | Any, head
     clean_vals: dict[str, dict[str, float]] = {}
     for ti, (task, batch) in enumerate(tasks.items()):
         B = batch.tokens.shape[0]
-        gate = torch.ones(B, cfg.n_layers, cfg.n_heads, requires_grad=True)
+        gate = torch.ones(B, cfg.n_layers, cfg.n_heads, device=batch.tokens.device,
+                          requires_grad=True)
         hooks = [Hook(f"blocks.{l}.attn.hook_z", _gate_fn(gate, l)) for l in range(cfg.n_layers)]
         with as_any(model).hooks(hooks):
             logits = model(batch.tokens, **_forward_kwargs(batch))
         num, count = example_stats(logits, batch.targets)["loss"]
         per_example = num / count.clamp_min(1)  # (B,)
         (grad,) = torch.autograd.grad(per_example.sum(), gate)  # (B, L, H): dL(x)/d xi
-        imp = grad.abs().double()
-        keep = count > 0
+        imp = grad.abs().double().cpu()
+        keep = count.cpu() > 0
         clean_vals[task] = {"loss": float(num.detach().sum() / count.sum().clamp_min(1))}
         for ui, unit in enumerate(units):
             (h,) = tuple(unit)

@@ -90,16 +90,17 @@ def expected_vs_observed(model: nn.Module, tokens: Tensor, head: Head | str,
     """
     cfg = config(model)
     h = head if isinstance(head, Head) else Head.parse(head, cfg.n_layers, cfg.n_heads)
-    expected = target_pattern(target, tokens) if isinstance(target, str) else target.float()
+    expected = (target_pattern(target, tokens.cpu()) if isinstance(target, str)
+                else target.float().cpu())
     name = f"blocks.{h.layer}.attn.hook_pattern"
     _, cache = as_any(model).run_with_cache(tokens[None], names=[name],
                                     heads=HeadSet([h], cfg.n_layers, cfg.n_heads),
                                     **forward_kwargs)
-    observed = cache.head(name, h.head)[0].float()  # (T, T)
+    observed = cache.head(name, h.head)[0].float().cpu()  # (T, T)
     exp_n = expected / expected.sum(-1, keepdim=True).clamp_min(1e-12)
     sim = float(torch.minimum(observed, exp_n).sum(-1).mean())
     return {"head": str(h), "target": target if isinstance(target, str) else "matrix",
-            "tokens": tokens.tolist(), "expected": expected.tolist(),
+            "tokens": tokens.cpu().tolist(), "expected": expected.tolist(),
             "observed": observed.tolist(), "similarity": sim}
 
 
