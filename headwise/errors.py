@@ -8,7 +8,7 @@ class HeadwiseError(Exception):
 
 
 class ConfigError(HeadwiseError, ValueError):
-    """An invalid configuration value; the message names the field, the value and what is allowed."""
+    """An invalid configuration value; the message names the field, value and what is allowed."""
 
 
 class SelectorError(HeadwiseError, ValueError):

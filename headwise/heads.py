@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from headwise.errors import SelectorError
 
@@ -126,6 +127,34 @@ class HeadSet:
 
     def __repr__(self) -> str:
         return f"HeadSet({str(self)!r})"
+
+
+def select_heads(model: Any, heads: Any, what: str = "heads") -> HeadSet:
+    """Resolve ``heads`` against ``model.config``: a selector string, ``Head``, ``HeadSet`` or a
+    list of them; ``None`` means every head.
+
+    Raises:
+        SelectorError: malformed or out-of-range selector, or a HeadSet of another shape
+            (the message names ``what``, the selector and the model's shape).
+    """
+    cfg = getattr(model, "config", None)
+    if cfg is None or not hasattr(cfg, "n_heads"):
+        raise SelectorError(f"{what}: model {type(model).__name__} has no headwise config")
+    n_layers, n_heads = cfg.n_layers, cfg.n_heads
+    if heads is None:
+        return HeadSet.all(n_layers, n_heads)
+    if isinstance(heads, HeadSet):
+        if (heads.n_layers, heads.n_heads) != (n_layers, n_heads):
+            raise SelectorError(
+                f"{what}: HeadSet {heads} is for {heads.n_layers} layers x {heads.n_heads} heads,"
+                f" the model has {n_layers} layers x {n_heads} heads")
+        return heads
+    if isinstance(heads, Head):
+        return HeadSet([heads], n_layers, n_heads)
+    if isinstance(heads, str) or isinstance(heads, Iterable):
+        return HeadSet.parse(heads, n_layers, n_heads)
+    raise SelectorError(f"{what}: got {heads!r}, expected a selector like 'L1.H2', a Head or a "
+                        "HeadSet")
 
 
 def kv_head(head: int, n_heads: int, n_kv_heads: int) -> int:

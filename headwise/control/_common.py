@@ -8,7 +8,7 @@ from typing import Any
 from torch import nn
 
 from headwise.errors import SelectorError
-from headwise.heads import Head, HeadSet
+from headwise.heads import Head, HeadSet, select_heads
 
 HeadLike = str | Head | HeadSet | Iterable[str | Head]
 
@@ -27,25 +27,16 @@ def model_shape(model: nn.Module) -> tuple[int, int, int, int]:
 
 
 def as_headset(model: nn.Module, heads: Any, what: str = "heads") -> HeadSet:
-    """Resolve a selector string, ``Head``, ``HeadSet`` or list of them against ``model``.
+    """Resolve a selector string, ``Head``, ``HeadSet`` or list of them against ``model``
+    (``None`` is not accepted here: a lever must name its heads).
 
     Raises:
-        SelectorError: malformed or out-of-range selector (message names it and the shape),
-            or a ``HeadSet`` built for a model of another shape.
+        SelectorError: see ``headwise.heads.select_heads``.
     """
-    n_layers, n_heads, _, _ = model_shape(model)
-    if isinstance(heads, HeadSet):
-        if (heads.n_layers, heads.n_heads) != (n_layers, n_heads):
-            raise SelectorError(
-                f"{what}: HeadSet {heads} is for {heads.n_layers} layers x {heads.n_heads} heads,"
-                f" the model has {n_layers} layers x {n_heads} heads")
-        return heads
-    if isinstance(heads, Head):
-        return HeadSet([heads], n_layers, n_heads)
-    if isinstance(heads, str) or isinstance(heads, Iterable):
-        return HeadSet.parse(heads, n_layers, n_heads)
-    raise SelectorError(f"{what}: got {heads!r}, expected a selector like 'L1.H2', a Head or a "
-                        "HeadSet")
+    if heads is None:
+        raise SelectorError(f"{what}: got None, expected a selector like 'L1.H2', a Head or a "
+                            "HeadSet")
+    return select_heads(model, heads, what)
 
 
 def attention(model: nn.Module, layer: int) -> Any:

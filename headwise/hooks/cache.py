@@ -171,8 +171,7 @@ def _layer_of(name: str) -> int | None:
 def _layer_heads(model: nn.Module, heads: Any) -> dict[int | None, tuple[int, ...]] | None:
     if heads is None:
         return None
-    from headwise.heads import HeadSet
+    from headwise.heads import select_heads
 
-    cfg = model.config  # type: ignore[attr-defined]
-    hs = heads if isinstance(heads, HeadSet) else HeadSet.parse(heads, cfg.n_layers, cfg.n_heads)
+    hs = select_heads(model, heads)
     return {layer: hs.in_layer(layer) for layer in hs.layers}

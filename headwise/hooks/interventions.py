@@ -12,18 +12,12 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from headwise.heads import HeadSet
+from headwise.heads import select_heads
 from headwise.hooks.cache import run_with_cache
 from headwise.hooks.hook_point import Hook, HookContext
 
 AblationMode = Literal["zero", "mean", "resample"]
 _POINTS = ("q", "k", "v", "z", "pattern", "attn_scores", "result")
-
-
-def _heads(model: nn.Module, heads: Any) -> HeadSet:
-    cfg = model.config  # type: ignore[attr-defined]
-    return heads if isinstance(heads, HeadSet) else HeadSet.parse(heads, cfg.n_layers,
-                                                                  cfg.n_heads)
 
 
 def _name(layer: int, point: str) -> str:
@@ -46,7 +40,7 @@ def ablate(model: nn.Module, heads: Any, mode: AblationMode = "zero",
     """
     if mode not in ("zero", "mean", "resample"):
         raise ValueError(f"mode: got {mode!r}, expected 'zero', 'mean' or 'resample'")
-    hs = _heads(model, heads)
+    hs = select_heads(model, heads)
     if mode == "zero":
         return [Hook(_name(l, point), lambda x, ctx: torch.zeros_like(x), hs.in_layer(l))
                 for l in hs.layers]
@@ -57,7 +51,7 @@ def ablate(model: nn.Module, heads: Any, mode: AblationMode = "zero",
         _, ref = run_with_cache(model, reference, names, heads=hs, **forward_kwargs)
     gen = torch.Generator().manual_seed(seed)
     hooks = []
-    for layer, name in zip(hs.layers, names):
+    for layer, name in zip(hs.layers, names, strict=True):
         stored = ref[name]
 
         def replace(x: Tensor, ctx: HookContext, stored: Tensor = stored,
@@ -84,7 +78,7 @@ def patch(model: nn.Module, source: Any, heads: Any, point: str = "z") -> list[H
         KeyError: the cache lacks the point or the head.
         ValueError: the cached value's shape does not match the current run's.
     """
-    hs = _heads(model, heads)
+    hs = select_heads(model, heads)
     hooks = []
     for layer in hs.layers:
         name = _name(layer, point)
@@ -104,7 +98,7 @@ def patch(model: nn.Module, source: Any, heads: Any, point: str = "z") -> list[H
 
 def scale(model: nn.Module, heads: Any, factor: float, point: str = "z") -> list[Hook]:
     """Multiply heads' values at ``point`` by ``factor``."""
-    hs = _heads(model, heads)
+    hs = select_heads(model, heads)
     return [Hook(_name(l, point), lambda x, ctx: x * factor, hs.in_layer(l)) for l in hs.layers]
 
 
