@@ -79,6 +79,8 @@ MALFORMED: list[tuple[str, str, list[str]]] = [
      ["heads.L0.H0.mask", "'previous_token'"]),
     ("mask bad param", _dump(_with("heads/L0.H0", {"mask": {"local": {"window": 0}}})),
      ["heads.L0.H0.mask.local.window", "integer >= 1"]),
+    ("matrix mask too small", _dump(_with("heads/L0.H1", {"mask": {"from_matrix": {
+        "matrix": [[1, 0], [1, 1]]}}})), ["heads.L0.H1.mask.from_matrix.matrix", "covers 2"]),
     ("head unknown key", _dump(_with("heads/L0.H2", {"objectve": {"target": "self"}})),
      ["heads.L0.H2.objectve", "'objective'"]),
     ("unknown objective target", _dump(_with("heads/L0.H2", {"objective": {"target": "prev"}})),

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from headwise.errors import SpecError
-from headwise.pipeline.output import console
+from headwise.pipeline.output import console, write_file
 
 
 def register(subparsers: Any) -> None:
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--text: only used with --hf")
     result = _run(args.run) if args.run else _hf(args.hf, args.text)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        write_file(args.json, json.dumps(result, indent=1), "--json")
         console().print(f"written: {args.json}")
     return 0
 

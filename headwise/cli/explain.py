@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import re
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from headwise.errors import SpecError
-from headwise.pipeline.output import console
+from headwise.pipeline.output import console, write_file
 
 _IDS = re.compile(r"^\s*\d+(\s*[,\s]\s*\d+)*\s*$")
 _SPECIAL = {0: "<pad>", 1: "<bos>", 2: "<sep>", 3: "<q>"}
@@ -55,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
     out.print(f"task: {names[task]}")
     out.print(walk.to_text(max_positions=24), markup=False)
     if args.html:
-        Path(args.html).write_text(page(f"headwise explain {head}",
-                                        [("walkthrough", "Walkthrough", walk.to_html())]))
+        write_file(args.html, page(f"headwise explain {head}",
+                                   [("walkthrough", "Walkthrough", walk.to_html())]), "--html")
         out.print(f"written: {args.html}")
     return 0 if walk.ok else 1
 

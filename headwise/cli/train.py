@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         set_threads(args.threads)
     out = Path(args.out) if args.out else default_out(args.spec)
-    outcome = train_run(args.spec, out, resume=args.resume, enforce=args.enforce,
+    outcome = train_run(Path(args.spec), out, resume=args.resume, enforce=args.enforce,
                         overwrite=args.overwrite, progress=not args.quiet)
     if is_main_process():  # under torchrun, rank 0 writes the report and prints
         write_run_report(outcome.run_dir, outcome.compiled, outcome.contract,

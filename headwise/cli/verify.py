@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from headwise.pipeline.output import console
@@ -24,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     """Verify and print one row per clause."""
     from headwise.pipeline.run import verify_run
 
-    verdict = verify_run(args.spec, args.run)
+    verdict = verify_run(Path(args.spec), args.run)
     out = console()
     out.print(verdict.to_rich_table())
     out.print(f"written: {args.run}/contract.json")

@@ -33,6 +33,22 @@ def set_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
+def write_file(path: str, text: str, option: str) -> None:
+    """Write a file named by a CLI option.
+
+    Raises:
+        SpecError: the file cannot be written (naming the option and the path).
+    """
+    from pathlib import Path
+
+    from headwise.errors import SpecError
+
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise SpecError(f"{option}: cannot write {path} ({e.strerror or e})") from None
+
+
 def task_line(metrics: dict[str, Any]) -> str:
     """``copy 1.000, reverse 0.998`` from an evaluation record's per-task accuracy."""
     tasks = metrics.get("tasks", {})

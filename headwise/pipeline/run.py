@@ -92,8 +92,11 @@ def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool) -> Non
         for name in RUN_FILES:
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(saved, spec.text.encode())
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(saved, spec.text.encode())
+    except OSError as e:
+        raise SpecError(f"{out}: cannot write the run directory ({e.strerror or e})") from None
 
 
 def write_json(path: Path, data: Any) -> None:

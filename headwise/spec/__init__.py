@@ -75,7 +75,7 @@ def spec_from_dict(data: dict, base: Path | None = None, text: str = "") -> Spec
     dataspec = parse_data(data["data"], config, base)
     tasks = dataspec.names
     train = parse_train(data.get("train"))
-    heads = parse_heads(data.get("heads"), config, tasks)
+    heads = parse_heads(data.get("heads"), config, tasks, dataspec.seq_len)
     gates = parse_gates(data.get("gates"), heads, config)
     adapters = parse_adapters(data.get("adapters"), config, heads)
     contract = parse_contract(data.get("contract"), config, tasks)

@@ -108,9 +108,21 @@ def _named(value: Any, path: str, table: dict[str, tuple[dict[str, ParamCheck],
     return name, params
 
 
-def parse_mask(value: Any, path: str) -> MaskSpec:
-    """``previous_token`` or ``{local: {window: 3}}`` -> MaskSpec."""
+def parse_mask(value: Any, path: str, seq_len: int | None = None) -> MaskSpec:
+    """``previous_token`` or ``{local: {window: 3}}`` -> MaskSpec.
+
+    Args:
+        seq_len: the longest sequence the mask must cover (fixed-size masks are checked).
+    """
     name, params = _named(value, path, MASKS, "mask")
+    if seq_len is not None:
+        covers = (len(params["matrix"]) if name == "from_matrix" else
+                  sum(params["segments"]) if name == "block_diagonal"
+                  and not isinstance(params["segments"], int) else None)
+        if covers is not None and covers < seq_len:
+            key = "matrix" if name == "from_matrix" else "segments"
+            raise SpecError(f"{path}.{name}.{key}: covers {covers} positions, the data has "
+                            f"sequences of {seq_len}; expected at least {seq_len}")
     return MaskSpec(name, MappingProxyType(params))
 
 

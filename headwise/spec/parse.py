@@ -108,7 +108,7 @@ def parse_data(value: Any, config: ModelConfig, base: Path | None) -> DataSpec:
         if task.seq_len > config.max_seq_len:
             raise SpecError(f"{path}: the task's sequences have T={task.seq_len} positions, "
                             f"more than model.max_seq_len={config.max_seq_len}")
-        tasks.append(TaskSpec(name, kind, weight, MappingProxyType(kwargs)))
+        tasks.append(TaskSpec(name, kind, weight, MappingProxyType(kwargs), task.seq_len))
     return DataSpec(
         tuple(tasks),
         eval_examples=check.integer(data.get("eval_examples", 512), "data.eval_examples", 1),
@@ -167,8 +167,11 @@ def _selector(sel: str, path: str, config: ModelConfig) -> HeadSet:
         raise SpecError(f"{path}: {text}") from None
 
 
-def parse_heads(value: Any, config: ModelConfig, tasks: tuple[str, ...]) -> tuple[HeadRule, ...]:
+def parse_heads(value: Any, config: ModelConfig, tasks: tuple[str, ...],
+                seq_len: int | None = None) -> tuple[HeadRule, ...]:
     """``heads: {SELECTOR: {mask, objective, entropy, diversity, tasks, freeze, trainable}}``.
+
+    ``seq_len`` (the data's longest sequence) is what fixed-size masks must cover.
 
     Raises:
         SpecError: a bad selector or entry, an unknown task, or two rules that contradict each
@@ -194,7 +197,7 @@ def parse_heads(value: Any, config: ModelConfig, tasks: tuple[str, ...]) -> tupl
         rule = HeadRule(
             selector=sel,
             heads=tuple(heads),
-            mask=parse_mask(entry["mask"], p("mask")) if "mask" in entry else None,
+            mask=parse_mask(entry["mask"], p("mask"), seq_len) if "mask" in entry else None,
             objective=(parse_objective(entry["objective"], p("objective"))
                        if "objective" in entry else None),
             entropy=parse_entropy(entry["entropy"], p("entropy")) if "entropy" in entry else None,

@@ -42,12 +42,14 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One task of the mixture: a user ``name``, the built-in generator ``task`` and its weight."""
+    """One task of the mixture: a user ``name``, the built-in generator ``task`` and its weight;
+    ``seq_len`` is the length T of its sequences."""
 
     name: str
     task: str
     weight: float = 1.0
     kwargs: Mapping[str, Any] = field(default_factory=_empty)
+    seq_len: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,11 @@ class DataSpec:
     def names(self) -> tuple[str, ...]:
         """Task names in task-id order."""
         return tuple(t.name for t in self.tasks)
+
+    @property
+    def seq_len(self) -> int:
+        """The longest task's sequence length (that of a mixed batch)."""
+        return max(t.seq_len for t in self.tasks)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,8 @@ def read_spec_text(source: str | Path) -> tuple[str, str]:
     """
     if isinstance(source, Path) or ("\n" not in source and source.endswith((".yaml", ".yml"))):
         path = Path(source)
+        if path.is_dir():
+            raise SpecError(f"{path}: is a directory, expected a YAML spec file")
         if not path.is_file():
             raise SpecError(f"{path}: no such spec file")
         try:
