@@ -120,6 +120,10 @@ def test_learned_gates_and_adapters() -> None:
     ("model: {vocab_size: 8}\ndata: {tasks: {copy: {vocab_size: 9}}}\n",
      "data.tasks.copy: the task uses 9 token ids, more than model.vocab_size=8"),
     ("model: {}\ndata: {tasks: [copy]}\nname: 3\n", "name: got 3, expected a non-empty string"),
+    ("model: {attn_only: true}\ndata: {tasks: [copy]}\nffn: {weight: 0.1}\n",
+     "ffn: the model is attention-only"),
+    ("model: {}\ndata: {tasks: [copy]}\nffn: {weight: 0.1, layers: [2]}\n",
+     "ffn.layers[0]: got 2, expected an integer in [0, 1]"),
 ])
 def test_more_errors_name_the_field(text: str, message: str) -> None:
     with pytest.raises(SpecError) as info:
@@ -179,7 +183,7 @@ def test_compile_learned_gates_and_head_scoped_lora() -> None:
     spec = load_spec("""
 model: {n_layers: 2, n_heads: 2, d_model: 8, vocab_size: 12, max_seq_len: 10}
 data: {tasks: {copy: {length: 4}, sort: {length: 4}}}
-gates: {kind: learned, layers: [1], l0_weight: 0.05}
+gates: {kind: learned, layers: 1, l0_weight: 0.05}
 adapters: {targets: [q, o], rank: 2, alpha: 4, heads: L1.H1}
 """)
     compiled = compile_spec(spec)
@@ -193,3 +197,14 @@ adapters: {targets: [q, o], rank: 2, alpha: 4, heads: L1.H1}
     assert trainable == {"blocks.1.attn.q_proj.lora_A", "blocks.1.attn.q_proj.lora_B",
                          "blocks.1.attn.o_proj.lora_A", "blocks.1.attn.o_proj.lora_B",
                          "blocks.1.attn.head_gate.log_alpha"}
+
+
+def test_compile_ffn_penalty() -> None:
+    from headwise.control.objectives import FFNPenalty
+    from headwise.pipeline import compile_spec
+
+    spec = load_spec("model: {n_layers: 2}\ndata: {tasks: [copy]}\n"
+                     "ffn: {weight: 0.02, layers: 1}\n")
+    (penalty,) = compile_spec(spec).objectives
+    assert isinstance(penalty, FFNPenalty)
+    assert (penalty.layers, penalty.kind, penalty.weight) == ([1], "l1", 0.02)

@@ -20,7 +20,12 @@ from headwise.control import masks as mask_lib
 from headwise.control.freeze import FreezeHandle, freeze
 from headwise.control.gates import FixedGates, LearnedGates
 from headwise.control.lora import apply_lora
-from headwise.control.objectives import EntropyBound, HeadDiversity, PatternObjective
+from headwise.control.objectives import (
+    EntropyBound,
+    FFNPenalty,
+    HeadDiversity,
+    PatternObjective,
+)
 from headwise.data import Batch, Mixture, build_task
 from headwise.errors import HeadwiseError, SpecError
 from headwise.heads import Head, HeadSet
@@ -115,6 +120,9 @@ def compile_spec(spec: Spec, weights: str | Path | None = None) -> Compiled:
     out = Compiled(spec, model, data, eval_data, eval_batch, gates=gates)
     out.objectives.extend(gate_objectives)
     _objectives(spec, out)
+    if spec.ffn is not None:
+        out.objectives.append(FFNPenalty(model, spec.ffn.layers, kind="l1",
+                                         weight=spec.ffn.weight))
     if weights is not None:
         load_weights(model, Path(weights))
     out.freeze_handle = _freeze(spec, model)

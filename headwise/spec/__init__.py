@@ -1,7 +1,7 @@
 """YAML specs: ``load_spec(path_or_text) -> Spec``, validated into frozen dataclasses.
 
 A spec describes a whole run: ``model``, ``data``, ``train``, ``heads``, ``gates``,
-``adapters`` and ``contract`` (reference: docs/spec.md). It is read with a safe YAML loader
+``adapters``, ``ffn`` and ``contract`` (reference: docs/spec.md). It is read with a safe YAML loader
 and never names code to import. Every error is a ``SpecError`` whose message starts with the
 field path, e.g. ``heads.L1.H9: layer 1 has heads 0-3`` or ``train.steps: got -5, expected an
 integer >= 1``.
@@ -18,6 +18,7 @@ from headwise.spec.parse import (
     TOP_LEVEL,
     parse_adapters,
     parse_data,
+    parse_ffn,
     parse_gates,
     parse_heads,
     parse_model,
@@ -27,6 +28,7 @@ from headwise.spec.schema import (
     AdapterSpec,
     DataSpec,
     EntropySpec,
+    FFNSpec,
     GateSpec,
     HeadRule,
     MaskSpec,
@@ -38,7 +40,7 @@ from headwise.spec.schema import (
 )
 from headwise.spec.yaml_io import parse_yaml, read_spec_text
 
-__all__ = ["AdapterSpec", "DataSpec", "EntropySpec", "GateSpec", "HeadRule", "MaskSpec",
+__all__ = ["AdapterSpec", "DataSpec", "EntropySpec", "FFNSpec", "GateSpec", "HeadRule", "MaskSpec",
            "ModelSpec", "ObjectiveSpec", "PretrainedSpec", "Spec", "SpecError", "TaskSpec",
            "load_spec", "spec_from_dict"]
 
@@ -78,5 +80,6 @@ def spec_from_dict(data: dict, base: Path | None = None, text: str = "") -> Spec
     heads = parse_heads(data.get("heads"), config, tasks, dataspec.seq_len)
     gates = parse_gates(data.get("gates"), heads, config)
     adapters = parse_adapters(data.get("adapters"), config, heads)
+    ffn = parse_ffn(data.get("ffn"), config)
     contract = parse_contract(data.get("contract"), config, tasks)
-    return Spec(model, dataspec, train, heads, gates, adapters, contract, text=text)
+    return Spec(model, dataspec, train, heads, gates, adapters, contract, ffn, text=text)

@@ -21,6 +21,7 @@ from headwise.spec.levers import parse_entropy, parse_mask, parse_objective
 from headwise.spec.schema import (
     AdapterSpec,
     DataSpec,
+    FFNSpec,
     GateSpec,
     HeadRule,
     ModelSpec,
@@ -29,7 +30,7 @@ from headwise.spec.schema import (
 )
 
 TOP_LEVEL = ("name", "description", "model", "data", "train", "heads", "gates", "adapters",
-             "contract")
+             "ffn", "contract")
 ADAPTER_TARGETS = ("q", "k", "v", "o", "up", "down", "gate")
 
 
@@ -240,6 +241,14 @@ def _claim(rule: HeadRule, path: str, owner: dict[tuple[Head, str], str]) -> Non
                             f"{'trainable' if b == 'trainable' else 'trained by an objective'}")
 
 
+def _layers(value: Any, path: str, config: ModelConfig) -> tuple[int, ...]:
+    raw = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(raw, list) or not raw:
+        raise check.fail(path, value, "a layer index or a non-empty list of them")
+    return tuple(check.integer(v, f"{path}[{i}]", 0, config.n_layers - 1)
+                 for i, v in enumerate(raw))
+
+
 def parse_gates(value: Any, rules: tuple[HeadRule, ...], config: ModelConfig
                 ) -> GateSpec | None:
     """``gates: {kind: fixed|learned, layers, l0_weight, temperature}``.
@@ -254,14 +263,7 @@ def parse_gates(value: Any, rules: tuple[HeadRule, ...], config: ModelConfig
                          "temperature")
     check.keys(data, ["kind", "layers", "l0_weight", "temperature"], "gates")
     kind = check.string(data.get("kind", "fixed"), "gates.kind", ["fixed", "learned"])
-    layers = None
-    if "layers" in data:
-        raw = data["layers"]
-        raw = [raw] if isinstance(raw, int) and not isinstance(raw, bool) else raw
-        if not isinstance(raw, list) or not raw:
-            raise check.fail("gates.layers", data["layers"], "a non-empty list of layer indices")
-        layers = tuple(check.integer(v, f"gates.layers[{i}]", 0, config.n_layers - 1)
-                       for i, v in enumerate(raw))
+    layers = _layers(data["layers"], "gates.layers", config) if "layers" in data else None
     if kind == "fixed" and not assigned:
         raise SpecError("gates.kind: fixed gates need a task assignment; expected "
                         "heads.<selector>.tasks on at least one head")
@@ -274,6 +276,18 @@ def parse_gates(value: Any, rules: tuple[HeadRule, ...], config: ModelConfig
         check.number(data.get("l0_weight", 0.01), "gates.l0_weight", minimum=0.0),
         check.number(data.get("temperature", 0.5), "gates.temperature", positive=True),
     )
+
+
+def parse_ffn(value: Any, config: ModelConfig) -> FFNSpec | None:
+    """``ffn: {weight: 0.01, layers: [0]}``: an L1 penalty on FFN outputs."""
+    if value is None:
+        return None
+    data = check.mapping(value, "ffn", "a mapping {weight, layers}")
+    check.keys(data, ["weight", "layers"], "ffn", required=["weight"])
+    if config.attn_only:
+        raise SpecError("ffn: the model is attention-only (no FFN); expected no ffn section")
+    layers = _layers(data["layers"], "ffn.layers", config) if "layers" in data else None
+    return FFNSpec(check.number(data["weight"], "ffn.weight", positive=True), layers)
 
 
 def parse_adapters(value: Any, config: ModelConfig, rules: tuple[HeadRule, ...]
@@ -306,14 +320,7 @@ def parse_adapters(value: Any, config: ModelConfig, rules: tuple[HeadRule, ...]
     if "layers" in data and "heads" in data:
         raise SpecError(f"{path}: both layers and heads are given; expected one scope")
     rank = check.integer(data["rank"], f"{path}.rank", minimum=1)
-    layers = None
-    if "layers" in data:
-        raw_l = data["layers"]
-        raw_l = [raw_l] if isinstance(raw_l, int) and not isinstance(raw_l, bool) else raw_l
-        if not isinstance(raw_l, list) or not raw_l:
-            raise check.fail(f"{path}.layers", data["layers"], "a list of layer indices")
-        layers = tuple(check.integer(v, f"{path}.layers[{j}]", 0, config.n_layers - 1)
-                       for j, v in enumerate(raw_l))
+    layers = _layers(data["layers"], f"{path}.layers", config) if "layers" in data else None
     heads = None
     if "heads" in data:
         sel = check.string(data["heads"], f"{path}.heads")

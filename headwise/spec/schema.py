@@ -133,6 +133,14 @@ class GateSpec:
 
 
 @dataclass(frozen=True)
+class FFNSpec:
+    """An L1 penalty on the FFN outputs (``hook_mlp_out``) of ``layers`` (``None``: all)."""
+
+    weight: float
+    layers: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
 class AdapterSpec:
     """LoRA adapters on ``targets`` (q, k, v, o, up, down, gate) of some layers or heads."""
 
@@ -156,6 +164,7 @@ class Spec:
     gates: GateSpec | None = None
     adapters: tuple[AdapterSpec, ...] = ()
     contract: tuple[Mapping[str, Any], ...] = ()
+    ffn: FFNSpec | None = None
     text: str = field(default="", repr=False, compare=False)
 
     @property
