@@ -70,3 +70,17 @@ def test_full_demo(tmp_path: Path) -> None:
 def test_demo_refuses_bad_steps(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--steps", "0"]) == 2
     assert "--steps: got 0" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bundled_examples_behave_as_the_tutorial_says(tmp_path: Path) -> None:
+    """docs/tutorial.md: without gates the demo's contract fails; enforce.yaml fails plainly
+    and holds with --enforce."""
+    examples = demo_spec_path().parent
+    assert main(["train", str(examples / "demo_no_gates.yaml"), "--out",
+                 str(tmp_path / "no_gates"), "--quiet"]) == 1
+    verdict = json.loads((tmp_path / "no_gates" / "contract.json").read_text())
+    assert [c["passed"] for c in verdict["clauses"]] == [True, True, False, False]
+    enforce = str(examples / "enforce.yaml")
+    assert main(["train", enforce, "--out", str(tmp_path / "plain"), "--quiet"]) == 1
+    assert main(["train", enforce, "--out", str(tmp_path / "on"), "--quiet", "--enforce"]) == 0

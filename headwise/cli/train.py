@@ -17,7 +17,8 @@ def register(subparsers: Any) -> None:
                     "contract on held-out data and write the run directory with report.html. "
                     "Exit code 0: the contract holds; 1: it does not; 2: bad input.")
     p.add_argument("spec", help="the YAML spec (reference: docs/spec.md)")
-    p.add_argument("--out", metavar="RUN", help="run directory (default: runs/<spec name>)")
+    p.add_argument("--out", metavar="RUN",
+                   help="run directory (default: runs/<spec file name without .yaml>)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the run's latest checkpoint (exact resume)")
     p.add_argument("--enforce", action="store_true",
