@@ -120,6 +120,8 @@ def test_learned_gates_and_adapters() -> None:
     ("model: {vocab_size: 8}\ndata: {tasks: {copy: {vocab_size: 9}}}\n",
      "data.tasks.copy: the task uses 9 token ids, more than model.vocab_size=8"),
     ("model: {}\ndata: {tasks: [copy]}\nname: 3\n", "name: got 3, expected a non-empty string"),
+    ("model: {}\ndata: {tasks: [copy]}\nheads:\n  *.H0: {freeze: true}\n",
+     "<spec>: not valid YAML (line 4, column 4"),
     ("model: {attn_only: true}\ndata: {tasks: [copy]}\nffn: {weight: 0.1}\n",
      "ffn: the model is attention-only"),
     ("model: {}\ndata: {tasks: [copy]}\nffn: {weight: 0.1, layers: [2]}\n",
@@ -129,6 +131,13 @@ def test_more_errors_name_the_field(text: str, message: str) -> None:
     with pytest.raises(SpecError) as info:
         load_spec(text)
     assert str(info.value).startswith(message), str(info.value)
+
+
+def test_unquoted_star_selector_gets_a_hint() -> None:
+    with pytest.raises(SpecError, match=r"must be quoted, e.g. \"\*\.H0\""):
+        load_spec("model: {}\ndata: {tasks: [copy]}\nheads:\n  *.H0: {freeze: true}\n")
+    spec = load_spec("model: {}\ndata: {tasks: [copy]}\nheads:\n  '*.H0': {freeze: true}\n")
+    assert len(spec.heads[0].heads) == 2
 
 
 def test_compiled_levers_reach_the_model(tmp_path: Path) -> None:

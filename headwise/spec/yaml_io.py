@@ -82,7 +82,10 @@ def parse_yaml(text: str, name: str) -> dict[str, Any]:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise SpecError(f"{name}: not valid YAML ({where}{e.problem})") from None
+        line = text.splitlines()[mark.line] if mark and mark.line < len(text.splitlines()) else ""
+        hint = ("; a head selector starting with '*' must be quoted, e.g. \"*.H0\""
+                if line.strip().startswith("*") else "")
+        raise SpecError(f"{name}: not valid YAML ({where}{e.problem}){hint}") from None
     except yaml.YAMLError as e:
         raise SpecError(f"{name}: not valid YAML ({e})") from None
     if data is None:
