@@ -72,6 +72,15 @@ def test_demo_refuses_bad_steps(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--steps: got 0" in capsys.readouterr().err
 
 
+def test_demo_never_replaces_another_specs_run(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "spec.yaml").write_text("name: mine\nmodel: {}\n")
+    (tmp_path / "model.safetensors").write_bytes(b"precious")
+    assert main(["demo", "--out", str(tmp_path)]) == 2
+    assert "holds a run of another spec" in capsys.readouterr().err
+    assert (tmp_path / "model.safetensors").read_bytes() == b"precious"
+
+
 @pytest.mark.slow
 def test_bundled_examples_behave_as_the_tutorial_says(tmp_path: Path) -> None:
     """docs/tutorial.md: without gates the demo's contract fails; enforce.yaml fails plainly

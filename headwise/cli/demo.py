@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     source: str | Path = spec
     if args.steps is not None:
         source = _with_steps(spec.read_text(), args.steps)
+    _check_out(Path(args.out))
     out.print(f"headwise demo: training {spec} -> {args.out}")
     start = time.perf_counter()
     outcome = train_run(source, Path(args.out), overwrite=True, progress=not args.quiet)
@@ -59,6 +60,28 @@ def run(args: argparse.Namespace) -> int:
               f"{outcome.run_dir / 'report.html'}; try `headwise explain {outcome.run_dir} "
               f"--head L0.H2 --input copy` or `headwise analyze {outcome.run_dir}`.")
     return 0 if outcome.contract is None or outcome.contract.passed else 1
+
+
+def _check_out(out: Path) -> None:
+    """Replace only an earlier demo run, never another spec's run.
+
+    Raises:
+        SpecError: ``out`` holds a run of another spec.
+    """
+    import yaml
+
+    from headwise.errors import SpecError
+
+    saved = out / "spec.yaml"
+    if not saved.is_file():
+        return
+    try:
+        name = (yaml.safe_load(saved.read_text()) or {}).get("name")
+    except (yaml.YAMLError, AttributeError):
+        name = None
+    if name != "demo":
+        raise SpecError(f"--out: {out} holds a run of another spec ({saved}); expected an "
+                        "empty directory or an earlier demo run")
 
 
 def _with_steps(text: str, steps: int) -> str:
