@@ -47,9 +47,10 @@ def test_enforce_turns_a_failing_contract_into_one_that_holds(
     e = json.loads((run / "enforcement.json").read_text())
     assert e["enforced"] and e["contract_holds"]
     (clause,) = e["clauses"]
-    assert clause["index"] == 0 and clause["lever"] == ["pattern[L0.H1]"]
-    assert clause["raises"] >= 1 and clause["initial_weights"] == {"pattern[L0.H1]": 0.0}
-    assert clause["weights"]["pattern[L0.H1]"] >= 1.0
+    lever = "enforce:previous_token[L0.H1]"
+    assert clause["index"] == 0 and clause["lever"] == [lever]
+    assert clause["raises"] >= 1 and clause["initial_weights"] == {lever: 0.0}
+    assert clause["weights"][lever] >= 1.0
     # Training stopped at the evaluation point where the contract first held.
     assert e["held_at_step"] == e["history"][-1]["step"] < 120
     assert e["cost_steps"] == e["held_at_step"] - clause["first_raised_at"] > 0
@@ -94,8 +95,20 @@ contract:
     assert set(levers) == {1, 2}  # masked head, upper bound and a role without target: none
     assert levers[1] == [given]
     (added,) = levers[2]
-    assert (added.target, added.weight, added.name) == ("self", 0.0, "pattern[L0.H2]")
+    assert (added.target, added.weight, added.name) == ("self", 0.0, "enforce:self[L0.H2]")
     assert added in compiled.objectives and spec.heads[0].heads[0] not in compiled.levers
+
+
+def test_added_lever_never_clashes_with_a_spec_objective(tmp_path: Path) -> None:
+    """A clause on a head whose own objective has another target gets a second objective."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("train:", "heads: {L0.H1: {objective: {target: self, "
+                                          "weight: 0.1}}}\ntrain:").replace("steps: 120",
+                                                                            "steps: 20"))
+    assert main(["train", str(spec), "--out", str(tmp_path / "r"), "--quiet",
+                 "--enforce"]) in (0, 1)
+    e = json.loads((tmp_path / "r" / "enforcement.json").read_text())
+    assert e["clauses"][0]["lever"] == ["enforce:previous_token[L0.H1]"]
 
 
 def test_enforcer_raises_only_failing_clauses() -> None:
@@ -109,7 +122,8 @@ def test_enforcer_raises_only_failing_clauses() -> None:
     # An untrained head is no previous-token head: the clause fails and its lever starts.
     assert levers[0][0].weight == 1.0
     assert state.extra["enforce"]["history"] == [
-        {"step": 20, "passed": False, "failed": [0], "raised": {"pattern[L0.H1]": 1.0}}]
+        {"step": 20, "passed": False, "failed": [0],
+         "raised": {"enforce:previous_token[L0.H1]": 1.0}}]
     assert not state.stop
 
 

@@ -169,7 +169,7 @@ heads:
     assert allowed[0].tolist() == [[abs(i - j) < 2 for j in range(4)] for i in range(4)]
     assert allowed[1:].all()
     names = [o.name for o in compiled.objectives]
-    assert names == ["pattern[L0.H1]", "entropy[L0.H1]", "diversity[L1]"]
+    assert names == ["pattern[L0.H1]", "entropy[L0.H1]", "diversity[L1.*]"]
     assert compiled.objectives[0].kind == "mse" and compiled.objectives[0].weight == 0.5
     gates = gate_table(model, ["copy", "rev"]).values.tolist()
     assert gates[0][4:] == [1.0, 0.0, 1.0, 1.0] and gates[1][4:] == [0.0, 1.0, 1.0, 1.0]

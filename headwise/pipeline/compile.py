@@ -84,7 +84,7 @@ class Compiled:
     def add_objective(self, heads: HeadSet, target: str, weight: float) -> PatternObjective:
         """Add a pattern objective (used by enforcement for a clause without a lever)."""
         obj = PatternObjective(self.model, heads, target, kind="ce", weight=weight)
-        obj.name = f"pattern[{heads}]"
+        obj.name = f"enforce:{target}[{heads}]"
         self.objectives.append(obj)
         for head in heads:
             self.levers.setdefault(head, []).append(obj)
@@ -193,7 +193,8 @@ def _objectives(spec: Spec, out: Compiled) -> None:
         if rule.diversity is not None:
             for layer in heads.layers:
                 div = HeadDiversity(model, layer, weight=rule.diversity)
-                div.name = f"diversity[L{layer}]"
+                where = f"@L{layer}" if len(heads.layers) > 1 else ""
+                div.name = f"diversity[{rule.selector}{where}]"
                 out.objectives.append(div)
 
 
