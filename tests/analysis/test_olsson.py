@@ -105,7 +105,7 @@ def _train(n_layers: int, steps: int, seed: int, supervise: bool, stop_at_crossi
         opt.zero_grad(set_to_none=True)
         total.backward()
         opt.step()
-        run.losses.append(float(loss))
+        run.losses.append(float(loss.detach()))
         if step % every == 0:
             model.eval()
             run.curve.append((step, best_stripe(model, layer, probe_set)))
@@ -172,9 +172,34 @@ def test_trajectory_commitment_on_real_training(two_layer: Run) -> None:
         assert step >= crossing - 100, (str(h), step, crossing)
 
 
-def test_previous_token_supervision_brings_the_crossing_earlier(two_layer: Run) -> None:
-    base = two_layer.crossing()
-    assert base is not None
-    sup = train(2, steps=base, supervise=True, stop_at_crossing=True)
-    crossing = sup.crossing()
-    assert crossing is not None and crossing < base, (crossing, base)
+SUP_STEPS = 700
+
+
+@pytest.fixture(scope="module")
+def supervised() -> Run:
+    """Same seed and data as ``two_layer``, plus a previous-token objective on L0.H0 (CE, 1.0)."""
+    return train(2, steps=SUP_STEPS, supervise=True, table_every=100)
+
+
+def test_previous_token_objective_reaches_its_target_early(supervised: Run) -> None:
+    step, table = supervised.tables[1]
+    assert step == 200 and table.get("L0.H0", "previous_token") >= 0.9
+
+
+def test_previous_token_supervision_helps_induction(two_layer: Run, supervised: Run) -> None:
+    """At the same step on the same seed: a stronger induction head and a lower task loss."""
+    base_curve, sup_curve = dict(two_layer.curve), dict(supervised.curve)
+    assert sup_curve[SUP_STEPS] > base_curve[SUP_STEPS] + 0.03, (sup_curve, base_curve)
+    base_loss = sum(two_layer.losses[SUP_STEPS - 50:SUP_STEPS]) / 50
+    sup_loss = sum(supervised.losses[-50:]) / 50
+    assert sup_loss < base_loss - 0.03, (sup_loss, base_loss)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "not reproduced in this setup: the unsupervised model already forms a strong layer-0 "
+    "previous-token head (0.96) and crosses at step ~250; supervising L0.H0 delays the crossing "
+    "(seed 0: 400 vs 250; seed 1: 300 vs 275; lr 3e-4: 750 vs 550), see docs/roles.md"))
+def test_previous_token_supervision_brings_the_crossing_earlier(two_layer: Run,
+                                                                supervised: Run) -> None:
+    base, crossing = two_layer.crossing(), supervised.crossing()
+    assert base is not None and crossing is not None and crossing < base, (crossing, base)
