@@ -133,3 +133,29 @@ def test_enforce_needs_evaluation_points(tmp_path: Path,
     spec.write_text(SPEC.replace("eval_every: 20", "eval_every: 0"))
     assert main(["train", str(spec), "--out", str(tmp_path / "r"), "--enforce"]) == 2
     assert "train.eval_every: got 0" in capsys.readouterr().err
+
+
+def test_enforcement_resumes_exactly(tmp_path: Path) -> None:
+    """Kill after the step-40 checkpoint (simulated): --resume replays the same enforcement."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("seed: 0}", "seed: 0, checkpoint_every: 20}"))
+    run = tmp_path / "run"
+    assert main(["train", str(spec), "--out", str(run), "--quiet", "--enforce"]) == 0
+    first = json.loads((run / "enforcement.json").read_text())
+    weights = load_file(str(run / "model.safetensors"))
+    held = first["held_at_step"]
+    assert held is not None and held > 20
+    # Forget everything after the previous evaluation point, as if killed there.
+    for step_dir in (run / "checkpoints").iterdir():
+        if int(step_dir.name.split("_")[1]) > held - 20:
+            shutil.rmtree(step_dir)
+    (run / "model.safetensors").unlink()
+    assert main(["train", str(spec), "--out", str(run), "--quiet", "--enforce", "--resume"]) == 0
+    again = json.loads((run / "enforcement.json").read_text())
+    assert again == first
+    resumed = load_file(str(run / "model.safetensors"))
+    assert all(torch.equal(resumed[k], weights[k]) for k in weights)
