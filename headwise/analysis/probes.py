@@ -115,13 +115,19 @@ def infer_period(tokens: Tensor, attention_mask: Tensor | None = None) -> Tensor
         (B,) long periods (0 = none).
     """
     B, T = tokens.shape
-    real = (torch.ones_like(tokens, dtype=torch.bool) if attention_mask is None
-            else attention_mask.bool())
-    n_real = real.sum(1)  # (B,)
     out = torch.zeros(B, dtype=torch.long)
-    for b in range(B):
-        seq = tokens[b][real[b]]
-        for p in range(1, int(n_real[b]) // 2 + 1):
+    padded = (torch.zeros(B, dtype=torch.bool) if attention_mask is None
+              else ~attention_mask.bool().all(1))
+    full = (~padded).nonzero().flatten()
+    if len(full):  # unpadded rows: one vectorised comparison per candidate period
+        tok = tokens[full]
+        for p in range(T // 2, 0, -1):  # descending, so the smallest period is written last
+            ok = (tok[:, p:] == tok[:, :-p]).all(1)
+            out[full[ok]] = p
+    for b in padded.nonzero().flatten().tolist():
+        assert attention_mask is not None
+        seq = tokens[b][attention_mask[b].bool()]
+        for p in range(1, seq.numel() // 2 + 1):
             if torch.equal(seq[p:], seq[:-p]):
                 out[b] = p
                 break
