@@ -53,8 +53,8 @@ def build(seed: int = 0):  # type: ignore[no-untyped-def]
 
 
 def interleaved(systems: dict[str, Callable[[], object]], reps: int,
-                warmup: int) -> dict[str, float]:
-    """Median seconds per system; every repetition runs each system once, in turn."""
+                warmup: int) -> dict[str, list[float]]:
+    """Seconds per repetition per system; every repetition runs each system once, in turn."""
     for _ in range(warmup):
         for fn in systems.values():
             fn()
@@ -64,7 +64,16 @@ def interleaved(systems: dict[str, Callable[[], object]], reps: int,
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def medians(times: dict[str, list[float]]) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def paired(times: dict[str, list[float]], num: str, den: str) -> float:
+    """Median over repetitions of ``num_i / den_i`` (robust to load drift between reps)."""
+    return statistics.median(a / b for a, b in zip(times[num], times[den], strict=True))
 
 
 def speed(T: int, B: int, reps: int, warmup: int) -> dict[str, float]:
@@ -104,7 +113,15 @@ def speed(T: int, B: int, reps: int, warmup: int) -> dict[str, float]:
     }, reps, warmup)
     bwd_times = interleaved({"ref_fwd_bwd": fwd_bwd(ref), "ours_fwd_bwd": fwd_bwd(ours)},
                             reps, warmup)
-    return {**fwd_times, **bwd_times, "max_abs_diff": diff}
+    times = {**fwd_times, **bwd_times}
+    ratios = {
+        "fwd_vs_ref": paired(times, "ref_fwd", "ours_fwd"),
+        "fwd_bwd_vs_ref": paired(times, "ref_fwd_bwd", "ours_fwd_bwd"),
+        "one_head_vs_nohook": paired(times, "ours_fwd", "ours_fwd_one_head"),
+        "all_vs_nohook": paired(times, "ours_fwd", "ours_fwd_all_patterns"),
+    }
+    return {**medians(times), **{f"ratio_{k}": v for k, v in ratios.items()},
+            "max_abs_diff": diff}
 
 
 def memory_worker(mode: str, T: int, B: int) -> None:
@@ -209,7 +226,7 @@ def timing_worker(system: str, T: int, B: int, reps: int, warmup: int, state: st
         run = lambda: ours.run_with_cache(tokens, names)  # noqa: E731
         plain = lambda: ours(tokens)  # noqa: E731
     with torch.no_grad():
-        res = interleaved({"all_patterns": run, "no_hooks": plain}, reps, warmup)
+        res = medians(interleaved({"all_patterns": run, "no_hooks": plain}, reps, warmup))
     print(json.dumps({"system": system, **res}))
 
 
@@ -238,7 +255,12 @@ def tl_compare(tl_python: str, T: int, B: int, rounds: int, reps: int,
                 r = _sub(python, "--timing-worker", system, T, B, reps, warmup, state)
                 for key in ("all_patterns", "no_hooks"):
                     results.setdefault(f"{system}_{key}", []).append(r[key])
-    return {k: statistics.median(v) for k, v in results.items()}
+    out = {k: statistics.median(v) for k, v in results.items()}
+    for key in ("all_patterns", "no_hooks"):  # paired: each ours process with the next TL one
+        pairs = [t / o for o, t in zip(results[f"ours_{key}"], results[f"tl_{key}"], strict=True)]
+        out[f"ratio_{key}"] = statistics.median(pairs)
+        out[f"ratio_{key}_min"], out[f"ratio_{key}_max"] = min(pairs), max(pairs)
+    return out
 
 
 def main() -> None:
@@ -247,6 +269,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--shapes", default="256x8,1024x2", help="TxB list")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--no-speed", action="store_true", help="skip the in-process timings")
     ap.add_argument("--tl-python", default=None, help="a Python with transformer_lens")
     ap.add_argument("--tl-rounds", type=int, default=3)
     ap.add_argument("--memory-worker", nargs=3, metavar=("MODE", "T", "B"))
@@ -264,21 +287,24 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, reps {args.reps}, "
           f"warmup {args.warmup}")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    for T, B in shapes:
+    for T, B in [] if args.no_speed else shapes:
         r = speed(T, B, args.reps, args.warmup)
         print(f"\n## T={T} B={B}   (max |logits diff| vs reference {r['max_abs_diff']:.2e})")
         print(f"{'system':<28}{'median s':>10}")
         for k, v in r.items():
-            if k != "max_abs_diff":
+            if not k.startswith(("ratio_", "max_abs")):
                 print(f"{k:<28}{v:>10.4f}")
-        print(f"no hooks, forward:            {r['ref_fwd'] / r['ours_fwd']:.3f}x reference "
-              "(goal >= 0.95)")
-        print(f"no hooks, forward+backward:   {r['ref_fwd_bwd'] / r['ours_fwd_bwd']:.3f}x "
-              "reference (goal >= 0.95)")
-        print(f"one head's pattern cached:    {r['ours_fwd'] / r['ours_fwd_one_head']:.3f}x "
-              "no-hook forward (goal >= 0.9)")
-        print(f"all patterns cached:          {r['ours_fwd'] / r['ours_fwd_all_patterns']:.3f}x"
-              " no-hook forward")
+        print("ratios: median over repetitions of the paired ratio (ratio of medians)")
+        for key, num, den, what in (
+            ("fwd_vs_ref", "ref_fwd", "ours_fwd", "no hooks, forward vs reference (>= 0.95)"),
+            ("fwd_bwd_vs_ref", "ref_fwd_bwd", "ours_fwd_bwd",
+             "no hooks, forward+backward vs reference (>= 0.95)"),
+            ("one_head_vs_nohook", "ours_fwd", "ours_fwd_one_head",
+             "one head's pattern cached vs no-hook forward (>= 0.9)"),
+            ("all_vs_nohook", "ours_fwd", "ours_fwd_all_patterns",
+             "all patterns cached vs no-hook forward"),
+        ):
+            print(f"  {what:<58}{r['ratio_' + key]:.3f}x ({r[num] / r[den]:.3f}x)")
     if not args.no_memory:
         T, B = 1024, 2
         print(f"\n## peak memory growth of one no-grad forward, T={T} B={B} (VmHWM)")
@@ -295,12 +321,13 @@ def main() -> None:
             print(f"\n## TransformerLens, T={T} B={B}, median over {args.tl_rounds} alternating "
                   "process pairs")
             for k, v in r.items():
-                print(f"{k:<24}{v:>10.4f}")
-            ratio = r["tl_all_patterns"] / r["ours_all_patterns"]
-            print(f"all patterns cached: headwise {ratio:.2f}x TransformerLens run_with_cache "
-                  "(goal >= 1.5)")
-            print(f"no hooks: headwise {r['tl_no_hooks'] / r['ours_no_hooks']:.2f}x "
-                  "TransformerLens")
+                if not k.startswith("ratio_"):
+                    print(f"{k:<24}{v:>10.4f}")
+            for key, what in (("all_patterns", "all patterns cached (goal >= 1.5)"),
+                              ("no_hooks", "no hooks")):
+                print(f"headwise vs TransformerLens, {what}: {r['ratio_' + key]:.2f}x "
+                      f"(paired per round; min {r['ratio_' + key + '_min']:.2f}, "
+                      f"max {r['ratio_' + key + '_max']:.2f})")
 
 
 if __name__ == "__main__":
