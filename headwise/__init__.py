@@ -1,6 +1,33 @@
-"""headwise: train, coordinate and verify the individual heads and layers of Transformers."""
+"""headwise: train, coordinate and verify the individual heads and layers of Transformers.
 
+The names below are the public API. Each sub-package is also public and holds the rest:
+``headwise.control`` (levers), ``headwise.analysis`` (scores, importance, contracts, reports),
+``headwise.data`` (built-in tasks), ``headwise.train`` (the training loop and checkpoints),
+``headwise.interop`` (HuggingFace and PEFT), ``headwise.spec`` and ``headwise.pipeline``
+(YAML specs and runs). Training is ``headwise.train.train(...)``.
+"""
+
+from headwise import analysis, control, data, hooks, interop, model, pipeline, spec, train
+from headwise.analysis import (
+    Contract,
+    ContractResult,
+    RoleTable,
+    ablation_importance,
+    explain_head,
+    gradient_importance,
+    role_scores,
+    verify,
+)
 from headwise.config import ModelConfig, preset
+from headwise.control import (
+    FixedGates,
+    LearnedGates,
+    PatternObjective,
+    apply_lora,
+    apply_masks,
+    freeze,
+)
+from headwise.data import Batch, Mixture, build_task
 from headwise.errors import (
     CheckpointError,
     ConfigError,
@@ -8,7 +35,7 @@ from headwise.errors import (
     SelectorError,
     SpecError,
 )
-from headwise.heads import Head, HeadSet, kv_head
+from headwise.heads import Head, HeadSet, kv_head, select_heads
 from headwise.hooks import (
     ActivationCache,
     Hook,
@@ -20,13 +47,30 @@ from headwise.hooks import (
     scale,
     steer,
 )
+from headwise.interop import convert, export_peft, import_peft, load_hf
 from headwise.model import Transformer, build_model
+from headwise.pipeline import compile_spec
+from headwise.spec import Spec, load_spec
+from headwise.train import TrainConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ActivationCache", "CheckpointError", "ConfigError", "Head", "HeadSet", "HeadwiseError",
-    "Hook", "HookContext", "HookPoint", "ModelConfig", "SelectorError", "SpecError",
-    "Transformer", "ablate", "build_model", "kv_head", "patch", "preset", "run_with_cache",
-    "scale", "steer",
+    # core
+    "ModelConfig", "Transformer", "build_model", "preset",
+    "Head", "HeadSet", "kv_head", "select_heads",
+    "ActivationCache", "Hook", "HookContext", "HookPoint", "run_with_cache",
+    "ablate", "patch", "scale", "steer",
+    # levers
+    "FixedGates", "LearnedGates", "PatternObjective", "apply_lora", "apply_masks", "freeze",
+    # verification
+    "Contract", "ContractResult", "RoleTable", "ablation_importance", "explain_head",
+    "gradient_importance", "role_scores", "verify",
+    # data, training, specs, interop
+    "Batch", "Mixture", "build_task", "TrainConfig", "Spec", "load_spec",
+    "compile_spec", "convert", "export_peft", "import_peft", "load_hf",
+    # errors
+    "CheckpointError", "ConfigError", "HeadwiseError", "SelectorError", "SpecError",
+    # sub-packages
+    "analysis", "control", "data", "hooks", "interop", "model", "pipeline", "spec", "train",
 ]

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from headwise.errors import HeadwiseError
 
@@ -19,9 +20,16 @@ from headwise.errors import HeadwiseError
 COMMANDS = ("demo", "train", "verify", "analyze", "report", "explain", "convert")
 
 
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose usage errors are one line (and exit 2), like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every available subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="headwise",
         description="Train, coordinate and verify the individual heads of Transformers.",
     )
