@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal, get_args
 
-from headwise.errors import ConfigError, field_error
+from headwise.errors import ConfigError, did_you_mean, field_error
 
 Norm = Literal["pre", "post"]
 NormType = Literal["layernorm", "rmsnorm"]
@@ -120,10 +120,7 @@ class ModelConfig:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            from difflib import get_close_matches
-
-            hint = get_close_matches(unknown[0], sorted(names), n=1)
-            extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+            extra = did_you_mean(unknown[0], sorted(names))
             raise ConfigError(f"{path}.{unknown[0]}: unknown field{extra}")
         try:
             return cls(**data)

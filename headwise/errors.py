@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from difflib import get_close_matches
+
 
 class HeadwiseError(Exception):
     """Base class for errors caused by user input (CLI exit code 2)."""
@@ -26,3 +29,9 @@ class CheckpointError(HeadwiseError, ValueError):
 def field_error(path: str, value: object, expected: str) -> ConfigError:
     """Build a ConfigError with the standard ``path: got VALUE, expected ...`` message."""
     return ConfigError(f"{path}: got {value!r}, expected {expected}")
+
+
+def did_you_mean(word: object, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` naming the closest of ``choices`` to ``word``, or ``""``."""
+    hint = get_close_matches(str(word), list(choices), n=1)
+    return f" (did you mean {hint[0]!r}?)" if hint else ""

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import MISSING, fields
-from difflib import get_close_matches
 from typing import Any
 
 from headwise.data.algorithmic import BracketDepthTask, KVRetrievalTask, ModularAdditionTask
 from headwise.data.sequences import CopyTask, InductionTask, ReverseTask, SortTask
 from headwise.data.task import Task
 from headwise.data.text import TextTask
-from headwise.errors import ConfigError
+from headwise.errors import ConfigError, did_you_mean
 
 TASKS: dict[str, type[Task]] = {
     cls.name: cls
@@ -47,8 +46,7 @@ def build_task(name: str, kwargs: Mapping[str, Any] | None = None, path: str = "
     allowed = task_arguments(name)
     for key in kwargs:
         if key not in allowed:
-            hint = get_close_matches(str(key), allowed, n=1)
-            extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+            extra = did_you_mean(str(key), allowed)
             raise ConfigError(f"{prefix}{name}.{key}: unknown argument{extra}; "
                               f"expected one of {allowed}")
     missing = [f.name for f in fields(cls)  # type: ignore[arg-type]
@@ -66,7 +64,6 @@ def build_task(name: str, kwargs: Mapping[str, Any] | None = None, path: str = "
 
 def _task_class(name: str, prefix: str = "") -> type[Task]:
     if name not in TASKS:
-        hint = get_close_matches(str(name), list(TASKS), n=1)
-        extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+        extra = did_you_mean(str(name), list(TASKS))
         raise ConfigError(f"{prefix}task: got {name!r}{extra}, expected one of {sorted(TASKS)}")
     return TASKS[name]

@@ -10,10 +10,9 @@ import dataclasses
 import types
 import typing
 from collections.abc import Iterable, Mapping
-from difflib import get_close_matches
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
-from headwise.errors import HeadwiseError, SpecError
+from headwise.errors import HeadwiseError, SpecError, did_you_mean
 
 T = TypeVar("T")
 
@@ -48,9 +47,8 @@ def keys(data: Mapping[str, Any], allowed: Iterable[str], path: str,
     allowed = list(allowed)
     for key in data:
         if key not in allowed:
-            hint = get_close_matches(key, allowed, n=1, cutoff=0.6)
-            extra = f"did you mean {hint[0]!r}? " if hint else ""
-            raise SpecError(f"{join(path, key)}: unknown key; {extra}expected one of "
+            extra = did_you_mean(key, allowed)
+            raise SpecError(f"{join(path, key)}: unknown key{extra}; expected one of "
                             f"{sorted(allowed)}")
     for key in required:
         if key not in data:
@@ -102,8 +100,7 @@ def string(value: object, path: str, choices: Iterable[str] | None = None) -> st
         return value
     options = list(choices)
     if not isinstance(value, str) or value not in options:
-        hint = get_close_matches(value, options, n=1) if isinstance(value, str) else []
-        extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+        extra = did_you_mean(value, options)
         raise SpecError(f"{path}: got {_show(value)}, expected one of {options}{extra}")
     return value
 

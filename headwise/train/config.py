@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from headwise.errors import ConfigError, field_error
+from headwise.errors import ConfigError, did_you_mean, field_error
 
 
 @dataclass(frozen=True)
@@ -108,10 +108,7 @@ class TrainConfig:
         names = [f.name for f in fields(cls)]
         for key in data:
             if key not in names:
-                from difflib import get_close_matches
-
-                hint = get_close_matches(str(key), names, n=1)
-                extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+                extra = did_you_mean(str(key), names)
                 raise ConfigError(f"{path}.{key}: unknown field{extra}")
         try:
             return cls(**data)
