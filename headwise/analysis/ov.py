@@ -59,17 +59,24 @@ def ov_logits(model: nn.Module, head: Head, tokens: Tensor | None = None) -> Ten
 
 
 @torch.no_grad()
-def ov_top1(model: nn.Module, head: Head, chunk: int = 1024) -> Tensor:
+def ov_top1(model: nn.Module, head: Head, tokens: Tensor | None = None,
+            chunk: int = 1024) -> Tensor:
     """(V,) bool: whether ``M[t]`` ranks ``t`` itself first (the head copies ``t``).
 
-    Computed in chunks of rows so a 50k vocabulary never builds the full V x V matrix.
+    Args:
+        tokens: token ids to test (default all V); entries for other ids are False.
+        chunk: rows per matrix product, so a 50k vocabulary never builds the full V x V matrix.
+
+    Each tested token costs one row of V logits (``2 * D * V`` flops).
     """
     V = as_any(model).embed.weight.shape[0]
+    ids_all = torch.arange(V) if tokens is None else torch.unique(tokens.flatten().cpu())
     out = torch.zeros(V, dtype=torch.bool)
-    for start in range(0, V, chunk):
-        ids = torch.arange(start, min(start + chunk, V))
-        rows = ov_logits(model, head, ids.to(as_any(model).embed.weight.device))
-        out[ids] = (rows.argmax(-1).cpu() == ids)
+    device = as_any(model).embed.weight.device
+    for start in range(0, len(ids_all), chunk):
+        ids = ids_all[start:start + chunk]
+        rows = ov_logits(model, head, ids.to(device))  # (n, V)
+        out[ids] = rows.argmax(-1).cpu() == ids
     return out
 
 

@@ -202,7 +202,7 @@ def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: H
           target: Target | None, forward_kwargs: dict[str, Any]) -> dict[Head, dict[str, float]]:
     cfg = config(model)
     pattern_roles = [r for r in roles if r != "copying_eig"]
-    tables = ({h: ov_top1(model, h) for h in hs} if "copying" in pattern_roles else {})
+    tables = ({h: ov_top1(model, h, tokens) for h in hs} if "copying" in pattern_roles else {})
     acc: dict[Head, dict[str, Tensor]] = {}
     names = [_pattern_name(layer) for layer in hs.layers]
     for start in range(0, tokens.shape[0], batch_size):

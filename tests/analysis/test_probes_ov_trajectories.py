@@ -101,3 +101,17 @@ def test_trajectory_commitment_and_forecast() -> None:
     assert math.isclose(d["heads"][0]["scores"]["previous_token"][-1], 1.0)
     with pytest.raises(ValueError, match="tables"):
         Trajectory([])
+
+
+def test_ov_top1_on_a_token_subset_matches_the_full_table() -> None:
+    model = build_model(ModelConfig(n_layers=2, n_heads=2, d_model=16, vocab_size=30,
+                                    max_seq_len=8), seed=4)
+    full = ov_top1(model, Head(1, 1), chunk=7)
+    ids = torch.tensor([[3, 3, 9], [28, 0, 9]])
+    sub = ov_top1(model, Head(1, 1), ids)
+    # reference: explicit argmax over the explicit (V, V) circuit
+    ref = ov_logits(model, Head(1, 1)).argmax(-1) == torch.arange(30)
+    assert torch.equal(full, ref)
+    keep = torch.zeros(30, dtype=torch.bool)
+    keep[[0, 3, 9, 28]] = True
+    assert torch.equal(sub, ref & keep)
