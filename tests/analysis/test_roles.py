@@ -262,3 +262,18 @@ def test_scores_measured_in_eval_mode_and_mode_restored() -> None:
     a = role_scores(model, tokens, roles=["previous_token", "entropy"])
     b = role_scores(model, tokens, roles=["previous_token", "entropy"])
     assert torch.equal(a.values, b.values) and model.training
+
+
+def test_bidirectional_model_next_token_head() -> None:
+    model = _model(causal=False)
+    T = 9
+    nxt = _diag(T, +1)
+
+    with model.hooks(Hook("blocks.0.attn.hook_pattern",
+                          lambda x, ctx: nxt.expand_as(x).clone(), heads=(1,))):
+        table = role_scores(model, torch.randint(0, 40, (2, T)), heads="L0.*",
+                            roles=["next_token", "previous_token", "entropy"])
+    assert table.get("L0.H1", "next_token") == pytest.approx(1.0)
+    assert table.get("L0.H1", "previous_token") == pytest.approx(0.0)
+    assert table.top_role("L0.H1") == "next_token"
+    assert 0.0 < table.get("L0.H0", "next_token") < 0.5  # a random head spreads attention
