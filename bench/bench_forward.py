@@ -129,7 +129,7 @@ def memory_worker(mode: str, T: int, B: int) -> None:
     torch.set_num_threads(1)
     tokens = torch.randint(0, SHAPE["vocab_size"], (B, T))
     if mode.startswith("tl"):
-        model = _tl_model(None)
+        model = _tl4_model(None) if mode.startswith("tl4") else _tl_model(None)
         run = lambda: model.run_with_cache(  # noqa: E731
             tokens, names_filter=lambda n: n.endswith("hook_pattern"))
     else:
@@ -210,13 +210,67 @@ def _tl_state(s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _tl4_model(state_path: str | None):  # type: ignore[no-untyped-def]
+    """TransformerLens 4 ``TransformerBridge`` over a HF GPT-2 of the same shape (no download).
+
+    The bridge needs a tokenizer; a word-level one over the 4096 ids is saved to a temp dir.
+    """
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    V, D = SHAPE["vocab_size"], SHAPE["d_model"]
+    hf = GPT2LMHeadModel(GPT2Config(
+        n_layer=SHAPE["n_layers"], n_embd=D, n_head=SHAPE["n_heads"], n_inner=SHAPE["d_ff"],
+        vocab_size=V, n_positions=SHAPE["max_seq_len"], activation_function="gelu_new",
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).eval()
+    saved = None
+    if state_path is not None:
+        saved = torch.load(state_path, weights_only=True)
+        hf.load_state_dict(_gpt2_state(saved["state"]), strict=False)
+    vocab = {f"t{i}": i for i in range(V)}
+    with tempfile.TemporaryDirectory() as tmp:
+        PreTrainedTokenizerFast(
+            tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="t0")), unk_token="t0",
+            pad_token="t1", eos_token="t2", bos_token="t3").save_pretrained(tmp)
+        bridge = TransformerBridge.boot_transformers(
+            "gpt2", hf_model=hf, tokenizer=PreTrainedTokenizerFast.from_pretrained(tmp))
+    if saved is not None:
+        with torch.no_grad():
+            diff = (bridge(saved["tokens"]) - saved["logits"]).abs().max().item()
+        assert diff < 1e-4, f"TransformerLens bridge and headwise disagree: max |diff| = {diff}"
+    return bridge
+
+
+def _gpt2_state(s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our state dict as HF GPT-2 keys (Conv1D weights are (in, out))."""
+    out = {"transformer.wte.weight": s["embed.weight"], "lm_head.weight": s["embed.weight"],
+           "transformer.wpe.weight": s["pos_embed.weight"],
+           "transformer.ln_f.weight": s["ln_final.weight"],
+           "transformer.ln_f.bias": s["ln_final.bias"]}
+    for l in range(SHAPE["n_layers"]):
+        p, t = f"blocks.{l}.", f"transformer.h.{l}."
+        out[t + "attn.c_attn.weight"] = torch.cat(
+            [s[p + f"attn.{n}_proj.weight"] for n in "qkv"]).T.contiguous()
+        out[t + "attn.c_attn.bias"] = torch.cat([s[p + f"attn.{n}_proj.bias"] for n in "qkv"])
+        for ours, theirs in (("attn.o_proj", "attn.c_proj"), ("mlp.up_proj", "mlp.c_fc"),
+                             ("mlp.down_proj", "mlp.c_proj")):
+            out[t + theirs + ".weight"] = s[p + ours + ".weight"].T.contiguous()
+            out[t + theirs + ".bias"] = s[p + ours + ".bias"]
+        for n in ("1", "2"):
+            out[t + f"ln_{n}.weight"] = s[p + f"ln{n}.weight"]
+            out[t + f"ln_{n}.bias"] = s[p + f"ln{n}.bias"]
+    return out
+
+
 def timing_worker(system: str, T: int, B: int, reps: int, warmup: int, state: str) -> None:
-    """Median seconds of run_with_cache(all patterns) for ``ours`` or ``tl``, one thread."""
+    """Median seconds of run_with_cache(all patterns) for ``ours``, ``tl`` or ``tl4``."""
     torch.set_num_threads(1)
     saved = torch.load(state, weights_only=True)
     tokens = saved["tokens"]
-    if system == "tl":
-        model = _tl_model(state)
+    if system in ("tl", "tl4"):
+        model = _tl_model(state) if system == "tl" else _tl4_model(state)
         run = lambda: model.run_with_cache(  # noqa: E731
             tokens, names_filter=lambda n: n.endswith("hook_pattern"))
         plain = lambda: model(tokens)  # noqa: E731
@@ -239,8 +293,10 @@ def _sub(python: str, *args: object) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def tl_compare(tl_python: str, T: int, B: int, rounds: int, reps: int,
+def tl_compare(others: list[tuple[str, str]], T: int, B: int, rounds: int, reps: int,
                warmup: int) -> dict[str, float]:
+    """Alternate processes (ours, then each of ``others`` = [(system, python)]) for ``rounds``;
+    ratios pair each other process with the ours process of the same round."""
     ours, _ = build()
     tokens = torch.randint(0, SHAPE["vocab_size"], (B, T),
                            generator=torch.Generator().manual_seed(1))
@@ -250,16 +306,19 @@ def tl_compare(tl_python: str, T: int, B: int, rounds: int, reps: int,
         state = os.path.join(tmp, "state.pt")
         torch.save({"state": ours.state_dict(), "tokens": tokens, "logits": logits}, state)
         results: dict[str, list[float]] = {}
-        for _ in range(rounds):  # alternate processes: ours, TL, ours, TL, ...
-            for system, python in (("ours", sys.executable), ("tl", tl_python)):
+        for _ in range(rounds):
+            for system, python in [("ours", sys.executable), *others]:
                 r = _sub(python, "--timing-worker", system, T, B, reps, warmup, state)
                 for key in ("all_patterns", "no_hooks"):
                     results.setdefault(f"{system}_{key}", []).append(r[key])
     out = {k: statistics.median(v) for k, v in results.items()}
-    for key in ("all_patterns", "no_hooks"):  # paired: each ours process with the next TL one
-        pairs = [t / o for o, t in zip(results[f"ours_{key}"], results[f"tl_{key}"], strict=True)]
-        out[f"ratio_{key}"] = statistics.median(pairs)
-        out[f"ratio_{key}_min"], out[f"ratio_{key}_max"] = min(pairs), max(pairs)
+    for system, _ in others:
+        for key in ("all_patterns", "no_hooks"):
+            pairs = [t / o for o, t in zip(results[f"ours_{key}"], results[f"{system}_{key}"],
+                                           strict=True)]
+            out[f"ratio_{system}_{key}"] = statistics.median(pairs)
+            out[f"ratio_{system}_{key}_min"] = min(pairs)
+            out[f"ratio_{system}_{key}_max"] = max(pairs)
     return out
 
 
@@ -270,7 +329,10 @@ def main() -> None:
     ap.add_argument("--shapes", default="256x8,1024x2", help="TxB list")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--no-speed", action="store_true", help="skip the in-process timings")
-    ap.add_argument("--tl-python", default=None, help="a Python with transformer_lens")
+    ap.add_argument("--tl-python", default=None,
+                    help="a Python with transformer_lens 3.x (HookedTransformer)")
+    ap.add_argument("--tl4-python", default=None,
+                    help="a Python with transformer_lens 4.x (TransformerBridge)")
     ap.add_argument("--tl-rounds", type=int, default=3)
     ap.add_argument("--memory-worker", nargs=3, metavar=("MODE", "T", "B"))
     ap.add_argument("--timing-worker", nargs=6,
@@ -309,25 +371,29 @@ def main() -> None:
         T, B = 1024, 2
         print(f"\n## peak memory growth of one no-grad forward, T={T} B={B} (VmHWM)")
         modes = ["ref", "none", "one_head", "all_heads"] + (["tl_all"] if args.tl_python else [])
+        modes += ["tl4_all"] if args.tl4_python else []
         for mode in modes:
-            python = args.tl_python if mode.startswith("tl") else sys.executable
+            tl = {"tl_all": args.tl_python, "tl4_all": args.tl4_python}
+            python = tl.get(mode) or sys.executable
             r = _sub(python, "--memory-worker", mode, T, B)
             print(f"{mode:<12}{r['peak_growth_mib']:>10.1f} MiB")
         pattern_mib = SHAPE["n_layers"] * B * SHAPE["n_heads"] * T * T * 4 / 2**20
         print(f"(all patterns as float32 = {pattern_mib:.0f} MiB)")
-    if args.tl_python:
-        for T, B in shapes:
-            r = tl_compare(args.tl_python, T, B, args.tl_rounds, args.reps, args.warmup)
-            print(f"\n## TransformerLens, T={T} B={B}, median over {args.tl_rounds} alternating "
-                  "process pairs")
-            for k, v in r.items():
-                if not k.startswith("ratio_"):
-                    print(f"{k:<24}{v:>10.4f}")
+    others = [(n, p) for n, p in (("tl", args.tl_python), ("tl4", args.tl4_python)) if p]
+    names = {"tl": "TransformerLens 3 HookedTransformer", "tl4": "TransformerLens 4 bridge"}
+    for T, B in shapes if others else []:
+        r = tl_compare(others, T, B, args.tl_rounds, args.reps, args.warmup)
+        print(f"\n## TransformerLens, T={T} B={B}, medians over {args.tl_rounds} rounds of "
+              "alternating processes")
+        for k, v in r.items():
+            if not k.startswith("ratio_"):
+                print(f"{k:<24}{v:>10.4f}")
+        for system, _ in others:
             for key, what in (("all_patterns", "all patterns cached (goal >= 1.5)"),
                               ("no_hooks", "no hooks")):
-                print(f"headwise vs TransformerLens, {what}: {r['ratio_' + key]:.2f}x "
-                      f"(paired per round; min {r['ratio_' + key + '_min']:.2f}, "
-                      f"max {r['ratio_' + key + '_max']:.2f})")
+                k = f"ratio_{system}_{key}"
+                print(f"headwise vs {names[system]}, {what}: {r[k]:.2f}x "
+                      f"(paired per round; min {r[k + '_min']:.2f}, max {r[k + '_max']:.2f})")
 
 
 if __name__ == "__main__":
