@@ -7,6 +7,7 @@ import io
 from collections.abc import Mapping, Sequence
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -50,8 +51,11 @@ def heatmap(matrix: Sequence[Sequence[float | None]], title: str,
         for i, row in enumerate(data):
             for j, v in enumerate(row):
                 if v == v:
-                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6,
-                            color="white" if vmax is None or v < 0.6 * vmax else "black")
+                    text = f"{v:.2f}"
+                    r, g, b, _ = im.cmap(im.norm(np.asarray(v)))  # readable on any cell
+                    dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
+                    ax.text(j, i, "0.00" if text == "-0.00" else text, ha="center",
+                            va="center", fontsize=6, color="white" if dark else "black")
     return fig_png(fig)
 
 

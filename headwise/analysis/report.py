@@ -213,9 +213,12 @@ def _importance_html(m: Mapping[str, Any]) -> str:
     for metric in m["metrics"]:
         cells = {(x["unit"], x["task"]): x["value"] for x in m["records"] if x["metric"] == metric}
         matrix = [[cells.get((u, t)) for t in m["tasks"]] for u in m["units"]]
+        vals = [abs(v) for row in matrix for v in row if v is not None]
+        top = max(vals, default=0.0) or 1.0  # symmetric scale: red hurts, blue helps
         png = fig.heatmap(matrix, f"{m['info'].get('method')} {m['info'].get('mode') or ''}"
-                              f" - {metric}", m["tasks"], m["units"], cmap="magma",
-                              annotate=True)
+                              f" - {metric}", m["tasks"], m["units"],
+                          cmap="RdBu_r" if metric != "gradient" else "Reds",
+                          vmin=-top if metric != "gradient" else 0.0, vmax=top, annotate=True)
         parts.append(H.img(fig.data_uri(png), f"importance: {metric} (units x tasks)"))
     rows = [(x["unit"], x["task"], x["metric"], x["value"], x["ci_low"], x["ci_high"])
             for x in m["records"]]

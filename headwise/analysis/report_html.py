@@ -32,7 +32,8 @@ def fmt(v: object) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
-        return f"{v:.3f}"
+        text = f"{v:.3f}"
+        return "0.000" if text == "-0.000" else text
     return str(v)
 
 
@@ -46,7 +47,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]],
         cells = []
         for i, v in enumerate(row):
             text = str(v) if i in raw_cols else esc(fmt(v))
-            cells.append(f'<td class="l">{text}</td>' if i == 0 else f"<td>{text}</td>")
+            numeric = isinstance(v, (int, float)) or v is None
+            cells.append(f"<td>{text}</td>" if numeric and i else f'<td class="l">{text}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
