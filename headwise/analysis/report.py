@@ -26,7 +26,7 @@ from headwise.analysis import report_html as H
 from headwise.analysis._model import as_any, config, in_eval_mode
 from headwise.analysis.explain import Walkthrough, walkthrough_html
 from headwise.analysis.importance_matrix import ImportanceMatrix
-from headwise.analysis.role_table import RoleTable
+from headwise.analysis.role_table import SHOWN_MIN_SCORE, RoleTable
 from headwise.analysis.trajectories import Trajectory
 from headwise.analysis.verify import ContractResult
 from headwise.heads import Head, HeadSet
@@ -121,7 +121,8 @@ def build_report(*, title: str = "headwise report", model_config: Any = None,
                            else dict(model_config))
     if roles is not None:
         report["roles"] = {"roles": roles.roles, "records": roles.to_records(),
-                           "top_roles": {str(h): roles.top_role(h) for h in roles.heads},
+                           "top_roles": {str(h): roles.top_role(h, SHOWN_MIN_SCORE)
+                                         for h in roles.heads},
                            "info": roles.info}
     if imps:
         report["importance"] = [{"info": m.info, "tasks": m.tasks, "metrics": m.metrics,

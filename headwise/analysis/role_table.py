@@ -30,6 +30,11 @@ def _head(head: Head | str) -> Head:
         raise ValueError(f"head: got {head!r}, expected a single head like 'L1.H2'") from None
 
 
+# Tables and reports name a head's top role only when its score reaches this; below it a head
+# shows "none" rather than the largest of several near-zero scores.
+SHOWN_MIN_SCORE = 0.25
+
+
 class RoleTable:
     """Scores of ``heads`` (rows) on ``roles`` (columns); NaN where a role is undefined on the data.
 
@@ -116,7 +121,7 @@ class RoleTable:
             for j in range(len(self.roles)):
                 v = float(self.values[i, j])
                 cells.append("-" if math.isnan(v) else f"{v:.2f}")
-            table.add_row(str(h), *cells, self.top_role(h))
+            table.add_row(str(h), *cells, self.top_role(h, SHOWN_MIN_SCORE))
         return table
 
     def __str__(self) -> str:
