@@ -28,16 +28,17 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
-SHAPE = {"n_layers": 4, "d_model": 256, "n_heads": 8, "d_ff": 1024, "vocab_size": 4096,
-         "max_seq_len": 1024}
+SHAPE: dict[str, Any] = {"n_layers": 4, "d_model": 256, "n_heads": 8, "d_ff": 1024,
+                         "vocab_size": 4096, "max_seq_len": 1024}
 
 
-def build(seed: int = 0):  # type: ignore[no-untyped-def]
+def build(seed: int = 0) -> tuple[Any, Any]:
     """Our GPT-2-shaped model and the reference with the same weights."""
     sys.path.insert(0, str(HERE))
     from reference_gpt import GPT, load_from_headwise
@@ -165,7 +166,7 @@ def _peak_rss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def _tl_model(state_path: str | None):  # type: ignore[no-untyped-def]
+def _tl_model(state_path: str | None) -> Any:
     """TransformerLens HookedTransformer of the same shape (weights from ours if given)."""
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
@@ -210,7 +211,7 @@ def _tl_state(s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _tl4_model(state_path: str | None):  # type: ignore[no-untyped-def]
+def _tl4_model(state_path: str | None) -> Any:
     """TransformerLens 4 ``TransformerBridge`` over a HF GPT-2 of the same shape (no download).
 
     The bridge needs a tokenizer; a word-level one over the 4096 ids is saved to a temp dir.

@@ -8,6 +8,8 @@ systems compute the same function (the benchmark asserts it).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -71,11 +73,12 @@ class GPT(nn.Module):
 
 
 @torch.no_grad()
-def load_from_headwise(ref: GPT, model: nn.Module) -> None:
+def load_from_headwise(ref: GPT, model: Any) -> None:
     """Copy a headwise pre-norm, learned-position, tied, bias="all" model into ``ref``."""
     ref.wte.weight.copy_(model.embed.weight)
     ref.wpe.weight.copy_(model.pos_embed.weight[: ref.wpe.weight.shape[0]])
-    for theirs, ours in zip(ref.h, model.blocks, strict=True):
+    for theirs_block, ours in zip(ref.h, model.blocks, strict=True):
+        theirs: Any = theirs_block
         a = ours.attn
         theirs.attn.c_attn.weight.copy_(torch.cat([a.q_proj.weight, a.k_proj.weight,
                                                    a.v_proj.weight]))
