@@ -70,22 +70,41 @@ class Run:
         return next((s for s, v in self.curve if v >= CROSS), None)
 
 
+def pytorch_default_init(model: torch.nn.Module, seed: int) -> None:
+    """Re-initialise as plain PyTorch modules would be: ``nn.Linear`` Kaiming-uniform,
+    ``nn.Embedding`` N(0, 1), the learned position table N(0, 1), norms left at (1, 0)."""
+    torch.manual_seed(seed)
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            module.reset_parameters()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith("pos_embed") and p.dim() == 2:
+                p.normal_()
+
+
 def train(n_layers: int, steps: int = STEPS, seed: int = 0, supervise: bool = False,
-          stop_at_crossing: bool = False, every: int = 50, table_every: int = 0) -> Run:
+          stop_at_crossing: bool = False, every: int = 50, table_every: int = 0,
+          init: str = "gpt2") -> Run:
+    """Train on periodic batches; ``init`` is ``"gpt2"`` (build_model's N(0, 0.02)) or
+    ``"pytorch"`` (:func:`pytorch_default_init`)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and CI cores are shared
     try:
-        return _train(n_layers, steps, seed, supervise, stop_at_crossing, every, table_every)
+        return _train(n_layers, steps, seed, supervise, stop_at_crossing, every, table_every,
+                      init)
     finally:
         torch.set_num_threads(threads)
 
 
 def _train(n_layers: int, steps: int, seed: int, supervise: bool, stop_at_crossing: bool,
-           every: int, table_every: int) -> Run:
+           every: int, table_every: int, init: str) -> Run:
     torch.manual_seed(seed)
     cfg = ModelConfig(n_layers=n_layers, n_heads=4, d_model=64, vocab_size=VOCAB,
                       max_seq_len=T, attn_only=True)
     model = build_model(cfg, seed=seed)
+    if init == "pytorch":
+        pytorch_default_init(model, seed)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(seed + 1)
     probe_set = probes()
@@ -195,11 +214,22 @@ def test_previous_token_supervision_helps_induction(two_layer: Run, supervised: 
     assert sup_loss < base_loss - 0.03, (sup_loss, base_loss)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not reproduced in this setup: the unsupervised model already forms a strong layer-0 "
-    "previous-token head (0.96) and crosses at step ~250; supervising L0.H0 delays the crossing "
-    "(seed 0: 400 vs 250; seed 1: 300 vs 275; lr 3e-4: 750 vs 550), see docs/roles.md"))
-def test_previous_token_supervision_brings_the_crossing_earlier(two_layer: Run,
-                                                                supervised: Run) -> None:
-    base, crossing = two_layer.crossing(), supervised.crossing()
-    assert base is not None and crossing is not None and crossing < base, (crossing, base)
+@pytest.fixture(scope="module")
+def pytorch_init_pairs() -> list[tuple[Run, Run]]:
+    """(unsupervised, supervised) runs per seed with PyTorch's default init, up to the crossing."""
+    return [(train(2, steps=1000, seed=seed, stop_at_crossing=True, every=25, init="pytorch"),
+             train(2, steps=1000, seed=seed, supervise=True, stop_at_crossing=True, every=25,
+                   init="pytorch"))
+            for seed in (0, 1)]
+
+
+def test_previous_token_supervision_brings_the_crossing_earlier(
+        pytorch_init_pairs: list[tuple[Run, Run]]) -> None:
+    """With PyTorch's default init the unsupervised crossing is late (step 500 on seeds 0 and 1,
+    after a flat start) and supervising L0.H0 towards the previous token moves it earlier (375-400),
+    as the issue measured. With build_model's N(0, 0.02) init the unsupervised model crosses at
+    ~250 and supervision delays it instead (docs/roles.md)."""
+    for base, sup in pytorch_init_pairs:
+        b, s = base.crossing(), sup.crossing()
+        assert b is not None and b >= 400 and base.curve[0][1] < 0.15, base.curve
+        assert s is not None and s <= b - 50, (s, b, sup.curve, base.curve)
