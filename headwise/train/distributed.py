@@ -13,6 +13,7 @@ Without ``WORLD_SIZE`` > 1 every helper is a no-op for a single process.
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -125,7 +126,17 @@ def wrap(model: nn.Module, ctx: DistContext) -> nn.Module:
     return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
 
 
-def teardown(ctx: DistContext) -> None:
-    """Destroy the process group if ``setup`` created it."""
+def teardown(ctx: DistContext, failed: bool = False) -> None:
+    """Destroy the process group if ``setup`` created it.
+
+    After a successful run every rank first waits for the others (after a failure it does not:
+    the other ranks may never arrive), and the DDP wrapper (kept alive by reference cycles
+    in its reducer hooks) is collected while the group still exists: a wrapper finalised after
+    the group, at interpreter exit, can abort the process (seen as a rare SIGABRT,
+    "terminate called without an active exception", on a gloo rank).
+    """
     if ctx.owns_group and dist.is_initialized():
+        if not failed:
+            dist.barrier()
+        gc.collect()
         dist.destroy_process_group()

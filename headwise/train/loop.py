@@ -158,10 +158,13 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
             mix.check_model(cfg.vocab_size, cfg.max_seq_len)
     ctx = setup(model)
     try:
-        return _run(model, data, config, out_dir, list(objectives), list(callbacks),
-                    list(optimizer_hooks), resume, eval_data or data, progress, ctx)
-    finally:
-        teardown(ctx)
+        result = _run(model, data, config, out_dir, list(objectives), list(callbacks),
+                      list(optimizer_hooks), resume, eval_data or data, progress, ctx)
+    except BaseException:
+        teardown(ctx, failed=True)
+        raise
+    teardown(ctx)
+    return result
 
 
 def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | None,
