@@ -30,9 +30,10 @@ def build_model(config: ModelConfig, seed: int | None = None) -> Transformer:
     assert c.d_head is not None and c.n_kv_heads is not None and c.d_ff is not None
     qkv_bias = c.bias in ("all", "qkv")
     bias = c.bias == "all"
+    # One rotary table serves every layer (it holds no parameters, only cos/sin buffers).
+    rotary = Rotary(c.d_head, c.max_seq_len, c.rope_base) if c.positional == "rope" else None
     blocks = []
     for _ in range(c.n_layers):
-        rotary = Rotary(c.d_head, c.max_seq_len, c.rope_base) if c.positional == "rope" else None
         attn = Attention(
             nn.Linear(c.d_model, c.n_heads * c.d_head, bias=qkv_bias),
             nn.Linear(c.d_model, c.n_kv_heads * c.d_head, bias=qkv_bias),
