@@ -17,6 +17,7 @@ With ``task_ids=None`` a one-task gate uses task 0; a gate over several tasks ra
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,14 +30,14 @@ from headwise.heads import Head, HeadSet
 from headwise.hooks.hook_point import Hook
 
 
-class HeadGate(nn.Module):
+class HeadGate(nn.Module, ABC):
     """Base class: ``gate(z (B, T, H, Dh), task_ids (B,) | None) -> z`` scaled per head."""
 
     n_tasks: int
 
+    @abstractmethod
     def values(self) -> Tensor:
         """Deterministic (n_tasks, H) gate values (what evaluation uses)."""
-        raise NotImplementedError
 
     def sample(self, task_ids: Tensor) -> Tensor:
         """(B, H) gate values for these examples (stochastic for learned gates in training)."""

@@ -15,6 +15,7 @@ Formats (ids as in ``headwise.data.batch``: ``BOS``=1, ``SEP``=2, symbol ``i`` i
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -41,9 +42,9 @@ class _SeqToSeq(Task):
     def seq_len(self) -> int:
         return 2 * self.length + 2
 
+    @abstractmethod
     def answer(self, x: Tensor) -> Tensor:
         """The answer (n, length) for inputs ``x`` (n, length)."""
-        raise NotImplementedError
 
     def sample(self, n: int, generator: torch.Generator) -> Batch:
         x = symbols(n, self.length, self.vocab_size - CONTENT, generator) + CONTENT  # (n, L)
