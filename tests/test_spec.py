@@ -24,7 +24,7 @@ data:
 train: {steps: 5, batch_size: 8, lr: 3e-3, betas: [0.8, 0.9]}
 heads:
   L0.H0: {mask: previous_token}
-  L0.H1: {mask: {local: {window: 2}}, entropy: {at_most: 1.5, weight: 0.5}}
+  L0.H1: {mask: {local: {window: 2}}, entropy: {at_most: 0.8, weight: 0.5}}
   L0.H2: {objective: {target: induction, kind: kl, weight: 0.25}}
   L1.H0: {tasks: [copy]}
   L1.H1: {tasks: backwards, trainable: true}
@@ -51,7 +51,7 @@ def test_full_spec_parses_into_dataclasses() -> None:
     assert local is not None and (local.name, dict(local.params)) == ("local", {"window": 2})
     entropy = rules["L0.H1"].entropy
     assert entropy is not None and (entropy.at_least, entropy.at_most, entropy.weight) == (
-        None, 1.5, 0.5)
+        None, 0.8, 0.5)
     obj = rules["L0.H2"].objective
     assert obj is not None and (obj.target, obj.kind, obj.weight) == ("induction", "kl", 0.25)
     assert rules["L1.H0"].tasks == ("copy",)
@@ -107,8 +107,10 @@ def test_learned_gates_and_adapters() -> None:
      "heads.L0.H0-1.diversity: the diversity term acts on all heads of a layer"),
     ("model: {}\ndata: {tasks: [copy]}\nheads: {L0.H0: {freeze: true, trainable: true}}\n",
      "heads.L0.H0: freeze and trainable are both true"),
-    ("model: {}\ndata: {tasks: [copy]}\nheads: {L0.H0: {entropy: {at_least: 2, at_most: 1}}}\n",
-     "heads.L0.H0.entropy: at_least=2.0 > at_most=1.0"),
+    ("model: {}\ndata: {tasks: [copy]}\nheads: {L0.H0: {entropy: {at_least: 0.9, at_most: 0.5}}}\n",
+     "heads.L0.H0.entropy: at_least=0.9 > at_most=0.5"),
+    ("model: {}\ndata: {tasks: [copy]}\nheads: {L0.H0: {entropy: {at_most: 1.5}}}\n",
+     "heads.L0.H0.entropy.at_most: got 1.5, expected a number"),
     ("model: {}\ndata: {tasks: [copy]}\ngates: {kind: fixed}\n",
      "gates.kind: fixed gates need a task assignment"),
     ("model: {}\ndata: {tasks: [copy]}\nheads: {L0.H0: {freeze: true}}\n"

@@ -1,23 +1,17 @@
 """Role scores of attention heads (previous-token, induction, duplicate, sink, ...) on data.
 
-Definitions (docs/roles.md gives sources). ``A`` is a head's pattern (B, h, T, T), rows are
-queries ``q``, columns keys ``k``; "allowed" keys are those the causal and padding masks permit.
-Our scores average the attention mass on the role's target keys over the query rows where the
-role is *defined* (a row whose target key exists), so a perfect head scores 1.0:
+The pattern roles (``previous_token``, ``next_token``, ``self``, ``first_token``,
+``duplicate_token``, ``induction``, ``local``, ``uniform``, ``entropy``) are defined once, in
+``headwise.patterns``: a role is a target pattern, and a head's score is the mean over the rows
+where the role is defined of its attention mass on that target (a perfect head scores 1.0). The
+pattern objectives pull towards the same targets. Scored here besides:
 
-- ``previous_token``: mass on ``k = q - 1``.          ``next_token``: mass on ``k = q + 1``.
-- ``self``: mass on ``k = q``; ``first_token``: on the first real position (rows with >= 2
-  allowed keys, excluding the first row itself).
-- ``duplicate_token``: mass on earlier keys holding the same token (rows that have one).
-- ``induction`` (stripe score, Olsson et al. 2022): on a sequence with period ``P`` (a repeated
-  half ``[r, r]`` or a periodic probe) mass from query ``q >= P`` on key ``q - P + 1``.
-- ``local``: mass on ``|q - k| <= window``; ``entropy``: mean of ``H(A[q]) / log(n_allowed(q))``
-  (1 = uniform over allowed keys), both over rows with >= 2 allowed keys.
 - ``copying``: attention mass on keys whose token the head's OV circuit ranks first
   (``headwise.analysis.ov``); ``copying_eig``: Elhage et al.'s eigenvalue ratio (weights only).
 - ``*_tl``: TransformerLens ``head_detector`` "mul" scores, ``sum(A * D) / sum(A)`` per sequence
   then averaged; its denominator counts *every* row, so a perfect induction head on ``[r, r]``
   scores 0.5 and a perfect previous-token head ``(T - 1) / T``.
+- ``target``: similarity ``1 - TV`` to any given target pattern (``target_similarity``).
 """
 
 from __future__ import annotations
@@ -30,27 +24,23 @@ from torch import Tensor, nn
 
 from headwise.analysis._model import as_any, config, in_eval_mode
 from headwise.analysis.ov import copying_eigen_ratio, ov_top1
-from headwise.analysis.probes import infer_period
 from headwise.analysis.role_table import RoleTable
 from headwise.heads import Head, HeadSet
+from headwise.patterns import (
+    DEFAULT_WINDOW,
+    ROLE_NAMES,
+    allowed_keys,
+    real_tokens,
+    role_target,
+    score_sums,
+    similarity_sums,
+)
 
-ROLES = ("previous_token", "induction", "duplicate_token", "copying", "first_token", "self",
-         "next_token", "local", "entropy", "previous_token_tl", "duplicate_token_tl",
-         "induction_tl", "copying_eig")
+ROLES = (*ROLE_NAMES, "copying", "previous_token_tl", "duplicate_token_tl", "induction_tl",
+         "copying_eig")
 PATTERN_ROLES = tuple(r for r in ROLES if r not in ("copying", "copying_eig"))
 Target = Tensor | Callable[[Tensor], Tensor]
 Sums = dict[str, tuple[Tensor, Tensor]]  # role -> (numerator (h,), denominator (h,))
-
-
-def _masses(patterns: Tensor, target: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
-    """Sum over defined rows of the mass on target keys, and the number of rows.
-
-    patterns (B,h,T,T); target (B,T,T) bool/float; rows (B,T) bool -> ((h,), (h,)).
-    """
-    mass = (patterns * target[:, None].to(patterns.dtype)).sum(-1)  # (B, h, T)
-    num = (mass * rows[:, None].to(mass.dtype)).sum((0, 2))  # (h,)
-    den = rows.sum().to(num.dtype).expand_as(num)
-    return num, den
 
 
 def _tl(patterns: Tensor, detection: Tensor, real: Tensor) -> tuple[Tensor, Tensor]:
@@ -63,8 +53,7 @@ def _tl(patterns: Tensor, detection: Tensor, real: Tensor) -> tuple[Tensor, Tens
 
 def scores_from_patterns(patterns: Tensor, tokens: Tensor, attention_mask: Tensor | None = None,
                          roles: Sequence[str] | None = None, causal: bool = True,
-                         period: int | Tensor | None = None, window: int = 3,
-                         copy_top1: Tensor | None = None,
+                         window: int = DEFAULT_WINDOW, copy_top1: Tensor | None = None,
                          target: Tensor | None = None) -> dict[str, Tensor]:
     """Role scores computed directly from attention patterns (no model needed).
 
@@ -75,7 +64,6 @@ def scores_from_patterns(patterns: Tensor, tokens: Tensor, attention_mask: Tenso
         roles: which of ``PATTERN_ROLES`` (plus ``copying`` with ``copy_top1``, ``target`` with
             ``target``); default all pattern roles.
         causal: whether the model is causal (sets the allowed keys).
-        period: the probe's period P (int or (B,) per row); ``None``: inferred per row.
         window: half-width w of the ``local`` role.
         copy_top1: (h, V) bool, whether each head's OV circuit ranks token v first.
         target: (B|1, T, T) target pattern for the ``target`` similarity.
@@ -83,68 +71,30 @@ def scores_from_patterns(patterns: Tensor, tokens: Tensor, attention_mask: Tenso
     Returns:
         ``{role: (h,) scores}``; NaN where the role is undefined on these tokens.
     """
-    sums = role_sums(patterns, tokens, attention_mask, roles, causal, period, window,
-                     copy_top1, target)
+    sums = role_sums(patterns, tokens, attention_mask, roles, causal, window, copy_top1, target)
     return {r: num / den for r, (num, den) in sums.items()}
 
 
 def role_sums(patterns: Tensor, tokens: Tensor, attention_mask: Tensor | None = None,
               roles: Sequence[str] | None = None, causal: bool = True,
-              period: int | Tensor | None = None, window: int = 3,
-              copy_top1: Tensor | None = None, target: Tensor | None = None) -> Sums:
+              window: int = DEFAULT_WINDOW, copy_top1: Tensor | None = None,
+              target: Tensor | None = None) -> Sums:
     """Numerators and denominators of ``scores_from_patterns`` (so batches can be pooled)."""
     B, h, T, _ = patterns.shape
     if tokens.shape != (B, T):
         raise ValueError(f"tokens: got shape {tuple(tokens.shape)}, expected {(B, T)} to match "
                          f"patterns {tuple(patterns.shape)}")
-    roles = list(PATTERN_ROLES if roles is None else roles)
     dev = patterns.device
     tokens = tokens.to(dev)
-    real = (torch.ones(B, T, dtype=torch.bool, device=dev) if attention_mask is None
-            else attention_mask.to(dev).bool())
-    pos = torch.arange(T, device=dev)
-    qpos, kpos = pos[:, None], pos[None, :]  # (T,1), (1,T)
-    allowed = real[:, :, None] & real[:, None, :]  # (B, T, T)
-    if causal:
-        allowed = allowed & (kpos <= qpos)
-    n_allowed = allowed.sum(-1)  # (B, T)
-    busy = real & (n_allowed >= 2)  # rows where a choice exists
-    earlier_same = (tokens[:, :, None] == tokens[:, None, :]) & (kpos < qpos) & allowed
+    mask = None if attention_mask is None else attention_mask.to(dev)
+    real = real_tokens(tokens, mask)
     out: Sums = {}
-    for role in roles:
-        if role in ("previous_token", "next_token", "self"):
-            offset = {"previous_token": -1, "next_token": 1, "self": 0}[role]
-            tgt = (kpos == qpos + offset) & allowed  # (B, T, T)
-            rows = busy & tgt.any(-1)
-            out[role] = _masses(patterns, tgt, rows)
-        elif role == "first_token":
-            first = real.float().argmax(1)  # (B,) first real position
-            tgt = (kpos == first[:, None, None]) & allowed
-            rows = busy & (pos[None] != first[:, None])
-            out[role] = _masses(patterns, tgt, rows)
-        elif role == "local":
-            tgt = ((qpos - kpos).abs() <= window) & allowed
-            out[role] = _masses(patterns, tgt, busy)
-        elif role == "entropy":
-            p = patterns.clamp_min(1e-30)
-            ent = -(patterns * p.log()).sum(-1)  # (B, h, T)
-            norm = n_allowed.clamp_min(2).double().log().to(ent.dtype)[:, None]  # (B, 1, T)
-            num = (ent / norm * busy[:, None]).sum((0, 2))
-            out[role] = num, busy.sum().to(num.dtype).expand_as(num)
-        elif role == "duplicate_token":
-            out[role] = _masses(patterns, earlier_same, real & earlier_same.any(-1))
-        elif role == "induction":
-            if period is None:
-                per = infer_period(tokens.cpu(), None if attention_mask is None
-                                   else attention_mask.cpu()).to(dev)
-            else:
-                per = torch.as_tensor(period, device=dev).expand(B)
-            per_ = per[:, None, None]
-            tgt = (kpos == qpos - per_ + 1) & allowed & (per_ > 0)
-            rows = real & (pos[None] >= per[:, None]) & (per[:, None] > 0) & tgt.any(-1)
-            out[role] = _masses(patterns, tgt, rows)
+    for role in PATTERN_ROLES if roles is None else roles:
+        if role in ROLE_NAMES:
+            out[role] = score_sums(patterns, role_target(role, tokens, mask, causal, window))
         elif role == "previous_token_tl":
-            out[role] = _tl(patterns, (kpos == qpos - 1).expand(B, T, T), real)
+            pos = torch.arange(T, device=dev)
+            out[role] = _tl(patterns, (pos[None, :] == pos[:, None] - 1).expand(B, T, T), real)
         elif role == "duplicate_token_tl":
             out[role] = _tl(patterns, _tl_duplicate(tokens), real)
         elif role == "induction_tl":
@@ -162,7 +112,8 @@ def role_sums(patterns: Tensor, tokens: Tensor, attention_mask: Tensor | None = 
         elif role == "target":
             if target is None:
                 raise ValueError("target: the target role needs a target pattern")
-            out[role] = _similarity(patterns, target.to(dev), allowed, real)
+            out[role] = _similarity(patterns, target.to(dev), allowed_keys(tokens, mask, causal),
+                                    real)
         else:
             raise ValueError(f"roles: got {role!r}, expected one of {list(ROLES)} or 'target'")
     return out
@@ -177,20 +128,14 @@ def _tl_duplicate(tokens: Tensor) -> Tensor:
 
 def _similarity(patterns: Tensor, target: Tensor, allowed: Tensor,
                 real: Tensor) -> tuple[Tensor, Tensor]:
-    """Sum over rows of ``1 - TV(A[q], target[q])`` (target renormalised over allowed keys)."""
+    """``1 - TV`` sums against a (T, T) or (B, T, T) target (``patterns.similarity_sums``)."""
     B, T = real.shape
     if target.dim() == 2:
         target = target[None]
     if target.shape[-2:] != (T, T) or target.shape[0] not in (1, B):
         raise ValueError(f"target: got shape {tuple(target.shape)}, expected (T, T) or "
                          f"(B, T, T) with T={T}, B={B}")
-    t = target.to(patterns.dtype).clamp_min(0) * allowed
-    mass = t.sum(-1, keepdim=True)  # (B, T, 1)
-    t = t / mass.clamp_min(1e-12)
-    rows = real & (mass[..., 0] > 0)
-    overlap = torch.minimum(patterns, t[:, None]).sum(-1)  # (B, h, T)
-    num = (overlap * rows[:, None]).sum((0, 2))
-    return num, rows.sum().to(num.dtype).expand_as(num)
+    return similarity_sums(patterns, target, allowed, real)
 
 
 def _pattern_name(layer: int) -> str:
@@ -198,7 +143,7 @@ def _pattern_name(layer: int) -> str:
 
 
 def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: HeadSet,
-          roles: list[str], batch_size: int, period: int | Tensor | None, window: int,
+          roles: list[str], batch_size: int, window: int,
           target: Target | None, forward_kwargs: dict[str, Any]) -> dict[Head, dict[str, float]]:
     cfg = config(model)
     pattern_roles = [r for r in roles if r != "copying_eig"]
@@ -208,7 +153,6 @@ def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: H
     for start in range(0, tokens.shape[0], batch_size):
         tok = tokens[start:start + batch_size]
         mask = None if attention_mask is None else attention_mask[start:start + batch_size]
-        per = period[start:start + batch_size] if isinstance(period, Tensor) else period
         tgt = target(tok) if callable(target) else target
         if isinstance(tgt, Tensor) and tgt.dim() == 3 and tgt.shape[0] == tokens.shape[0]:
             tgt = tgt[start:start + batch_size]
@@ -224,7 +168,7 @@ def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: H
             idx = [present.index(h) for h in wanted]
             copy = (torch.stack([tables[Head(layer, h)] for h in wanted])
                     if tables else None)
-            sums = role_sums(pat[:, idx].double(), tok, mask, pattern_roles, cfg.causal, per,
+            sums = role_sums(pat[:, idx].double(), tok, mask, pattern_roles, cfg.causal,
                              window, copy, tgt)
             for i, h in enumerate(wanted):
                 slot = acc.setdefault(Head(layer, h), {})
@@ -244,7 +188,7 @@ def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: H
 @in_eval_mode
 def role_scores(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None = None,
                 heads: Any = None, roles: Sequence[str] | None = None, batch_size: int = 64,
-                period: int | Tensor | None = None, window: int = 3,
+                window: int = DEFAULT_WINDOW,
                 **forward_kwargs: Any) -> RoleTable:
     """Score heads on ``tokens``; only the requested heads leave the fused attention path.
 
@@ -255,7 +199,6 @@ def role_scores(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None 
         heads: selector / HeadSet; ``None`` for every head.
         roles: names from ``ROLES``; default all.
         batch_size: sequences per forward pass (scores are pooled exactly across batches).
-        period: probe period for ``induction`` (int or (B,)); ``None``: inferred per row.
         window: half-width of ``local``.
         forward_kwargs: extra model inputs (e.g. ``task_ids`` (B,)).
 
@@ -273,11 +216,11 @@ def role_scores(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None 
     for r in roles:
         if r not in ROLES:
             raise ValueError(f"roles: got {r!r}, expected names from {list(ROLES)}")
-    scores = _scan(model, tokens, attention_mask, hs, roles, batch_size, period, window, None,
+    scores = _scan(model, tokens, attention_mask, hs, roles, batch_size, window, None,
                    forward_kwargs)
     values = torch.tensor([[scores[h][r] for r in roles] for h in hs], dtype=torch.float64)
     info = {"n_sequences": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
-            "window": window, "period": period if isinstance(period, int) else "inferred"}
+            "window": window}
     return RoleTable(list(hs), roles, values.reshape(len(hs), len(roles)), info)
 
 
@@ -299,8 +242,8 @@ def target_similarity(model: nn.Module, tokens: Tensor, target: Target,
     hs = (HeadSet.all(cfg.n_layers, cfg.n_heads) if heads is None
           else heads if isinstance(heads, HeadSet) else HeadSet.parse(heads, cfg.n_layers,
                                                                       cfg.n_heads))
-    scores = _scan(model, tokens, attention_mask, hs, ["target"], batch_size, None, 3, target,
-                   forward_kwargs)
+    scores = _scan(model, tokens, attention_mask, hs, ["target"], batch_size, DEFAULT_WINDOW,
+                   target, forward_kwargs)
     values = torch.tensor([[scores[h]["target"]] for h in hs], dtype=torch.float64)
     return RoleTable(list(hs), [name], values.reshape(len(hs), 1),
                      {"n_sequences": int(tokens.shape[0]), "measure": "1 - total variation"})

@@ -11,10 +11,10 @@ supervised heads, so only those heads leave the fused (SDPA) path.
 
 Notation for one supervised head: ``P[b, i, :]`` is the model's attention row of query ``i``
 (a distribution over keys, zero on masked keys), ``Q[b, i, :]`` the target row. The *valid
-rows* are those where (1) the target is defined (index >= 0, or a row with positive mass),
-(2) the query is a real token (``attention_mask``), and (3) the model row has at least one
-allowed key. For index targets, (1) also requires the target key to be allowed by the model's
-causal and padding masks. Per-row losses (natural log, ``eps = 1e-12``)::
+rows* are those where (1) the target is defined (for a role: the role's defined rows in
+``headwise.patterns``; index >= 0 with the key allowed by the model's causal and padding masks;
+or a row with positive mass), (2) the query is a real token (``attention_mask``), and (3) the
+model row has at least one allowed key. Per-row losses (natural log, ``eps = 1e-12``)::
 
     kl:  sum_j Q_ij (log Q_ij - log max(P_ij, eps))      (0 log 0 = 0)
     ce:  - sum_j Q_ij log max(P_ij, eps)
@@ -34,10 +34,17 @@ from torch import Tensor, nn
 
 from headwise.control._common import as_headset, model_shape
 from headwise.hooks.hook_point import Hook, HookContext
+from headwise.patterns import (
+    DEFAULT_WINDOW,
+    TARGET_ROLES,
+    allowed_keys,
+    normalised_entropy,
+    role_target,
+)
 
 EPS = 1e-12
 LOSS_KINDS = ("kl", "ce", "mse")
-TARGETS = ("previous_token", "induction", "first_token", "self", "uniform")
+TARGETS = TARGET_ROLES
 TargetFn = Callable[[Tensor], Tensor]
 
 
@@ -96,74 +103,36 @@ class _PatternCapture:
         return out
 
 
-def _key_allowed(B: int, T: int, causal: bool, attention_mask: Tensor | None,
-                 device: torch.device) -> Tensor:
-    """(B, T, T) bool: keys the model's own causal and padding masks allow."""
-    allowed = torch.ones(1, T, T, dtype=torch.bool, device=device)
-    if causal:
-        allowed = allowed.tril()
-    if attention_mask is not None:
-        allowed = allowed & attention_mask.bool()[:, None, :]
-    return allowed.expand(B, T, T)
-
-
-def _index_target(idx: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
-    """One-hot rows from (B, T) key indices (-1 = none); rows whose key is disallowed drop."""
-    T = allowed.shape[-1]
-    if idx.numel() and int(idx.max()) >= T:
-        raise ValueError(f"target: index {int(idx.max())} out of range for T={T} positions")
-    has = idx >= 0
-    safe = idx.clamp_min(0)
-    key_ok = allowed.gather(-1, safe[..., None]).squeeze(-1)
-    Q = torch.nn.functional.one_hot(safe, T).to(torch.float32)
-    return Q, has & key_ok
-
-
-def _induction_index(tokens: Tensor, real: Tensor) -> Tensor:
-    """(B, T): ``j + 1`` for the latest ``j < i`` with ``tokens[j] == tokens[i]``, else -1."""
-    B, T = tokens.shape
-    pos = torch.arange(T, device=tokens.device)
-    same = (tokens[:, :, None] == tokens[:, None, :]) & (pos[None, :] < pos[:, None])
-    same = same & real[:, None, :]
-    last = torch.where(same, pos, -1).amax(-1)  # (B, T)
-    return torch.where(last >= 0, last + 1, -1)
-
-
 def pattern_target(target: Any, tokens: Tensor, attention_mask: Tensor | None,
-                   causal: bool) -> tuple[Tensor, Tensor]:
+                   causal: bool, window: int = DEFAULT_WINDOW) -> tuple[Tensor, Tensor]:
     """The target distribution ``Q`` (B, T, T) and its defined rows (B, T) bool.
 
-    See ``PatternObjective`` for the meaning of each target.
+    A role name takes its target from ``headwise.patterns.role_target`` (the one definition
+    role scores use too); see ``PatternObjective`` for tensors and functions.
 
     Raises:
         ValueError: unknown target name, or a tensor/function output of the wrong shape.
     """
     B, T = tokens.shape
     dev = tokens.device
-    allowed = _key_allowed(B, T, causal, attention_mask, dev)
-    real = attention_mask.bool() if attention_mask is not None else torch.ones_like(
-        tokens, dtype=torch.bool)
-    pos = torch.arange(T, device=dev).expand(B, T)
     if isinstance(target, str):
-        if target == "previous_token":
-            return _index_target(pos - 1, allowed)
-        if target == "self":
-            return _index_target(pos, allowed)
-        if target == "first_token":
-            first = real.to(torch.int8).argmax(1, keepdim=True).expand(B, T)
-            return _index_target(first, allowed)
-        if target == "induction":
-            return _index_target(_induction_index(tokens, real), allowed)
-        if target == "uniform":
-            mass = allowed.to(torch.float32)
-            return mass / mass.sum(-1, keepdim=True).clamp_min(1.0), allowed.any(-1)
-        raise ValueError(f"target: got {target!r}, expected one of {list(TARGETS)}, a (T, T) "
-                         "tensor or a function of the tokens")
+        if target not in TARGETS:
+            raise ValueError(f"target: got {target!r}, expected one of {list(TARGETS)}, a "
+                             "(T, T) tensor or a function of the tokens")
+        role = role_target(target, tokens, attention_mask, causal, window)
+        return role.weights, role.rows
+    allowed = allowed_keys(tokens, attention_mask, causal)
     out = target(tokens) if callable(target) else target
     if not isinstance(out, Tensor):
         raise ValueError(f"target: got {type(out).__name__}, expected a tensor")
     if out.dtype == torch.long and out.shape == (B, T):
-        return _index_target(out.to(dev), allowed)
+        out = out.to(dev)
+        if out.numel() and int(out.max()) >= T:
+            raise ValueError(f"target: index {int(out.max())} out of range for T={T} positions")
+        has = out >= 0
+        Q = torch.nn.functional.one_hot(out.clamp_min(0), T).to(torch.float32)
+        key_ok = allowed.gather(-1, out.clamp_min(0)[..., None]).squeeze(-1)
+        return Q, has & key_ok
     if out.dim() == 2 and out.shape[0] == out.shape[1] and not callable(target):
         if out.shape[0] < T:
             raise ValueError(f"target: matrix is {tuple(out.shape)}, the input has T={T}")
@@ -199,14 +168,14 @@ def masked_mean(values: Tensor, valid: Tensor) -> Tensor:
 class PatternObjective:
     """Pull chosen heads' attention patterns towards a target.
 
-    Targets (``Q`` rows, see module docstring for valid rows and the loss maths):
-    ``"previous_token"`` (one-hot on ``i - 1``; row 0 excluded), ``"self"`` (on ``i``),
-    ``"first_token"`` (on the first real token), ``"induction"`` (on ``j + 1`` for the latest
-    ``j < i`` holding the same token as ``i``; rows without an earlier occurrence excluded),
-    ``"uniform"`` (uniform over keys allowed by the causal and padding masks), a fixed float
-    (N, N) matrix (its top-left (T, T), rows normalised to sum 1, zero rows excluded), or a
-    function ``fn(tokens (B, T)) -> (B, T, T)`` float row weights (normalised likewise) or
-    ``(B, T)`` long key indices (-1: no target), e.g. syntactic parents.
+    Targets (``Q`` rows, see module docstring for valid rows and the loss maths): a role name
+    from ``headwise.patterns`` (``previous_token``, ``next_token``, ``self``, ``first_token``,
+    ``duplicate_token``, ``induction``, ``local``, ``uniform``): the role's target distribution
+    and defined rows, the same definition the role scores measure, so a loss near 0 means a
+    role score near 1; a fixed float (N, N) matrix (its top-left (T, T), rows normalised to
+    sum 1, zero rows excluded); or a function ``fn(tokens (B, T)) -> (B, T, T)`` float row
+    weights (normalised likewise) or ``(B, T)`` long key indices (-1: no target), e.g.
+    syntactic parents.
 
     Args:
         model: a headwise Transformer.
@@ -214,6 +183,7 @@ class PatternObjective:
         target: see above.
         kind: ``"kl"``, ``"ce"`` or ``"mse"``.
         weight: multiplies the loss.
+        window: half-width of the ``local`` target.
 
     Raises:
         ValueError: unknown ``target`` or ``kind``, or a fixed matrix that is not square.
@@ -221,7 +191,7 @@ class PatternObjective:
     """
 
     def __init__(self, model: nn.Module, heads: Any, target: Any, kind: str = "kl",
-                 weight: float = 1.0) -> None:
+                 weight: float = 1.0, window: int = DEFAULT_WINDOW) -> None:
         if kind not in LOSS_KINDS:
             raise ValueError(f"kind: got {kind!r}, expected one of {list(LOSS_KINDS)}")
         if isinstance(target, str) and target not in TARGETS:
@@ -238,6 +208,7 @@ class PatternObjective:
         self.weight = float(weight)
         self.kind = kind
         self.target = target
+        self.window = window
         self._capture = _PatternCapture(model, heads, "heads")
         self.heads = self._capture.heads
 
@@ -248,7 +219,8 @@ class PatternObjective:
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, float]]:
         """``weight * mean_heads(loss_head)`` and ``{"pattern/L0.H0": loss_head, ...}``."""
-        Q, defined = pattern_target(self.target, tokens, attention_mask, self._capture.causal)
+        Q, defined = pattern_target(self.target, tokens, attention_mask, self._capture.causal,
+                                    self.window)
         real = attention_mask.bool() if attention_mask is not None else torch.ones_like(
             defined)
         terms, logs = [], {}
@@ -262,14 +234,17 @@ class PatternObjective:
 
 
 class EntropyBound:
-    """Keep chosen heads' attention entropy within ``[min, max]`` nats.
+    """Keep chosen heads' attention entropy within ``[min, max]``, in normalised units.
 
-    Per valid row (real query with an allowed key) ``H_i = -sum_j P_ij log max(P_ij, eps)``;
-    per head ``mean_i [relu(min - H_i) + relu(H_i - max)]`` over valid rows; the loss is the
-    mean over heads times ``weight``. Missing bounds are not enforced.
+    The unit is the ``entropy`` role's (``headwise.patterns``): a row's entropy divided by
+    ``log(n_allowed)``, in [0, 1] (0 = one key, 1 = uniform over the allowed keys), so a bound
+    here means the same number as a contract's ``score: entropy`` bound. Per row where the role
+    is defined (a real query with at least two allowed keys, where the head attends at all),
+    ``h_i = H(P_i) / log(n_i)``; per head ``mean_i [relu(min - h_i) + relu(h_i - max)]``; the loss
+    is the mean over heads times ``weight``. Missing bounds are not enforced.
 
     Raises:
-        ValueError: neither bound given, a negative bound, or ``min > max``.
+        ValueError: neither bound given, a bound outside [0, 1], or ``min > max``.
     """
 
     def __init__(self, model: nn.Module, heads: Any, min: float | None = None,
@@ -277,8 +252,9 @@ class EntropyBound:
         if min is None and max is None:
             raise ValueError("EntropyBound: got min=None and max=None, expected at least one")
         for key, v in (("min", min), ("max", max)):
-            if v is not None and v < 0:
-                raise ValueError(f"EntropyBound: {key} got {v}, expected >= 0 (nats)")
+            if v is not None and not 0.0 <= v <= 1.0:
+                raise ValueError(f"EntropyBound: {key} got {v}, expected a number in [0, 1] "
+                                 "(entropy / log(number of allowed keys))")
         if min is not None and max is not None and min > max:
             raise ValueError(f"EntropyBound: min={min} > max={max}")
         self.name = "entropy"
@@ -292,13 +268,12 @@ class EntropyBound:
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, float]]:
-        """``weight * mean_heads(hinge)``; logs each head's mean entropy ``entropy/L0.H0``."""
+        """``weight * mean_heads(hinge)``; logs each head's mean normalised entropy."""
+        role = role_target("entropy", tokens, attention_mask, self._capture.causal)
         terms, logs = [], {}
         for name, P in self._capture.patterns():
-            valid = P.detach().sum(-1) > 0.5
-            if attention_mask is not None:
-                valid = valid & attention_mask.bool()
-            ent = -(P * torch.log(P.clamp_min(EPS))).sum(-1)  # (B, T)
+            valid = role.rows & (P.detach().sum(-1) > 0.5)
+            ent = normalised_entropy(P, role.allowed)  # (B, T)
             hinge = torch.zeros_like(ent)
             if self.min is not None:
                 hinge = hinge + torch.relu(self.min - ent)

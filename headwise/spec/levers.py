@@ -141,13 +141,13 @@ def parse_objective(value: Any, path: str) -> ObjectiveSpec:
 
 
 def parse_entropy(value: Any, path: str) -> EntropySpec:
-    """``{at_most: 1.0, at_least: 0.2, weight: 0.1}`` (nats) -> EntropySpec."""
+    """``{at_most: 0.6, at_least: 0.2, weight: 0.1}`` (normalised, in [0, 1]) -> EntropySpec."""
     data = check.mapping(value, path, "a mapping with keys at_least, at_most, weight")
     check.keys(data, ["at_least", "at_most", "weight"], path)
     lo = data.get("at_least")
     hi = data.get("at_most")
-    lo = None if lo is None else check.number(lo, check.join(path, "at_least"), minimum=0.0)
-    hi = None if hi is None else check.number(hi, check.join(path, "at_most"), minimum=0.0)
+    lo = None if lo is None else check.number(lo, check.join(path, "at_least"), 0.0, 1.0)
+    hi = None if hi is None else check.number(hi, check.join(path, "at_most"), 0.0, 1.0)
     if lo is None and hi is None:
         raise SpecError(f"{path}: expected at least one of at_least, at_most")
     if lo is not None and hi is not None and lo > hi:

@@ -93,7 +93,8 @@ class ObjectiveSpec:
 
 @dataclass(frozen=True)
 class EntropySpec:
-    """Keep the heads' mean attention entropy (nats) within ``[at_least, at_most]``."""
+    """Keep the heads' attention entropy within ``[at_least, at_most]``, normalised to [0, 1]
+    (entropy / log(number of allowed keys), the unit of the ``entropy`` role score)."""
 
     at_least: float | None = None
     at_most: float | None = None

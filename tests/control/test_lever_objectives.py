@@ -50,8 +50,9 @@ def test_row_losses_by_hand() -> None:
     ("previous_token", "kl", (math.log(2) + math.log(3) + math.log(4)) / 3),
     ("previous_token", "ce", (math.log(2) + math.log(3) + math.log(4)) / 3),
     ("previous_token", "mse", (0.5 + 6 / 9 + 0.75) / 3),
-    ("self", "kl", (0 + math.log(2) + math.log(3) + math.log(4)) / 4),
-    ("first_token", "kl", (0 + math.log(2) + math.log(3) + math.log(4)) / 4),
+    # Row 0 has a single allowed key, so no role is defined there (headwise.patterns).
+    ("self", "kl", (math.log(2) + math.log(3) + math.log(4)) / 3),
+    ("first_token", "kl", (math.log(2) + math.log(3) + math.log(4)) / 3),
     ("uniform", "kl", 0.0),
     ("induction", "kl", (math.log(3) + math.log(4)) / 2),  # rows 2, 3 only
 ])
@@ -82,7 +83,8 @@ def test_objectives_match_torch_kl_and_nll_on_a_random_model() -> None:
     P = cache.head("blocks.1.attn.hook_pattern", 3)  # (B, T, T)
     Q = torch.ones(10, 10).tril()
     Q = Q / Q.sum(-1, keepdim=True)
-    kl = F.kl_div(P.clamp_min(1e-12).log(), Q.expand(3, 10, 10), reduction="none").sum(-1).mean()
+    kl = F.kl_div(P.clamp_min(1e-12).log(), Q.expand(3, 10, 10), reduction="none").sum(-1)
+    kl = kl[:, 1:].mean()  # row 0 has one allowed key: no role is defined there
     _, logs = run(model, PatternObjective(model, "L1.H3", "uniform"), tokens)
     assert logs["pattern/L1.H3"] == pytest.approx(float(kl), rel=1e-5)
     prev = torch.arange(10).expand(3, 10) - 1
@@ -120,12 +122,14 @@ def test_only_supervised_heads_leave_the_fused_path_and_get_gradient() -> None:
 def test_entropy_bound_by_hand() -> None:
     model = uniform_layer0()
     tokens = torch.tensor([[1, 2, 3, 4]])
-    ent = [math.log(i + 1) for i in range(4)]
-    obj = EntropyBound(model, "L0.H0", min=1.0, max=1.2)
+    # Causal uniform rows: row i holds 1/(i+1) on i+1 keys, entropy log(i+1) nats, normalised
+    # by log(i+1) to 1.0; row 0 (one key) is not a defined row.
+    ent = [math.log(i + 1) / math.log(i + 1) for i in range(1, 4)]
+    obj = EntropyBound(model, "L0.H0", min=0.2, max=0.9)
     term, logs = run(model, obj, tokens)
-    hinge = [max(0.0, 1.0 - e) + max(0.0, e - 1.2) for e in ent]
-    assert float(term.detach()) == pytest.approx(sum(hinge) / 4, abs=1e-6)
-    assert logs["entropy/L0.H0"] == pytest.approx(sum(ent) / 4, abs=1e-6)
+    hinge = [max(0.0, 0.2 - e) + max(0.0, e - 0.9) for e in ent]
+    assert float(term.detach()) == pytest.approx(sum(hinge) / 3, abs=1e-6)
+    assert logs["entropy/L0.H0"] == pytest.approx(1.0, abs=1e-6)
 
 
 def test_head_diversity_pattern_by_hand_and_output_against_cosine() -> None:
@@ -159,16 +163,18 @@ def test_ffn_penalty_against_cached_mlp_out() -> None:
 
 def test_bad_objective_input_raises_naming_it() -> None:
     model = make()
-    with pytest.raises(ValueError, match="target: got 'next_token'"):
-        PatternObjective(model, "L0.H0", "next_token")
+    with pytest.raises(ValueError, match="target: got 'nxt_token'"):
+        PatternObjective(model, "L0.H0", "nxt_token")
     with pytest.raises(ValueError, match="kind: got 'hinge'"):
         PatternObjective(model, "L0.H0", "self", kind="hinge")
     with pytest.raises(SelectorError, match="L2.H0"):
         PatternObjective(model, "L2.H0", "self")
     with pytest.raises(ValueError, match="target: tensor of shape \\(3, 4\\)"):
         PatternObjective(model, "L0.H0", torch.ones(3, 4))
-    with pytest.raises(ValueError, match="min=2.0 > max=1.0"):
-        EntropyBound(model, "L0.H0", min=2.0, max=1.0)
+    with pytest.raises(ValueError, match="min=0.8 > max=0.5"):
+        EntropyBound(model, "L0.H0", min=0.8, max=0.5)
+    with pytest.raises(ValueError, match="max got 1.2, expected a number in \\[0, 1\\]"):
+        EntropyBound(model, "L0.H0", max=1.2)
     with pytest.raises(ValueError, match="on: got 'values'"):
         HeadDiversity(model, 0, on="values")
     with pytest.raises(ValueError, match="kind: got 'l2'"):
