@@ -28,7 +28,8 @@ Roles (``q`` a query, ``k`` a key):
                     period ``P`` this is ``k = q - P + 1`` (Olsson et al.'s stripe) whatever
                     the prefix (a BOS, a task marker) and however many repeats; per row, so a
                     batch may mix periods.
-``local``           ``|q - k| <= window``
+``local``           ``|q - k| < window`` (causal: self and the ``window - 1`` previous keys),
+                    the keys the ``local(window)`` mask allows
 ``uniform``         every allowed key
 ``entropy``         no target: the score is the row's entropy over its allowed keys divided by
                     ``log(n_allowed)``, in [0, 1] (1 = uniform). ``EntropyBound`` uses the same
@@ -123,8 +124,8 @@ def role_target(role: str, tokens: Tensor, attention_mask: Tensor | None = None,
     """
     if role not in ROLE_NAMES:
         raise ValueError(f"role: got {role!r}, expected one of {list(ROLE_NAMES)}")
-    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-        raise ValueError(f"window: got {window!r}, expected an integer >= 0")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window: got {window!r}, expected an integer >= 1")
     B, T = tokens.shape
     dev = tokens.device
     real = real_tokens(tokens, attention_mask)
@@ -145,13 +146,34 @@ def role_target(role: str, tokens: Tensor, attention_mask: Tensor | None = None,
     elif role == "induction":
         support = _index_support(induction_keys(tokens, real), allowed)
     elif role == "local":
-        support = ((pos[:, None] - pos[None, :]).abs() <= window) & allowed
+        support = ((pos[:, None] - pos[None, :]).abs() < window) & allowed
     else:  # uniform, entropy
         support = allowed
     rows = busy & support.any(-1)
     weights = support.to(torch.float32)
     weights = weights / weights.sum(-1, keepdim=True).clamp_min(1.0)
     return RoleTarget(role, support, weights, rows, allowed)
+
+
+# Roles whose target depends on positions only: a structural mask can impose them.
+POSITION_ROLES = ("previous_token", "next_token", "self", "first_token", "local", "uniform")
+
+
+def position_support(role: str, T: int, device: torch.device | str = "cpu",
+                     window: int = DEFAULT_WINDOW) -> Tensor:
+    """(T, T) bool: the keys a position-only role attends to, before causality is applied.
+
+    The structural masks of ``headwise.control.masks`` are these supports (the model ANDs them
+    with its own causal and padding masks), so a masked head plays its role exactly.
+
+    Raises:
+        ValueError: ``role`` depends on the tokens (not in ``POSITION_ROLES``).
+    """
+    if role not in POSITION_ROLES:
+        raise ValueError(f"role: got {role!r}, expected a position-only role from "
+                         f"{list(POSITION_ROLES)}")
+    tokens = torch.zeros(1, T, dtype=torch.long, device=device)
+    return role_target(role, tokens, None, causal=False, window=window).support[0]
 
 
 def normalised_entropy(patterns: Tensor, allowed: Tensor) -> Tensor:

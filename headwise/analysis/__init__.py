@@ -26,7 +26,6 @@ from headwise.analysis.report import (
     expected_vs_observed,
     print_report,
     render_html,
-    target_pattern,
     write_report,
 )
 from headwise.analysis.role_table import TOP_ROLE_CANDIDATES, RoleTable
@@ -49,5 +48,5 @@ __all__ = [
     "explain_head", "gradient_importance", "induction_probe", "infer_period", "ov_logits",
     "ov_top1", "periodic_probe", "print_report", "probe_info", "random_tokens", "render_html",
     "role_scores", "role_sums", "score_checkpoints", "scores_from_patterns",
-    "target_pattern", "target_similarity", "task_metrics", "verify", "write_report",
+    "target_similarity", "task_metrics", "verify", "write_report",
 ]

@@ -30,6 +30,13 @@ from headwise.analysis.role_table import SHOWN_MIN_SCORE, RoleTable
 from headwise.analysis.trajectories import Trajectory
 from headwise.analysis.verify import ContractResult
 from headwise.heads import Head, HeadSet
+from headwise.patterns import (
+    DEFAULT_WINDOW,
+    allowed_keys,
+    role_target,
+    score_sums,
+    similarity_sums,
+)
 
 REPORT_VERSION = 1
 
@@ -51,54 +58,34 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def target_pattern(name: str, tokens: Tensor) -> Tensor:
-    """(T, T) ideal pattern for a named role on one sequence (causal).
-
-    ``previous_token`` (row 0 on itself), ``self``, ``first_token``, ``uniform`` and
-    ``induction`` (key after the latest earlier occurrence of the query's token; rows without
-    one on the first token).
-    """
-    T = tokens.shape[0]
-    out = torch.zeros(T, T)
-    for q in range(T):
-        if name == "previous_token":
-            out[q, max(q - 1, 0)] = 1.0
-        elif name == "self":
-            out[q, q] = 1.0
-        elif name == "first_token":
-            out[q, 0] = 1.0
-        elif name == "uniform":
-            out[q, : q + 1] = 1.0 / (q + 1)
-        elif name == "induction":
-            earlier = [j for j in range(q) if tokens[j] == tokens[q]]
-            out[q, earlier[-1] + 1 if earlier else 0] = 1.0
-        else:
-            raise ValueError(f"target: got {name!r}, expected previous_token, self, "
-                             "first_token, uniform or induction")
-    return out
-
-
 @in_eval_mode
 @torch.no_grad()
 def expected_vs_observed(model: nn.Module, tokens: Tensor, head: Head | str,
-                         target: str | Tensor, **forward_kwargs: Any) -> dict[str, Any]:
+                         target: str | Tensor, window: int = DEFAULT_WINDOW,
+                         **forward_kwargs: Any) -> dict[str, Any]:
     """A supervised head's target and actual pattern on one sequence ``tokens`` (T,).
 
     Returns:
-        ``{"head", "target", "tokens", "expected", "observed", "similarity"}`` where similarity
-        is the mean over rows of ``1 - total variation`` (as ``target_similarity``).
+        ``{"head", "target", "tokens", "expected", "observed", "similarity"}``: ``expected`` is
+        the role's target from ``headwise.patterns`` (or the given matrix); similarity is the
+        head's role score on this sequence (attention mass on the role's target, the number
+        contracts check) or, for a matrix, the mean over rows of ``1 - total variation``
+        (``headwise.patterns.similarity_sums``, as ``target_similarity``).
     """
     cfg = config(model)
     h = head if isinstance(head, Head) else Head.parse(head, cfg.n_layers, cfg.n_heads)
-    expected = (target_pattern(target, tokens.cpu()) if isinstance(target, str)
-                else target.float().cpu())
+    seq = tokens.cpu()[None]  # (1, T)
+    role = role_target(target, seq, None, cfg.causal, window) if isinstance(target, str) else None
+    expected = role.weights[0] if role is not None else target.float().cpu()  # type: ignore[union-attr]
     name = f"blocks.{h.layer}.attn.hook_pattern"
     _, cache = as_any(model).run_with_cache(tokens[None], names=[name],
                                     heads=HeadSet([h], cfg.n_layers, cfg.n_heads),
                                     **forward_kwargs)
     observed = cache.head(name, h.head)[0].float().cpu()  # (T, T)
-    exp_n = expected / expected.sum(-1, keepdim=True).clamp_min(1e-12)
-    sim = float(torch.minimum(observed, exp_n).sum(-1).mean())
+    num, den = (score_sums(observed[None, None].double(), role) if role is not None else
+                similarity_sums(observed[None, None], expected[None],
+                                allowed_keys(seq, None, cfg.causal), torch.ones_like(seq).bool()))
+    sim = float(num[0] / den[0])
     return {"head": str(h), "target": target if isinstance(target, str) else "matrix",
             "tokens": tokens.cpu().tolist(), "expected": expected.tolist(),
             "observed": observed.tolist(), "similarity": sim}

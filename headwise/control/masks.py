@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from headwise.control._common import as_headset, attention, model_shape
+from headwise.patterns import position_support
 
 MaskFn = Callable[[int, torch.device], Tensor]
 
@@ -51,34 +52,27 @@ class MaskSpec:
         return out
 
 
-def _offset(T: int, device: torch.device) -> Tensor:
-    """(T, T) long: ``i - j`` for query ``i`` and key ``j``."""
-    i = torch.arange(T, device=device)
-    return i[:, None] - i[None, :]
-
-
 def causal() -> MaskSpec:
     """``j <= i``: each position sees itself and earlier positions."""
     return MaskSpec("causal", lambda T, d: torch.ones(T, T, dtype=torch.bool, device=d).tril())
 
 
 def previous_token() -> MaskSpec:
-    """``j == i - 1``: only the previous token (row 0 has no allowed key: zero output)."""
-    return MaskSpec("previous_token", lambda T, d: _offset(T, d) == 1)
+    """``j == i - 1``: only the previous token (row 0 has no allowed key: zero output).
+
+    The ``previous_token`` role's support (``headwise.patterns``), as every role mask here.
+    """
+    return MaskSpec("previous_token", lambda T, d: position_support("previous_token", T, d))
 
 
 def self_only() -> MaskSpec:
-    """``j == i``: each position sees only itself."""
-    return MaskSpec("self_only", lambda T, d: torch.eye(T, dtype=torch.bool, device=d))
+    """``j == i``: each position sees only itself (the ``self`` role)."""
+    return MaskSpec("self_only", lambda T, d: position_support("self", T, d))
 
 
 def first_token() -> MaskSpec:
     """``j == 0``: every position sees only the first position (an attention sink)."""
-    def fn(T: int, d: torch.device) -> Tensor:
-        out = torch.zeros(T, T, dtype=torch.bool, device=d)
-        out[:, 0] = True
-        return out
-    return MaskSpec("first_token", fn)
+    return MaskSpec("first_token", lambda T, d: position_support("first_token", T, d))
 
 
 def local(window: int) -> MaskSpec:
@@ -89,7 +83,7 @@ def local(window: int) -> MaskSpec:
     """
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"local: window got {window!r}, expected an integer >= 1")
-    return MaskSpec(f"local({window})", lambda T, d: _offset(T, d).abs() < window)
+    return MaskSpec(f"local({window})", lambda T, d: position_support("local", T, d, window))
 
 
 def block_diagonal(segments: int | Sequence[int]) -> MaskSpec:

@@ -180,7 +180,8 @@ def _objectives(spec: Spec, out: Compiled) -> None:
         heads = _set(spec, rule.heads)
         if rule.objective is not None:
             o = rule.objective
-            obj = PatternObjective(model, heads, o.target, kind=o.kind, weight=o.weight)
+            obj = PatternObjective(model, heads, o.target, kind=o.kind, weight=o.weight,
+                                   **dict(o.params))
             obj.name = f"pattern[{rule.selector}]"
             out.objectives.append(obj)
             for head in heads:

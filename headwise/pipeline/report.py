@@ -22,13 +22,15 @@ from headwise.analysis.explain import explain_head
 from headwise.analysis.report import build_report, expected_vs_observed, write_report
 from headwise.analysis.trajectories import Trajectory, score_checkpoints
 from headwise.analysis.verify import ContractResult
+from headwise.patterns import DEFAULT_WINDOW
 from headwise.pipeline.analyze import DATA_ROLES, analyse_run, metrics_curve
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.run import load_run
 from headwise.train import list_checkpoints, load_weights
 
-# Structural masks and objective targets whose ideal pattern the report can draw.
-DRAWABLE = ("previous_token", "self", "first_token", "uniform", "induction")
+# Structural masks that impose a role (the mask is the role's support, headwise.patterns).
+MASK_ROLES = {"previous_token": "previous_token", "self_only": "self",
+              "first_token": "first_token", "local": "local"}
 
 
 def write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult | None,
@@ -148,12 +150,15 @@ def _supervised(compiled: Compiled) -> list[dict[str, Any]]:
     tokens, task = _first_example(compiled, 0)
     out = []
     for rule in compiled.spec.heads:
-        target = (rule.objective.target if rule.objective is not None
-                  else rule.mask.name if rule.mask is not None else None)
-        if target not in DRAWABLE:
+        if rule.objective is not None:
+            target, params = rule.objective.target, dict(rule.objective.params)
+        elif rule.mask is not None and rule.mask.name in MASK_ROLES:
+            target, params = MASK_ROLES[rule.mask.name], dict(rule.mask.params)
+        else:
             continue
         for head in rule.heads:
             out.append(expected_vs_observed(compiled.model, tokens, head, target,
+                                            window=params.get("window", DEFAULT_WINDOW),
                                             task_ids=torch.tensor([task])))
     return out
 

@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Any
 
 from headwise.errors import SpecError
+from headwise.patterns import TARGET_ROLES
 from headwise.spec import check
 from headwise.spec.schema import EntropySpec, MaskSpec, ObjectiveSpec
 
@@ -76,12 +77,9 @@ MASKS: dict[str, tuple[dict[str, ParamCheck], dict[str, ParamCheck]]] = {
 }
 
 # objective target -> (required params, optional params).
+# Every role with a target pattern (headwise.patterns); ``local`` takes its window.
 OBJECTIVE_TARGETS: dict[str, tuple[dict[str, ParamCheck], dict[str, ParamCheck]]] = {
-    "previous_token": ({}, {}),
-    "induction": ({}, {}),
-    "uniform": ({}, {}),
-    "self": ({}, {}),
-    "first_token": ({}, {}),
+    role: ({}, {"window": _window} if role == "local" else {}) for role in TARGET_ROLES
 }
 
 

@@ -21,13 +21,13 @@ from headwise.analysis.report import (
     expected_vs_observed,
     print_report,
     render_html,
-    target_pattern,
     write_report,
 )
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.roles import role_scores
 from headwise.analysis.trajectories import Trajectory
 from headwise.analysis.verify import VerifyData, verify
+from headwise.control.masks import apply_masks, first_token, local, previous_token, self_only
 
 
 class _B:
@@ -99,11 +99,18 @@ def test_print_report(report: dict) -> None:
     assert "contract: FAIL" in text and "L1.H1" in text
 
 
-def test_target_patterns_rows_sum_to_one() -> None:
+@pytest.mark.parametrize("mask, role", [(previous_token(), "previous_token"),
+                                        (self_only(), "self"), (first_token(), "first_token"),
+                                        (local(2), "local")])
+def test_a_head_masked_to_a_role_shows_similarity_one(mask, role) -> None:  # type: ignore[no-untyped-def]
+    """The mask is the role's support, so the report's expected pattern and the masked head's
+    observed one agree on every row where the role is defined (row 0 has no previous token)."""
+    model = build_model(ModelConfig(n_layers=1, n_heads=2, d_model=16, vocab_size=12,
+                                    max_seq_len=8), seed=0)
+    apply_masks(model, {"L0.H0": mask})
     tokens = torch.tensor([3, 4, 5, 3, 4, 5])
-    for name in ("previous_token", "self", "first_token", "uniform", "induction"):
-        assert torch.allclose(target_pattern(name, tokens).sum(-1), torch.ones(6))
-    assert target_pattern("induction", tokens)[4, 2] == 1.0  # after the earlier 4 (pos 1)
+    sup = expected_vs_observed(model, tokens, "L0.H0", role, window=2)
+    assert sup["similarity"] == pytest.approx(1.0, abs=1e-6)
 
 
 _CHECK = """<script>
