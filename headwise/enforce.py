@@ -15,8 +15,8 @@ ends. The levers:
   specialise), when the spec has learned gates.
 
 Clauses without a lever (an upper bound on a score, a masked head, ablation clauses with fixed
-gates) are reported as such. The history lives in ``TrainState.extra["enforce"]``, so it is
-saved in checkpoints and survives ``--resume``.
+gates, task clauses) are reported as such. The history lives in
+``TrainState.extra["enforce"]``, so it is saved in checkpoints and survives ``--resume``.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def prepare_levers(compiled: Compiled, contract: Contract) -> dict[int, list[Any
                 levers.append(compiled.add_objective(heads, target, weight=0.0))
             if levers:
                 out[clause.index] = levers
-        elif compiled.gates is not None and hasattr(compiled.gates, "l0_penalty"):
+        elif clause.kind in ("ablation", "exclusive") and compiled.gates is not None and hasattr(
+                compiled.gates, "l0_penalty"):
             penalty = [o for o in compiled.objectives if o.name == "l0"]
             if penalty:
                 out[clause.index] = penalty

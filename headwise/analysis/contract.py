@@ -11,6 +11,8 @@ reference in docs/contracts.md):
 - exclusive: ``{heads: L1.H0-1, tasks: [sort], exclusive: true}``: ablating the set together
              drops each listed task by >= ``drop_at_least`` (default 0.1) and every other task
              by <= ``others_drop_at_most`` (default 0.02).
+- task:      ``{task: copy, metric: accuracy, at_least: 0.95}``: the model still does its job
+             (a task floor); ``metric`` is ``accuracy``, ``exact`` or ``loss``.
 
 Errors are ``SpecError`` whose message starts with the clause path, e.g.
 ``contract[2].drop_at_least: got 'x', expected a number``.
@@ -19,6 +21,7 @@ Errors are ``SpecError`` whose message starts with the clause path, e.g.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +30,9 @@ from headwise.analysis.roles import ROLES
 from headwise.errors import SelectorError, SpecError
 from headwise.heads import Head, HeadSet
 
-METRICS = ("accuracy", "loss")
+METRICS = ("accuracy", "exact", "loss")
+# Metrics in [0, 1] whose drop is in [-1, 1]; ``loss`` is in nats (>= 0).
+UNIT_METRICS = ("accuracy", "exact")
 MODES = ("zero", "mean", "resample")
 _COMMON = {"name"}
 _KEYS = {
@@ -36,6 +41,7 @@ _KEYS = {
                  "drop_at_most"} | _COMMON,
     "exclusive": {"heads", "tasks", "exclusive", "metric", "mode", "drop_at_least",
                   "others_drop_at_most"} | _COMMON,
+    "task": {"task", "metric", "at_least", "at_most"} | _COMMON,
 }
 _ALL_KEYS = sorted(set().union(*_KEYS.values()))
 _SCORE_RANGE = {"copying_eig": (-1.0, 1.0)}
@@ -49,10 +55,10 @@ class Clause:
 
     Attributes:
         index: position in the contract (``path`` is ``contract[index]``).
-        kind: ``"score"``, ``"ablation"`` or ``"exclusive"``.
-        quantifier: ``"head"`` (one head), ``"any_of"``, ``"all_of"`` or ``"set"`` (a set
-            ablated together: ``ablate`` / exclusive ``heads``).
-        heads: the heads the clause is about.
+        kind: ``"score"``, ``"ablation"``, ``"exclusive"`` or ``"task"``.
+        quantifier: ``"head"`` (one head), ``"any_of"``, ``"all_of"``, ``"set"`` (a set
+            ablated together: ``ablate`` / exclusive ``heads``) or ``"model"`` (task clauses).
+        heads: the heads the clause is about (empty for task clauses).
         at_least, at_most: bounds on the measured value (score; drop; for exclusive clauses
             the listed tasks' drop lower bound and the other tasks' drop upper bound).
     """
@@ -89,7 +95,8 @@ class Clause:
     def threshold_text(self) -> str:
         """Human-readable bounds, e.g. ``>= 0.9`` or ``drop >= 0.3``."""
         if self.kind == "exclusive":
-            return (f"drop on {list(self.tasks)} >= {self.at_least}; others <= {self.at_most}")
+            return (f"drop on {list(self.tasks)} >= {self.at_least:g}; others <= "
+                    f"{self.at_most:g}")
         prefix = "drop " if self.kind == "ablation" else ""
         parts = []
         if self.at_least is not None:
@@ -100,6 +107,8 @@ class Clause:
 
     def describe(self) -> str:
         """One line: subject and what is measured."""
+        if self.kind == "task":
+            return f"task {self.task}: {self.metric}"
         subject = (str(self.heads) if self.quantifier in ("head", "set")
                    else f"{self.quantifier} {self.source.get(self.quantifier)}")
         if self.kind == "score":
@@ -155,23 +164,32 @@ def _kind(path: str, raw: dict[str, Any]) -> str:
         return "exclusive"
     if "score" in raw:
         return "score"
-    if "ablate" in raw or "task" in raw or any(k.startswith("drop_at") for k in raw):
+    if ("ablate" in raw or any(k.startswith("drop_at") for k in raw)
+            or ("task" in raw and ("any_of" in raw or "all_of" in raw))):
         return "ablation"
+    if "task" in raw:
+        return "task"
     unknown = [k for k in raw if k not in _ALL_KEYS]
     if unknown:
         k = unknown[0]
         raise SpecError(f"{path}: unknown key {k!r}{_suggest(k, _ALL_KEYS)}")
     raise SpecError(f"{path}: cannot tell the clause kind; expected a 'score' clause, an "
-                    "'ablate'/'task' clause or 'exclusive: true'")
+                    "'ablate' clause, a 'task' clause or 'exclusive: true'")
 
 
 def _number(path: str, raw: dict[str, Any], key: str) -> float | None:
     if key not in raw:
         return None
     v = raw[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise SpecError(f"{path}.{key}: got {v!r}, expected a number")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise SpecError(f"{path}.{key}: got {_short(v)}, expected a finite number")
     return float(v)
+
+
+def _short(value: Any) -> str:
+    """``repr`` cut to 60 characters (a clause value may be huge)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _choice(path: str, raw: dict[str, Any], key: str, options: Sequence[str],
@@ -202,6 +220,8 @@ def _parse(i: int, raw: Any, n_layers: int, n_heads: int, tasks: list[str]) -> C
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: got {raw!r}, expected a mapping (one clause)")
     kind = _kind(path, raw)
+    if kind == "task":
+        return _task_clause(path, i, raw, tasks, HeadSet([], n_layers, n_heads))
     allowed = _KEYS[kind]
     for key in raw:
         if key not in allowed:
@@ -238,10 +258,10 @@ def _parse(i: int, raw: Any, n_layers: int, n_heads: int, tasks: list[str]) -> C
             raise SpecError(f"{path}: missing bound; expected 'drop_at_least' and/or "
                             "'drop_at_most'")
         _bounds(path, "drop_at_least", lo, "drop_at_most", hi)
-        if metric == "accuracy":
+        if metric in UNIT_METRICS:
             for key, v in (("drop_at_least", lo), ("drop_at_most", hi)):
                 if v is not None and not -1.0 <= v <= 1.0:
-                    raise SpecError(f"{path}.{key}: got {v}, expected an accuracy drop in "
+                    raise SpecError(f"{path}.{key}: got {v}, expected an {metric} drop in "
                                     "[-1, 1]")
         return Clause(**common, task=task, metric=metric or "accuracy", mode=mode or "zero",
                       at_least=lo, at_most=hi)
@@ -260,8 +280,39 @@ def _parse(i: int, raw: Any, n_layers: int, n_heads: int, tasks: list[str]) -> C
     if lo <= hi:
         raise SpecError(f"{path}: drop_at_least {lo} must exceed others_drop_at_most {hi} for "
                         "exclusivity to mean anything")
+    if metric in UNIT_METRICS and not (-1.0 <= hi and lo <= 1.0):
+        raise SpecError(f"{path}.drop_at_least: got {lo}, expected an {metric} drop in [-1, 1]")
     return Clause(**common, tasks=names, metric=metric or "accuracy", mode=mode or "zero",
                   at_least=lo, at_most=hi)
+
+
+def _task_clause(path: str, i: int, raw: dict[str, Any], tasks: list[str],
+                 no_heads: HeadSet) -> Clause:
+    """``{task: T, metric: accuracy|exact|loss, at_least, at_most}``: T's own performance."""
+    allowed = _KEYS["task"]
+    for key in raw:
+        if key not in allowed:
+            raise SpecError(f"{path}.{key}: not allowed in a task clause; allowed keys: "
+                            f"{sorted(allowed)}" if key in _ALL_KEYS else
+                            f"{path}: unknown key {key!r}{_suggest(key, sorted(allowed))} "
+                            f"(allowed keys: {sorted(allowed)})")
+    task = _task(path, "task", raw.get("task"), tasks)
+    metric = _choice(path, raw, "metric", METRICS, "accuracy") or "accuracy"
+    lo, hi = _number(path, raw, "at_least"), _number(path, raw, "at_most")
+    if lo is None and hi is None:
+        raise SpecError(f"{path}: missing bound; expected 'at_least' and/or 'at_most' (a task "
+                        f"floor such as {{task: {task}, metric: accuracy, at_least: 0.95}})")
+    _bounds(path, "at_least", lo, "at_most", hi)
+    low, high = (0.0, 1.0) if metric in UNIT_METRICS else (0.0, math.inf)
+    for key, v in (("at_least", lo), ("at_most", hi)):
+        if v is not None and not low <= v <= high:
+            raise SpecError(f"{path}.{key}: got {v}, expected a number in [{low:g}, {high:g}] "
+                            f"(the range of {metric})")
+    name = raw.get("name")
+    if name is not None and not isinstance(name, str):
+        raise SpecError(f"{path}.name: got {_short(name)}, expected a string")
+    return Clause(index=i, kind="task", quantifier="model", heads=no_heads, task=task,
+                  metric=metric, at_least=lo, at_most=hi, name=name, source=dict(raw))
 
 
 def _score_clause(path: str, raw: dict[str, Any], common: dict[str, Any]) -> Clause:
@@ -296,7 +347,8 @@ def _task(path: str, key: str, value: Any, tasks: list[str]) -> str:
 
 
 def _check_consistent(clauses: list[Clause]) -> None:
-    """Reject clauses that contradict each other (per-head bounds and exclusivity)."""
+    """Reject clauses that contradict each other (per-head bounds, exclusivity, task floors)."""
+    _check_drops_fit_tasks(clauses)
     bounds: dict[tuple[Any, ...], tuple[float, int, float, int]] = {}
     exclusive: dict[Head, Clause] = {}
     for c in clauses:
@@ -310,8 +362,9 @@ def _check_consistent(clauses: list[Clause]) -> None:
             continue
         if c.quantifier == "any_of":
             continue  # "some head" bounds constrain no particular head
-        subjects: list[Any] = ([str(c.heads)] if c.quantifier == "set"
-                               else [str(h) for h in c.heads])
+        subjects: list[Any] = ([f"{c.heads} "] if c.quantifier == "set" else
+                               [""] if c.kind == "task" else
+                               [f"{h} " for h in c.heads])
         for s in subjects:
             key = (c.kind, s, c.score, c.on, c.task, c.metric, c.mode)
             lo, lo_i, hi, hi_i = bounds.get(key, (-float("inf"), -1, float("inf"), -1))
@@ -320,8 +373,25 @@ def _check_consistent(clauses: list[Clause]) -> None:
             if c.at_most is not None and c.at_most < hi:
                 hi, hi_i = c.at_most, c.index
             if lo > hi:
-                what = c.score if c.kind == "score" else f"{c.task} {c.metric} drop"
+                what = (c.score if c.kind == "score" else f"{c.task} {c.metric}"
+                        if c.kind == "task" else f"{c.task} {c.metric} drop")
                 raise SpecError(f"contract[{max(lo_i, hi_i)}]: contradicts "
-                                f"contract[{min(lo_i, hi_i)}]: {s} {what} must be >= {lo:g} "
+                                f"contract[{min(lo_i, hi_i)}]: {s}{what} must be >= {lo:g} "
                                 f"and <= {hi:g}")
             bounds[key] = (lo, lo_i, hi, hi_i)
+
+
+def _check_drops_fit_tasks(clauses: list[Clause]) -> None:
+    """An accuracy (or exact) drop of ``d`` needs a clean value of at least ``d``: a task clause
+    capping that metric below ``d`` contradicts the ablation or exclusive clause."""
+    caps = {(c.task, c.metric): c for c in clauses
+            if c.kind == "task" and c.at_most is not None and c.metric in UNIT_METRICS}
+    for c in clauses:
+        if c.kind not in ("ablation", "exclusive") or c.at_least is None:
+            continue
+        for task in (c.tasks if c.kind == "exclusive" else (c.task,)):
+            cap = caps.get((task, c.metric))
+            if cap is not None and cap.at_most is not None and c.at_least > cap.at_most:
+                raise SpecError(f"{c.path}: contradicts {cap.path}: a {task} {c.metric} drop "
+                                f">= {c.at_least:g} needs {c.metric} >= {c.at_least:g}, but "
+                                f"{cap.path} caps it at {cap.at_most:g}")

@@ -1,7 +1,8 @@
 """Head importance per task: ablation effects, gradient (head-mask) importance, with bootstrap CIs.
 
 Metrics on a batch with next-token ``targets`` (-100 ignored) are token-weighted over the
-scored positions: ``loss`` (mean cross-entropy, nats) and ``accuracy`` (argmax hits). The
+scored positions: ``loss`` (mean cross-entropy, nats) and ``accuracy`` (argmax hits);
+``exact`` is per example (the share of examples whose every scored token is right). The
 *drop* caused by an intervention is signed so that positive means "the head mattered":
 ``accuracy``: clean - ablated; ``loss``: ablated - clean (the loss increase). Confidence
 intervals come from a paired bootstrap over examples (the same resampled examples for the clean
@@ -23,13 +24,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headwise.analysis._model import as_any, config, in_eval_mode
-from headwise.analysis.importance_matrix import ImportanceMatrix, bootstrap_ci
+from headwise.analysis.importance_matrix import (
+    ImportanceMatrix,
+    bootstrap_ci,
+    bootstrap_value_ci,
+)
 from headwise.heads import HeadSet
 from headwise.hooks.hook_point import Hook
 from headwise.hooks.interventions import ablate
 
 IGNORE = -100
-METRICS = ("loss", "accuracy")
+METRICS = ("loss", "accuracy", "exact")
 
 
 def _forward_kwargs(batch: Any) -> dict[str, Any]:
@@ -48,14 +53,18 @@ def example_stats(logits: Tensor, targets: Tensor) -> dict[str, tuple[Tensor, Te
         logits: (B, T, V).  targets: (B, T) long, -100 where not scored.
 
     Returns:
-        ``{"loss": (sum CE (B,), count (B,)), "accuracy": (hits (B,), count (B,))}``.
+        ``{"loss": (sum CE (B,), count (B,)), "accuracy": (hits (B,), count (B,)),
+        "exact": (every scored token right (B,), 1 per example with a scored token (B,))}``.
     """
     valid = targets != IGNORE
     ce = F.cross_entropy(logits.transpose(1, 2).float(), targets, ignore_index=IGNORE,
                          reduction="none")  # (B, T), 0 where ignored
     hits = (logits.argmax(-1) == targets) & valid
     count = valid.sum(1).double()
-    return {"loss": (ce.sum(1).double(), count), "accuracy": (hits.sum(1).double(), count)}
+    hit = hits.sum(1).double()
+    scored = (count > 0).double()
+    return {"loss": (ce.sum(1).double(), count), "accuracy": (hit, count),
+            "exact": ((hit == count).double() * scored, scored)}
 
 
 def _cpu(stats: dict[str, tuple[Tensor, Tensor]]) -> dict[str, tuple[Tensor, Tensor]]:
@@ -66,9 +75,31 @@ def _cpu(stats: dict[str, tuple[Tensor, Tensor]]) -> dict[str, tuple[Tensor, Ten
 @in_eval_mode
 @torch.no_grad()
 def task_metrics(model: nn.Module, batch: Any) -> dict[str, float]:
-    """Token-weighted ``loss`` and ``accuracy`` of ``model`` on ``batch`` (duck-typed Batch)."""
+    """Token-weighted ``loss`` and ``accuracy``, and ``exact``, of ``model`` on ``batch``."""
     stats = example_stats(model(batch.tokens, **_forward_kwargs(batch)), batch.targets)
     return {m: float(num.sum() / den.sum().clamp_min(1)) for m, (num, den) in stats.items()}
+
+
+@in_eval_mode
+@torch.no_grad()
+def task_metric_ci(model: nn.Module, batch: Any, metric: str, n_boot: int = 1000,
+                   confidence: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """One metric of ``model`` on ``batch`` with a percentile bootstrap CI over examples.
+
+    The same resampling as the ablation drops' CIs (``bootstrap_value_ci``).
+
+    Returns:
+        ``(value, low, high)`` (the bounds are NaN with fewer than two examples).
+
+    Raises:
+        ValueError: unknown metric.
+    """
+    if metric not in METRICS:
+        raise ValueError(f"metric: got {metric!r}, expected one of {list(METRICS)}")
+    stats = _cpu(example_stats(model(batch.tokens, **_forward_kwargs(batch)), batch.targets))
+    num, count = stats[metric]
+    gen = torch.Generator().manual_seed(seed)
+    return bootstrap_value_ci(num, count, n_boot, confidence, gen)
 
 
 def _units(model: nn.Module, heads: Any, groups: Sequence[Any] | None) -> list[HeadSet]:

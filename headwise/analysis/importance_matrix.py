@@ -42,6 +42,15 @@ def bootstrap_ci(clean_num: Tensor, ablated_num: Tensor, count: Tensor, sign: fl
     return point, float(q[0]), float(q[1])
 
 
+def bootstrap_value_ci(num: Tensor, count: Tensor, n_boot: int, confidence: float,
+                       gen: torch.Generator) -> tuple[float, float, float]:
+    """Point estimate and percentile CI of one ratio metric ``sum(num) / sum(count)``.
+
+    The same example resampling as ``bootstrap_ci``, for a task's own metric (task clauses).
+    """
+    return bootstrap_ci(torch.zeros_like(num), num, count, 1.0, n_boot, confidence, gen)
+
+
 class ImportanceMatrix:
     """Importance of units (single heads or head groups) for tasks, per metric.
 

@@ -12,6 +12,8 @@ Measurement per clause kind (docs/contracts.md):
 - exclusive: the set ablated together on every task; measured = the smallest drop on the listed
   tasks (>= ``drop_at_least``) and, in ``details``, the largest on the others (<=
   ``others_drop_at_most``).
+- task: the task's own metric on its held-out batch (``accuracy`` token-weighted, ``exact`` per
+  example, ``loss`` in nats), with the same paired-bootstrap CI machinery (``task_metric_ci``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 from rich.table import Table
 from torch import Tensor, nn
 
-from headwise.analysis.importance import ablation_importance
+from headwise.analysis.importance import ablation_importance, task_metric_ci
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.roles import role_scores
 from headwise.errors import SpecError
@@ -175,6 +177,8 @@ def verify(model: nn.Module, contract: Contract, data: VerifyData) -> ContractRe
                 results.append(_verify_score(c, tables[c.index]))
             elif c.kind == "ablation":
                 results.append(_verify_ablation(model, c, data))
+            elif c.kind == "task":
+                results.append(_verify_task(model, c, data))
             else:
                 results.append(_verify_exclusive(model, c, data))
         return ContractResult(results)
@@ -235,6 +239,15 @@ def _verify_ablation(model: nn.Module, c: Clause, data: VerifyData) -> ClauseRes
     return ClauseResult(c, passed, _num(value), c.threshold_text(), unit,
                         {u: _num(v) for u, v in values.items()}, imp.ci(unit, c.task, c.metric),
                         {"clean": imp.clean[c.task][c.metric]})
+
+
+def _verify_task(model: nn.Module, c: Clause, data: VerifyData) -> ClauseResult:
+    assert c.task is not None
+    value, low, high = task_metric_ci(model, _batch(data, c.task, c.path), c.metric,
+                                      n_boot=data.n_boot)
+    return ClauseResult(c, _ok(c, value), _num(value), c.threshold_text(), "the model",
+                        ci=(low, high), details={"examples": int(_batch(data, c.task,
+                                                                        c.path).tokens.shape[0])})
 
 
 def _verify_exclusive(model: nn.Module, c: Clause, data: VerifyData) -> ClauseResult:

@@ -24,7 +24,22 @@ def _c(clauses: list[dict]) -> Contract:
 
 @pytest.mark.parametrize("clauses, message", [
     ([{"ablate": "L1.H1", "task": "copy", "drop_at_least": "x"}],
-     r"^contract\[0\]\.drop_at_least: got 'x', expected a number"),
+     r"^contract\[0\]\.drop_at_least: got 'x', expected a finite number"),
+    ([{"ablate": "L1.H1", "task": "copy", "drop_at_least": float("nan")}],
+     r"^contract\[0\]\.drop_at_least: got nan, expected a finite number"),
+    ([{"task": "copy", "metric": "accuracy", "at_least": 1.5}],
+     r"^contract\[0\]\.at_least: got 1\.5, expected a number in \[0, 1\] \(the range of accuracy"),
+    ([{"task": "copy", "metric": "acc", "at_least": 0.5}], r"^contract\[0\]\.metric: got 'acc'"),
+    ([{"task": "copy"}], r"^contract\[0\]: missing bound.*task floor"),
+    ([{"task": "copy", "at_least": 0.5, "mode": "zero"}],
+     r"^contract\[0\]\.mode: not allowed in a task clause"),
+    ([{"task": "copy", "metric": "accuracy", "at_least": 0.9},
+      {"task": "copy", "metric": "accuracy", "at_most": 0.5}],
+     r"^contract\[1\]: contradicts contract\[0\]: copy accuracy must be >= 0\.9 and <= 0\.5"),
+    ([{"task": "copy", "metric": "exact", "at_most": 0.3},
+      {"heads": "L1.H0", "tasks": ["copy"], "exclusive": True, "metric": "exact",
+       "drop_at_least": 0.5}],
+     r"^contract\[1\]: contradicts contract\[0\]: a copy exact drop >= 0\.5 needs"),
     ([{"head": "L0.H0", "score": "previous_token", "at_least": 0.5},
       {"ablate": "L1.H1", "task": "copy", "metric": "accuracy", "drop_atleast": 0.3}],
      r"^contract\[1\]: unknown key 'drop_atleast'; did you mean 'drop_at_least'\?"),
@@ -144,6 +159,23 @@ def test_ablation_clauses_measure_true_drop() -> None:
     assert r[0].passed == (drop >= 1e-6) and r[1].passed == (drop <= 1e-6)
     assert r[0].ci is not None and r[0].ci[0] <= r[0].measured <= r[0].ci[1]
     assert r[2].passed and r[2].decided_by in ("L0.H0", "L0.H1")
+
+
+def test_task_clauses_measure_the_tasks_own_metric_with_a_ci() -> None:
+    model, data = _setup()
+    clean = task_metrics(model, data.tasks["copy"])
+    contract = _c([{"task": "copy", "metric": "loss", "at_most": clean["loss"] + 0.01},
+                   {"task": "copy", "metric": "loss", "at_least": clean["loss"] + 0.01},
+                   {"task": "sort", "metric": "accuracy", "at_least": 0.95},
+                   {"task": "copy", "metric": "exact", "at_most": 0.0}])
+    r = verify(model, contract, data).results
+    assert r[0].passed and not r[1].passed
+    assert r[0].measured == pytest.approx(clean["loss"], rel=1e-6)
+    assert r[0].ci is not None and r[0].ci[0] < r[0].measured < r[0].ci[1]
+    assert not r[2].passed and r[2].measured == pytest.approx(
+        task_metrics(model, data.tasks["sort"])["accuracy"])  # an untrained model: near 0
+    assert r[3].passed and r[3].measured == 0.0  # no random example is entirely right
+    assert r[0].to_dict()["description"] == "task copy: loss"
 
 
 def test_exclusive_clause_via_task_specific_ablation() -> None:

@@ -14,6 +14,7 @@ from headwise import Head, ModelConfig, build_model, scale
 from headwise.analysis.importance import (
     ablation_importance,
     gradient_importance,
+    task_metric_ci,
     task_metrics,
 )
 from headwise.analysis.importance_matrix import bootstrap_ci
@@ -57,9 +58,32 @@ def test_task_metrics_explicit() -> None:
     valid = batch.targets != -100
     loss = F.cross_entropy(logits[valid], batch.targets[valid]).detach()
     acc = (logits.argmax(-1)[valid] == batch.targets[valid]).float().mean()
+    hits = (logits.argmax(-1) == batch.targets) | ~valid
+    exact = hits.all(1)[valid.any(1)].float().mean()
     got = task_metrics(model, batch)
     assert got["loss"] == pytest.approx(float(loss), rel=1e-5)
     assert got["accuracy"] == pytest.approx(float(acc))
+    assert got["exact"] == pytest.approx(float(exact))
+
+
+def test_task_metric_ci_brackets_the_value_and_resamples_examples() -> None:
+    """The task clause's CI: a percentile bootstrap over examples of the metric itself, checked
+    against an explicit resampling with the same generator draws."""
+    model, batch = _model(), _batch(3)
+    value, lo, hi = task_metric_ci(model, batch, "accuracy", n_boot=300, seed=5)
+    assert value == pytest.approx(task_metrics(model, batch)["accuracy"])
+    logits = model(batch.tokens)
+    valid = batch.targets != -100
+    hit = ((logits.argmax(-1) == batch.targets) & valid).sum(1).double()
+    count = valid.sum(1).double()
+    idx = torch.randint(0, hit.shape[0], (300, hit.shape[0]),
+                        generator=torch.Generator().manual_seed(5))
+    boots = hit[idx].sum(1) / count[idx].sum(1)
+    q = torch.quantile(boots, torch.tensor([0.025, 0.975], dtype=boots.dtype))
+    assert (lo, hi) == pytest.approx((float(q[0]), float(q[1])), abs=1e-9)
+    assert lo < value < hi
+    with pytest.raises(ValueError, match="metric: got 'acc'"):
+        task_metric_ci(model, batch, "acc")
 
 
 def test_zero_ablation_matches_zeroed_output_projection() -> None:
@@ -77,7 +101,7 @@ def test_zero_ablation_matches_zeroed_output_projection() -> None:
             lo, hi = imp.ci(head, task, "loss")
             assert lo <= imp.get(head, task, "loss") + 1e-9 <= hi + 2e-9
     recs = imp.to_records()
-    assert len(recs) == 2 * 2 * 2 and {"unit", "task", "metric", "ci_low"} <= set(recs[0])
+    assert len(recs) == 2 * 2 * 3 and {"unit", "task", "metric", "ci_low"} <= set(recs[0])
 
 
 def test_group_ablation_and_mean_mode() -> None:
