@@ -3,7 +3,8 @@
 Each example's task is drawn independently (``torch.multinomial`` with the normalised weights),
 then every task draws its examples, in the order of ``mixture.names``, from the same generator;
 so a batch is a pure function of the generator state. Sequences shorter than the longest task's
-are right-padded with ``PAD`` (``attention_mask`` 0, targets ignored).
+are right-padded with ``PAD`` (``attention_mask`` 0, targets ignored). With ``markers`` each
+example carries its task's marker token after ``BOS`` (``headwise.data.markers``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 import torch
 
 from headwise.data.batch import IGNORE, PAD, Batch
+from headwise.data.markers import insert_marker
 from headwise.data.task import Task
 from headwise.errors import ConfigError, field_error
 
@@ -24,13 +26,16 @@ class Mixture:
     Args:
         tasks: name -> task; the order fixes the task ids (``names[i]`` has id ``i``).
         weights: name -> positive weight (normalised); ``None`` for equal weights.
+        markers: task name -> marker token id inserted after each example's ``BOS``
+            (``headwise.data.markers``); ``None``: no markers.
 
     Raises:
-        ConfigError: no tasks, a weight for an unknown task, a missing or non-positive weight.
+        ConfigError: no tasks, a weight for an unknown task, a missing or non-positive weight,
+            markers that do not name every task once.
     """
 
-    def __init__(self, tasks: Mapping[str, Task], weights: Mapping[str, float] | None = None
-                 ) -> None:
+    def __init__(self, tasks: Mapping[str, Task], weights: Mapping[str, float] | None = None,
+                 markers: Mapping[str, int] | None = None) -> None:
         if not tasks:
             raise ConfigError("data.tasks: got no tasks, expected at least one")
         for name, task in tasks.items():
@@ -49,6 +54,10 @@ class Mixture:
             if isinstance(w, bool) or not isinstance(w, (int, float)) or not (
                     w > 0 and math.isfinite(w)):
                 raise field_error(f"data.weights.{name}", w, "a positive finite number")
+        if markers is not None and set(markers) != set(tasks):
+            raise ConfigError(f"markers: got tasks {sorted(markers)}, expected one marker for "
+                              f"each task of {sorted(tasks)}")
+        self.markers: dict[str, int] | None = None if markers is None else dict(markers)
         self.tasks: dict[str, Task] = dict(tasks)
         self.names: list[str] = list(tasks)
         total = sum(float(weights[n]) for n in self.names)
@@ -56,8 +65,8 @@ class Mixture:
 
     @property
     def seq_len(self) -> int:
-        """T of every batch: the longest task's sequence length."""
-        return max(t.seq_len for t in self.tasks.values())
+        """T of every batch: the longest task's sequence length (+1 for a task marker)."""
+        return max(t.seq_len for t in self.tasks.values()) + (self.markers is not None)
 
     @property
     def vocab_size(self) -> int:
@@ -70,13 +79,21 @@ class Mixture:
         Raises:
             ConfigError: naming the task whose vocabulary or length does not fit.
         """
+        extra = self.markers is not None
+        top = max(self.markers.values()) + 1 if self.markers else 0
+        if top > vocab_size:
+            raise ConfigError(f"markers: id {top - 1} needs vocab_size >= {top}, the model has "
+                              f"{vocab_size}")
         for name, task in self.tasks.items():
-            if task.vocab_size > vocab_size:
+            limit = min(self.markers.values()) if self.markers else vocab_size
+            if task.vocab_size > limit:
                 raise ConfigError(f"data.tasks.{name}.vocab_size: got {task.vocab_size}, "
-                                  f"expected at most the model's vocab_size={vocab_size}")
-            if max_seq_len is not None and task.seq_len > max_seq_len:
-                raise ConfigError(f"data.tasks.{name}: sequence length {task.seq_len} exceeds "
-                                  f"the model's max_seq_len={max_seq_len}")
+                                  f"expected at most {limit} (the model's vocab_size="
+                                  f"{vocab_size}{', less the task markers' if extra else ''})")
+            if max_seq_len is not None and task.seq_len + extra > max_seq_len:
+                raise ConfigError(f"data.tasks.{name}: sequence length {task.seq_len + extra}"
+                                  f"{' (with its task marker)' if extra else ''} exceeds the "
+                                  f"model's max_seq_len={max_seq_len}")
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
         """Draw a batch of ``batch_size`` examples (B, T) with ``task_ids`` set.
@@ -97,7 +114,10 @@ class Mixture:
             rows = (choice == i).nonzero().flatten()
             if rows.numel() == 0:
                 continue
-            part = self.tasks[name].sample(int(rows.numel()), generator)
+            task = self.tasks[name]
+            part = task.sample(int(rows.numel()), generator)
+            if self.markers is not None:
+                part = insert_marker(part, self.markers[name], task.starts_with_bos)
             t = part.tokens.shape[1]
             tokens[rows, :t] = part.tokens
             targets[rows, :t] = part.targets

@@ -31,6 +31,7 @@ from headwise.errors import field_error
 class _SeqToSeq(Task):
     """``[BOS, x, SEP, f(x)]`` with targets on the answer half."""
 
+    input_format: ClassVar[str] = "[BOS, x, SEP, y]"
     vocab_size: int = 64
     length: int = 8
 

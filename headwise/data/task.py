@@ -26,6 +26,16 @@ class Task(ABC):
     """
 
     name: ClassVar[str] = "task"
+    # Tasks whose inputs look alike share a format: a model cannot tell them apart without a
+    # task marker (``headwise.data.markers``). Default: a format of the task's own.
+    input_format: ClassVar[str] = ""
+    # Whether every sequence starts with ``BOS`` (a task marker goes right after it).
+    starts_with_bos: ClassVar[bool] = True
+
+    @property
+    def format_key(self) -> str:
+        """The input format this task's examples share with others (see ``input_format``)."""
+        return self.input_format or self.name
 
     @property
     @abstractmethod

@@ -40,6 +40,7 @@ class TextTask(Task):
     """
 
     name: ClassVar[str] = "text"
+    starts_with_bos: ClassVar[bool] = False
     path: str
     seq_len: int = 64
     tokenizer: str | None = None

@@ -229,4 +229,6 @@ def _data(spec: Spec) -> tuple[Mixture, Mixture]:
         except HeadwiseError as e:
             raise SpecError(str(e)) from None
     weights = {t.name: t.weight for t in spec.data.tasks}
-    return Mixture(train, weights), Mixture(held_out, weights)
+    markers = (dict(zip(spec.data.names, spec.data.markers, strict=True))
+               if spec.data.markers else None)
+    return Mixture(train, weights, markers), Mixture(held_out, weights, markers)

@@ -14,14 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from headwise.analysis.contract import Contract
-from headwise.analysis.probes import induction_probe
 from headwise.analysis.verify import ContractResult, VerifyData, verify
-from headwise.data import CONTENT, Batch
+from headwise.data import Batch
 from headwise.errors import CheckpointError, SpecError
 from headwise.pipeline.compile import Compiled, compile_spec
+from headwise.pipeline.probes import spec_probes
 from headwise.spec import Spec, load_spec
 from headwise.train import TrainResult, train
 from headwise.train.safetensors_io import write_bytes_atomic
@@ -50,8 +48,9 @@ def contract_of(spec: Spec) -> Contract:
 def verify_data(compiled: Compiled) -> VerifyData:
     """Held-out data for verification: one batch per task, and probes for role scores.
 
-    Probes: ``default`` (the held-out mixture), each task's name (its part of it), and
-    ``repeated`` (random halves repeated once, for induction scores; run as task 0).
+    Probes: ``default`` (the held-out mixture), each task's name (its part of it),
+    ``repeated`` (random halves repeated once, sized by the training data) and the spec's
+    declared probes (``headwise.pipeline.probes``).
     """
     batch = compiled.eval_batch
     tasks: dict[str, Batch] = {}
@@ -61,15 +60,7 @@ def verify_data(compiled: Compiled) -> VerifyData:
             mask = batch.attention_mask[rows] if batch.attention_mask is not None else None
             tasks[name] = Batch(batch.tokens[rows], batch.targets[rows], mask,
                                 batch.task_ids[rows])
-    probes: dict[str, Any] = {"default": batch, **tasks}
-    config = compiled.spec.model.config
-    half = min(config.max_seq_len // 2, 32)
-    if half >= 2:
-        reserved = CONTENT if config.vocab_size - CONTENT >= half else 0
-        gen = torch.Generator().manual_seed(compiled.spec.data.eval_seed + 1)
-        tokens = induction_probe(config.vocab_size, 128, half, gen, reserved=reserved)
-        probes["repeated"] = Batch(tokens, torch.full_like(tokens, -100), None,
-                                   torch.zeros(tokens.shape[0], dtype=torch.long))
+    probes: dict[str, Any] = {"default": batch, **tasks, **spec_probes(compiled.spec)}
     return VerifyData(tasks=tasks, probes=probes)
 
 

@@ -1,10 +1,10 @@
 """YAML specs: ``load_spec(path_or_text) -> Spec``, validated into frozen dataclasses.
 
-A spec describes a whole run: ``model``, ``data``, ``train``, ``heads``, ``gates``,
-``adapters``, ``ffn`` and ``contract`` (reference: docs/spec.md). It is read with a safe YAML loader
-and never names code to import. Every error is a ``SpecError`` whose message starts with the
-field path, e.g. ``heads.L1.H9: layer 1 has heads 0-3`` or ``train.steps: got -5, expected an
-integer >= 1``.
+A spec describes a whole run: ``model``, ``data``, ``probes``, ``train``, ``heads``,
+``gates``, ``adapters``, ``ffn`` and ``contract`` (reference: docs/spec.md). It is read with a
+safe YAML loader and never names code to import. Every error is a ``SpecError`` whose message
+starts with the field path, e.g. ``heads.L1.H9: layer 1 has heads 0-3`` or ``train.steps: got
+-5, expected an integer >= 1``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from headwise.spec.parse import (
     parse_model,
     parse_train,
 )
+from headwise.spec.probes import parse_probes, probe_names
 from headwise.spec.schema import (
     AdapterSpec,
     DataSpec,
@@ -35,13 +36,15 @@ from headwise.spec.schema import (
     ModelSpec,
     ObjectiveSpec,
     PretrainedSpec,
+    ProbeSpec,
     Spec,
     TaskSpec,
 )
 from headwise.spec.yaml_io import parse_yaml, read_spec_text
 
 __all__ = ["AdapterSpec", "DataSpec", "EntropySpec", "FFNSpec", "GateSpec", "HeadRule", "MaskSpec",
-           "ModelSpec", "ObjectiveSpec", "PretrainedSpec", "Spec", "SpecError", "TaskSpec",
+           "ModelSpec", "ObjectiveSpec", "PretrainedSpec", "ProbeSpec", "Spec", "SpecError",
+           "TaskSpec",
            "load_spec", "spec_from_dict"]
 
 
@@ -81,5 +84,7 @@ def spec_from_dict(data: dict, base: Path | None = None, text: str = "") -> Spec
     gates = parse_gates(data.get("gates"), heads, config)
     adapters = parse_adapters(data.get("adapters"), config, heads)
     ffn = parse_ffn(data.get("ffn"), config)
-    contract = parse_contract(data.get("contract"), config, tasks)
-    return Spec(model, dataspec, train, heads, gates, adapters, contract, ffn, text=text)
+    probes = parse_probes(data.get("probes"), config, dataspec, model.pretrained is not None)
+    contract = parse_contract(data.get("contract"), config, tasks,
+                              probe_names(dataspec, probes))
+    return Spec(model, dataspec, train, heads, gates, adapters, contract, ffn, probes, text=text)

@@ -7,7 +7,7 @@ this module checks the list's shape first so that every message names a field pa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from headwise.config import ModelConfig
@@ -15,13 +15,16 @@ from headwise.errors import HeadwiseError, SpecError
 from headwise.spec import check
 
 
-def parse_contract(value: Any, config: ModelConfig, tasks: tuple[str, ...]
-                   ) -> tuple[Mapping[str, Any], ...]:
+def parse_contract(value: Any, config: ModelConfig, tasks: tuple[str, ...],
+                   probes: Sequence[str] | None = None) -> tuple[Mapping[str, Any], ...]:
     """Validate ``contract:`` and return its clauses.
 
+    Args:
+        probes: the probe names score clauses may measure ``on`` (``None``: not checked).
+
     Raises:
-        SpecError: not a list of mappings, a clause ``Contract.from_list`` rejects, or two
-            clauses that contradict each other.
+        SpecError: not a list of mappings, a clause ``Contract.from_list`` rejects, two
+            clauses that contradict each other, or an ``on`` naming no probe.
     """
     from headwise.analysis.contract import Contract
 
@@ -34,7 +37,11 @@ def parse_contract(value: Any, config: ModelConfig, tasks: tuple[str, ...]
                              "score: previous_token, at_least: 0.9}")
                for i, c in enumerate(value)]
     try:
-        Contract.from_list(clauses, config.n_layers, config.n_heads, list(tasks))
+        contract = Contract.from_list(clauses, config.n_layers, config.n_heads, list(tasks))
     except HeadwiseError as e:
         raise SpecError(str(e)) from None
+    for clause in contract:
+        if probes is not None and clause.on is not None and clause.on not in probes:
+            raise check.fail(f"{clause.path}.on", clause.on, f"one of the probes {list(probes)}"
+                             " (declare others under probes:)")
     return tuple(clauses)

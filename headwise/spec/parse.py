@@ -29,8 +29,8 @@ from headwise.spec.schema import (
     TaskSpec,
 )
 
-TOP_LEVEL = ("name", "description", "model", "data", "train", "heads", "gates", "adapters",
-             "ffn", "contract")
+TOP_LEVEL = ("name", "description", "model", "data", "probes", "train", "heads", "gates",
+             "adapters", "ffn", "contract")
 ADAPTER_TARGETS = ("q", "k", "v", "o", "up", "down", "gate")
 
 
@@ -79,15 +79,17 @@ def parse_data(value: Any, config: ModelConfig, base: Path | None) -> DataSpec:
     """``data: {tasks: {name: {task: KIND, weight: W, ...kwargs}}, eval_examples, eval_seed}``."""
     from headwise.data import TASKS
 
-    data = check.mapping(value, "data", "a mapping with keys tasks, eval_examples, eval_seed")
-    check.keys(data, ["tasks", "eval_examples", "eval_seed"], "data", required=["tasks"])
+    data = check.mapping(value, "data", "a mapping with keys tasks, eval_examples, eval_seed, "
+                         "task_tokens")
+    check.keys(data, ["tasks", "eval_examples", "eval_seed", "task_tokens"], "data",
+               required=["tasks"])
     raw_tasks = data["tasks"]
     if isinstance(raw_tasks, list) and all(isinstance(t, str) for t in raw_tasks):
         raw_tasks = {t: {} for t in raw_tasks}
     raw_tasks = check.mapping(raw_tasks, "data.tasks", "a mapping of task name -> settings")
     if not raw_tasks:
         raise SpecError("data.tasks: got an empty mapping, expected at least one task")
-    tasks = []
+    entries = {}
     for name, entry in raw_tasks.items():
         path = check.join("data.tasks", name)
         entry = check.mapping({} if entry is None else entry, path,
@@ -98,35 +100,63 @@ def parse_data(value: Any, config: ModelConfig, base: Path | None) -> DataSpec:
                             f"which one it is: one of {sorted(TASKS)}")
         kind = check.string(entry.pop("task", kind_default), check.join(path, "task"),
                             sorted(TASKS))
+        entries[name] = (path, kind, entry)
+    markers = _markers(data.get("task_tokens", "auto"), [TASKS[k] for _, k, _ in
+                                                          entries.values()], config)
+    vocab = min(markers) if markers else config.vocab_size  # task symbols stay below markers
+    tasks = []
+    for name, (path, kind, entry) in entries.items():
         weight = check.number(entry.pop("weight", 1.0), check.join(path, "weight"),
                               positive=True)
-        kwargs = _task_kwargs(TASKS[kind], entry, config, base, path)
+        kwargs = _task_kwargs(TASKS[kind], entry, vocab, base, path)
         task = _build_task(TASKS[kind], kwargs, path)
-        if task.vocab_size > config.vocab_size:
+        if task.vocab_size > vocab:
+            why = " less the task markers" if markers else ""
             raise SpecError(f"{path}: the task uses {task.vocab_size} token ids, more than "
-                            f"model.vocab_size={config.vocab_size}; expected a task vocab_size "
-                            f"<= {config.vocab_size}")
-        if task.seq_len > config.max_seq_len:
-            raise SpecError(f"{path}: the task's sequences have T={task.seq_len} positions, "
+                            f"model.vocab_size={config.vocab_size}{why}; expected a task "
+                            f"vocab_size <= {vocab}")
+        length = task.seq_len + bool(markers)
+        if length > config.max_seq_len:
+            marked = " with its task marker" if markers else ""
+            raise SpecError(f"{path}: the task's sequences have T={length} positions{marked}, "
                             f"more than model.max_seq_len={config.max_seq_len}")
         tasks.append(TaskSpec(name, kind, weight, MappingProxyType(kwargs), task.seq_len))
     return DataSpec(
         tuple(tasks),
         eval_examples=check.integer(data.get("eval_examples", 512), "data.eval_examples", 1),
         eval_seed=check.integer(data.get("eval_seed", 12345), "data.eval_seed", 0),
+        markers=tuple(markers),
     )
 
 
-def _task_kwargs(cls: type, entry: dict[str, Any], config: ModelConfig, base: Path | None,
+def _markers(value: Any, kinds: list[type], config: ModelConfig) -> list[int]:
+    """``data.task_tokens``: ``auto`` (markers when two tasks share an input format), ``on``
+    or ``off`` (``true``/``false`` too) -> each task's marker id, or ``[]``."""
+    from headwise.data import CONTENT
+    from headwise.data.markers import CHOICES, marker_ids, use_markers
+
+    choice = {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+    choice = check.string(choice, "data.task_tokens", CHOICES)
+    if not use_markers(choice, kinds):
+        return []
+    if config.vocab_size - len(kinds) <= CONTENT:
+        raise SpecError(f"data.task_tokens: {len(kinds)} task markers need ids at the top of "
+                        f"the vocabulary; model.vocab_size={config.vocab_size} leaves no room "
+                        "for the tasks' symbols")
+    return marker_ids(config.vocab_size, len(kinds))
+
+
+def _task_kwargs(cls: type, entry: dict[str, Any], vocab_size: int, base: Path | None,
                  path: str) -> dict[str, Any]:
-    """The task's keyword arguments: the spec's, with ``vocab_size`` defaulting to the model's
-    and relative file paths resolved against the spec's directory."""
+    """The task's keyword arguments: the spec's, with ``vocab_size`` defaulting to the ids the
+    model leaves for task symbols and relative file paths resolved against the spec's
+    directory."""
     names = ([f.name for f in fields(cls) if f.init] if is_dataclass(cls)
              else list(inspect.signature(cls).parameters))
     check.keys(entry, ["task", "weight", *names], path)
     kwargs = dict(entry)
     if "vocab_size" in names and "vocab_size" not in kwargs and not _own_vocab(cls, kwargs):
-        kwargs["vocab_size"] = config.vocab_size
+        kwargs["vocab_size"] = vocab_size
     for key in ("path", "tokenizer"):
         if isinstance(kwargs.get(key), str):
             kwargs[key] = str(_resolve(kwargs[key], base))

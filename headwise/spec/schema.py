@@ -56,11 +56,13 @@ class TaskSpec:
 class DataSpec:
     """The training mixture, and the held-out set the contract is verified on:
     ``eval_examples`` examples drawn with their own seed ``eval_seed`` (text tasks use their
-    ``eval`` split)."""
+    ``eval`` split). ``markers``: each task's marker token id (``data.task_tokens``), or
+    empty when examples carry no task marker."""
 
     tasks: tuple[TaskSpec, ...]
     eval_examples: int = 512
     eval_seed: int = 12345
+    markers: tuple[int, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -69,8 +71,28 @@ class DataSpec:
 
     @property
     def seq_len(self) -> int:
-        """The longest task's sequence length (that of a mixed batch)."""
-        return max(t.seq_len for t in self.tasks)
+        """The longest training sequence (that of a mixed batch, task marker included)."""
+        return max(t.seq_len for t in self.tasks) + bool(self.markers)
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """A named probe data set for score clauses (``probes:`` in a spec).
+
+    ``kind``: ``task`` (a built-in task ``task`` with ``kwargs``, defaults taken from the
+    training task of that name), ``repeated`` (random halves repeated once, ``half_len``) or
+    ``random`` (uniform tokens, ``length``). Sequences get the training data's ``BOS`` and the
+    task marker of ``as_task``, whose task id they run with (gates). ``seq_len`` is their T.
+    """
+
+    name: str
+    kind: Literal["task", "repeated", "random"]
+    task: str | None
+    kwargs: Mapping[str, Any]
+    examples: int
+    as_task: str
+    seq_len: int
+    allow_untrained_positions: bool = False
 
 
 @dataclass(frozen=True)
@@ -166,6 +188,7 @@ class Spec:
     adapters: tuple[AdapterSpec, ...] = ()
     contract: tuple[Mapping[str, Any], ...] = ()
     ffn: FFNSpec | None = None
+    probes: tuple[ProbeSpec, ...] = ()
     text: str = field(default="", repr=False, compare=False)
 
     @property
