@@ -5,7 +5,8 @@ know at ``SEP`` which answer to write (a 3-task 2-layer model stalls near 0.78 a
 docs/benchmarks.md). With markers, task ``i``'s examples read ``[BOS, MARK_i, x, SEP, y]``.
 Marker ids are the top ``n_tasks`` ids of the model's vocabulary (``marker_ids``), so the
 tasks' own symbols stay below them. ``data.task_tokens: auto`` (the default) turns markers on
-exactly when two tasks share an input format (``Task.format_key``).
+when two tasks share an input format (``Task.format_key``) and the spec has no task gates (which
+already tell the model its task).
 """
 
 from __future__ import annotations

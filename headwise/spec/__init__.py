@@ -77,7 +77,7 @@ def spec_from_dict(data: dict, base: Path | None = None, text: str = "") -> Spec
             check.string(data[key], key)
     model = parse_model(data["model"], base)
     config = model.config
-    dataspec = parse_data(data["data"], config, base)
+    dataspec = parse_data(data["data"], config, base, gated=_gated(data))
     tasks = dataspec.names
     train = parse_train(data.get("train"))
     heads = parse_heads(data.get("heads"), config, tasks, dataspec.seq_len)
@@ -88,3 +88,12 @@ def spec_from_dict(data: dict, base: Path | None = None, text: str = "") -> Spec
     contract = parse_contract(data.get("contract"), config, tasks,
                               probe_names(dataspec, probes))
     return Spec(model, dataspec, train, heads, gates, adapters, contract, ffn, probes, text=text)
+
+
+def _gated(data: dict) -> bool:
+    """Whether the spec has task gates: a ``gates:`` section or a head rule with ``tasks``
+    (fixed gates are implied then; ``parse_gates`` checks the details later)."""
+    heads = data.get("heads")
+    rules = heads.values() if isinstance(heads, dict) else ()
+    return data.get("gates") is not None or any(isinstance(r, dict) and "tasks" in r
+                                                for r in rules)

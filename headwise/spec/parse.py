@@ -75,8 +75,11 @@ def _pretrained_config(path: Path) -> ModelConfig:
         raise SpecError(f"model.pretrained.path: {e}") from None
 
 
-def parse_data(value: Any, config: ModelConfig, base: Path | None) -> DataSpec:
-    """``data: {tasks: {name: {task: KIND, weight: W, ...kwargs}}, eval_examples, eval_seed}``."""
+def parse_data(value: Any, config: ModelConfig, base: Path | None,
+               gated: bool = False) -> DataSpec:
+    """``data: {tasks: {name: {task: KIND, weight: W, ...kwargs}}, eval_examples, eval_seed,
+    task_tokens}``; ``gated``: the spec has task gates (``task_tokens: auto`` then adds no
+    markers: the gates already tell the model which task it is doing)."""
     from headwise.data import TASKS
 
     data = check.mapping(value, "data", "a mapping with keys tasks, eval_examples, eval_seed, "
@@ -102,7 +105,7 @@ def parse_data(value: Any, config: ModelConfig, base: Path | None) -> DataSpec:
                             sorted(TASKS))
         entries[name] = (path, kind, entry)
     markers = _markers(data.get("task_tokens", "auto"), [TASKS[k] for _, k, _ in
-                                                          entries.values()], config)
+                                                          entries.values()], config, gated)
     vocab = min(markers) if markers else config.vocab_size  # task symbols stay below markers
     tasks = []
     for name, (path, kind, entry) in entries.items():
@@ -129,15 +132,16 @@ def parse_data(value: Any, config: ModelConfig, base: Path | None) -> DataSpec:
     )
 
 
-def _markers(value: Any, kinds: list[type], config: ModelConfig) -> list[int]:
-    """``data.task_tokens``: ``auto`` (markers when two tasks share an input format), ``on``
-    or ``off`` (``true``/``false`` too) -> each task's marker id, or ``[]``."""
+def _markers(value: Any, kinds: list[type], config: ModelConfig, gated: bool) -> list[int]:
+    """``data.task_tokens``: ``auto`` (markers when two tasks share an input format and no task
+    gates tell them apart), ``on`` or ``off`` (``true``/``false`` too) -> each task's marker
+    id, or ``[]``."""
     from headwise.data import CONTENT
     from headwise.data.markers import CHOICES, marker_ids, use_markers
 
     choice = {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
     choice = check.string(choice, "data.task_tokens", CHOICES)
-    if not use_markers(choice, kinds):
+    if not use_markers(choice, kinds) or (choice == "auto" and gated):
         return []
     if config.vocab_size - len(kinds) <= CONTENT:
         raise SpecError(f"data.task_tokens: {len(kinds)} task markers need ids at the top of "
