@@ -1,22 +1,39 @@
-"""Contract enforcement: a ``train()`` callback that raises the lever behind each failing clause.
+"""Contract enforcement as constrained training: a lever per clause, Lagrange multipliers.
 
-At every evaluation point the contract is verified on the held-out data. For each failing
-clause that has a lever, the lever's weight is raised on a bounded schedule: a lever at weight 0
-(one added for enforcement) starts at ``start_weight``; otherwise it is multiplied by ``factor``
-per failing evaluation, never beyond ``max_factor`` times its first non-zero weight. Training
-continues until the contract holds (then it stops, if enforcement had to act) or the step budget
-ends. The levers:
+Each clause is a constraint with a *measured* violation (non-differentiable, verified on the
+held-out data at evaluation points) and a differentiable *surrogate*, its lever's loss, trained
+on training data drawn like the clause's data (never the verification examples). Following the
+proxy-Lagrangian of Cotter et al. (2019), the model minimises the task loss plus
+``sum_c lambda_c * surrogate_c`` while each multiplier follows projected dual ascent on the
+measured violation::
 
-- a score clause with a lower bound (``{head: L0.H1, score: previous_token, at_least: 0.9}``):
-  the pattern objectives with that role's target on the clause's heads; ``prepare_levers`` adds
-  a ``ce`` objective at weight 0 on every such head that lacks one (``ROLE_TARGETS``), unless a
-  structural mask already fixes the head's pattern;
-- ablation and exclusivity clauses: the L0 penalty of learned gates (sparser gates make heads
-  specialise), when the spec has learned gates.
+    lambda_c <- clip(lambda_c + eta * v_c, 0, lambda_max)    at every evaluation point
 
-Clauses without a lever (an upper bound on a score, a masked head, ablation clauses with fixed
-gates, task clauses) are reported as such. The history lives in
-``TrainState.extra["enforce"]``, so it is saved in checkpoints and survives ``--resume``.
+with ``v_c`` the signed violation (``bound - measured`` for a lower bound, ``measured - bound``
+for an upper bound; negative when the clause holds, so a multiplier relaxes once its clause
+holds with margin). Task floors are constraints too and are never traded away: while one fails,
+every other multiplier is halved (the other levers back off) and the floor's own lever (the
+task's loss weight) rises.
+
+Levers by clause kind (``plan``):
+
+==========================  ====================================================================
+score ``at_least``          the role's pattern objective (``headwise.patterns``) on the clause's
+                            head(s); ``any_of``: only on the head closest to the role at the
+                            first evaluation point; ``entropy``: a ``RoleBound`` lower bound
+score ``at_most``           ``RoleBound``: a penalty on the role's per-row score above the bound
+ablation ``drop_at_least``  ``StochasticAblation`` of the *other* heads of the set's layers on
+                            the task's examples (the task learns to depend on the set)
+ablation ``drop_at_most``   ``StochasticAblation`` of the set on the task's examples
+exclusive                   both: the others ablated on the listed tasks, the set on the rest
+task ``at_least`` (floor)   ``TaskLossWeight``: extra weight on the task's loss (``loss``
+                            metric: ``at_most``)
+==========================  ====================================================================
+
+A lever's weight is ``lambda * scale`` (an ablation probability is capped at ``P_MAX``). The
+multipliers and the whole history live in ``TrainState.extra["enforce"]``, so they are saved in
+checkpoints and ``--resume`` continues exactly. Training stops at the first evaluation point
+where the whole contract holds.
 """
 
 from __future__ import annotations
@@ -25,158 +42,256 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headwise.analysis.contract import Clause, Contract
-from headwise.analysis.verify import ContractResult, VerifyData, verify
-from headwise.heads import HeadSet
+from headwise.analysis.verify import ClauseResult, ContractResult, VerifyData, verify
+from headwise.control.objectives import PatternObjective, RoleBound
+from headwise.control.task_levers import StochasticAblation, TaskLossWeight
+from headwise.heads import Head, HeadSet
+from headwise.patterns import ROLE_NAMES, TARGET_ROLES
 from headwise.pipeline.compile import Compiled
 from headwise.train import TrainState
 
-# Role score -> pattern-objective target that pushes a head towards that role.
-ROLE_TARGETS = {
-    "previous_token": "previous_token",
-    "previous_token_tl": "previous_token",
-    "induction": "induction",
-    "induction_tl": "induction",
-    "first_token": "first_token",
-    "self": "self",
-}
+# Role scores whose lever is another role's (TransformerLens variants measure the same role).
+ROLE_OF_SCORE = {**{r: r for r in ROLE_NAMES}, "previous_token_tl": "previous_token",
+                 "induction_tl": "induction", "duplicate_token_tl": "duplicate_token"}
+ETA = 4.0  # dual step per unit of violation
+LAMBDA_MAX = 16.0
+P_MAX = 0.5  # highest stochastic-ablation probability
+ABLATION_SCALE = 0.15  # ablation probability per unit of multiplier
+MARGIN = 0.05  # bounds levers aim past, so held-out data holds too
 
 
-def prepare_levers(compiled: Compiled, contract: Contract) -> dict[int, list[Any]]:
-    """The lever objectives of each clause, adding zero-weight objectives where none exists.
+@dataclass
+class Lever:
+    """A clause's lever: ``objectives`` whose weight is ``multiplier * scale``.
 
-    Call before ``train()`` (its objective list is fixed when training starts).
-
-    Returns:
-        clause index -> objectives whose weight enforcement may raise.
+    ``per_head`` (``any_of`` score clauses) maps each head to its own objective; only the head
+    chosen at the first evaluation point is driven.
     """
-    masked = {h for r in compiled.spec.heads if r.mask is not None for h in r.heads}
-    out: dict[int, list[Any]] = {}
+
+    kind: str
+    description: str
+    objectives: list[Any] = field(default_factory=list)
+    scale: float = 1.0
+    cap: float | None = None
+    per_head: dict[str, Any] = field(default_factory=dict)
+
+
+def _masked(compiled: Compiled) -> set[Head]:
+    return {h for r in compiled.spec.heads if r.mask is not None for h in r.heads}
+
+
+def _add(compiled: Compiled, obj: Any, name: str) -> Any:
+    obj.name = name
+    obj.weight = 0.0
+    compiled.objectives.append(obj)
+    return obj
+
+
+def _others(clause: Clause, n_heads: int) -> list[Head]:
+    """Heads of the clause's layers that are not the clause's."""
+    mine = set(clause.heads)
+    return [Head(l, h) for l in sorted({x.layer for x in mine}) for h in range(n_heads)
+            if Head(l, h) not in mine]
+
+
+def _score_lever(compiled: Compiled, clause: Clause, hs: Any) -> Lever | None:
+    role = ROLE_OF_SCORE.get(clause.score or "")
+    heads = [h for h in clause.heads if h not in _masked(compiled)]
+    if not heads:  # a structural mask fixes every head's pattern: nothing to drive
+        return Lever("structural", f"structural mask on {_names(clause.heads)} (fixed)")
+    if role is None:
+        return None
+    tag = f"[{clause.path}]"
+    if clause.at_least is not None and role in TARGET_ROLES:
+        lever = Lever("pattern", f"pattern objective ({role}, ce) on {_names(heads)}")
+        for h in heads:
+            obj = _add(compiled, PatternObjective(compiled.model, hs(h), role, kind="ce"),
+                       f"enforce:{role}[{h}]{tag}")
+            lever.per_head[str(h)] = obj
+            lever.objectives.append(obj)
+        return lever
+    lo = None if clause.at_least is None else min(1.0, clause.at_least + MARGIN)
+    hi = None if clause.at_most is None else max(0.0, clause.at_most - MARGIN)
+    obj = _add(compiled, RoleBound(compiled.model, hs(heads), role, min=lo, max=hi),
+               f"enforce:bound:{role}[{_names(heads)}]{tag}")
+    bounds = " and ".join(x for x in (lo is not None and f">= {lo:g}" or "",
+                                      hi is not None and f"<= {hi:g}" or "") if x)
+    return Lever("bound", f"row-wise {role} bound {bounds} on {_names(heads)}", [obj])
+
+
+def _ablation_levers(compiled: Compiled, clause: Clause, hs: Any) -> Lever | None:
+    names = list(compiled.task_names)
+    tag = f"[{clause.path}]"
+    parts: list[tuple[list[Head], list[int], str]] = []
+    listed = list(clause.tasks) if clause.kind == "exclusive" else [clause.task or ""]
+    ids = [names.index(t) for t in listed]
+    others = _others(clause, compiled.spec.n_heads)
+    if clause.at_least is not None and others:  # the tasks must depend on the clause's heads
+        parts.append((others, ids, "others"))
+    rest = [i for i in range(len(names)) if i not in ids]
+    if clause.kind == "exclusive" and rest:  # the other tasks must not need them
+        parts.append((list(clause.heads), rest, "self"))
+    if clause.kind == "ablation" and clause.at_most is not None:
+        parts.append((list(clause.heads), ids, "self"))
+    if not parts:
+        return None
+    lever = Lever("ablation", "; ".join(
+        f"ablate {_names(heads)} on {[names[i] for i in tasks]} examples"
+        for heads, tasks, _ in parts), scale=ABLATION_SCALE, cap=P_MAX)
+    for heads, tasks, which in parts:
+        lever.objectives.append(_add(compiled, StochasticAblation(compiled.model, hs(heads),
+                                                                  tasks), f"enforce:ablate-"
+                                     f"{which}[{_names(heads)}]{tag}"))
+    return lever
+
+
+def _task_lever(compiled: Compiled, clause: Clause) -> Lever | None:
+    floor = (clause.at_least is not None if clause.metric != "loss"
+             else clause.at_most is not None)
+    if not floor or clause.task is None:
+        return None
+    task_id = list(compiled.task_names).index(clause.task)
+    obj = _add(compiled, TaskLossWeight(compiled.model, task_id),
+               f"enforce:task-weight[{clause.task}][{clause.path}]")
+    return Lever("task_weight", f"extra loss weight on {clause.task}", [obj])
+
+
+def _names(heads: Any) -> str:
+    return ",".join(str(h) for h in heads)
+
+
+def plan(compiled: Compiled, contract: Contract) -> dict[int, Lever | None]:
+    """Each clause's lever (``None``: no lever can move it), adding the lever objectives to
+    ``compiled.objectives`` at weight 0. Call before ``train()``."""
+    def hs(heads: Any) -> HeadSet:
+        items = [heads] if isinstance(heads, Head) else list(heads)
+        return HeadSet(items, contract.n_layers, contract.n_heads)
+
+    out: dict[int, Lever | None] = {}
     for clause in contract:
         if clause.kind == "score":
-            target = ROLE_TARGETS.get(clause.score or "")
-            if target is None or clause.at_least is None:
-                continue
-            levers: list[Any] = []
-            missing = []
-            for head in clause.target_heads:
-                if head in masked:
-                    continue
-                found = [o for o in compiled.levers.get(head, []) if o.target == target]
-                levers.extend(o for o in found if o not in levers)
-                if not found:
-                    missing.append(head)
-            if missing:
-                heads = HeadSet(missing, contract.n_layers, contract.n_heads)
-                levers.append(compiled.add_objective(heads, target, weight=0.0))
-            if levers:
-                out[clause.index] = levers
-        elif clause.kind in ("ablation", "exclusive") and compiled.gates is not None and hasattr(
-                compiled.gates, "l0_penalty"):
-            penalty = [o for o in compiled.objectives if o.name == "l0"]
-            if penalty:
-                out[clause.index] = penalty
+            out[clause.index] = _score_lever(compiled, clause, hs)
+        elif clause.kind in ("ablation", "exclusive"):
+            out[clause.index] = _ablation_levers(compiled, clause, hs)
+        else:
+            out[clause.index] = _task_lever(compiled, clause)
     return out
+
+
+def measured_on(clause: Clause) -> str:
+    """What a clause is measured on, in words (for ``headwise plan``)."""
+    if clause.kind == "score":
+        return f"probe {clause.on or 'default'}"
+    if clause.kind == "exclusive":
+        return "every task's held-out examples, the set ablated"
+    held = f"held-out {clause.task} examples"
+    return held if clause.kind == "task" else f"{held}, ablated ({clause.mode})"
+
+
+def violation(result: ClauseResult) -> float:
+    """Signed violation of a clause (> 0: fails by that much; < 0: holds with that margin)."""
+    c = result.clause
+    if result.measured is None:
+        return 1.0
+    if c.kind == "exclusive":
+        others = result.details.get("others_max")
+        v = (c.at_least or 0.0) - result.measured
+        if others is not None and c.at_most is not None:
+            v = max(v, others - c.at_most)
+        return v
+    parts = []
+    if c.at_least is not None:
+        parts.append(c.at_least - result.measured)
+    if c.at_most is not None:
+        parts.append(result.measured - c.at_most)
+    scale = 1.0 if c.metric != "loss" or c.kind == "score" else max(abs(result.measured), 1.0)
+    return max(parts) / scale
 
 
 @dataclass
 class Enforcer:
-    """The callback (see module docstring).
+    """The ``train()`` callback (see module docstring).
 
     Args:
         contract: the contract to hold.
         data: what it is verified on.
-        levers: from ``prepare_levers``.
-        factor: multiplier per failing evaluation.
-        max_factor: cap on a lever's weight relative to its first non-zero weight.
-        start_weight: the weight a zero-weight lever starts at.
+        levers: from ``plan``.
+        eta: dual step per unit of violation.
+        lambda_max: cap on every multiplier.
     """
 
     contract: Contract
     data: VerifyData
-    levers: dict[int, list[Any]]
-    factor: float = 2.0
-    max_factor: float = 64.0
-    start_weight: float = 1.0
+    levers: dict[int, Lever | None]
+    eta: float = ETA
+    lambda_max: float = LAMBDA_MAX
     last_result: ContractResult | None = field(default=None, repr=False)
 
     def __call__(self, state: TrainState) -> None:
-        record = state.extra.setdefault("enforce", {"history": [], "clauses": {},
-                                                    "base_weights": {}})
+        record = state.extra.setdefault("enforce", {"history": [], "multipliers": {},
+                                                    "chosen": {}, "clauses": {}})
         result = verify(state.model, self.contract, self.data)
         self.last_result = result
-        failed = [r.clause for r in result.results if not r.passed]
-        raised: dict[str, float] = {}
-        for clause in failed:
-            entry = record["clauses"].setdefault(str(clause.index), _entry(clause, state.step))
-            entry["failed_evals"] += 1
-            levers = self.levers.get(clause.index, []) if self._raisable(clause, result) else []
-            if not levers:
-                continue
-            entry["lever"] = [o.name for o in levers]
-            for obj in levers:
-                if obj.name not in raised:
-                    raised[obj.name] = self._raise(obj, record["base_weights"])
-            entry["raises"] += 1
-            entry["first_raised_at"] = entry["first_raised_at"] or state.step
-            entry["weights"] = {o.name: o.weight for o in levers}
-        for key, entry in record["clauses"].items():
-            if int(key) not in {c.index for c in failed} and entry["held_at"] is None:
-                entry["held_at"] = state.step
-            elif int(key) in {c.index for c in failed}:
-                entry["held_at"] = None
-        record["history"].append({"step": state.step, "passed": result.passed,
-                                  "failed": [c.index for c in failed], "raised": raised})
-        acted = any(e["raises"] for e in record["clauses"].values())
-        if result.passed and acted:
+        lambdas = record["multipliers"]
+        floors_fail = any(not r.passed and r.clause.kind == "task" for r in result.results)
+        point: dict[str, Any] = {"step": state.step, "passed": result.passed, "clauses": {}}
+        for r in result.results:
+            key = str(r.clause.index)
+            v = violation(r)
+            lam = float(lambdas.get(key, 0.0))
+            lever = self.levers.get(r.clause.index)
+            if lever is not None:
+                if floors_fail and r.clause.kind != "task":
+                    lam *= 0.5  # task floors first: the other levers back off
+                lam = min(max(lam + self.eta * v, 0.0), self.lambda_max)
+                lambdas[key] = lam
+                self._apply(lever, lam, r, record["chosen"], key)
+            entry = record["clauses"].setdefault(key, _entry(r.clause, lever))
+            entry["held_at"] = (entry["held_at"] or state.step) if r.passed else None
+            if not r.passed:
+                entry["failed_evals"] += 1
+                entry["first_failed_at"] = entry["first_failed_at"] or state.step
+            point["clauses"][key] = {"measured": r.measured, "violation": v,
+                                     "multiplier": lambdas.get(key), "passed": r.passed}
+        record["history"].append(point)
+        if result.passed:
             record["held_at"] = state.step
             state.stop = True
 
-    def _raisable(self, clause: Clause, result: ContractResult) -> bool:
-        """A score clause's objective only helps when the score is too low."""
-        if clause.kind != "score":
-            return True
-        measured = result.results[clause.index].measured
-        return measured is None or clause.at_least is None or measured < clause.at_least
-
-    def _raise(self, obj: Any, base: dict[str, float]) -> float:
-        if obj.weight <= 0:
-            obj.weight = self.start_weight
-        else:
-            base.setdefault(obj.name, float(obj.weight))
-            obj.weight = min(obj.weight * self.factor, base[obj.name] * self.max_factor)
-        base.setdefault(obj.name, float(obj.weight))
-        return float(obj.weight)
+    def _apply(self, lever: Lever, lam: float, result: ClauseResult,
+               chosen: dict[str, str], key: str) -> None:
+        weight = lam * lever.scale
+        if lever.cap is not None:
+            weight = min(weight, lever.cap)
+        targets = lever.objectives
+        if lever.per_head and result.clause.quantifier == "any_of":
+            pick = chosen.setdefault(key, result.decided_by or next(iter(lever.per_head)))
+            targets = [lever.per_head[pick]] if pick in lever.per_head else targets
+        for obj in targets:
+            obj.weight = weight
 
 
-def _entry(clause: Clause, step: int) -> dict[str, Any]:
+def _entry(clause: Clause, lever: Lever | None) -> dict[str, Any]:
     return {"index": clause.index, "description": clause.name or clause.describe(),
-            "first_failed_at": step, "failed_evals": 0, "raises": 0, "first_raised_at": None,
-            "held_at": None, "lever": None, "weights": {}}
+            "lever": None if lever is None else lever.description,
+            "lever_objectives": [] if lever is None else [o.name for o in lever.objectives],
+            "first_failed_at": None, "failed_evals": 0, "held_at": None}
 
 
-def summary(extra: dict[str, Any], final: ContractResult, steps_done: int,
-            initial_weights: dict[str, float]) -> dict[str, Any]:
+def summary(extra: dict[str, Any], final: ContractResult, steps_done: int) -> dict[str, Any]:
     """What enforcement did, for ``enforcement.json`` and the report.
 
-    Per clause that ever failed at an evaluation point: its lever(s), how many times they were
-    raised, the weight factor (final / initial; from 0 for added levers), when it first failed,
-    when it held, and whether it holds at the end. ``cost_steps``: steps from the first raise to
-    the point the whole contract held (or to the end of training if it never did).
+    Per clause: its lever, its final multiplier, when it first failed, the step from which it
+    held (``None``: it fails at the end), and whether it holds at the end; ``history``: every
+    evaluation point's measured value, violation and multiplier per clause.
     """
-    record = extra.get("enforce", {"history": [], "clauses": {}})
+    record = extra.get("enforce", {"history": [], "multipliers": {}, "clauses": {}})
     holds = {r.clause.index: r.passed for r in final.results}
-    clauses = []
-    for entry in record["clauses"].values():
-        weights = entry.get("weights", {})
-        factors = {name: (w / initial_weights[name] if initial_weights.get(name) else None)
-                   for name, w in weights.items()}
-        clauses.append({**entry, "initial_weights": {n: initial_weights.get(n, 0.0)
-                                                     for n in weights},
-                        "factor": factors, "holds_at_end": holds.get(entry["index"])})
-    first = [e["first_raised_at"] for e in record["clauses"].values() if e["first_raised_at"]]
-    held_at = record.get("held_at")
-    end = held_at if held_at is not None else steps_done
-    return {"enforced": bool(first), "evaluations": len(record["history"]),
-            "held_at_step": held_at, "cost_steps": (end - min(first)) if first else 0,
+    clauses = [{**entry, "multiplier": record["multipliers"].get(key),
+                "holds_at_end": holds.get(entry["index"])}
+               for key, entry in sorted(record["clauses"].items(), key=lambda kv: int(kv[0]))]
+    acted = any(v for v in record["multipliers"].values())
+    return {"enforced": acted, "evaluations": len(record["history"]),
+            "held_at_step": record.get("held_at"), "steps": steps_done,
             "contract_holds": final.passed, "clauses": clauses,
             "history": record["history"]}

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from headwise.cli import main
-from headwise.enforce import Enforcer, prepare_levers
+from headwise.control.objectives import RoleBound
+from headwise.control.task_levers import StochasticAblation
+from headwise.enforce import ETA, Enforcer, plan
 from headwise.pipeline import compile_spec
 from headwise.pipeline.run import contract_of, verify_data
 from headwise.spec import load_spec
@@ -47,84 +49,105 @@ def test_enforce_turns_a_failing_contract_into_one_that_holds(
     e = json.loads((run / "enforcement.json").read_text())
     assert e["enforced"] and e["contract_holds"]
     (clause,) = e["clauses"]
-    lever = "enforce:previous_token[L0.H1]"
-    assert clause["index"] == 0 and clause["lever"] == [lever]
-    assert clause["raises"] >= 1 and clause["initial_weights"] == {lever: 0.0}
-    assert clause["weights"][lever] >= 1.0
+    assert clause["index"] == 0 and clause["lever"].startswith("pattern objective (previous")
+    assert clause["lever_objectives"] == ["enforce:previous_token[L0.H1][contract[0]]"]
+    assert clause["multiplier"] > 0 and clause["first_failed_at"] == 20
     # Training stopped at the evaluation point where the contract first held.
-    assert e["held_at_step"] == e["history"][-1]["step"] < 120
-    assert e["cost_steps"] == e["held_at_step"] - clause["first_raised_at"] > 0
+    assert e["held_at_step"] == e["history"][-1]["step"] == clause["held_at"] < 120
+    first = e["history"][0]["clauses"]["0"]
+    assert first["violation"] == pytest.approx(0.9 - first["measured"])
+    assert first["multiplier"] == pytest.approx(ETA * first["violation"])
     report = json.loads((run / "report.json").read_text())
-    assert report["enforcement"]["cost_steps"] == e["cost_steps"]
+    assert report["enforcement"]["held_at_step"] == e["held_at_step"]
     out = capsys.readouterr().out
     assert "enforcement: contract held at step" in out
     # verify agrees with what train wrote.
     assert main(["verify", str(spec), "--run", str(run)]) == 0
 
 
-def test_raise_schedule_doubles_from_start_and_is_capped() -> None:
-    enforcer = Enforcer(contract=None, data=None, levers={},  # type: ignore[arg-type]
-                        factor=2.0, max_factor=8.0, start_weight=0.5)
-    added = SimpleNamespace(name="added", weight=0.0)
-    given = SimpleNamespace(name="given", weight=0.25)
-    base: dict[str, float] = {}
-    seen_added = [enforcer._raise(added, base) for _ in range(6)]
-    seen_given = [enforcer._raise(given, base) for _ in range(6)]
-    assert seen_added == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]  # 0 -> start, then x2 up to 8 x 0.5
-    assert seen_given == [0.5, 1.0, 2.0, 2.0, 2.0, 2.0]  # x2 up to 8 x 0.25
-
-
-def test_levers_reuse_objectives_and_skip_masked_heads_and_upper_bounds() -> None:
-    spec = load_spec("""
-model: {n_layers: 1, n_heads: 4, d_model: 16, vocab_size: 12, max_seq_len: 10}
-data: {tasks: {copy: {length: 4}}}
-train: {eval_every: 5}
-heads:
-  L0.H0: {mask: previous_token}
-  L0.H1: {objective: {target: previous_token, weight: 0.3}}
-contract:
-  - {head: L0.H0, score: previous_token, at_least: 0.9}
-  - {head: L0.H1, score: previous_token, at_least: 0.9}
-  - {head: L0.H2, score: self, at_least: 0.5}
-  - {head: L0.H3, score: self, at_most: 0.5}
-  - {head: L0.H3, score: entropy, at_least: 0.1}
-""")
-    compiled = compile_spec(spec)
-    given = compiled.objectives[0]
-    levers = prepare_levers(compiled, contract_of(spec))
-    assert set(levers) == {1, 2}  # masked head, upper bound and a role without target: none
-    assert levers[1] == [given]
-    (added,) = levers[2]
-    assert (added.target, added.weight, added.name) == ("self", 0.0, "enforce:self[L0.H2]")
-    assert added in compiled.objectives and spec.heads[0].heads[0] not in compiled.levers
-
-
-def test_added_lever_never_clashes_with_a_spec_objective(tmp_path: Path) -> None:
-    """A clause on a head whose own objective has another target gets a second objective."""
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(SPEC.replace("train:", "heads: {L0.H1: {objective: {target: self, "
-                                          "weight: 0.1}}}\ntrain:").replace("steps: 120",
-                                                                            "steps: 20"))
-    assert main(["train", str(spec), "--out", str(tmp_path / "r"), "--quiet",
-                 "--enforce"]) in (0, 1)
-    e = json.loads((tmp_path / "r" / "enforcement.json").read_text())
-    assert e["clauses"][0]["lever"] == ["enforce:previous_token[L0.H1]"]
-
-
-def test_enforcer_raises_only_failing_clauses() -> None:
-    spec = load_spec(SPEC)
+def test_multipliers_follow_dual_ascent_and_back_off_for_a_failing_floor() -> None:
+    spec = load_spec(SPEC.replace("contract:", "contract:\n  - {task: copy, at_least: 0.99}"))
     compiled = compile_spec(spec)
     contract = contract_of(spec)
-    levers = prepare_levers(compiled, contract)
+    levers = plan(compiled, contract)
     enforcer = Enforcer(contract, verify_data(compiled), levers)
     state = SimpleNamespace(step=20, model=compiled.model, extra={}, stop=False)
     enforcer(state)  # type: ignore[arg-type]
-    # An untrained head is no previous-token head: the clause fails and its lever starts.
-    assert levers[0][0].weight == 1.0
-    assert state.extra["enforce"]["history"] == [
-        {"step": 20, "passed": False, "failed": [0],
-         "raised": {"enforce:previous_token[L0.H1]": 1.0}}]
+    point = state.extra["enforce"]["history"][0]["clauses"]
+    floor, score = point["0"], point["1"]
+    assert not floor["passed"] and not score["passed"]  # an untrained model fails both
+    assert floor["multiplier"] == pytest.approx(ETA * floor["violation"])
+    assert score["multiplier"] == pytest.approx(ETA * score["violation"])
+    # The levers follow: weight = multiplier x scale.
+    (weight_lever,) = levers[0].objectives  # type: ignore[union-attr]
+    (pattern,) = levers[1].objectives  # type: ignore[union-attr]
+    assert weight_lever.weight == pytest.approx(floor["multiplier"])
+    assert pattern.weight == pytest.approx(score["multiplier"])
+    state.step = 40
+    enforcer(state)  # type: ignore[arg-type]
+    again = state.extra["enforce"]["history"][1]["clauses"]
+    # The floor still fails, so the score clause's multiplier was halved before its step.
+    assert again["1"]["multiplier"] == pytest.approx(
+        min(score["multiplier"] * 0.5 + ETA * again["1"]["violation"], 16.0))
+    assert again["0"]["multiplier"] == pytest.approx(
+        min(floor["multiplier"] + ETA * again["0"]["violation"], 16.0))
     assert not state.stop
+
+
+def test_plan_gives_every_clause_kind_its_lever() -> None:
+    spec = load_spec("""
+model: {n_layers: 2, n_heads: 4, d_model: 16, vocab_size: 24, max_seq_len: 12}
+data: {tasks: {copy: {length: 4}, reverse: {length: 4}}}
+train: {eval_every: 5}
+heads:
+  L0.H0: {mask: previous_token}
+contract:
+  - {head: L0.H0, score: previous_token, at_least: 0.9}
+  - {any_of: L1.*, score: induction, at_least: 0.5}
+  - {head: L0.H2, score: self, at_most: 0.3}
+  - {head: L0.H3, score: entropy, at_least: 0.6}
+  - {head: L0.H3, score: copying, at_least: 0.5}
+  - {ablate: L1.H1, task: copy, drop_at_least: 0.2}
+  - {ablate: L1.H2, task: reverse, drop_at_most: 0.02}
+  - {heads: L1.H3, tasks: [reverse], exclusive: true}
+  - {task: copy, metric: accuracy, at_least: 0.9}
+  - {task: reverse, metric: accuracy, at_most: 0.99}
+""")
+    compiled = compile_spec(spec)
+    levers = plan(compiled, contract_of(spec))
+    kinds = {i: (None if lv is None else lv.kind) for i, lv in levers.items()}
+    assert kinds == {0: "structural", 1: "pattern", 2: "bound", 3: "bound", 4: None,
+                     5: "ablation", 6: "ablation", 7: "ablation", 8: "task_weight", 9: None}
+    assert set(levers[1].per_head) == {"L1.H0", "L1.H1", "L1.H2", "L1.H3"}  # type: ignore[union-attr]
+    (bound,) = levers[2].objectives  # type: ignore[union-attr]
+    assert isinstance(bound, RoleBound) and (bound.role, bound.max) == ("self", 0.25)
+    (carry,) = levers[5].objectives  # type: ignore[union-attr]
+    assert isinstance(carry, StochasticAblation)
+    assert [str(h) for h in carry.heads] == ["L1.H0", "L1.H2", "L1.H3"] and carry.task_ids == [0]
+    (spare,) = levers[6].objectives  # type: ignore[union-attr]
+    assert [str(h) for h in spare.heads] == ["L1.H2"] and spare.task_ids == [1]
+    others, only = levers[7].objectives  # type: ignore[union-attr]
+    assert (others.task_ids, [str(h) for h in only.heads], only.task_ids) == (
+        [1], ["L1.H3"], [0])
+    assert all(o.weight == 0.0 and o in compiled.objectives
+               for lv in levers.values() if lv is not None for o in lv.objectives)
+
+
+def test_enforce_refuses_a_clause_without_a_lever_unless_allowed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("steps: 120", "steps: 20").replace(
+        "contract:", "contract:\n  - {head: L0.H0, score: copying, at_least: 0.1}"))
+    assert main(["train", str(spec), "--out", str(tmp_path / "r"), "--quiet",
+                 "--enforce"]) == 2
+    assert "contract[0]: no lever can move this clause" in capsys.readouterr().err
+    assert main(["train", str(spec), "--out", str(tmp_path / "r"), "--quiet", "--enforce",
+                 "--allow-unenforced"]) != 2  # it trains; whether it holds is not the point
+    e = json.loads((tmp_path / "r" / "enforcement.json").read_text())
+    assert [c["lever"] for c in e["clauses"]] == [None, "pattern objective (previous_token, "
+                                                        "ce) on L0.H1"]
+    assert main(["plan", str(spec)]) == 1
+    assert "1 clause without a lever: contract[0]" in capsys.readouterr().out
 
 
 def test_enforce_needs_evaluation_points(tmp_path: Path,

@@ -172,7 +172,9 @@ def render_html(report: Mapping[str, Any], figures: Mapping[str, bytes] | None =
     if report.get("model") or report.get("meta"):
         info = {**report.get("meta", {}), **{f"model.{k}": v
                                               for k, v in (report.get("model") or {}).items()}}
-        sections.append(("run", "Run", H.table(["field", "value"], sorted(info.items()))))
+        # Values as written (repr of numbers): norm_eps 1e-05 must not print as 0.000.
+        rows = [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in sorted(info.items())]
+        sections.append(("run", "Run", H.table(["field", "value"], rows)))
     return H.page(str(report.get("title", "headwise report")), sections)
 
 

@@ -22,8 +22,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue from the run's latest checkpoint (exact resume)")
     p.add_argument("--enforce", action="store_true",
-                   help="at each evaluation point, raise the levers behind failing contract "
-                        "clauses until the contract holds or the steps run out")
+                   help="constrained training: every clause's lever is driven by a Lagrange "
+                        "multiplier updated from its measured violation at each evaluation "
+                        "point, until the contract holds (see `headwise plan SPEC`)")
+    p.add_argument("--allow-unenforced", action="store_true",
+                   help="with --enforce, accept clauses no lever can move (else exit 2)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing run in --out instead of refusing")
     p.add_argument("--threads", type=int, default=None,
@@ -51,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
         set_threads(args.threads)
     out = Path(args.out) if args.out else default_out(args.spec)
     outcome = train_run(Path(args.spec), out, resume=args.resume, enforce=args.enforce,
-                        overwrite=args.overwrite, progress=not args.quiet)
+                        overwrite=args.overwrite, progress=not args.quiet,
+                        allow_unenforced=args.allow_unenforced)
     if is_main_process():  # under torchrun, rank 0 writes the report and prints
         write_run_report(outcome.run_dir, outcome.compiled, outcome.contract,
                          outcome.enforcement)

@@ -36,10 +36,12 @@ from headwise.control._common import as_headset, model_shape
 from headwise.hooks.hook_point import Hook, HookContext
 from headwise.patterns import (
     DEFAULT_WINDOW,
+    ROLE_NAMES,
     TARGET_ROLES,
     allowed_keys,
     normalised_entropy,
     role_target,
+    row_scores,
 )
 
 EPS = 1e-12
@@ -284,8 +286,62 @@ class EntropyBound:
         return self.weight * torch.stack(terms).mean(), logs
 
 
+class RoleBound:
+    """Keep chosen heads' score for ``role`` within ``[min, max]``, row by row.
+
+    The role's per-row score is the one ``headwise.patterns`` defines (attention mass on the
+    role's target; ``uniform``: overlap with the uniform row; ``entropy``: normalised entropy).
+    Per head ``mean_rows [relu(min - s_q) + relu(s_q - max)]`` over the role's defined rows where
+    the head attends; loss = mean over heads x ``weight``. An upper bound is the lever of a
+    contract's ``score ... at_most`` clause (a penalty on the role's mass above the bound).
+
+    Raises:
+        ValueError: unknown role, no bound, a bound outside [0, 1], or ``min > max``.
+    """
+
+    def __init__(self, model: nn.Module, heads: Any, role: str, min: float | None = None,
+                 max: float | None = None, weight: float = 1.0,
+                 window: int = DEFAULT_WINDOW) -> None:
+        if role not in ROLE_NAMES:
+            raise ValueError(f"role: got {role!r}, expected one of {list(ROLE_NAMES)}")
+        if min is None and max is None:
+            raise ValueError("RoleBound: got min=None and max=None, expected at least one")
+        for key, v in (("min", min), ("max", max)):
+            if v is not None and not 0.0 <= v <= 1.0:
+                raise ValueError(f"RoleBound: {key} got {v}, expected a number in [0, 1]")
+        if min is not None and max is not None and min > max:
+            raise ValueError(f"RoleBound: min={min} > max={max}")
+        self.name = f"bound:{role}"
+        self.weight = float(weight)
+        self.role, self.min, self.max, self.window = role, min, max, window
+        self._capture = _PatternCapture(model, heads, "heads")
+        self.heads = self._capture.heads
+
+    def hooks(self) -> list[Hook]:
+        return self._capture.hooks()
+
+    def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
+             ) -> tuple[Tensor, dict[str, float]]:
+        """``weight * mean_heads(hinge)``; logs each head's mean row score."""
+        target = role_target(self.role, tokens, attention_mask, self._capture.causal,
+                             self.window)
+        terms, logs = [], {}
+        for name, P in self._capture.patterns():
+            valid = target.rows & (P.detach().sum(-1) > 0.5)
+            score = row_scores(P[:, None], target)[:, 0]  # (B, T)
+            hinge = torch.zeros_like(score)
+            if self.min is not None:
+                hinge = hinge + torch.relu(self.min - score)
+            if self.max is not None:
+                hinge = hinge + torch.relu(score - self.max)
+            terms.append(masked_mean(hinge, valid))
+            logs[f"{self.name}/{name}"] = float(masked_mean(score.detach(), valid))
+        return self.weight * torch.stack(terms).mean(), logs
+
+
 # Re-exported so that every Objective constructor lives under one name.
 from headwise.control.regularizers import FFNPenalty, HeadDiversity  # noqa: E402
 
 __all__ = ["EPS", "LOSS_KINDS", "TARGETS", "EntropyBound", "FFNPenalty", "HeadDiversity",
-           "Objective", "PatternObjective", "masked_mean", "pattern_target", "row_loss"]
+           "Objective", "PatternObjective", "RoleBound", "masked_mean", "pattern_target",
+           "row_loss"]

@@ -59,19 +59,17 @@ def task_line(metrics: dict[str, Any]) -> str:
 def enforcement_table(summary: dict[str, Any]) -> Table:
     """One row per clause that failed at some evaluation point during training."""
     held = summary.get("held_at_step")
-    title = (f"enforcement: contract held at step {held}, cost {summary['cost_steps']} steps"
-             if held is not None else
-             f"enforcement: {summary['cost_steps']} steps under raised levers, "
-             f"contract {'holds' if summary['contract_holds'] else 'still fails'} at the end")
+    title = (f"enforcement: contract held at step {held}" if held is not None else
+             f"enforcement: {summary['steps']} steps, contract "
+             f"{'holds' if summary['contract_holds'] else 'still fails'} at the end")
     table = Table(title=title)
-    for col in ("#", "clause", "lever", "raises", "weight", "first failed", "held at"):
+    for col in ("#", "clause", "lever", "multiplier", "first failed", "held from"):
         table.add_column(col)
     for c in summary["clauses"]:
-        levers = c.get("lever") or ["(no lever)"]
-        weights = ", ".join(f"{c['initial_weights'].get(n, 0.0):g} -> {w:g}"
-                            for n, w in c.get("weights", {}).items()) or "-"
-        table.add_row(str(c["index"]), c["description"], ", ".join(levers), str(c["raises"]),
-                      weights, str(c["first_failed_at"]),
+        lam = c.get("multiplier")
+        table.add_row(str(c["index"]), c["description"], c.get("lever") or "(no lever)",
+                      "-" if lam is None else f"{lam:.2f}",
+                      "-" if c["first_failed_at"] is None else str(c["first_failed_at"]),
                       "-" if c["held_at"] is None else str(c["held_at"]))
     return table
 

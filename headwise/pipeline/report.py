@@ -22,6 +22,8 @@ from headwise.analysis.explain import explain_head
 from headwise.analysis.report import build_report, expected_vs_observed, write_report
 from headwise.analysis.trajectories import Trajectory, score_checkpoints
 from headwise.analysis.verify import ContractResult
+from headwise.data import TASKS
+from headwise.data.batch import token_labels
 from headwise.patterns import DEFAULT_WINDOW
 from headwise.pipeline.analyze import DATA_ROLES, analyse_run, metrics_curve
 from headwise.pipeline.compile import Compiled
@@ -105,14 +107,14 @@ def _title(text: str) -> str | None:
 
 
 def _enforcement_meta(e: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"enforcement: cost in steps": e["cost_steps"],
+    out: dict[str, Any] = {"enforcement: steps": e["steps"],
                            "enforcement: contract held at step": e["held_at_step"]}
     for c in e["clauses"]:
-        levers = ", ".join(f"{n} {c['initial_weights'].get(n, 0.0):g} -> {w:g}"
-                           for n, w in c.get("weights", {}).items()) or "no lever"
+        lam = c.get("multiplier")
         out[f"enforcement: contract[{c['index']}] {c['description']}"] = (
-            f"failed at {c['failed_evals']} evaluation(s) from step {c['first_failed_at']}; "
-            f"raised {c['raises']}x ({levers}); held at step {c['held_at']}")
+            f"lever: {c.get('lever') or 'none'}; failed at {c['failed_evals']} evaluation(s) "
+            f"from step {c['first_failed_at']}; multiplier "
+            f"{'-' if lam is None else f'{lam:.2f}'}; held from step {c['held_at']}")
     return out
 
 
@@ -163,6 +165,15 @@ def _supervised(compiled: Compiled) -> list[dict[str, Any]]:
     return out
 
 
+def _labels(compiled: Compiled, tokens: torch.Tensor) -> list[str] | None:
+    """Token names for figures' axes: synthetic tasks' specials, markers and symbols; ``None``
+    (ids) for text tasks, whose ids belong to their own vocabulary."""
+    if any(TASKS[t.task].starts_with_bos is False for t in compiled.spec.data.tasks):
+        return None
+    markers = dict(zip(compiled.spec.data.markers, compiled.task_names, strict=False))
+    return token_labels(tokens, markers)
+
+
 def _walkthroughs(compiled: Compiled) -> list[Any]:
     """A walkthrough of the first head assigned to a task, on that task's first example."""
     names = compiled.task_names
@@ -170,5 +181,6 @@ def _walkthroughs(compiled: Compiled) -> list[Any]:
         if rule.tasks:
             tokens, task_id = _first_example(compiled, names.index(rule.tasks[0]))
             return [explain_head(compiled.model, tokens, rule.heads[0],
+                                 labels=_labels(compiled, tokens),
                                  task_ids=torch.tensor([task_id]))]
     return []

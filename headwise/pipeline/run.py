@@ -97,14 +97,15 @@ def write_json(path: Path, data: Any) -> None:
 
 def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
               enforce: bool = False, overwrite: bool = False,
-              progress: bool = True) -> RunOutcome:
+              progress: bool = True, allow_unenforced: bool = False) -> RunOutcome:
     """Train a spec into ``out``, verify its contract and write the report.
 
     Raises:
-        SpecError: an invalid spec, or ``--enforce`` without evaluation points.
+        SpecError: an invalid spec, ``--enforce`` without evaluation points, or (unless
+            ``allow_unenforced``) a clause no lever can move under ``--enforce``.
         CheckpointError: ``resume`` from a corrupt checkpoint.
     """
-    from headwise.enforce import Enforcer, prepare_levers, summary
+    from headwise.enforce import Enforcer, plan, summary
 
     spec = load_spec(spec_source)
     if enforce and spec.train.eval_every == 0:
@@ -117,10 +118,14 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     contract = contract_of(spec)
     data = verify_data(compiled)
     callbacks = []
-    initial: dict[str, float] = {}
     if enforce:
-        levers = prepare_levers(compiled, contract)
-        initial = {o.name: float(o.weight) for o in compiled.objectives}
+        levers = plan(compiled, contract)
+        missing = [c for c in contract if levers.get(c.index) is None]
+        if missing and not allow_unenforced:
+            c = missing[0]
+            raise SpecError(f"{c.path}: no lever can move this clause ({c.describe()}, "
+                            f"{c.threshold_text()}); see `headwise plan`, or pass "
+                            "--allow-unenforced to enforce the others")
         callbacks.append(Enforcer(contract, data, levers))
     main = is_main_process()
     if main:
@@ -133,7 +138,7 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     verdict = verify(compiled.model, contract, data) if spec.contract else None
     enforcement = None
     if enforce and verdict is not None:
-        enforcement = summary(result.extra, verdict, result.step, initial)
+        enforcement = summary(result.extra, verdict, result.step)
     if main and verdict is not None:
         write_json(out / "contract.json", verdict.to_dict())
     if main and enforcement is not None:

@@ -38,6 +38,9 @@ def forward(model: nn.Module, inner: nn.Module, batch: Batch, objectives: Sequen
         model: what to call (the DDP wrapper or the model itself).
         inner: the unwrapped model, whose hook points the objectives' hooks attach to.
     """
+    for obj in objectives:  # per-batch levers (e.g. stochastic ablation by task) see the batch
+        if hasattr(obj, "prepare"):
+            obj.prepare(batch)
     hooks = [h for obj in objectives for h in obj.hooks()]
     attached = inner.hooks(*hooks) if hooks else contextlib.nullcontext()  # type: ignore[operator]
     with autocast(device, bf16), attached:

@@ -85,6 +85,11 @@ def test_html_self_contained(written: dict[str, Path]) -> None:
     assert "test &lt;report&gt;" in html  # escaped
 
 
+def test_run_table_prints_numbers_as_written(written: dict[str, Path]) -> None:
+    html = written["html"].read_text()
+    assert "<td class=\"l\">model.norm_eps</td><td class=\"l\">1e-05</td>" in html
+
+
 def test_report_rebuilds_from_json_alone(written: dict[str, Path]) -> None:
     loaded = json.loads(written["json"].read_text())
     assert render_html(loaded) == written["html"].read_text()
