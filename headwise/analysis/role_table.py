@@ -112,7 +112,7 @@ class RoleTable:
     def to_rich_table(self, title: str = "role scores") -> Table:
         """A rich Table: one row per head, one column per role, plus the top role."""
         table = Table(title=title)
-        table.add_column("head")
+        table.add_column("head", no_wrap=True)
         for r in self.roles:
             table.add_column(r, justify="right")
         table.add_column("top role")

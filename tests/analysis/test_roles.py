@@ -110,8 +110,8 @@ def test_first_token_self_local() -> None:
     s = _scores(sink, torch.arange(T), window=2)
     assert s["first_token"] == pytest.approx(1.0)
     assert s["self"] == pytest.approx(0.0)
-    # local(2): rows 1..2 have key 0 within the window; rows 3..7 do not
-    assert s["local"] == pytest.approx(2 / 7)
+    # local(2) is |q - k| < 2, the local(2) mask: only row 1 has key 0 within it (rows 1-7)
+    assert s["local"] == pytest.approx(1 / 7)
     assert _scores(torch.eye(T), torch.arange(T))["self"] == pytest.approx(1.0)
 
 
