@@ -74,14 +74,16 @@ def side_by_side(left: Sequence[Sequence[float]], right: Sequence[Sequence[float
 
 
 def lines(x: Sequence[float], series: Mapping[str, Sequence[float | None]], title: str,
-          xlabel: str = "step", ylabel: str = "score") -> bytes:
-    """One line per series over ``x``."""
+          xlabel: str = "step", ylabel: str = "score",
+          ylim: tuple[float, float] | None = (-0.02, 1.02)) -> bytes:
+    """One line per series over ``x`` (``ylim=None``: fit the data)."""
     fig, ax = plt.subplots(figsize=(5, 2.8))
     for name, ys in series.items():
         ax.plot(list(x), [_clean(v) for v in ys], label=name, marker=".", markersize=3)
     ax.set_title(title, fontsize=9)
     ax.set_xlabel(xlabel, fontsize=8)
     ax.set_ylabel(ylabel, fontsize=8)
-    ax.set_ylim(-0.02, 1.02)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
     ax.legend(fontsize=6, loc="best")
     return fig_png(fig)

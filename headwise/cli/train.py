@@ -27,6 +27,8 @@ def register(subparsers: Any) -> None:
                         "point, until the contract holds (see `headwise plan SPEC`)")
     p.add_argument("--allow-unenforced", action="store_true",
                    help="with --enforce, accept clauses no lever can move (else exit 2)")
+    p.add_argument("--enforce-budget", type=float, default=1.0, metavar="F",
+                   help="with --enforce, allow up to F x train.steps (1 to 1.3; default 1)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing run in --out instead of refusing")
     p.add_argument("--threads", type=int, default=None,
@@ -55,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out(args.spec)
     outcome = train_run(Path(args.spec), out, resume=args.resume, enforce=args.enforce,
                         overwrite=args.overwrite, progress=not args.quiet,
-                        allow_unenforced=args.allow_unenforced)
+                        allow_unenforced=args.allow_unenforced,
+                        enforce_budget=args.enforce_budget)
     if is_main_process():  # under torchrun, rank 0 writes the report and prints
         write_run_report(outcome.run_dir, outcome.compiled, outcome.contract,
                          outcome.enforcement)

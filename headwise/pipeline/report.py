@@ -71,6 +71,8 @@ def write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult
                   for name in compiled.task_names}
         extra["held-out accuracy per task during training"] = figures.lines(
             steps, series, "held-out accuracy", ylabel="accuracy")
+    if enforcement is not None and enforcement.get("history"):
+        extra.update(_enforcement_figures(enforcement))
     if analysis.gates is not None:
         g = analysis.gates
         extra["task gates (tasks x heads; 1 = the head serves the task)"] = figures.heatmap(
@@ -104,6 +106,21 @@ def _title(text: str) -> str | None:
         if line.startswith("name:"):
             return line.split(":", 1)[1].strip().strip("'\"") or None
     return None
+
+
+def _enforcement_figures(e: dict[str, Any]) -> dict[str, bytes]:
+    """Each clause's violation and Lagrange multiplier at every evaluation point."""
+    history = e["history"]
+    steps = [p["step"] for p in history]
+    keys = sorted({k for p in history for k in p["clauses"]}, key=int)
+    out = {}
+    for field, label in (("violation", "violation (> 0: fails)"),
+                         ("multiplier", "Lagrange multiplier")):
+        series = {f"contract[{k}]": [p["clauses"].get(k, {}).get(field) for p in history]
+                  for k in keys}
+        out[f"enforcement: each clause's {label} per evaluation point"] = figures.lines(
+            steps, series, f"enforcement: {label}", ylabel=field, ylim=None)
+    return out
 
 
 def _enforcement_meta(e: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,9 @@ A run directory holds ``spec.yaml`` (the spec as given), ``config.json``, ``mode
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -97,8 +99,12 @@ def write_json(path: Path, data: Any) -> None:
 
 def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
               enforce: bool = False, overwrite: bool = False,
-              progress: bool = True, allow_unenforced: bool = False) -> RunOutcome:
+              progress: bool = True, allow_unenforced: bool = False,
+              enforce_budget: float = 1.0) -> RunOutcome:
     """Train a spec into ``out``, verify its contract and write the report.
+
+    With ``enforce``, training stops at the first evaluation point where the contract holds and
+    never runs past ``train.steps x enforce_budget`` (1 to 1.3; the schedule spans the budget).
 
     Raises:
         SpecError: an invalid spec, ``--enforce`` without evaluation points, or (unless
@@ -108,6 +114,11 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     from headwise.enforce import Enforcer, plan, summary
 
     spec = load_spec(spec_source)
+    if not (isinstance(enforce_budget, (int, float)) and 1.0 <= enforce_budget <= 1.3):
+        raise SpecError(f"--enforce-budget: got {enforce_budget!r}, expected a number in "
+                        "[1, 1.3] (a factor on train.steps)")
+    if enforce_budget != 1.0 and not enforce:
+        raise SpecError("--enforce-budget: given without --enforce; expected both or neither")
     if enforce and spec.train.eval_every == 0:
         raise SpecError("train.eval_every: got 0, expected an integer >= 1 with --enforce "
                         "(enforcement acts at evaluation points)")
@@ -130,7 +141,10 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     main = is_main_process()
     if main:
         prepare_run_dir(out, spec, resume, overwrite)
-    result = train(compiled.model, compiled.data, spec.train, out_dir=out,
+    config = spec.train
+    if enforce_budget != 1.0:
+        config = dataclasses.replace(config, steps=math.ceil(config.steps * enforce_budget))
+    result = train(compiled.model, compiled.data, config, out_dir=out,
                    objectives=compiled.objectives, callbacks=callbacks,
                    optimizer_hooks=compiled.optimizer_hooks, resume=resume,
                    eval_data=compiled.eval_data, progress=progress)
