@@ -38,16 +38,23 @@ where the whole contract holds.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from headwise.analysis.contract import Clause, Contract
 from headwise.analysis.verify import ClauseResult, ContractResult, VerifyData, verify
 from headwise.control.objectives import PatternObjective, RoleBound
-from headwise.control.task_levers import StochasticAblation, TaskLossWeight
+from headwise.control.task_levers import OnProbeData, StochasticAblation, TaskLossWeight
+from headwise.data import Batch
 from headwise.heads import Head, HeadSet
 from headwise.patterns import ROLE_NAMES, TARGET_ROLES
 from headwise.pipeline.compile import Compiled
+from headwise.pipeline.probes import declared_probe, repeated_probe
+from headwise.spec.probes import default_half_len
 from headwise.train import TrainState
 
 # Role scores whose lever is another role's (TransformerLens variants measure the same role).
@@ -81,7 +88,7 @@ def _masked(compiled: Compiled) -> set[Head]:
 
 
 def _add(compiled: Compiled, obj: Any, name: str) -> Any:
-    obj.name = name
+    obj.name = name  # unique: checkpoints store lever weights by name
     obj.weight = 0.0
     compiled.objectives.append(obj)
     return obj
@@ -102,21 +109,46 @@ def _score_lever(compiled: Compiled, clause: Clause, hs: Any) -> Lever | None:
     if role is None:
         return None
     tag = f"[{clause.path}]"
+    on = _probe_sampler(compiled, clause)
+    where = f" on {clause.on}-like batches" if on is not None else ""
     if clause.at_least is not None and role in TARGET_ROLES:
-        lever = Lever("pattern", f"pattern objective ({role}, ce) on {_names(heads)}")
+        lever = Lever("pattern", f"pattern objective ({role}, ce) on {_names(heads)}{where}")
         for h in heads:
-            obj = _add(compiled, PatternObjective(compiled.model, hs(h), role, kind="ce"),
-                       f"enforce:{role}[{h}]{tag}")
+            obj = _add(compiled, _on(compiled, PatternObjective(
+                compiled.model, hs(h), role, kind="ce"), f"enforce:{role}[{h}]{tag}", on),
+                f"enforce:{role}[{h}]{tag}")
             lever.per_head[str(h)] = obj
             lever.objectives.append(obj)
         return lever
     lo = None if clause.at_least is None else min(1.0, clause.at_least + MARGIN)
     hi = None if clause.at_most is None else max(0.0, clause.at_most - MARGIN)
-    obj = _add(compiled, RoleBound(compiled.model, hs(heads), role, min=lo, max=hi),
-               f"enforce:bound:{role}[{_names(heads)}]{tag}")
+    name = f"enforce:bound:{role}[{_names(heads)}]{tag}"
+    obj = _add(compiled, _on(compiled, RoleBound(compiled.model, hs(heads), role, min=lo,
+                                                 max=hi), name, on), name)
     bounds = " and ".join(x for x in (lo is not None and f">= {lo:g}" or "",
                                       hi is not None and f"<= {hi:g}" or "") if x)
-    return Lever("bound", f"row-wise {role} bound {bounds} on {_names(heads)}", [obj])
+    return Lever("bound", f"row-wise {role} bound {bounds} on {_names(heads)}{where}", [obj])
+
+
+def _probe_sampler(compiled: Compiled, clause: Clause) -> Callable[[int], Batch] | None:
+    """Draws batches like the clause's probe (``None``: the clause is measured on held-out
+    task data, so the training batches are already drawn like it)."""
+    spec = compiled.spec
+    if clause.on is None or clause.on == "default" or clause.on in compiled.task_names:
+        return None
+    n = spec.train.batch_size
+    declared = {p.name: p for p in spec.probes}
+    if clause.on in declared:
+        probe = dataclasses.replace(declared[clause.on], examples=n)
+        return lambda seed: declared_probe(spec, probe, torch.Generator().manual_seed(seed))
+    half = default_half_len(spec.data)
+    return lambda seed: repeated_probe(spec, half, n, torch.Generator().manual_seed(seed))
+
+
+def _on(compiled: Compiled, lever: Any, name: str,
+        sample: Callable[[int], Batch] | None) -> Any:
+    lever.name = name
+    return lever if sample is None else OnProbeData(compiled.model, lever, sample)
 
 
 def _ablation_levers(compiled: Compiled, clause: Clause, hs: Any) -> Lever | None:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from headwise.cli import main
-from headwise.control.objectives import RoleBound
-from headwise.control.task_levers import StochasticAblation
+from headwise.control.objectives import PatternObjective, RoleBound
+from headwise.control.task_levers import OnProbeData, StochasticAblation
 from headwise.enforce import ETA, Enforcer, plan
 from headwise.pipeline import compile_spec
 from headwise.pipeline.run import contract_of, verify_data
@@ -182,3 +182,38 @@ def test_enforcement_resumes_exactly(tmp_path: Path) -> None:
     assert again == first
     resumed = load_file(str(run / "model.safetensors"))
     assert all(torch.equal(resumed[k], weights[k]) for k in weights)
+
+
+def test_a_score_clause_on_a_probe_is_enforced_on_batches_drawn_like_that_probe() -> None:
+    spec = load_spec("""
+model: {n_layers: 2, n_heads: 2, d_model: 16, vocab_size: 24, max_seq_len: 24}
+data: {tasks: {induction: {seq_len: 20, period: [3, 8]}}}
+probes: {unseen: {task: induction, period: [9, 9]}}
+train: {eval_every: 5, batch_size: 8}
+contract:
+  - {any_of: L1.*, score: induction, at_least: 0.5, "on": unseen}
+  - {any_of: L1.*, score: induction, at_least: 0.5, "on": induction}
+""")
+    compiled = compile_spec(spec)
+    levers = plan(compiled, contract_of(spec))
+    on_probe = levers[0].per_head["L1.H0"]  # type: ignore[union-attr]
+    on_task = levers[1].per_head["L1.H0"]  # type: ignore[union-attr]
+    assert isinstance(on_probe, OnProbeData) and isinstance(on_task, PatternObjective)
+    batch = compiled.data.sample(8, torch.Generator().manual_seed(3))
+    on_probe.prepare(batch)
+    term, _ = on_probe.loss(batch.tokens)
+    assert float(term) == 0.0  # weight 0: no extra forward, no term
+    on_probe.weight = 1.0
+    seen = []
+    inner = on_probe.sample
+    on_probe.sample = lambda seed: seen.append(inner(seed)) or seen[-1]  # type: ignore[method-assign]
+    on_probe.prepare(batch)
+    term, logs = on_probe.loss(batch.tokens)
+    (probe,) = seen
+    content = probe.tokens[:, 1:]  # [BOS, period-9 content]: the probe's generator
+    assert probe.tokens.shape == (8, 20) and all(
+        torch.equal(r[9:], r[:-9]) for r in content)
+    assert float(term.detach()) > 0
+    assert list(logs) == ["enforce:induction[L1.H0][contract[0]]/L1.H0"]
+    on_probe.prepare(batch)
+    assert torch.equal(seen[1].tokens, probe.tokens)  # seeded by the training batch

@@ -141,3 +141,54 @@ class TaskLossWeight:
         ce = F.cross_entropy(logits.float().transpose(1, 2), targets, ignore_index=IGNORE,
                              reduction="sum") / valid.sum()
         return self.weight * ce, {f"{self.name}/loss": float(ce.detach())}
+
+
+class OnProbeData:
+    """Run a pattern lever on its own batches, drawn like a probe, instead of the training batch.
+
+    A score clause measured ``on`` a probe (``repeated``, or a declared one) is enforced on data
+    drawn by that probe's generator: before each training forward, ``prepare`` draws a fresh
+    batch (seeded from the training batch's tokens, so never the verification examples, and
+    reproducible on resume), runs the model on it with only the inner lever's hooks, and keeps
+    the inner lever's loss; ``loss`` returns it. No forward runs while ``weight`` is 0.
+
+    Args:
+        model: a headwise Transformer.
+        inner: a pattern lever (``PatternObjective``, ``RoleBound``) on the clause's heads.
+        sample: ``fn(seed) -> Batch`` drawing the probe-like batch.
+    """
+
+    def __init__(self, model: nn.Module, inner: Any, sample: Any) -> None:
+        self.model = model
+        self.inner = inner
+        self.sample = sample
+        self.name = inner.name
+        self._term: tuple[Tensor, dict[str, float]] | None = None
+
+    @property
+    def weight(self) -> float:
+        return float(self.inner.weight)
+
+    @weight.setter
+    def weight(self, value: float) -> None:
+        self.inner.weight = float(value)
+
+    def prepare(self, batch: Any) -> None:
+        self._term = None
+        if self.weight <= 0.0:
+            return
+        probe = self.sample(_batch_seed(batch.tokens, self.name))
+        device = next(self.model.parameters()).device
+        probe = probe.to(device)
+        with self.model.hooks(*self.inner.hooks()):  # type: ignore[operator]
+            self.model(probe.tokens, attention_mask=probe.attention_mask,
+                       task_ids=probe.task_ids)
+        self._term = self.inner.loss(probe.tokens, probe.attention_mask)
+
+    def hooks(self) -> list[Hook]:
+        return []
+
+    def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
+             ) -> tuple[Tensor, dict[str, float]]:
+        term, self._term = self._term, None
+        return term if term is not None else (torch.zeros((), device=tokens.device), {})
