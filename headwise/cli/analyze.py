@@ -1,4 +1,4 @@
-"""``headwise analyze RUN`` or ``headwise analyze --hf DIR``: what every head does."""
+"""``headwise analyze RUN`` or ``headwise analyze --hf DIR|ID``: what every head does."""
 
 from __future__ import annotations
 
@@ -17,11 +17,15 @@ def register(subparsers: Any) -> None:
         "analyze", help="role scores, ablation importance and gates of every head",
         description="For a run: role scores of every head on the held-out data, the accuracy "
                     "drop when each head is ablated on each task, and the task gates. For a "
-                    "HuggingFace checkpoint (--hf DIR): role scores of every head on text "
+                    "HuggingFace checkpoint (--hf DIR, or a model id in the local HF cache): "
+                    "role scores of every head on text "
                     "(--text FILE, one sequence per line, tokenised with DIR/tokenizer.json and "
                     "cut to the model's max_seq_len) or on repeated random tokens.")
     p.add_argument("run", nargs="?", help="a run directory (or use --hf)")
-    p.add_argument("--hf", metavar="DIR", help="a local HuggingFace model directory")
+    p.add_argument("--hf", metavar="DIR|ID", help="a local HuggingFace model directory, or a "
+                                                  "model id in the local HF cache (no network)")
+    p.add_argument("--revision", metavar="REV", help="with --hf ID: branch, tag or commit in "
+                                                     "the cache (default main)")
     p.add_argument("--text", metavar="FILE", help="with --hf: text to score on (one sequence "
                                                   "per non-empty line)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (one record per "
@@ -35,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("analyze: expected either a run directory or --hf DIR (exactly one)")
     if args.text and not args.hf:
         raise SpecError("--text: only used with --hf")
-    result = _run(args.run) if args.run else _hf(args.hf, args.text)
+    if args.revision and not args.hf:
+        raise SpecError("--revision: only used with --hf")
+    result = _run(args.run) if args.run else _hf(args.hf, args.text, args.revision)
     if args.json:
         write_file(args.json, json.dumps(result, indent=1), "--json")
         console().print(f"written: {args.json}")
@@ -58,10 +64,12 @@ def _run(run_dir: str) -> dict[str, Any]:
     return {"run": run_dir, **analysis.to_dict()}
 
 
-def _hf(directory: str, text: str | None) -> dict[str, Any]:
+def _hf(name: str, text: str | None, revision: str | None) -> dict[str, Any]:
     from headwise.analysis.role_table import RoleTable
     from headwise.interop.analyze import analyze_hf
+    from headwise.interop.hub_cache import resolve_model
 
+    directory = str(resolve_model(name, revision, field="--hf"))
     content = None
     source = "16 sequences of random tokens repeated once"
     if text is not None:
@@ -75,5 +83,5 @@ def _hf(directory: str, text: str | None) -> dict[str, Any]:
         source = f"{len(lines)} lines of {path}"
     records = analyze_hf(directory, content)
     table = RoleTable.from_records(records)
-    console().print(table.to_rich_table(f"role scores of {directory} on {source}"))
-    return {"model": directory, "data": source, "roles": records}
+    console().print(table.to_rich_table(f"role scores of {name} on {source}"))
+    return {"model": name, "path": directory, "data": source, "roles": records}

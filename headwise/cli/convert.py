@@ -1,4 +1,4 @@
-"""``headwise convert --hf DIR --out DIR``: convert a local HuggingFace checkpoint to headwise."""
+"""``headwise convert --hf DIR|ID --out DIR``: convert a local HuggingFace checkpoint to headwise."""
 
 from __future__ import annotations
 
@@ -13,10 +13,15 @@ def register(subparsers: Any) -> None:
         help="convert a local HuggingFace checkpoint directory (no network access)",
         description="Read config.json and model.safetensors (or pytorch_model.bin, loaded with "
                     "weights_only=True) from --hf and write headwise's config.json and "
-                    "model.safetensors to --out. Supported model_type values: bert, gpt2, "
+                    "model.safetensors to --out. --hf is a directory or a model id (gpt2, "
+                    "org/name) in the local HuggingFace cache (HF_HUB_CACHE, HF_HOME/hub or "
+                    "~/.cache/huggingface/hub). Supported model_type values: bert, gpt2, "
                     "llama, mistral, qwen2.",
     )
-    parser.add_argument("--hf", required=True, metavar="DIR", help="HuggingFace model directory")
+    parser.add_argument("--hf", required=True, metavar="DIR|ID",
+                        help="HuggingFace model directory, or a model id in the local HF cache")
+    parser.add_argument("--revision", metavar="REV",
+                        help="with a model id: branch, tag or commit in the cache (default main)")
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
     parser.add_argument("--lenient", action="store_true",
                         help="ignore HF keys the converter does not use (e.g. task heads)")
@@ -26,8 +31,10 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Convert and print a one-line summary; errors propagate as ``CheckpointError`` (exit 2)."""
     from headwise.interop import convert, load_converted
+    from headwise.interop.hub_cache import resolve_model
 
-    out = convert(args.hf, args.out, strict=not args.lenient)
+    source = resolve_model(args.hf, args.revision, field="--hf")
+    out = convert(source, args.out, strict=not args.lenient)
     model = load_converted(out)
     c = model.config
     n_params = sum(p.numel() for p in model.parameters())

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from headwise.interop.hub_cache import resolve_model
 from headwise.interop.load import load_hf
 from headwise.interop.tokenizer import encode_batch, load_tokenizer
 
@@ -16,12 +17,13 @@ COPYING_MAX_VOCAB = 4096
 
 def analyze_hf(path: str | Path, text: str | Sequence[str] | None = None,
                roles: Sequence[str] | None = None, n_probe: int = 16,
-               probe_half_len: int = 24, seed: int = 0) -> list[dict[str, Any]]:
+               probe_half_len: int = 24, seed: int = 0,
+               revision: str | None = None) -> list[dict[str, Any]]:
     """Load an HF checkpoint and score every head's roles.
 
     Args:
-        path: local HF directory (see ``load_hf``; the tokenizer is read only when ``text`` is
-            given).
+        path: local HF directory or cached model id (see ``load_hf``; the tokenizer is read
+            only when ``text`` is given).
         text: text to score on: one string (split into non-empty lines, one sequence each) or a
             list of strings; each is tokenised with the checkpoint's ``tokenizer.json`` and
             truncated to the model's ``max_seq_len``. ``None``: ``n_probe`` repeated random
@@ -30,6 +32,7 @@ def analyze_hf(path: str | Path, text: str | Sequence[str] | None = None,
             ``copying`` (a V x V OV-circuit scan per head) is left out when the vocabulary has
             more than ``COPYING_MAX_VOCAB`` tokens; ask for it explicitly to get it anyway.
         n_probe, probe_half_len, seed: the random probe's size and seed.
+        revision: with a model id, the cached branch, tag or commit (default ``main``).
 
     Returns:
         One record per head, ``{"layer", "head", <role>: score | None}`` in layer-major order
@@ -42,6 +45,7 @@ def analyze_hf(path: str | Path, text: str | Sequence[str] | None = None,
     from headwise.analysis.probes import induction_probe
     from headwise.analysis.roles import ROLES, role_scores
 
+    path = resolve_model(path, revision, field="path", revision_field="revision")
     model = load_hf(path)
     c = model.config
     if roles is None:

@@ -11,11 +11,22 @@ as ``BertPooler`` by ``headwise.interop.load_pooler``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
 from headwise.config import ModelConfig
-from headwise.interop.hf_config import activation, refuse, refuse_common, require
+from headwise.errors import ConfigError
+from headwise.interop.hf_config import (
+    activation,
+    expect,
+    expect_mha,
+    hf_activation,
+    refuse,
+    refuse_common,
+    require,
+)
 from headwise.interop.registry import Converter, Rule, register
 
 
@@ -38,6 +49,34 @@ def config_from_hf(hf: dict) -> ModelConfig:
         activation=activation(hf, "hidden_act", "gelu"), positional="learned", bias="all",
         tie_embeddings=True, n_token_types=int(hf.get("type_vocab_size", 2)), embed_norm=True,
     )
+
+
+def config_to_hf(c: ModelConfig) -> dict[str, Any]:
+    """Our config as a BERT ``config.json`` (``BertModel``), the inverse of ``config_from_hf``.
+
+    Raises:
+        ConfigError: a field BERT has no equivalent for (named): e.g. pre-norm, no embedding
+            norm or no token-type embeddings, an untied unembedding (BertModel has no LM head).
+    """
+    family = "BERT"
+    for name, allowed in (("causal", (False,)), ("norm", ("post",)),
+                          ("norm_type", ("layernorm",)), ("positional", ("learned",)),
+                          ("bias", ("all",)), ("embed_norm", (True,)), ("attn_only", (False,)),
+                          ("tie_embeddings", (True,))):
+        expect(c, name, allowed, family)
+    if c.n_token_types < 1:
+        raise ConfigError(f"model.n_token_types: got {c.n_token_types}, expected >= 1 to export "
+                          "as HuggingFace BERT (it always has token-type embeddings)")
+    expect_mha(c, family)
+    return {
+        "model_type": "bert", "architectures": ["BertModel"],
+        "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads,
+        "hidden_size": c.d_model, "intermediate_size": c.d_ff, "vocab_size": c.vocab_size,
+        "max_position_embeddings": c.max_seq_len, "type_vocab_size": c.n_token_types,
+        "layer_norm_eps": c.norm_eps, "hidden_act": hf_activation(c, family),
+        "position_embedding_type": "absolute", "hidden_dropout_prob": c.dropout,
+        "attention_probs_dropout_prob": c.dropout,
+    }
 
 
 def rename(key: str) -> str:
@@ -100,6 +139,7 @@ CONVERTER = register(Converter(
     rename=rename,
     peft_modules=PEFT_MODULES,
     peft_model_class="BertModel",
+    config_to_hf=config_to_hf,
 ))
 
 

@@ -11,7 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from headwise.config import ModelConfig
-from headwise.interop.hf_config import activation, refuse, refuse_common, require
+from headwise.interop.hf_config import (
+    activation,
+    expect,
+    expect_decoder,
+    expect_mha,
+    hf_activation,
+    refuse,
+    refuse_common,
+    require,
+)
 from headwise.interop.registry import Converter, Rule, register
 
 
@@ -35,6 +44,30 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
         bias="all",
         tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
     )
+
+
+def config_to_hf(c: ModelConfig) -> dict[str, Any]:
+    """Our config as a GPT-2 ``config.json`` (``GPT2LMHeadModel``), the inverse of the above.
+
+    Raises:
+        ConfigError: a field GPT-2 has no equivalent for (named): e.g. ``norm_type='rmsnorm'``,
+            grouped-query attention, ``activation='swiglu'``, bias other than ``'all'``.
+    """
+    family = "GPT-2"
+    expect_decoder(c, family)
+    for name, allowed in (("positional", ("learned",)), ("norm", ("pre",)),
+                          ("norm_type", ("layernorm",)), ("bias", ("all",))):
+        expect(c, name, allowed, family)
+    expect_mha(c, family)
+    return {
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+        "n_layer": c.n_layers, "n_head": c.n_heads, "n_embd": c.d_model, "n_inner": c.d_ff,
+        "vocab_size": c.vocab_size, "n_positions": c.max_seq_len, "n_ctx": c.max_seq_len,
+        "layer_norm_epsilon": c.norm_eps, "activation_function": hf_activation(c, family),
+        "tie_word_embeddings": c.tie_embeddings, "scale_attn_weights": True,
+        "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout,
+        "bos_token_id": None, "eos_token_id": None,
+    }
 
 
 GLOBAL_KEYS = {
@@ -86,4 +119,7 @@ CONVERTER = register(Converter(
     peft_model_class="GPT2LMHeadModel",
     peft_task_type="CAUSAL_LM",
     peft_fan_in_fan_out=True,
+    config_to_hf=config_to_hf,
+    export_prefix="transformer.",
+    head_keys=("lm_head.weight",),
 ))

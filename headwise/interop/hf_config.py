@@ -1,11 +1,15 @@
-"""Reading HF ``config.json`` fields with errors that name the field (shared by family modules)."""
+"""HF ``config.json`` fields, both ways, with errors that name the field (shared by family modules).
+
+Reading (``require``, ``refuse``, ``activation``) raises ``CheckpointError`` naming the HF field;
+writing for export (``expect``, ``hf_activation``) raises ``ConfigError`` naming our field.
+"""
 
 from __future__ import annotations
 
 from typing import Any, cast
 
-from headwise.config import Activation
-from headwise.errors import CheckpointError
+from headwise.config import Activation, ModelConfig
+from headwise.errors import CheckpointError, ConfigError
 
 # HF activation names -> our ``activation`` values (HF "gelu" is the exact erf form).
 ACTIVATIONS: dict[str, str] = {
@@ -75,3 +79,55 @@ def refuse_common(hf: dict[str, Any]) -> None:
 def _kind_name(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     return " or ".join(k.__name__ for k in kinds)
+
+
+# The reverse direction (export): our activation -> the HF name written to config.json, the first
+# HF name in ``ACTIVATIONS`` that maps to it (``gelu_tanh`` -> ``gelu_new``, GPT-2's own).
+HF_ACTIVATION: dict[str, str] = {}
+for _hf_name, _ours in ACTIVATIONS.items():
+    HF_ACTIVATION.setdefault(_ours, _hf_name)
+
+
+def expect(config: ModelConfig, name: str, allowed: tuple[object, ...], family: str) -> None:
+    """Refuse to export a config whose field ``name`` has no equivalent in the HF ``family``.
+
+    Raises:
+        ConfigError: ``model.<name>: got V, expected ...``, naming the family.
+    """
+    value = getattr(config, name)
+    if any(value == a and type(value) is type(a) for a in allowed):  # True is not 1 here
+        return
+    options = " or ".join(repr(a) for a in allowed) if allowed else "no value"
+    raise ConfigError(
+        f"model.{name}: got {value!r}, expected {options} to export as HuggingFace {family} "
+        "(it has no equivalent, and headwise never approximates)"
+    )
+
+
+def hf_activation(config: ModelConfig, family: str) -> str:
+    """The HF activation name for ``config.activation`` (not SwiGLU, which is Llama's MLP).
+
+    Raises:
+        ConfigError: an activation with no HF name.
+    """
+    expect(config, "activation", tuple(HF_ACTIVATION), family)
+    return HF_ACTIVATION[config.activation]
+
+
+def expect_decoder(config: ModelConfig, family: str) -> None:
+    """Refuse what no HF decoder family has: non-causal attention, attention-only blocks,
+    token-type embeddings, an embedding norm."""
+    for name, allowed in (("causal", (True,)), ("attn_only", (False,)), ("n_token_types", (0,)),
+                          ("embed_norm", (False,))):
+        expect(config, name, allowed, family)
+
+
+def expect_mha(config: ModelConfig, family: str) -> None:
+    """Refuse grouped-query attention and ``d_head * n_heads != d_model`` (GPT-2, BERT)."""
+    expect(config, "n_kv_heads", (config.n_heads,), family)
+    if config.d_head is None or config.d_head * config.n_heads != config.d_model:
+        raise ConfigError(
+            f"model.d_head: got {config.d_head!r}, expected d_model / n_heads = "
+            f"{config.d_model / config.n_heads:g} to export as HuggingFace {family} (it has no "
+            "separate head size, and headwise never approximates)"
+        )

@@ -16,7 +16,7 @@ from typing import Any
 
 from headwise.config import Bias, ModelConfig
 from headwise.errors import CheckpointError
-from headwise.interop.hf_config import refuse, refuse_common, require
+from headwise.interop.hf_config import expect, expect_decoder, refuse, refuse_common, require
 from headwise.interop.registry import Converter, Rule, register
 
 
@@ -78,6 +78,37 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     )
 
 
+def config_to_hf(c: ModelConfig) -> dict[str, Any]:
+    """Our config as a Llama ``config.json`` (``LlamaForCausalLM``), or Qwen2's when the bias is
+    on q/k/v only (``bias='qkv'``); the inverse of ``config_from_hf``.
+
+    Raises:
+        ConfigError: a field the Llama family has no equivalent for (named): e.g. learned
+            positions, LayerNorm, an activation other than ``'swiglu'``, post-norm.
+    """
+    family = "Llama"
+    expect_decoder(c, family)
+    for name, allowed in (("positional", ("rope",)), ("norm", ("pre",)),
+                          ("norm_type", ("rmsnorm",)), ("activation", ("swiglu",))):
+        expect(c, name, allowed, family)
+    qwen2 = c.bias == "qkv"
+    out: dict[str, Any] = {
+        "model_type": "qwen2" if qwen2 else "llama",
+        "architectures": ["Qwen2ForCausalLM" if qwen2 else "LlamaForCausalLM"],
+        "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads,
+        "num_key_value_heads": c.n_kv_heads, "hidden_size": c.d_model, "head_dim": c.d_head,
+        "intermediate_size": c.d_ff, "vocab_size": c.vocab_size,
+        "max_position_embeddings": c.max_seq_len, "rms_norm_eps": c.norm_eps,
+        "rope_theta": c.rope_base, "hidden_act": "silu", "attention_dropout": c.dropout,
+        "tie_word_embeddings": c.tie_embeddings, "bos_token_id": None, "eos_token_id": None,
+    }
+    if qwen2:
+        out["use_sliding_window"] = False
+    else:
+        out["attention_bias"] = out["mlp_bias"] = c.bias == "all"
+    return out
+
+
 GLOBAL_KEYS = {
     "embed.weight": Rule("embed_tokens.weight"),
     "ln_final.weight": Rule("norm.weight"),
@@ -113,4 +144,7 @@ CONVERTER = register(Converter(
     peft_modules=PEFT_MODULES,
     peft_model_class="LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM",
     peft_task_type="CAUSAL_LM",
+    config_to_hf=config_to_hf,
+    export_prefix="model.",
+    head_keys=("lm_head.weight",),
 ))

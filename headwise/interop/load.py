@@ -20,6 +20,7 @@ from torch import Tensor
 from headwise.config import ModelConfig
 from headwise.errors import CheckpointError, ConfigError
 from headwise.interop.bert import POOLER_KEYS, BertPooler
+from headwise.interop.hub_cache import resolve_model
 from headwise.interop.registry import Converter, get_converter
 from headwise.interop.weights import SAFETENSORS, read_json, read_safetensors, read_state_dict
 from headwise.model import Transformer, build_model
@@ -99,19 +100,23 @@ def convert_state_dict(converter: Converter, config: ModelConfig, hf_state: dict
 
 
 def load_hf(path: str | Path, *, strict: bool = True, dtype: torch.dtype = torch.float32,
-            max_seq_len: int | None = None) -> Transformer:
+            max_seq_len: int | None = None, revision: str | None = None) -> Transformer:
     """A headwise model with the weights of the local HF checkpoint directory ``path``.
 
     Args:
         path: directory with ``config.json`` and ``model.safetensors`` (or its sharded index,
-            or ``pytorch_model.bin``, read with ``weights_only=True``).
+            or ``pytorch_model.bin``, read with ``weights_only=True``), or a model id
+            (``gpt2``, ``org/name``) found in the local HF cache (``hub_cache.resolve_model``).
         strict: reject unknown HF keys (task heads we do not model) instead of ignoring them.
         dtype: parameter dtype (float32 for exact parity).
         max_seq_len: lower the position limit of a RoPE model (smaller rotary tables).
+        revision: with a model id, the branch, tag or commit in the cache (default ``main``).
 
     Raises:
-        CheckpointError: see ``hf_converter``, ``read_state_dict`` and ``convert_state_dict``.
+        CheckpointError: see ``hf_converter``, ``read_state_dict``, ``convert_state_dict`` and
+            ``resolve_model`` (an id not in the cache names where it looked).
     """
+    path = resolve_model(path, revision, field="path", revision_field="revision")
     converter, config = hf_converter(path)
     if max_seq_len is not None:
         if config.positional == "learned":
@@ -125,8 +130,10 @@ def load_hf(path: str | Path, *, strict: bool = True, dtype: torch.dtype = torch
     return model.eval()
 
 
-def convert(hf_dir: str | Path, out_dir: str | Path, *, strict: bool = True) -> Path:
-    """Convert an HF checkpoint directory to headwise's format in ``out_dir``.
+def convert(hf_dir: str | Path, out_dir: str | Path, *, strict: bool = True,
+            revision: str | None = None) -> Path:
+    """Convert an HF checkpoint directory (or a cached model id, see ``load_hf``) to headwise's
+    format in ``out_dir``.
 
     Writes ``config.json`` (``ModelConfig.to_dict``) and ``model.safetensors`` atomically
     (temporary file + ``os.replace``), and copies the tokenizer files that exist.
@@ -134,6 +141,7 @@ def convert(hf_dir: str | Path, out_dir: str | Path, *, strict: bool = True) -> 
     Returns:
         ``out_dir`` as a Path.
     """
+    hf_dir = resolve_model(hf_dir, revision, field="hf_dir", revision_field="revision")
     model = load_hf(hf_dir, strict=strict)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,11 @@
 """Converter registry: one ``Converter`` per HuggingFace ``model_type``, each a key-map table.
 
-A converter is data plus one function: the HF-prefixes to strip, the config translator, a
-table ``our parameter name -> Rule`` (``{i}`` stands for the layer index), and patterns of HF
-keys that are known and deliberately unused. The generic code in ``headwise.interop.load``
-applies the table; family modules (``gpt2``, ``bert``, ``llama``) hold every family difference.
+A converter is data plus two functions: the HF-prefixes to strip, the config translators (HF ->
+ours, and ours -> HF for export), a table ``our parameter name -> Rule`` (``{i}`` stands for the
+layer index), and patterns of HF keys that are known and deliberately unused. The generic code
+in ``headwise.interop.load`` applies the table; ``headwise.interop.export`` applies the same
+table in reverse (``Rule.join``); family modules (``gpt2``, ``bert``, ``llama``) hold every
+family difference.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from headwise.config import ModelConfig
@@ -54,6 +57,35 @@ class Rule:
             tensor = tensor.chunk(n, dim=0)[part]
         return tensor.contiguous()
 
+    @staticmethod
+    def join(pieces: list[tuple[Rule, Tensor]]) -> Tensor:
+        """The HF tensor that ``apply`` reads our tensors from: its inverse (used for export).
+
+        Args:
+            pieces: ``(rule, our tensor)`` for every rule naming the same HF key (the q, k and v
+                parts of a fused tensor, or a single rule).
+
+        Raises:
+            ValueError: the rules disagree, or a part of a fused tensor is missing.
+        """
+        first = pieces[0][0]
+        if any(r.hf != first.hf or r.transpose != first.transpose or
+               (r.split is None) != (first.split is None) for r, _ in pieces):
+            raise ValueError(f"rules for {first.hf!r} disagree: {[r for r, _ in pieces]}")
+        if first.split is None:
+            if len(pieces) != 1:
+                raise ValueError(f"{first.hf!r}: {len(pieces)} tensors map to one unsplit key")
+            tensor = pieces[0][1]
+        else:
+            n = first.split[1]
+            parts = {r.split[0]: t for r, t in pieces if r.split is not None}
+            if sorted(parts) != list(range(n)) or len(pieces) != n:
+                raise ValueError(f"{first.hf!r}: got parts {sorted(parts)}, expected 0..{n - 1}")
+            tensor = torch.cat([parts[k] for k in range(n)], dim=0)
+        if first.transpose:
+            tensor = tensor.t()
+        return tensor.contiguous()
+
 
 @dataclass(frozen=True)
 class Converter:
@@ -74,6 +106,10 @@ class Converter:
         peft_model_class: the HF class whose module names PEFT keys follow.
         peft_task_type: PEFT ``task_type`` for that class (``None``: a plain ``PeftModel``).
         peft_fan_in_fan_out: the HF modules are ``Conv1D`` (weights stored ``(in, out)``).
+        config_to_hf: for export, our config -> HF ``config.json`` (with ``model_type`` and
+            ``architectures``); raises ``ConfigError`` naming a field with no HF equivalent.
+        export_prefix: prefix of the exported HF class's base model (``transformer.``).
+        head_keys: HF keys (as in the tables) that sit outside that prefix (``lm_head.weight``).
     """
 
     model_type: tuple[str, ...]
@@ -87,6 +123,9 @@ class Converter:
     peft_model_class: str = ""
     peft_task_type: str | None = None
     peft_fan_in_fan_out: bool = False
+    config_to_hf: Callable[[ModelConfig], dict[str, Any]] | None = None
+    export_prefix: str = ""
+    head_keys: tuple[str, ...] = ()
 
     def rule_for(self, our_key: str) -> Rule | None:
         """The rule producing ``our_key`` (layer index substituted), or ``None``."""

@@ -37,16 +37,21 @@ ADAPTER_TARGETS = ("q", "k", "v", "o", "up", "down", "gate")
 def parse_model(value: Any, base: Path | None) -> ModelSpec:
     """``model:`` as config fields, ``preset: NAME`` (+ overrides), or ``pretrained: {...}``."""
     data = check.mapping(value, "model", "a mapping of ModelConfig fields, {preset: NAME} or "
-                         "{pretrained: {path: DIR, format: hf}}")
+                         "{pretrained: {path: DIR, format: hf}} or {pretrained: {id: ID}}")
     if "pretrained" in data:
         check.keys(data, ["pretrained"], "model")
-        raw = check.mapping(data["pretrained"], "model.pretrained", "a mapping {path, format}")
-        check.keys(raw, ["path", "format"], "model.pretrained", required=["path"])
-        path = check.string(raw["path"], "model.pretrained.path")
+        raw = check.mapping(data["pretrained"], "model.pretrained",
+                            "a mapping {path, format} or {id, revision}")
+        check.keys(raw, ["path", "format", "id", "revision"], "model.pretrained")
         fmt = check.string(raw.get("format", "hf"), "model.pretrained.format", ["hf"])
-        resolved = _resolve(path, base)
+        repo_id, revision = _pretrained_id(raw)
+        if repo_id is None:
+            resolved = _resolve(check.string(raw["path"], "model.pretrained.path"), base)
+        else:
+            resolved = _snapshot(repo_id, revision)
         config = _pretrained_config(resolved)
-        return ModelSpec(config, pretrained=PretrainedSpec(str(resolved), fmt))  # type: ignore[arg-type]
+        pretrained = PretrainedSpec(str(resolved), fmt, repo_id, revision)  # type: ignore[arg-type]
+        return ModelSpec(config, pretrained=pretrained)
     name = None
     if "preset" in data:
         name = check.string(data.pop("preset"), "model.preset", sorted(PRESETS))
@@ -61,6 +66,31 @@ def parse_model(value: Any, base: Path | None) -> ModelSpec:
 def _resolve(path: str, base: Path | None) -> Path:
     p = Path(path).expanduser()
     return p if p.is_absolute() or base is None else base / p
+
+
+def _pretrained_id(raw: dict[str, Any]) -> tuple[str | None, str | None]:
+    """``(id, revision)`` of ``model.pretrained``, or ``(None, None)`` when it gives a path."""
+    if ("path" in raw) == ("id" in raw):
+        raise SpecError("model.pretrained: expected exactly one of path (a local directory) or "
+                        "id (a model id in the local HuggingFace cache)")
+    if "id" not in raw:
+        if "revision" in raw:
+            raise SpecError("model.pretrained.revision: only used with id, not with path")
+        return None, None
+    revision = raw.get("revision")
+    if revision is not None:
+        revision = check.string(revision, "model.pretrained.revision")
+    return check.string(raw["id"], "model.pretrained.id"), revision
+
+
+def _snapshot(repo_id: str, revision: str | None) -> Path:
+    from headwise.interop.hub_cache import snapshot_dir
+
+    try:
+        return snapshot_dir(repo_id, revision, field="model.pretrained.id",
+                            revision_field="model.pretrained.revision")
+    except HeadwiseError as e:
+        raise SpecError(str(e)) from None
 
 
 def _pretrained_config(path: Path) -> ModelConfig:

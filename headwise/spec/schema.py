@@ -21,10 +21,16 @@ def _empty() -> Mapping[str, Any]:
 
 @dataclass(frozen=True)
 class PretrainedSpec:
-    """A checkpoint on local disk: ``path`` to a HuggingFace directory, ``format`` ("hf")."""
+    """A checkpoint on local disk: ``path`` to a HuggingFace directory, ``format`` ("hf").
+
+    Given as ``{id, revision}`` instead, ``path`` is the id's snapshot in the local HF cache
+    (resolved while parsing) and ``id`` / ``revision`` record what the spec said.
+    """
 
     path: str
     format: Literal["hf"] = "hf"
+    id: str | None = None
+    revision: str | None = None
 
 
 @dataclass(frozen=True)

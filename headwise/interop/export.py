@@ -1,0 +1,209 @@
+"""Export a headwise model or run as a HuggingFace directory that ``transformers`` loads offline.
+
+``export_hf(run_or_model, out)`` writes ``config.json``, ``model.safetensors`` and, when the
+run has them, the tokenizer files, so that ``AutoModelForCausalLM.from_pretrained(out)``
+(decoders) or ``AutoModel.from_pretrained(out)`` (BERT-shaped encoders) gives the same outputs.
+The family follows from the config: RoPE -> Llama (Qwen2 when the bias is on q/k/v only),
+another causal model -> GPT-2, an encoder -> BERT. Every weight goes through the family's
+key-map table of ``headwise.interop`` in reverse (``Rule.join``), so ``load_hf(out)`` returns
+bitwise the same weights. A config field, lever or installed mask/gate with no HF equivalent is
+refused with a ``ConfigError`` naming it; nothing is approximated. LoRA adapters are merged
+into their base weights (``W + B A * alpha / r``); to ship the adapter alone, use
+``headwise.interop.export_peft``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from headwise.config import ModelConfig
+from headwise.control.lora import lora_modules
+from headwise.errors import CheckpointError, ConfigError
+from headwise.interop.load import TOKENIZER_FILES
+from headwise.interop.registry import Converter, Rule, get_converter
+from headwise.interop.weights import PICKLE, PICKLE_INDEX, SAFETENSORS, SAFETENSORS_INDEX
+from headwise.train.safetensors_io import save_tensors, write_bytes_atomic
+
+# Files an earlier export (or HF checkpoint) in ``out`` may hold; replaced or removed on
+# ``overwrite`` so that no stale weights or tokenizer survive next to the new ones.
+_HF_FILES = ("config.json", "generation_config.json", SAFETENSORS, SAFETENSORS_INDEX, PICKLE,
+             PICKLE_INDEX, *TOKENIZER_FILES)
+
+
+def export_model_type(config: ModelConfig) -> str:
+    """The HF family ``config`` exports as: ``llama`` (RoPE), ``bert`` (encoder), else ``gpt2``."""
+    if config.positional == "rope":
+        return "llama"
+    return "gpt2" if config.causal else "bert"
+
+
+def merged_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The model's parameters under plain names, every LoRA adapter merged into its weight.
+
+    ``blocks.0.attn.q_proj.base_layer.weight`` becomes ``blocks.0.attn.q_proj.weight`` holding
+    ``LoRALinear.effective_weight()``; ``lora_A`` / ``lora_B`` are dropped. Without adapters
+    this is ``model.state_dict()`` (detached).
+    """
+    adapters = lora_modules(model)
+    out: dict[str, Tensor] = {}
+    with torch.no_grad():
+        for key, value in model.state_dict().items():
+            owner, _, leaf = key.rpartition(".")
+            if owner in adapters and leaf in ("lora_A", "lora_B"):
+                continue
+            name = key
+            if owner.endswith(".base_layer") and owner[: -len(".base_layer")] in adapters:
+                module = owner[: -len(".base_layer")]
+                name = f"{module}.{leaf}"
+                if leaf == "weight":
+                    value = adapters[module].effective_weight()
+            out[name] = value.detach()
+    return out
+
+
+def hf_state_dict(converter: Converter, config: ModelConfig,
+                  state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Our state dict under the HF keys of the converter's export class (its table reversed).
+
+    Raises:
+        ConfigError: a parameter the family's table has no HF key for.
+    """
+    groups: dict[str, list[tuple[Rule, Tensor]]] = {}
+    for key, tensor in state.items():
+        if key == "unembed.weight" and config.tie_embeddings:
+            continue  # HF re-ties lm_head to the embedding (tie_word_embeddings)
+        rule = converter.rule_for(key)
+        if rule is None:
+            raise ConfigError(f"{key}: the {converter.model_type[0]} export has no HuggingFace "
+                              "key for this parameter")
+        groups.setdefault(rule.hf, []).append((rule, tensor.cpu()))
+    return {(k if k in converter.head_keys else converter.export_prefix + k): Rule.join(parts)
+            for k, parts in groups.items()}
+
+
+def check_exportable(model: nn.Module) -> ModelConfig:
+    """The model's config, after refusing what changes its forward pass beyond the config.
+
+    Raises:
+        ConfigError: not a headwise ``Transformer``, or a structural mask or task gate is
+            installed (HF models have neither), naming the attention module.
+    """
+    config = getattr(model, "config", None)
+    if not isinstance(config, ModelConfig) or not hasattr(model, "blocks"):
+        raise ConfigError(f"model: got {type(model).__name__}, expected a headwise Transformer "
+                          "or a run directory")
+    for layer, block in enumerate(model.blocks):  # type: ignore[arg-type]
+        for slot, what in (("head_mask", "a structural head mask"),
+                           ("head_gate", "a task gate")):
+            if getattr(block.attn, slot, None) is not None:
+                raise ConfigError(f"blocks.{layer}.attn.{slot}: {what} is installed; HuggingFace "
+                                  "models have no equivalent (remove it to export)")
+    return config
+
+
+def export_hf(source: str | Path | nn.Module, out: str | Path, *,
+              tokenizer: str | Path | None = None, overwrite: bool = False) -> Path:
+    """Write ``source`` (a run directory or a headwise ``Transformer``) as an HF directory.
+
+    Args:
+        source: a finished run (``headwise train``'s ``--out``; its levers are rebuilt from its
+            ``spec.yaml``) or a model.
+        out: the directory to write (created if missing).
+        tokenizer: a directory holding HF tokenizer files (``tokenizer.json``, ...) or a
+            ``tokenizer.json`` to copy; default for a run: its pretrained checkpoint's, else its
+            text tasks' tokenizer, if any.
+        overwrite: replace the HF files of a non-empty ``out``.
+
+    Returns:
+        ``out`` as a Path.
+
+    Raises:
+        ConfigError: a config field, spec lever or installed mask/gate with no HF equivalent
+            (named), ``out`` not empty without ``overwrite``, or ``out`` is the run itself.
+        CheckpointError: not a finished run, or the tokenizer path holds no tokenizer file.
+        SpecError: the run's spec is invalid.
+    """
+    out = Path(out)
+    tokenizer_files: list[Path] = []
+    if isinstance(source, nn.Module):
+        model = source
+    else:
+        run = Path(source)
+        if out.resolve() == run.resolve():
+            raise ConfigError(f"out: {out} is the run directory itself; expected another "
+                              "directory (the run's own config.json would be overwritten)")
+        model, default_tokenizer = _load_run(run)
+        tokenizer = tokenizer if tokenizer is not None else default_tokenizer
+    if tokenizer is not None:
+        tokenizer_files = _tokenizer_files(Path(tokenizer))
+    config = check_exportable(model)
+    converter = get_converter(export_model_type(config))
+    assert converter.config_to_hf is not None  # every registered family can export
+    hf_config = converter.config_to_hf(config)
+    tensors = hf_state_dict(converter, config, merged_state_dict(model))
+    copies = {src.name: src.read_bytes() for src in tokenizer_files}  # before out is cleared
+    _prepare(out, overwrite)
+    save_tensors(tensors, out / SAFETENSORS, {"format": "pt"})
+    for name, data in copies.items():
+        write_bytes_atomic(out / name, data)
+    hf_config["dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+    # config.json last: a directory interrupted mid-export does not look loadable.
+    write_bytes_atomic(out / "config.json", (json.dumps(hf_config, indent=2) + "\n").encode())
+    return out
+
+
+def _load_run(run: Path) -> tuple[nn.Module, Path | None]:
+    """The run's model with its levers, after refusing spec levers HF cannot express; and the
+    run's tokenizer source, if any."""
+    from headwise.pipeline.run import load_run
+
+    compiled = load_run(run)
+    spec = compiled.spec
+    if spec.gates is not None:
+        raise ConfigError("gates: the run routes tasks through task gates; a HuggingFace model "
+                          "has no equivalent (export a run without gates)")
+    for rule in spec.heads:
+        if rule.mask is not None:
+            raise ConfigError(f"heads.{rule.selector}.mask: {rule.mask.name!r} is a structural "
+                              "mask; a HuggingFace model has no per-head masks (export a run "
+                              "without masks)")
+    return compiled.model, _run_tokenizer(spec)
+
+
+def _run_tokenizer(spec: Any) -> Path | None:
+    if spec.model.pretrained is not None:
+        path = Path(spec.model.pretrained.path)
+        if any((path / name).is_file() for name in TOKENIZER_FILES):
+            return path
+    for task in spec.data.tasks:
+        if task.kwargs.get("tokenizer"):
+            return Path(str(task.kwargs["tokenizer"]))
+    return None
+
+
+def _tokenizer_files(path: Path) -> list[Path]:
+    if path.is_file():
+        if path.name not in TOKENIZER_FILES:
+            raise CheckpointError(f"tokenizer: {path} is not one of {list(TOKENIZER_FILES)}")
+        return [path]
+    files = [path / name for name in TOKENIZER_FILES if (path / name).is_file()]
+    if not files:
+        raise CheckpointError(f"tokenizer: {path} holds none of {list(TOKENIZER_FILES)}")
+    return files
+
+
+def _prepare(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out: {out} is a file; expected a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise ConfigError(f"out: {out} is not empty; choose another directory or pass "
+                              "overwrite=True (--overwrite) to replace its HuggingFace files")
+        for name in _HF_FILES:
+            (out / name).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
