@@ -17,7 +17,8 @@ from headwise.errors import HeadwiseError
 # Subcommand modules under headwise.cli; each defines register(subparsers) which adds its
 # parser and sets ``func(args) -> int`` as the default. A module that does not exist yet is
 # skipped, so subcommands land independently.
-COMMANDS = ("demo", "train", "plan", "verify", "analyze", "report", "explain", "convert")
+COMMANDS = ("demo", "train", "plan", "verify", "analyze", "report", "explain", "convert",
+            "export")
 
 
 class _Parser(argparse.ArgumentParser):

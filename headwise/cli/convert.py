@@ -1,4 +1,4 @@
-"""``headwise convert --hf DIR|ID --out DIR``: convert a local HuggingFace checkpoint to headwise."""
+"""``headwise convert --hf DIR|ID --out DIR``: convert a local HF checkpoint to headwise."""
 
 from __future__ import annotations
 

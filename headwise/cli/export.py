@@ -1,0 +1,46 @@
+"""``headwise export RUN --hf OUT``: write a trained run as a HuggingFace model directory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``export`` subcommand to the top-level parser's subparsers."""
+    parser = subparsers.add_parser(
+        "export",
+        help="export a run as a HuggingFace model directory (transformers loads it offline)",
+        description="Write RUN's model to --hf OUT as config.json + model.safetensors (and the "
+                    "tokenizer files when the run has them) for transformers' "
+                    "AutoModelForCausalLM (GPT-2 family, Llama family incl. GQA) or AutoModel "
+                    "(BERT-shaped encoders). LoRA adapters are merged into the weights. A "
+                    "config field, mask or task gate with no HuggingFace equivalent is refused, "
+                    "naming it.",
+    )
+    parser.add_argument("run", metavar="RUN", help="a run directory written by headwise train")
+    parser.add_argument("--hf", required=True, metavar="OUT", help="output directory")
+    parser.add_argument("--tokenizer", metavar="PATH",
+                        help="tokenizer directory (or tokenizer.json) to copy; default: the "
+                             "run's pretrained checkpoint's or text task's tokenizer")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the HuggingFace files of a non-empty OUT")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Export and print a one-line summary; errors propagate as ``HeadwiseError`` (exit 2)."""
+    from headwise.interop.export import export_hf
+    from headwise.interop.load import TOKENIZER_FILES
+
+    out = export_hf(args.run, args.hf, tokenizer=args.tokenizer, overwrite=args.overwrite)
+    config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    auto = "AutoModel" if config["model_type"] == "bert" else "AutoModelForCausalLM"
+    tokenizer = [n for n in TOKENIZER_FILES if (Path(out) / n).is_file()]
+    print(f"exported {args.run} -> {out}: {config['architectures'][0]} "
+          f"(model_type {config['model_type']}), tokenizer files: "
+          f"{', '.join(tokenizer) if tokenizer else 'none'}; load with "
+          f"transformers.{auto}.from_pretrained({str(out)!r})")
+    return 0
