@@ -48,6 +48,7 @@ from headwise.hooks import (
     steer,
 )
 from headwise.interop import convert, export_peft, import_peft, load_hf
+from headwise.interop.export import export_hf
 from headwise.model import Transformer, build_model
 from headwise.pipeline import compile_spec
 from headwise.spec import Spec, load_spec
@@ -73,4 +74,6 @@ __all__ = [
     "CheckpointError", "ConfigError", "HeadwiseError", "SelectorError", "SpecError",
     # sub-packages
     "analysis", "control", "data", "hooks", "interop", "model", "pipeline", "spec", "train",
+    # HuggingFace export
+    "export_hf",
 ]
