@@ -16,7 +16,8 @@ def register(subparsers: Any) -> None:
         description="Write RUN's model to --hf OUT as config.json + model.safetensors (and the "
                     "tokenizer files when the run has them) for transformers' "
                     "AutoModelForCausalLM (GPT-2 family, Llama family incl. GQA) or AutoModel "
-                    "(BERT-shaped encoders). LoRA adapters are merged into the weights. A "
+                    "(BERT-shaped encoders). LoRA adapters are merged into the weights "
+                    "(or, with --peft DIR, written there as a PEFT adapter). A "
                     "config field, mask or task gate with no HuggingFace equivalent is refused, "
                     "naming it.",
     )
@@ -25,6 +26,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--tokenizer", metavar="PATH",
                         help="tokenizer directory (or tokenizer.json) to copy; default: the "
                              "run's pretrained checkpoint's or text task's tokenizer")
+    parser.add_argument("--peft", metavar="DIR",
+                        help="write the LoRA adapters to DIR as a PEFT adapter and the base "
+                             "weights (unmerged) to OUT, instead of merging them")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the HuggingFace files of a non-empty OUT")
     parser.set_defaults(func=run)
@@ -35,12 +39,14 @@ def run(args: argparse.Namespace) -> int:
     from headwise.interop.export import export_hf
     from headwise.interop.load import TOKENIZER_FILES
 
-    out = export_hf(args.run, args.hf, tokenizer=args.tokenizer, overwrite=args.overwrite)
+    out = export_hf(args.run, args.hf, tokenizer=args.tokenizer, overwrite=args.overwrite,
+                    peft=args.peft)
     config = json.loads((out / "config.json").read_text(encoding="utf-8"))
     auto = "AutoModel" if config["model_type"] == "bert" else "AutoModelForCausalLM"
     tokenizer = [n for n in TOKENIZER_FILES if (Path(out) / n).is_file()]
     print(f"exported {args.run} -> {out}: {config['architectures'][0]} "
           f"(model_type {config['model_type']}), tokenizer files: "
           f"{', '.join(tokenizer) if tokenizer else 'none'}; load with "
-          f"transformers.{auto}.from_pretrained({str(out)!r})")
+          f"transformers.{auto}.from_pretrained({str(out)!r})"
+          + (f", then peft.PeftModel.from_pretrained(model, {args.peft!r})" if args.peft else ""))
     return 0

@@ -8,8 +8,8 @@ another causal model -> GPT-2, an encoder -> BERT. Every weight goes through the
 key-map table of ``headwise.interop`` in reverse (``Rule.join``), so ``load_hf(out)`` returns
 bitwise the same weights. A config field, lever or installed mask/gate with no HF equivalent is
 refused with a ``ConfigError`` naming it; nothing is approximated. LoRA adapters are merged
-into their base weights (``W + B A * alpha / r``); to ship the adapter alone, use
-``headwise.interop.export_peft``.
+into their base weights (``W + B A * alpha / r``), or, with ``peft=DIR``, the base weights go to
+``out`` and the adapters to ``DIR`` in PEFT's format (``headwise.interop.export_peft``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from headwise.config import ModelConfig
 from headwise.control.lora import lora_modules
 from headwise.errors import CheckpointError, ConfigError
 from headwise.interop.load import TOKENIZER_FILES
+from headwise.interop.peft_export import export_peft
 from headwise.interop.registry import Converter, Rule, get_converter
 from headwise.interop.weights import PICKLE, PICKLE_INDEX, SAFETENSORS, SAFETENSORS_INDEX
 from headwise.train.safetensors_io import save_tensors, write_bytes_atomic
@@ -42,12 +43,13 @@ def export_model_type(config: ModelConfig) -> str:
     return "gpt2" if config.causal else "bert"
 
 
-def merged_state_dict(model: nn.Module) -> dict[str, Tensor]:
+def merged_state_dict(model: nn.Module, merge: bool = True) -> dict[str, Tensor]:
     """The model's parameters under plain names, every LoRA adapter merged into its weight.
 
     ``blocks.0.attn.q_proj.base_layer.weight`` becomes ``blocks.0.attn.q_proj.weight`` holding
-    ``LoRALinear.effective_weight()``; ``lora_A`` / ``lora_B`` are dropped. Without adapters
-    this is ``model.state_dict()`` (detached).
+    ``LoRALinear.effective_weight()`` (with ``merge=False``: the base weight alone);
+    ``lora_A`` / ``lora_B`` are dropped. Without adapters this is ``model.state_dict()``
+    (detached).
     """
     adapters = lora_modules(model)
     out: dict[str, Tensor] = {}
@@ -60,7 +62,7 @@ def merged_state_dict(model: nn.Module) -> dict[str, Tensor]:
             if owner.endswith(".base_layer") and owner[: -len(".base_layer")] in adapters:
                 module = owner[: -len(".base_layer")]
                 name = f"{module}.{leaf}"
-                if leaf == "weight":
+                if leaf == "weight" and merge:
                     value = adapters[module].effective_weight()
             out[name] = value.detach()
     return out
@@ -107,7 +109,8 @@ def check_exportable(model: nn.Module) -> ModelConfig:
 
 
 def export_hf(source: str | Path | nn.Module, out: str | Path, *,
-              tokenizer: str | Path | None = None, overwrite: bool = False) -> Path:
+              tokenizer: str | Path | None = None, overwrite: bool = False,
+              peft: str | Path | None = None) -> Path:
     """Write ``source`` (a run directory or a headwise ``Transformer``) as an HF directory.
 
     Args:
@@ -118,6 +121,8 @@ def export_hf(source: str | Path | nn.Module, out: str | Path, *,
             ``tokenizer.json`` to copy; default for a run: its pretrained checkpoint's, else its
             text tasks' tokenizer, if any.
         overwrite: replace the HF files of a non-empty ``out``.
+        peft: instead of merging the LoRA adapters, write the base weights to ``out`` and the
+            adapters to this directory as a PEFT adapter (``export_peft``) for that base.
 
     Returns:
         ``out`` as a Path.
@@ -145,9 +150,19 @@ def export_hf(source: str | Path | nn.Module, out: str | Path, *,
     converter = get_converter(export_model_type(config))
     assert converter.config_to_hf is not None  # every registered family can export
     hf_config = converter.config_to_hf(config)
-    tensors = hf_state_dict(converter, config, merged_state_dict(model))
+    adapters = lora_modules(model)
+    if peft is not None and not adapters:
+        raise ConfigError("peft: the model has no LoRA adapters to export; leave it unset")
+    if peft is not None and any(a.merged for a in adapters.values()):
+        raise ConfigError("peft: the adapters are merged into the weights; unmerge_lora first")
+    tensors = hf_state_dict(converter, config, merged_state_dict(model, merge=peft is None))
     copies = {src.name: src.read_bytes() for src in tokenizer_files}  # before out is cleared
     _prepare(out, overwrite)
+    if peft is not None:
+        try:
+            export_peft(model, peft, hf_config["model_type"], base_model_name_or_path=str(out))
+        except ValueError as e:
+            raise ConfigError(f"peft: {e}") from None
     save_tensors(tensors, out / SAFETENSORS, {"format": "pt"})
     for name, data in copies.items():
         write_bytes_atomic(out / name, data)

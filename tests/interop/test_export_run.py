@@ -88,6 +88,23 @@ def test_lora_run_exports_merged_weights_with_its_tokenizer(tmp_path, capsys):
         if not key.startswith("blocks.1.attn."):
             assert torch.equal(exported[key], base[key]), key
 
+    # --peft: the base weights unmerged (bitwise the pretrained ones) plus a PEFT adapter;
+    # PEFT on transformers' model gives the run's logits.
+    peft = pytest.importorskip("peft")
+    assert main(["export", str(run), "--hf", str(tmp_path / "base"), "--peft",
+                 str(tmp_path / "adapter")]) == 0
+    assert _same(load_hf(tmp_path / "base").state_dict(), base)
+    hf_base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base",
+                                                                local_files_only=True)
+    with_adapter = peft.PeftModel.from_pretrained(hf_base, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), with_adapter(input_ids=tokens).logits,
+                                   atol=1e-4, rtol=0)
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
 
 GATED_SPEC = """
 model: {n_layers: 1, n_heads: 2, d_model: 16, vocab_size: 12, max_seq_len: 10}
@@ -128,6 +145,9 @@ def test_plain_run_exports_and_bad_outputs_exit_2(tmp_path, capsys):
     assert main(["export", str(run), "--hf", str(tmp_path / "hf")]) == 2
     assert "is not empty" in capsys.readouterr().err
     assert main(["export", str(run), "--hf", str(tmp_path / "hf"), "--overwrite"]) == 0
+    assert main(["export", str(run), "--hf", str(tmp_path / "h2"), "--peft",
+                 str(tmp_path / "p")]) == 2
+    assert "peft: the model has no LoRA adapters" in capsys.readouterr().err
     model = load_run(run).model
     back = load_hf(tmp_path / "hf")
     for key, value in model.state_dict().items():
