@@ -93,6 +93,21 @@ def test_transformers_loads_the_export_with_the_same_outputs(tmp_path, family):
     torch.testing.assert_close(ours[real], ref[real], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama-gqa", "qwen2"])
+def test_generate_matches_greedy_decoding_with_headwise(tmp_path, family):
+    """transformers' ``generate`` (its KV-cache path) continues a prompt as headwise does."""
+    model = _random_model(CONFIGS[family])
+    hf = _hf(export_hf(model, tmp_path / "hf"), encoder=False)
+    prompt = torch.tensor([[3, 17, 8], [21, 2, 11]])
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(6):
+            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+        generated = hf.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert generated.tolist() == seq.tolist()
+
+
 @pytest.mark.parametrize("family", list(CONFIGS))
 def test_round_trip_is_bitwise(tmp_path, family):
     """``load_hf(export(model))`` holds exactly the model's tensors and config."""
