@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +29,9 @@ from headwise.interop.peft_export import export_peft
 from headwise.interop.registry import Converter, Rule, get_converter
 from headwise.interop.weights import PICKLE, PICKLE_INDEX, SAFETENSORS, SAFETENSORS_INDEX
 from headwise.train.safetensors_io import save_tensors, write_bytes_atomic
+
+if TYPE_CHECKING:
+    from headwise.spec import Spec
 
 # Files an earlier export (or HF checkpoint) in ``out`` may hold; replaced or removed on
 # ``overwrite`` so that no stale weights or tokenizer survive next to the new ones.
@@ -190,7 +193,7 @@ def _load_run(run: Path) -> tuple[nn.Module, Path | None]:
     return compiled.model, _run_tokenizer(spec)
 
 
-def _run_tokenizer(spec: Any) -> Path | None:
+def _run_tokenizer(spec: Spec) -> Path | None:
     if spec.model.pretrained is not None:
         path = Path(spec.model.pretrained.path)
         if any((path / name).is_file() for name in TOKENIZER_FILES):
