@@ -218,6 +218,9 @@ def _tokenizer_files(path: Path) -> list[Path]:
 def _prepare(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out: {out} is a file; expected a directory")
+    if (out / "spec.yaml").is_file():
+        raise ConfigError(f"out: {out} holds a headwise run (spec.yaml); expected another "
+                          "directory (the run's config.json and weights would be overwritten)")
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise ConfigError(f"out: {out} is not empty; choose another directory or pass "

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from headwise.cli import main
-from headwise.interop import load_hf
+from headwise.errors import ConfigError
+from headwise.interop import export_hf, load_hf
 from headwise.pipeline.run import load_run
 
 transformers = pytest.importorskip("transformers")
@@ -138,6 +139,8 @@ def test_plain_run_exports_and_bad_outputs_exit_2(tmp_path, capsys):
     capsys.readouterr()
     assert main(["export", str(run), "--hf", str(run)]) == 2
     assert "is the run directory itself" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=r"holds a headwise run \(spec.yaml\)"):
+        export_hf(load_run(run).model, run, overwrite=True)
     assert main(["export", str(tmp_path / "nowhere"), "--hf", str(tmp_path / "o")]) == 2
     assert "no such run directory" in capsys.readouterr().err
     assert main(["export", str(run), "--hf", str(tmp_path / "hf")]) == 0
