@@ -155,3 +155,34 @@ def test_plain_run_exports_and_bad_outputs_exit_2(tmp_path, capsys):
     back = load_hf(tmp_path / "hf")
     for key, value in model.state_dict().items():
         assert torch.equal(back.state_dict()[key], value), key
+
+
+def test_text_task_tokenizer_is_exported(tmp_path, capsys):
+    """A run trained on text through a tokenizer exports that tokenizer; transformers' fast
+    tokenizer from the export encodes as the run's data did."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["[UNK]", "the", "cat", "sat", "on", "mat", "a", "dog"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    (tmp_path / "tok").mkdir()
+    tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    (tmp_path / "text.txt").write_text("the cat sat on the mat a dog sat on a cat " * 20)
+    run = _train(tmp_path, f"""
+model: {{n_layers: 1, n_heads: 2, d_model: 16, vocab_size: 8, max_seq_len: 8}}
+data: {{tasks: {{lm: {{task: text, path: {tmp_path / 'text.txt'}, seq_len: 6,
+                     tokenizer: {tmp_path / 'tok'}}}}}, eval_examples: 8}}
+train: {{steps: 2, batch_size: 4}}
+""")
+    capsys.readouterr()
+    assert main(["export", str(run), "--hf", str(tmp_path / "hf")]) == 0
+    assert "tokenizer files: tokenizer.json" in capsys.readouterr().out
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "hf" /
+                                                                   "tokenizer.json"))
+    assert fast("the dog sat")["input_ids"] == [1, 7, 3]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf",
+                                                           local_files_only=True).eval()
+    tokens = torch.tensor([[1, 7, 3, 4, 1, 5]])
+    with torch.no_grad():
+        torch.testing.assert_close(load_run(run).model(tokens), hf(input_ids=tokens).logits,
+                                   atol=1e-4, rtol=0)
