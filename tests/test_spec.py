@@ -40,11 +40,12 @@ def test_full_spec_parses_into_dataclasses() -> None:
     assert spec.model.config == PRESETS["tiny"].replace(n_layers=2)
     assert spec.data.names == ("copy", "backwards")
     copy, back = spec.data.tasks
-    # copy and reverse share an input format: task markers take the top two ids (auto).
+    # copy and reverse share an input format, but task gates (heads.*.tasks) tell them apart:
+    # no markers under task_tokens: auto, and the tasks get the whole vocabulary.
     vocab = PRESETS["tiny"].vocab_size
-    assert spec.data.markers == (vocab - 2, vocab - 1)
+    assert spec.data.markers == ()
     assert (copy.task, copy.weight, dict(copy.kwargs)) == (
-        "copy", 2.0, {"length": 3, "vocab_size": vocab - 2})
+        "copy", 2.0, {"length": 3, "vocab_size": vocab})
     assert back.task == "reverse"
     assert (spec.data.eval_examples, spec.data.eval_seed) == (64, 7)
     assert spec.train == TrainConfig(steps=5, batch_size=8, lr=3e-3, betas=(0.8, 0.9))
