@@ -29,6 +29,7 @@ from headwise.analysis.importance_matrix import ImportanceMatrix
 from headwise.analysis.role_table import SHOWN_MIN_SCORE, RoleTable
 from headwise.analysis.trajectories import Trajectory
 from headwise.analysis.verify import ContractResult
+from headwise.analysis.viewer import report_viewers
 from headwise.heads import Head, HeadSet
 from headwise.patterns import (
     DEFAULT_WINDOW,
@@ -152,6 +153,7 @@ def render_html(report: Mapping[str, Any], figures: Mapping[str, bytes] | None =
                 ) -> str:
     """The report page (all images embedded as data URIs)."""
     sections: list[tuple[str, str, str]] = []
+    viewers = report_viewers(report)
     if "contract" in report:
         sections.append(("contract", "Contract", _contract_html(report["contract"])))
     if "roles" in report:
@@ -161,11 +163,13 @@ def render_html(report: Mapping[str, Any], figures: Mapping[str, bytes] | None =
                          "".join(_importance_html(m) for m in report["importance"])))
     if "supervised" in report:
         sections.append(("supervised", "Supervised heads: expected vs observed",
-                         "".join(_supervised_html(s) for s in report["supervised"])))
+                         viewers.get("supervised", "")
+                         + "".join(_supervised_html(s) for s in report["supervised"])))
     if "trajectories" in report:
         sections.append(("trajectories", "Trajectories", _traj_html(report["trajectories"])))
     for i, w in enumerate(report.get("walkthroughs", [])):
-        sections.append((f"walkthrough-{i}", f"Walkthrough {w['head']}", walkthrough_html(w)))
+        sections.append((f"walkthrough-{i}", f"Walkthrough {w['head']}",
+                         viewers.get(f"walkthrough-{i}", "") + walkthrough_html(w)))
     if figures:
         sections.append(("extra", "More figures", "".join(
             H.img(fig.data_uri(png), cap) for cap, png in figures.items())))

@@ -1,9 +1,14 @@
-"""HTML pieces for the self-contained report: page shell, tables and embedded images."""
+"""HTML pieces for the self-contained report and notebooks: page shell, tables, images."""
 
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from headwise.analysis.role_table import RoleTable
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -54,7 +59,34 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]],
 
 
 def verdict(passed: bool) -> str:
-    return '<span class="pass">pass</span>' if passed else '<span class="fail">FAIL</span>'
+    """A pass/FAIL mark, styled inline so it reads the same outside the report (notebooks)."""
+    return ('<span class="pass" style="color:#137333;font-weight:bold">pass</span>' if passed
+            else '<span class="fail" style="color:#b3261e;font-weight:bold">FAIL</span>')
+
+
+def role_table_html(roles: RoleTable, min_score: float | None = None) -> str:
+    """A RoleTable as an HTML table: scores shaded white (0) to blue (1), top role last.
+
+    Args:
+        roles: the table.
+        min_score: a head's top role is shown when it scores at least this (default the
+            tables' ``SHOWN_MIN_SCORE``; below it: ``none``).
+    """
+    from headwise.analysis.role_table import SHOWN_MIN_SCORE
+
+    shown = SHOWN_MIN_SCORE if min_score is None else min_score
+    head = "".join(f"<th>{esc(r)}</th>" for r in roles.roles)
+    rows = []
+    for i, h in enumerate(roles.heads):
+        cells = []
+        for v in roles.values[i].tolist():
+            alpha = 0.0 if math.isnan(v) else max(0.0, min(1.0, v))
+            cells.append(f'<td style="background:rgba(37,99,235,{alpha:.2f});'
+                         f'text-align:right">{esc(fmt(None if math.isnan(v) else v))}</td>')
+        rows.append(f'<tr><th style="text-align:left">{esc(h)}</th>{"".join(cells)}'
+                    f"<td>{esc(roles.top_role(h, shown))}</td></tr>")
+    return (f'<table class="hw-roles"><tr><th>head</th>{head}<th>top role</th></tr>'
+            f"{''.join(rows)}</table>")
 
 
 def page(title: str, sections: Sequence[tuple[str, str, str]]) -> str:

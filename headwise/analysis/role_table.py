@@ -132,3 +132,8 @@ class RoleTable:
     def __repr__(self) -> str:
         return f"RoleTable({len(self.heads)} heads x {self.roles})"
 
+    def _repr_html_(self) -> str:
+        """Jupyter rendering: ``headwise.analysis.report_html.role_table_html``."""
+        from headwise.analysis.report_html import role_table_html
+
+        return role_table_html(self)

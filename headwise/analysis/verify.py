@@ -130,6 +130,12 @@ class ContractResult:
                           "[green]pass[/green]" if r.passed else "[red]FAIL[/red]")
         return table
 
+    def _repr_html_(self) -> str:
+        """Jupyter rendering: the report's contract table."""
+        from headwise.analysis.report import _contract_html
+
+        return _contract_html(self.to_dict())
+
 
 def _ok(c: Clause, v: float) -> bool:
     if math.isnan(v):

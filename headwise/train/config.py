@@ -31,6 +31,9 @@ class TrainConfig:
         checkpoint_every: save a checkpoint every this many steps and at the end; 0: never.
         log_every: write a training line to ``metrics.jsonl`` every this many steps.
         bf16: run forward passes under bfloat16 autocast.
+        log: where metrics go: ``jsonl`` (``metrics.jsonl``, always; the report and resume
+            read it) and optionally ``tensorboard`` (event files in ``out_dir/tensorboard``;
+            needs the ``headwise[tensorboard]`` extra, see ``headwise.train.tensorboard``).
 
     Raises:
         ConfigError: naming the field, its value and what is allowed.
@@ -50,6 +53,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     log_every: int = 10
     bf16: bool = False
+    log: tuple[str, ...] = ("jsonl",)
 
     def __post_init__(self) -> None:
         for name, low in (("steps", 1), ("batch_size", 1), ("warmup_steps", 0), ("seed", 0),
@@ -73,6 +77,7 @@ class TrainConfig:
         object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
         if not isinstance(self.bf16, bool):
             raise field_error("bf16", self.bf16, "true or false")
+        object.__setattr__(self, "log", _log_sinks(self.log))
         if self.warmup_steps > self.steps:
             raise field_error("warmup_steps", self.warmup_steps,
                               f"an integer <= steps={self.steps}")
@@ -94,6 +99,7 @@ class TrainConfig:
         """A plain (JSON-ready) dict that ``from_dict`` turns back into an equal config."""
         d = asdict(self)
         d["betas"] = list(self.betas)
+        d["log"] = list(self.log)
         return d
 
     @classmethod
@@ -118,3 +124,24 @@ class TrainConfig:
 
 def _number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+LOG_SINKS = ("jsonl", "tensorboard")
+
+
+def _log_sinks(value: object) -> tuple[str, ...]:
+    """Validate ``log``: known sink names, no repeats, ``jsonl`` included, extras installed."""
+    expected = f"a list of sinks from {list(LOG_SINKS)} that includes jsonl"
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise field_error("log", value, expected)
+    for name in value:
+        if name not in LOG_SINKS:
+            raise field_error("log", list(value), expected + did_you_mean(name, LOG_SINKS))
+    if "jsonl" not in value or len(set(value)) != len(value):
+        raise field_error("log", list(value), expected + " (each once; metrics.jsonl feeds "
+                          "the report and resume)")
+    if "tensorboard" in value:
+        from headwise.train.tensorboard import require_tensorboard
+
+        require_tensorboard()
+    return tuple(value)

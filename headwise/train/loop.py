@@ -43,7 +43,8 @@ from headwise.train.evaluate import (
     objective_record,
     reduce_objectives,
 )
-from headwise.train.metrics import MetricsWriter, ProgressBar, overall_loss, summarise, task_loss
+from headwise.train.metrics import ProgressBar, overall_loss, summarise, task_loss
+from headwise.train.run_log import RunLog
 from headwise.train.safetensors_io import save_weights, write_bytes_atomic
 
 # Fields that must match a checkpoint's for an exact resume.
@@ -178,7 +179,8 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
     gen = torch.Generator().manual_seed(config.seed)
     # The global RNG drives dropout; a resume overwrites this with the checkpoint's state.
     torch.manual_seed(config.seed + ctx.rank)
-    writer = MetricsWriter(out_dir, ctx.is_main)
+    writer = RunLog(out_dir, ctx.is_main, config, eval_data)
+    callbacks = [*callbacks, *writer.callbacks]
     start, extra, stopped = 0, {}, False
     if resume and out_dir is not None and ctx.is_main:
         clean_checkpoints(out_dir)
@@ -263,10 +265,12 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
                     done % config.checkpoint_every == 0 or last):
                 _checkpoint(ctx, out_dir, done, model, optimizer, gen, objectives, extra,
                             config, stopped)
+                writer.checkpoint(done, model)
             if stopped:
                 break
     finally:
         bar.close()
+        writer.close()
     if done == start and config.eval_every:  # resumed at the end: report, but log nothing new
         state_metrics = {"kind": "eval", "step": done, **evaluate(
             model, eval_data, batch_size=config.batch_size, n_batches=config.eval_batches,
