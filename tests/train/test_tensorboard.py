@@ -191,3 +191,41 @@ def test_missing_tensorboard_names_field_and_extra(monkeypatch: pytest.MonkeyPat
     assert message.startswith("train.log:") and "headwise[tensorboard]" in message
     assert "\n" not in message
     assert TrainConfig.from_dict({"log": ["jsonl"]}).log == ("jsonl",)  # jsonl needs nothing
+
+
+def test_cli_exit_2_without_tensorboard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from headwise.cli import main
+
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("model: {n_layers: 1, n_heads: 2, d_model: 16, vocab_size: 16, "
+                    "max_seq_len: 32}\ndata: {tasks: [copy]}\n"
+                    "train: {steps: 2, log: [jsonl, tensorboard]}\n")
+    assert main(["train", str(spec), "--out", str(tmp_path / "run"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train.log:" in err[0] and "headwise[tensorboard]" in err[0]
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_enforcement_state_is_logged(tmp_path: Path) -> None:
+    """With --enforce, each evaluation's failed clauses and lever weights, as enforcement.json
+    records them, are in the event file."""
+    from headwise.pipeline.run import train_run
+
+    spec = ("model: {n_layers: 1, n_heads: 2, d_model: 32, vocab_size: 12, max_seq_len: 10}\n"
+            "data: {tasks: {copy: {length: 4}}, eval_examples: 64}\n"
+            "train: {steps: 40, batch_size: 16, lr: 3.0e-3, eval_every: 20, seed: 0, "
+            "log: [jsonl, tensorboard]}\n"
+            "contract:\n  - {head: L0.H1, score: previous_token, at_least: 0.99}\n")
+    outcome = train_run(spec, tmp_path / "run", enforce=True, progress=False)
+    record = outcome.train.extra["enforce"]
+    assert outcome.enforcement is not None and record["history"]
+    acc = _read(tmp_path / "run")
+    violated = _scalars(acc, "constraints/contract[0]/violated")
+    assert violated == [(h["step"], float(0 in h["failed"])) for h in record["history"]]
+    assert violated[0] == (20, 1.0)  # the clause fails at the first evaluation: not vacuous
+    lever = "enforce:previous_token[L0.H1]"
+    weights = _scalars(acc, f"constraints/contract[0]/weight/{lever}")
+    assert weights[-1] == (record["history"][-1]["step"],
+                           record["clauses"]["0"]["weights"][lever])
