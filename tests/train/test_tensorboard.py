@@ -152,6 +152,21 @@ def test_resume_purges_events_after_the_checkpoint(run: Path, tmp_path: Path) ->
     assert [im.step for im in after.Images("roles/heatmap")] == [3, 6]
 
 
+def test_logging_to_tensorboard_does_not_change_training(run: Path, tmp_path: Path) -> None:
+    """The same run with log: [jsonl] writes the same metrics and the same final weights."""
+    config = TrainConfig(steps=6, batch_size=8, lr=0.05, log_every=2, eval_every=3,
+                         eval_batches=1, checkpoint_every=3)
+    train(build_model(CFG, seed=0), _data(), config, out_dir=tmp_path, objectives=[_Weighted()],
+          callbacks=[_halve], progress=False)
+
+    def lines(path: Path) -> list[dict[str, Any]]:
+        out = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in out]
+
+    assert lines(tmp_path) == lines(run)
+    assert (tmp_path / "model.safetensors").read_bytes() == (run / "model.safetensors").read_bytes()
+
+
 def test_constraint_scalars_from_enforcer_record() -> None:
     extra = {"enforce": {"history": [{"step": 4, "failed": [1]}],
                          "clauses": {"0": {"weights": {"prev": 2.0}},
