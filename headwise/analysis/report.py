@@ -3,7 +3,8 @@
 ``build_report`` gathers role scores, importance, contract verdicts, trajectories, supervised
 heads' expected vs observed patterns and head walkthroughs into a dict of plain JSON values.
 ``write_report`` writes ``report.json`` and ``report.html``, whose figures (matplotlib PNGs) are
-rendered from that dict and embedded as base64 data URIs, so the page needs no other file.
+rendered from that dict and embedded as base64 data URIs, so the page needs no other file; the
+supervised and walkthrough heads also get interactive viewers (``headwise.analysis.viewer``).
 ``print_report`` shows the main tables in the terminal (rich).
 """
 
