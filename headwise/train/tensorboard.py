@@ -8,9 +8,9 @@ Event files go to ``out_dir/tensorboard`` (``tensorboard --logdir RUN/tensorboar
   ``objective/NAME/weight``;
 - constraints, from an evaluation line or from the callbacks' state after every callback ran:
   a mapping ``"constraints": {NAME: {FIELD: number}}`` (e.g. ``violation``, ``multiplier``)
-  becomes ``constraints/NAME/FIELD``; the ``--enforce`` callback's record
-  (``extra["enforce"]``) becomes ``constraints/contract[I]/violated`` (1 when clause I failed
-  at this evaluation) and ``constraints/contract[I]/weight/LEVER`` (its levers' weights);
+  becomes ``constraints/NAME/FIELD``; the ``--enforce`` callback's latest evaluation point
+  (``extra["enforce"]["history"][-1]``) becomes ``constraints/contract[I]/violation``,
+  ``.../multiplier`` and ``.../measured`` for each clause I;
 - at every checkpoint, the image ``roles/heatmap``: role scores (heads x ``DATA_ROLES``) on
   the first held-out evaluation batch, drawn as the report draws them.
 
@@ -74,12 +74,10 @@ def constraint_scalars(state: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
                 yield f"constraints/{name}/{key}", float(value)
     enforce = state.get("enforce")
     if enforce and enforce.get("history"):
-        failed = set(enforce["history"][-1].get("failed", []))
-        for key, entry in enforce.get("clauses", {}).items():
-            yield f"constraints/contract[{key}]/violated", float(int(key) in failed)
-            for lever, weight in (entry.get("weights") or {}).items():
-                if _number(weight):
-                    yield f"constraints/contract[{key}]/weight/{lever}", float(weight)
+        for key, clause in (enforce["history"][-1].get("clauses") or {}).items():
+            for field in ("violation", "multiplier", "measured"):
+                if _number(clause.get(field)):
+                    yield f"constraints/contract[{key}]/{field}", float(clause[field])
 
 
 def _number(x: object) -> bool:
