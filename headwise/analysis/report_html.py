@@ -17,7 +17,8 @@ table { border-collapse: collapse; margin: .6em 0; font-size: .85em; }
 td, th { border: 1px solid #ddd; padding: .25em .5em; text-align: right; }
 th { background: #f4f4f4; } td.l, th.l { text-align: left; }
 .pass { color: #137333; font-weight: bold; } .fail { color: #b3261e; font-weight: bold; }
-figure { display: inline-block; margin: .5em; vertical-align: top; }
+figure { display: inline-block; margin: .5em; vertical-align: top; max-width: 100%; }
+img { max-width: 100%; height: auto; }
 figcaption { font-size: .8em; color: #555; } pre { background: #f7f7f7; padding: .6em; }
 nav a { margin-right: 1em; }
 """

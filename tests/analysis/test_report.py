@@ -120,13 +120,15 @@ def test_a_head_masked_to_a_role_shows_similarity_one(mask, role) -> None:  # ty
 
 _CHECK = """<script>
 window.addEventListener('load', function () {
-  var imgs = document.images, broken = 0;
+  var imgs = document.images, broken = 0, wide = 0;
+  var column = document.body.getBoundingClientRect().width;
   for (var i = 0; i < imgs.length; i++) {
     if (!imgs[i].complete || imgs[i].naturalWidth === 0) broken++;
+    if (imgs[i].getBoundingClientRect().width > column + 0.5) wide++;
   }
   var d = document.createElement('div');
   d.id = 'img-check';
-  d.textContent = 'images=' + imgs.length + ' broken=' + broken;
+  d.textContent = 'images=' + imgs.length + ' broken=' + broken + ' wide=' + wide;
   document.body.appendChild(d);
 });
 </script>"""
@@ -150,13 +152,19 @@ def test_renders_in_headless_chromium(written: dict[str, Path], tmp_path: Path) 
              "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
              "--virtual-time-budget=10000", "--dump-dom", path.as_uri()],
             capture_output=True, text=True, timeout=120)
-        m = re.search(r"images=(\d+) broken=(\d+)", out.stdout)
+        m = re.search(r"images=(\d+) broken=(\d+) wide=(\d+)", out.stdout)
         assert m, f"no image check in the DOM; stderr: {out.stderr[-2000:]}"
         return m.group(0)
 
     n_imgs = html.count("<img")
-    assert run(page) == f"images={n_imgs} broken=0"
-    assert run(bad) == f"images={n_imgs + 1} broken=1"
+    assert run(page) == f"images={n_imgs} broken=0 wide=0"  # no figure wider than its column
+    # A 3000-px image without the stylesheet's max-width would be wider: the check can fail.
+    huge = tmp_path / "huge.html"
+    huge.write_text(html.replace("img { max-width: 100%; height: auto; }", "").replace(
+        "</body>", '<img style="width:3000px" src="' + re.search(
+            r'src="(data:image/png;base64,[^"]+)"', html).group(1) + '">' + _CHECK + "</body>"))
+    assert run(huge).endswith(" wide=1")
+    assert run(bad) == f"images={n_imgs + 1} broken=1 wide=0"
 
 
 def test_extra_figures_and_minimal_report(tmp_path: Path) -> None:
