@@ -28,10 +28,26 @@ class CheckpointError(HeadwiseError, ValueError):
 
 def field_error(path: str, value: object, expected: str) -> ConfigError:
     """Build a ConfigError with the standard ``path: got VALUE, expected ...`` message."""
-    return ConfigError(f"{path}: got {value!r}, expected {expected}")
+    return ConfigError(f"{path}: got {show(value)}, expected {expected}")
 
 
 def did_you_mean(word: object, choices: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` naming the closest of ``choices`` to ``word``, or ``""``."""
     hint = get_close_matches(str(word), list(choices), n=1)
     return f" (did you mean {hint[0]!r}?)" if hint else ""
+
+
+class StorageError(HeadwiseError, OSError):
+    """A file could not be written (disk full, permissions); the message names the file."""
+
+
+class TrainingDiverged(FloatingPointError):
+    """The training loss became NaN or infinite (CLI exit code 1: the run failed, input was
+    valid); the message names the step and the likely cause, and earlier checkpoints are kept.
+    """
+
+
+def show(value: object, limit: int = 200) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so a huge value never floods a message."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."

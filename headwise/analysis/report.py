@@ -39,6 +39,7 @@ from headwise.patterns import (
     score_sums,
     similarity_sums,
 )
+from headwise.train.safetensors_io import write_bytes_atomic
 
 REPORT_VERSION = 1
 
@@ -145,8 +146,9 @@ def write_report(report: Mapping[str, Any], out_dir: str | Path,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "report.json", "html": out / "report.html"}
-    paths["json"].write_text(json.dumps(report, indent=1, allow_nan=False))
-    paths["html"].write_text(render_html(report, figures), encoding="utf-8")
+    # atomic: a full disk or a kill never leaves a truncated report behind
+    write_bytes_atomic(paths["json"], json.dumps(report, indent=1, allow_nan=False).encode())
+    write_bytes_atomic(paths["html"], render_html(report, figures).encode("utf-8"))
     return paths
 
 

@@ -1,18 +1,21 @@
 """The ``headwise`` command line: one module per subcommand, each with ``register(subparsers)``.
 
-Exit codes: 0 success, 1 contract failed, 2 bad input (a ``HeadwiseError`` or a usage error;
-one clear message, never a traceback).
+Exit codes: 0 success, 1 contract failed (or training diverged), 2 bad input (a
+``HeadwiseError`` or a usage error; one clear message, never a traceback), 130 interrupted
+(Ctrl-C or SIGTERM; ``train`` saves a checkpoint first and says how to resume).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from headwise.errors import HeadwiseError
+from headwise import __version__
+from headwise.errors import HeadwiseError, TrainingDiverged
 
 # Subcommand modules under headwise.cli; each defines register(subparsers) which adds its
 # parser and sets ``func(args) -> int`` as the default. A module that does not exist yet is
@@ -34,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="headwise",
         description="Train, coordinate and verify the individual heads of Transformers.",
     )
+    parser.add_argument("--version", action="version", version=f"headwise {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
@@ -56,11 +60,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    previous = _sigterm_as_interrupt()
     try:
         return int(args.func(args))
     except HeadwiseError as e:
-        print(f"headwise {args.command}: error: {e}", file=sys.stderr)
+        print(f"headwise {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except TrainingDiverged as e:
+        print(f"headwise {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"headwise {args.command}: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line(error: BaseException) -> str:
+    """The error's message on one line, at most ~600 characters."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= 600 else text[:597] + "..."
+
+
+def _sigterm_as_interrupt() -> signal.Handlers | None:
+    """Make SIGTERM raise ``KeyboardInterrupt`` like Ctrl-C; return the previous handler."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, interrupt)  # type: ignore[return-value]
+    except ValueError:  # not the main thread (e.g. main() called from a test's thread)
+        return None
 
 
 if __name__ == "__main__":  # pragma: no cover

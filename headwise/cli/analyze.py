@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from headwise.errors import SpecError
-from headwise.pipeline.output import console, write_file
+from headwise.pipeline.output import check_destination, console, write_file
 
 
 def register(subparsers: Any) -> None:
@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--text: only used with --hf")
     if args.revision and not args.hf:
         raise SpecError("--revision: only used with --hf")
+    check_destination(args.json, "--json")
     result = _run(args.run) if args.run else _hf(args.hf, args.text, args.revision)
     if args.json:
         write_file(args.json, json.dumps(result, indent=1), "--json")

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from headwise.errors import SpecError
-from headwise.pipeline.output import console, write_file
+from headwise.pipeline.output import check_destination, console, write_file
 
 _IDS = re.compile(r"^\s*\d+(\s*[,\s]\s*\d+)*\s*$")
 _SPECIAL = {0: "<pad>", 1: "<bos>", 2: "<sep>", 3: "<q>"}
@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from headwise.analysis.report_html import page
     from headwise.pipeline.run import load_run
 
+    check_destination(args.html, "--html")
     compiled = load_run(args.run)
     config = compiled.spec.model.config
     names = compiled.task_names

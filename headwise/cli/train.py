@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", metavar="RUN",
                    help="run directory (default: runs/<spec file name without .yaml>)")
     p.add_argument("--resume", action="store_true",
-                   help="continue from the run's latest checkpoint (exact resume)")
+                   help="continue from the run's latest checkpoint (exact resume); refuses "
+                        "when the run has no checkpoint")
     p.add_argument("--enforce", action="store_true",
                    help="constrained training: every clause's lever is driven by a Lagrange "
                         "multiplier updated from its measured violation at each evaluation "
@@ -34,6 +36,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: torch's choice; 1 is fastest for tiny "
                         "models)")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="train for N steps instead of the spec's train.steps")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -51,14 +55,27 @@ def run(args: argparse.Namespace) -> int:
     """
     from headwise.pipeline.report import write_run_report
     from headwise.pipeline.run import is_main_process, train_run
+    from headwise.train import list_checkpoints
+    from headwise.train.interrupt import Interrupted
 
     if args.threads is not None:
         set_threads(args.threads)
     out = Path(args.out) if args.out else default_out(args.spec)
-    outcome = train_run(Path(args.spec), out, resume=args.resume, enforce=args.enforce,
-                        overwrite=args.overwrite, progress=not args.quiet,
-                        allow_unenforced=args.allow_unenforced,
-                        enforce_budget=args.enforce_budget)
+    resume = f"headwise train {args.spec} --out {out} --resume"
+    try:
+        outcome = train_run(Path(args.spec), out, resume=args.resume, enforce=args.enforce,
+                            overwrite=args.overwrite, progress=not args.quiet,
+                            steps=args.steps, allow_unenforced=args.allow_unenforced,
+                            enforce_budget=args.enforce_budget)
+    except Interrupted as e:
+        print(f"interrupted at step {e.step}; resume with: {resume}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        found = list_checkpoints(out) if is_main_process() else []
+        print(f"interrupted (last checkpoint: step {found[-1][0]}); resume with: {resume}"
+              if found else "interrupted before the first checkpoint; start again with: "
+              f"headwise train {args.spec} --out {out}", file=sys.stderr)
+        return 130
     if is_main_process():  # under torchrun, rank 0 writes the report and prints
         write_run_report(outcome.run_dir, outcome.compiled, outcome.contract,
                          outcome.enforcement)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -18,33 +20,58 @@ def console() -> Console:
     return Console(highlight=False, width=width)
 
 
+def max_threads() -> int:
+    """The most CPU threads ``--threads`` accepts: 4 per CPU core."""
+    return 4 * (os.cpu_count() or 1)
+
+
 def set_threads(n: int) -> None:
     """Set torch's intra-op CPU threads.
 
     Raises:
-        SpecError: ``n`` < 1.
+        SpecError: ``n`` outside [1, ``max_threads()``].
     """
     import torch
 
     from headwise.errors import SpecError
 
-    if n < 1:
-        raise SpecError(f"--threads: got {n}, expected an integer >= 1")
+    if not 1 <= n <= max_threads():
+        raise SpecError(f"--threads: got {n}, expected an integer in [1, {max_threads()}] "
+                        f"(this machine has {os.cpu_count()} CPU cores)")
     torch.set_num_threads(n)
 
 
+def check_destination(path: str | None, option: str) -> None:
+    """Refuse, before any work, an output file that cannot be written.
+
+    Raises:
+        SpecError: ``path`` is a directory, or its directory is missing or not writable.
+    """
+    from headwise.errors import SpecError
+
+    if path is None:
+        return
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise SpecError(f"{option}: {path} is a directory, expected a file path")
+    if not parent.is_dir():
+        raise SpecError(f"{option}: cannot write {path} (no directory {parent})")
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise SpecError(f"{option}: cannot write {path} (permission denied)")
+
+
 def write_file(path: str, text: str, option: str) -> None:
-    """Write a file named by a CLI option.
+    """Write a file named by a CLI option, atomically.
 
     Raises:
         SpecError: the file cannot be written (naming the option and the path).
     """
-    from pathlib import Path
-
     from headwise.errors import SpecError
+    from headwise.train.safetensors_io import write_bytes_atomic
 
     try:
-        Path(path).write_text(text, encoding="utf-8")
+        write_bytes_atomic(Path(path), text.encode("utf-8"))
     except OSError as e:
         raise SpecError(f"{option}: cannot write {path} ({e.strerror or e})") from None
 

@@ -29,6 +29,7 @@ from headwise.pipeline.analyze import DATA_ROLES, analyse_run, metrics_curve
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.run import load_run
 from headwise.train import list_checkpoints, load_weights
+from headwise.train.manifest import verify_manifest
 
 # Structural masks that impose a role (the mask is the role's support, headwise.patterns).
 MASK_ROLES = {"previous_token": "previous_token", "self_only": "self",
@@ -144,6 +145,7 @@ def _trajectory(run_dir: Path, model: nn.Module, batch: Any) -> Trajectory | Non
 
     def models() -> Iterator[tuple[int, nn.Module]]:
         for step, path in ckpts:
+            verify_manifest(path)  # a corrupt checkpoint is refused, naming the file
             load_weights(model, path / "model.safetensors")
             yield step, model
 

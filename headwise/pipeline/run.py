@@ -1,8 +1,15 @@
 """Runs: train a spec into a run directory, verify a run against a spec, rebuild a run's model.
 
-A run directory holds ``spec.yaml`` (the spec as given), ``config.json``, ``model.safetensors``,
-``checkpoints/``, ``metrics.jsonl``, ``contract.json``, ``enforcement.json`` (with
-``--enforce``), ``report.json`` and ``report.html``.
+A run directory holds ``spec.yaml`` (the spec as given), ``run.json`` (where the spec came
+from, so relative paths in it keep resolving, and whether the run is enforced),
+``config.json``, ``model.safetensors``, ``manifest.json`` (sha256 of the files that define the
+model, written last: a run without it did not finish), ``checkpoints/``, ``metrics.jsonl``,
+``contract.json``, ``enforcement.json`` (with ``--enforce``), ``report.json`` and
+``report.html``.
+
+Lifecycle: ``--resume`` continues from the latest checkpoint or refuses (exit 2) when there is
+none; it never retrains over a run. A directory left by a run interrupted before its first
+checkpoint holds no work and can be trained into again.
 """
 
 from __future__ import annotations
@@ -22,12 +29,18 @@ from headwise.data import Batch
 from headwise.errors import CheckpointError, SpecError
 from headwise.pipeline.compile import Compiled, compile_spec
 from headwise.pipeline.probes import spec_probes
-from headwise.spec import Spec, load_spec
-from headwise.train import TrainResult, train
+from headwise.spec import Spec, load_spec, spec_from_dict
+from headwise.spec.yaml_io import parse_yaml, read_spec_text
+from headwise.train import TrainResult, clean_checkpoints, list_checkpoints, train
+from headwise.train.manifest import MANIFEST, verify_manifest, write_manifest
 from headwise.train.safetensors_io import write_bytes_atomic
 
-RUN_FILES = ("spec.yaml", "config.json", "model.safetensors", "metrics.jsonl", "contract.json",
-             "enforcement.json", "report.json", "report.html")
+RUN_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors", MANIFEST,
+             "metrics.jsonl", "contract.json", "enforcement.json", "report.json", "report.html")
+# The files that define a finished run's model, covered by its manifest.
+MODEL_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors")
+RUN_FORMAT = "headwise-run/1"
+MAX_STEPS = 10**9
 
 
 @dataclass
@@ -66,30 +79,98 @@ def verify_data(compiled: Compiled) -> VerifyData:
     return VerifyData(tasks=tasks, probes=probes)
 
 
-def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool) -> None:
-    """Create ``out`` and write ``spec.yaml``; refuse to clobber another run by accident.
+def holds_work(out: Path) -> bool:
+    """Whether ``out`` holds something a new run must not silently replace.
+
+    A directory with ``run.json`` but neither weights nor a checkpoint is what a run
+    interrupted during set-up leaves: no work, so it may be trained into again.
+    """
+    if not any((out / name).exists() for name in (*RUN_FILES, "checkpoints")):
+        return False
+    if not (out / "run.json").is_file():
+        return True
+    return (out / "model.safetensors").exists() or bool(list_checkpoints(out))
+
+
+def check_resume(out: Path, spec: Spec, enforce: bool) -> int:
+    """The step ``--resume`` continues from; refuse when there is nothing valid to resume.
 
     Raises:
-        SpecError: ``out`` holds a run and neither ``resume`` nor ``overwrite`` was given, or
-            ``resume`` with a spec that differs from the run's ``spec.yaml``.
+        SpecError: no run in ``out``, a spec that differs from the run's ``spec.yaml``, an
+            ``--enforce`` flag that differs from the run's, or no checkpoint.
     """
     saved = out / "spec.yaml"
+    if not saved.is_file():
+        raise SpecError(f"{out}: no run to resume (no spec.yaml); start one without --resume")
+    if saved.read_text(encoding="utf-8", errors="replace") != spec.text:
+        raise SpecError(f"{out}: --resume with a spec that differs from {saved}; expected "
+                        "the same spec the run started with")
+    info = read_run_info(out)
+    if bool(info.get("enforce", False)) != enforce:
+        was = "with" if info.get("enforce") else "without"
+        raise SpecError(f"--enforce: the run in {out} was trained {was} --enforce; resume it "
+                        f"{was} --enforce too (a resume continues the same training)")
+    clean_checkpoints(out)
+    found = list_checkpoints(out)
+    if not found:
+        raise SpecError(f"{out}: no checkpoint to resume from (train.checkpoint_every: 0, or "
+                        "stopped before the first one); expected a run with checkpoints, or "
+                        "start again with --overwrite")
+    return found[-1][0]
+
+
+def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
+                    enforce: bool = False, spec_dir: Path | None = None) -> int | None:
+    """Create ``out`` and write ``spec.yaml`` and ``run.json``; refuse to clobber a run.
+
+    Returns:
+        With ``resume``, the step the run continues from; else ``None``.
+
+    Raises:
+        SpecError: ``resume`` and ``overwrite`` together; ``out`` holds a run and neither
+            flag was given; or a resume that ``check_resume`` refuses.
+    """
+    if resume and overwrite:
+        raise SpecError("--resume and --overwrite: conflicting options; expected one of them "
+                        "(--resume continues the run, --overwrite replaces it)")
     if resume:
-        if saved.is_file() and saved.read_text() != spec.text:
-            raise SpecError(f"{out}: --resume with a spec that differs from {saved}; expected "
-                            "the same spec the run started with")
-    elif any((out / name).exists() for name in (*RUN_FILES, "checkpoints")):
-        if not overwrite:
-            raise SpecError(f"{out}: already holds a run; pass --resume to continue it or "
-                            "choose another --out")
+        return check_resume(out, spec, enforce)
+    if holds_work(out) and not overwrite:
+        raise SpecError(f"{out}: already holds a run; pass --resume to continue it, "
+                        "--overwrite to replace it, or choose another --out")
+    try:
         for name in RUN_FILES:
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    try:
         out.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(saved, spec.text.encode())
+        write_bytes_atomic(out / "spec.yaml", spec.text.encode())
+        write_json(out / "run.json", {
+            "format": RUN_FORMAT, "enforce": enforce,
+            "spec_dir": str(spec_dir.resolve()) if spec_dir is not None else None})
     except OSError as e:
         raise SpecError(f"{out}: cannot write the run directory ({e.strerror or e})") from None
+    return None
+
+
+def read_run_info(run: Path) -> dict[str, Any]:
+    """``run.json`` as a dict (empty for runs written before it existed).
+
+    Raises:
+        CheckpointError: ``run.json`` is unreadable or malformed.
+    """
+    path = Path(run) / "run.json"
+    if not path.is_file():
+        return {}
+    try:
+        info = json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({str(e)[:100]})") from None
+    if (not isinstance(info, dict) or info.get("format") != RUN_FORMAT
+            or not isinstance(info.get("enforce", False), bool)
+            or not isinstance(info.get("spec_dir"), (str, type(None)))):
+        raise CheckpointError(f"{path}: expected a {RUN_FORMAT!r} object with 'enforce' "
+                              "(true/false) and 'spec_dir' (a path or null)")
+    return info
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -100,11 +181,13 @@ def write_json(path: Path, data: Any) -> None:
 def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
               enforce: bool = False, overwrite: bool = False,
               progress: bool = True, allow_unenforced: bool = False,
-              enforce_budget: float = 1.0) -> RunOutcome:
+              enforce_budget: float = 1.0, steps: int | None = None) -> RunOutcome:
     """Train a spec into ``out``, verify its contract and write the report.
 
     With ``enforce``, training stops at the first evaluation point where the contract holds and
     never runs past ``train.steps x enforce_budget`` (1 to 1.3; the schedule spans the budget).
+
+    ``steps`` overrides ``train.steps`` (``headwise train --steps N``).
 
     Raises:
         SpecError: an invalid spec, ``--enforce`` without evaluation points, or (unless
@@ -119,6 +202,8 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
                         "[1, 1.3] (a factor on train.steps)")
     if enforce_budget != 1.0 and not enforce:
         raise SpecError("--enforce-budget: given without --enforce; expected both or neither")
+    if steps is not None:
+        spec = with_steps(spec, steps)
     if enforce and spec.train.eval_every == 0:
         raise SpecError("train.eval_every: got 0, expected an integer >= 1 with --enforce "
                         "(enforcement acts at evaluation points)")
@@ -140,7 +225,11 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
         callbacks.append(Enforcer(contract, data, levers))
     main = is_main_process()
     if main:
-        prepare_run_dir(out, spec, resume, overwrite)
+        spec_dir = Path(spec_source).parent if isinstance(spec_source, Path) or (
+            "\n" not in spec_source and spec_source.endswith((".yaml", ".yml"))) else None
+        step = prepare_run_dir(out, spec, resume, overwrite, enforce, spec_dir)
+        if step is not None:
+            print(f"resuming from step {step}", flush=True)
     config = spec.train
     if enforce_budget != 1.0:
         config = dataclasses.replace(config, steps=math.ceil(config.steps * enforce_budget))
@@ -153,11 +242,27 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     enforcement = None
     if enforce and verdict is not None:
         enforcement = summary(result.extra, verdict, result.step)
+    if main:
+        write_manifest(out, MODEL_FILES)
     if main and verdict is not None:
         write_json(out / "contract.json", verdict.to_dict())
     if main and enforcement is not None:
         write_json(out / "enforcement.json", enforcement)
     return RunOutcome(out, compiled, result, verdict, enforcement)
+
+
+def with_steps(spec: Spec, steps: int) -> Spec:
+    """``spec`` with ``train.steps`` replaced.
+
+    Raises:
+        SpecError: ``steps`` < 1 or fewer than ``train.warmup_steps``.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
+        raise SpecError(f"--steps: got {steps}, expected an integer in [1, {MAX_STEPS}]")
+    if steps < spec.train.warmup_steps:
+        raise SpecError(f"--steps: got {steps}, expected at least train.warmup_steps="
+                        f"{spec.train.warmup_steps}")
+    return dataclasses.replace(spec, train=dataclasses.replace(spec.train, steps=steps))
 
 
 def is_main_process() -> bool:
@@ -175,15 +280,23 @@ def load_run(run: str | Path, spec_source: str | Path | None = None) -> Compiled
     run = Path(run)
     if not run.is_dir():
         raise CheckpointError(f"{run}: no such run directory")
-    spec_path = Path(spec_source) if spec_source is not None else run / "spec.yaml"
-    if spec_source is None and not spec_path.is_file():
+    if spec_source is None and not (run / "spec.yaml").is_file():
         raise CheckpointError(f"{run}: no spec.yaml; expected a run directory written by "
                               "`headwise train`")
     weights = run / "model.safetensors"
-    if not weights.is_file():
-        raise CheckpointError(f"{run}: no model.safetensors; has training finished? (resume "
-                              "with `headwise train SPEC --out RUN --resume`)")
-    compiled = compile_spec(load_spec(spec_path), weights=weights)
+    if not weights.is_file() or not (run / MANIFEST).is_file():
+        raise CheckpointError(f"{run}: no {'model.safetensors' if not weights.is_file() else MANIFEST}"
+                              "; has training finished? (resume with `headwise train SPEC "
+                              "--out RUN --resume`)")
+    verify_manifest(run, ("spec.yaml", "model.safetensors"))
+    if spec_source is not None:
+        spec = load_spec(spec_source)
+    else:  # relative paths in the run's spec resolve against the spec's original directory
+        text, name = read_spec_text(run / "spec.yaml")
+        spec_dir = read_run_info(run).get("spec_dir")
+        spec = spec_from_dict(parse_yaml(text, name),
+                              base=Path(spec_dir) if spec_dir else run, text=text)
+    compiled = compile_spec(spec, weights=weights)
     compiled.model.eval()
     return compiled
 

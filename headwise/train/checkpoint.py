@@ -6,11 +6,14 @@ Layout of ``out_dir/checkpoints/step_{N:07d}/`` (N = optimiser updates done):
 - ``trainer.safetensors``: AdamW state tensors ``optimizer.<param name>.<key>`` and RNG states
   ``rng.data`` (the data generator), ``rng.torch.<rank>``, ``rng.cuda.<device>``;
 - ``trainer.json``: step, optimizer param groups (by parameter name), objective weights,
-  callback state, the train config, and the sha256 of both safetensors files.
+  callback state, the train config, the metric accumulators of the current logging window
+  (``log``; their tensors are ``log.*`` in ``trainer.safetensors``), and the sha256 of both
+  safetensors files;
+- ``manifest.json`` (written last): the sha256 of the three files above (``train.manifest``).
 
 A checkpoint is written into a temporary sibling directory, every file fsynced, then renamed
 into place with ``os.replace``: a crash leaves either the whole checkpoint or none.
-Loading validates JSON, digests, keys and shapes and raises ``CheckpointError`` naming the file
+Loading checks the manifest first, then validates JSON, digests, keys and shapes and raises ``CheckpointError`` naming the file
 (and key) on any mismatch, truncation or corruption.
 """
 
@@ -29,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from headwise.errors import CheckpointError
+from headwise.train.manifest import verify_manifest, write_manifest
 from headwise.train.safetensors_io import (
     fsync_dir,
     load_tensors,
@@ -57,6 +61,8 @@ class CheckpointInfo:
         extra: JSON state saved by callbacks (``TrainState.extra``).
         config: the train config as a dict, or ``None``.
         stopped: a callback ended the run at this checkpoint (a resume does not continue it).
+        log: JSON part of the metric accumulators of the logging window in progress.
+        log_tensors: tensor part of those accumulators (``log.<name>`` in the file).
     """
 
     path: Path
@@ -68,6 +74,11 @@ class CheckpointInfo:
     extra: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] | None = None
     stopped: bool = False
+    log: dict[str, Any] = field(default_factory=dict)
+    log_tensors: dict[str, Tensor] = field(default_factory=dict)
+
+
+CHECKPOINT_FILES = ("model.safetensors", "trainer.safetensors", "trainer.json")
 
 
 def checkpoint_dir(out_dir: Path, step: int) -> Path:
@@ -121,7 +132,9 @@ def save_checkpoint(out_dir: Path, step: int, model: nn.Module,
                     torch_rng: list[Tensor] | None = None,
                     objective_weights: Mapping[str, float] | None = None,
                     extra: Mapping[str, Any] | None = None,
-                    config: Mapping[str, Any] | None = None, stopped: bool = False) -> Path:
+                    config: Mapping[str, Any] | None = None, stopped: bool = False,
+                    log: Mapping[str, Any] | None = None,
+                    log_tensors: Mapping[str, Tensor] | None = None) -> Path:
     """Write ``out_dir/checkpoints/step_{step:07d}`` atomically and return its path.
 
     Args:
@@ -135,6 +148,8 @@ def save_checkpoint(out_dir: Path, step: int, model: nn.Module,
         extra: JSON-serialisable callback state.
         config: the train config as a dict.
         stopped: the run ends here because a callback stopped it.
+        log: JSON part of the metric accumulators (so ``metrics.jsonl`` continues exactly).
+        log_tensors: tensor part of the metric accumulators.
     """
     final = checkpoint_dir(out_dir, step)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -154,13 +169,16 @@ def save_checkpoint(out_dir: Path, step: int, model: nn.Module,
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         for i, state in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"rng.cuda.{i}"] = state
+    for name, value in (log_tensors or {}).items():
+        tensors[f"log.{name}"] = value
     files = {"model.safetensors": save_weights(model, tmp / "model.safetensors"),
              "trainer.safetensors": save_tensors(tensors, tmp / "trainer.safetensors")}
     meta = {"format": FORMAT, "step": step, "param_groups": groups,
             "objective_weights": dict(objective_weights or {}), "extra": dict(extra or {}),
             "config": dict(config) if config is not None else None, "stopped": stopped,
-            "sha256": files}
+            "log": dict(log or {}), "sha256": files}
     write_bytes_atomic(tmp / "trainer.json", json.dumps(meta, indent=1).encode())
+    write_manifest(tmp, CHECKPOINT_FILES)
     fsync_dir(tmp)
     if final.exists():  # re-saving a step (e.g. after a resume): move the old one aside first
         old = final.with_name(f".old-{final.name}-{os.getpid()}")
@@ -182,6 +200,7 @@ def load_checkpoint(path: Path, model: nn.Module,
             not match the model or optimizer.
     """
     path = Path(path)
+    verify_manifest(path, CHECKPOINT_FILES)
     meta_path = path / "trainer.json"
     try:
         meta = json.loads(meta_path.read_text())
@@ -194,6 +213,12 @@ def load_checkpoint(path: Path, model: nn.Module,
     for key in ("step", "param_groups", "objective_weights", "extra", "sha256"):
         if key not in meta:
             raise CheckpointError(f"{meta_path}: missing field {key!r}")
+    step = meta["step"]
+    named = _STEP_DIR.match(path.name)
+    if (isinstance(step, bool) or not isinstance(step, int) or step < 0
+            or (named is not None and int(named.group(1)) != step)):
+        raise CheckpointError(f"{meta_path}: field 'step' is {str(step)[:40]}, expected the "
+                              f"step in the directory name {path.name!r}")
     for name, digest in meta["sha256"].items():
         file = path / name
         if not file.is_file():
@@ -214,7 +239,9 @@ def load_checkpoint(path: Path, model: nn.Module,
         cuda_rng=[tensors[f"rng.cuda.{i}"] for i in range(n_cuda)],
         objective_weights={k: float(v) for k, v in meta["objective_weights"].items()},
         extra=dict(meta["extra"]), config=meta.get("config"),
-        stopped=bool(meta.get("stopped", False)))
+        stopped=bool(meta.get("stopped", False)),
+        log=dict(meta.get("log") or {}),
+        log_tensors={k[len("log."):]: v for k, v in tensors.items() if k.startswith("log.")})
 
 
 def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:

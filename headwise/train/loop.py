@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import ExitStack
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from headwise.data import Mixture
-from headwise.errors import ConfigError
+from headwise.errors import ConfigError, TrainingDiverged
 from headwise.train.checkpoint import (
     clean_checkpoints,
     latest_checkpoint,
@@ -35,6 +36,7 @@ from headwise.train.checkpoint import (
 )
 from headwise.train.config import TrainConfig
 from headwise.train.distributed import DistContext, setup, teardown, wrap
+from headwise.train.interrupt import Interrupted, catch_signals
 from headwise.train.evaluate import (
     EVAL_SEED_OFFSET,
     accumulate_logs,
@@ -182,6 +184,7 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
     writer = RunLog(out_dir, ctx.is_main, config, eval_data)
     callbacks = [*callbacks, *writer.callbacks]
     start, extra, stopped = 0, {}, False
+    info = None
     if resume and out_dir is not None and ctx.is_main:
         clean_checkpoints(out_dir)
     ctx.barrier()
@@ -210,10 +213,27 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
     logs: list[dict[str, float]] = [{} for _ in objectives]
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     since_log, t0 = 0, time.perf_counter()
+    if (info is not None and ctx.world_size == 1  # restore the logging window in progress
+            and len(info.log.get("logs", ())) == len(objectives) and "stats" in info.log_tensors):
+        stats.copy_(info.log_tensors["stats"])
+        loss_sum.copy_(info.log_tensors["loss_sum"])
+        sums = [info.log_tensors[f"sums.{i}"].to(device) for i in range(len(objectives))]
+        logs, since_log = [dict(x) for x in info.log["logs"]], int(info.log["since_log"])
     grad_norm: Tensor | None = None
-    done = start
+    done = saved = start
+    signals = ExitStack()
+    signalled = signals.enter_context(catch_signals(ctx.world_size == 1))
     try:
         for step in range(start, config.steps if not stopped else start):
+            if signalled.signum is not None:  # Ctrl-C / SIGTERM: checkpoint here and stop
+                path = None
+                if out_dir is not None:
+                    if saved != done:
+                        _checkpoint(ctx, out_dir, done, model, optimizer, gen, objectives,
+                                    extra, config, stopped, (stats, loss_sum, sums, logs,
+                                                             since_log))
+                    path = list_checkpoints(out_dir)[-1][1]
+                raise Interrupted(done, signalled.signum, path)
             lr = config.lr_at(step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -240,9 +260,7 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
                                        objectives, data.names, grad_norm, t0)
                 writer.write(record)
                 if not math.isfinite(record["loss"]):
-                    raise FloatingPointError(
-                        f"loss is {record['loss']} at step {done} (lr={lr:.3g}); per task: "
-                        f"{ {n: v['loss'] for n, v in record['tasks'].items()} }")
+                    raise _diverged(record["loss"], done, lr, objectives, out_dir)
                 bar.update(done, record["loss"], record["tasks"])
                 stats.zero_()
                 sums = [torch.zeros_like(x) for x in sums]
@@ -263,14 +281,18 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
             last = done == config.steps or stopped
             if out_dir is not None and config.checkpoint_every and (
                     done % config.checkpoint_every == 0 or last):
+                if not math.isfinite(float(loss_sum)):  # never checkpoint a diverged model
+                    raise _diverged(float(loss_sum), done, lr, objectives, out_dir)
                 _checkpoint(ctx, out_dir, done, model, optimizer, gen, objectives, extra,
-                            config, stopped)
+                            config, stopped, (stats, loss_sum, sums, logs, since_log))
                 writer.checkpoint(done, model)
+                saved = done
             if stopped:
                 break
     finally:
         bar.close()
         writer.close()
+        signals.close()
     if done == start and config.eval_every:  # resumed at the end: report, but log nothing new
         state_metrics = {"kind": "eval", "step": done, **evaluate(
             model, eval_data, batch_size=config.batch_size, n_batches=config.eval_batches,
@@ -328,13 +350,34 @@ def _call_back(callbacks: list[Callable[[TrainState], None]], ctx: DistContext, 
 
 def _checkpoint(ctx: DistContext, out_dir: Path, step: int, model: nn.Module,
                 optimizer: torch.optim.Optimizer, gen: torch.Generator, objectives: list[Any],
-                extra: dict[str, Any], config: TrainConfig, stopped: bool) -> None:
+                extra: dict[str, Any], config: TrainConfig, stopped: bool,
+                window: tuple[Tensor, Tensor, list[Tensor], list[dict[str, float]], int]) -> None:
+    """Save a checkpoint; ``window`` holds the metric sums since the last ``"train"`` line
+    (stats, loss sum, objective sums, objective logs, steps), kept so that a resumed run
+    writes the same ``metrics.jsonl`` as an uninterrupted one (single process only)."""
     rng = ctx.gather(torch.get_rng_state())
     if ctx.is_main:
+        stats, loss_sum, sums, logs, since_log = window
+        log_tensors = {"stats": stats, "loss_sum": loss_sum,
+                       **{f"sums.{i}": x for i, x in enumerate(sums)}}
+        log = {"since_log": since_log, "logs": logs} if ctx.world_size == 1 else {}
         save_checkpoint(out_dir, step, model, optimizer, data_generator=gen, torch_rng=rng,
                         objective_weights={o.name: float(o.weight) for o in objectives},
-                        extra=extra, config=config.to_dict(), stopped=stopped)
+                        extra=extra, config=config.to_dict(), stopped=stopped, log=log,
+                        log_tensors=log_tensors if log else None)
     ctx.barrier()
+
+
+def _diverged(loss: float, step: int, lr: float, objectives: list[Any],
+              out_dir: Path | None) -> TrainingDiverged:
+    """The one-line error for a non-finite loss, naming the step and the likely cause."""
+    bad = [o for o in objectives if not math.isfinite(float(o.weight))]
+    cause = (f"the weight of objective {bad[0].name!r} is {float(bad[0].weight)}" if bad else
+             f"the learning rate ({lr:.3g}) or a lever weight is too large")
+    found = list_checkpoints(out_dir) if out_dir is not None else []
+    kept = f"; the last checkpoint (step {found[-1][0]}) is kept" if found else ""
+    return TrainingDiverged(f"training diverged: loss is {loss} at step {step}; likely cause: "
+                            f"{cause}{kept}")
 
 
 def _check_resume_config(config: TrainConfig, saved: dict[str, Any] | None, path: Path) -> None:

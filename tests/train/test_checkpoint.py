@@ -22,6 +22,8 @@ from headwise.train import (
     save_checkpoint,
     save_weights,
 )
+from headwise.train.checkpoint import CHECKPOINT_FILES
+from headwise.train.manifest import write_manifest
 
 CFG = ModelConfig(n_layers=1, n_heads=2, d_model=8, d_ff=12, vocab_size=11, max_seq_len=6,
                   tie_embeddings=True)
@@ -91,6 +93,9 @@ def test_bad_trainer_json_and_missing_file(tmp_path: Path) -> None:
     model, opt = _trained()
     path = save_checkpoint(tmp_path, 3, model, opt)
     (path / "trainer.json").write_text('{"format": "headwise-trainer/1", "st')
+    with pytest.raises(CheckpointError, match="trainer.json: contents do not match the sha256"):
+        load_checkpoint(path, build_model(CFG))
+    write_manifest(path, CHECKPOINT_FILES)  # a manifest that agrees: the JSON itself is checked
     with pytest.raises(CheckpointError, match="trainer.json: not valid JSON"):
         load_checkpoint(path, build_model(CFG))
     path = save_checkpoint(tmp_path, 4, model, opt)
