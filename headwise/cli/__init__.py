@@ -8,6 +8,7 @@ Exit codes: 0 success, 1 contract failed (or training diverged), 2 bad input (a
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import signal
 import sys
@@ -72,6 +73,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"headwise {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # a writer without its own message: still one line naming the file
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+            raise
+        print(f"headwise {args.command}: error: {e.filename or 'a file'}: cannot write "
+              f"({e.strerror})", file=sys.stderr)
+        return 2
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

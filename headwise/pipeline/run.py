@@ -285,9 +285,9 @@ def load_run(run: str | Path, spec_source: str | Path | None = None) -> Compiled
                               "`headwise train`")
     weights = run / "model.safetensors"
     if not weights.is_file() or not (run / MANIFEST).is_file():
-        raise CheckpointError(f"{run}: no {'model.safetensors' if not weights.is_file() else MANIFEST}"
-                              "; has training finished? (resume with `headwise train SPEC "
-                              "--out RUN --resume`)")
+        missing = "model.safetensors" if not weights.is_file() else MANIFEST
+        raise CheckpointError(f"{run}: no {missing}; has training finished? (resume with "
+                              "`headwise train SPEC --out RUN --resume`)")
     verify_manifest(run, ("spec.yaml", "model.safetensors"))
     if spec_source is not None:
         spec = load_spec(spec_source)

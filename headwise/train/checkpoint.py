@@ -13,8 +13,8 @@ Layout of ``out_dir/checkpoints/step_{N:07d}/`` (N = optimiser updates done):
 
 A checkpoint is written into a temporary sibling directory, every file fsynced, then renamed
 into place with ``os.replace``: a crash leaves either the whole checkpoint or none.
-Loading checks the manifest first, then validates JSON, digests, keys and shapes and raises ``CheckpointError`` naming the file
-(and key) on any mismatch, truncation or corruption.
+Loading checks the manifest first, then validates JSON, digests, keys and shapes, and raises
+``CheckpointError`` naming the file (and key) on any mismatch, truncation or corruption.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.errors import CheckpointError
+from headwise.errors import CheckpointError, StorageError
 from headwise.train.manifest import verify_manifest, write_manifest
 from headwise.train.safetensors_io import (
     fsync_dir,
@@ -152,8 +152,24 @@ def save_checkpoint(out_dir: Path, step: int, model: nn.Module,
         log_tensors: tensor part of the metric accumulators.
     """
     final = checkpoint_dir(out_dir, step)
-    final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
+    try:
+        return _save(final, tmp, step, model, optimizer, data_generator, torch_rng,
+                     objective_weights, extra, config, stopped, log, log_tensors)
+    except (OSError, StorageError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # earlier checkpoints stay as they were
+        if isinstance(e, StorageError):
+            raise
+        raise StorageError(f"{e.filename or final}: cannot write the checkpoint "
+                           f"({e.strerror or e})") from None
+
+
+def _save(final: Path, tmp: Path, step: int, model: nn.Module,
+          optimizer: torch.optim.Optimizer | None, data_generator: torch.Generator | None,
+          torch_rng: list[Tensor] | None, objective_weights: Mapping[str, float] | None,
+          extra: Mapping[str, Any] | None, config: Mapping[str, Any] | None, stopped: bool,
+          log: Mapping[str, Any] | None, log_tensors: Mapping[str, Tensor] | None) -> Path:
+    final.parent.mkdir(parents=True, exist_ok=True)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()

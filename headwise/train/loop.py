@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import math
 import time
-from contextlib import ExitStack
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,6 @@ from headwise.train.checkpoint import (
 )
 from headwise.train.config import TrainConfig
 from headwise.train.distributed import DistContext, setup, teardown, wrap
-from headwise.train.interrupt import Interrupted, catch_signals
 from headwise.train.evaluate import (
     EVAL_SEED_OFFSET,
     accumulate_logs,
@@ -45,6 +44,7 @@ from headwise.train.evaluate import (
     objective_record,
     reduce_objectives,
 )
+from headwise.train.interrupt import Interrupted, catch_signals
 from headwise.train.metrics import ProgressBar, overall_loss, summarise, task_loss
 from headwise.train.run_log import RunLog
 from headwise.train.safetensors_io import save_weights, write_bytes_atomic

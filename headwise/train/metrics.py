@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from headwise.data import IGNORE, Batch
+from headwise.errors import StorageError
 from headwise.train.safetensors_io import write_bytes_atomic
 
 # Columns of the per-task statistics matrix (n_tasks, 5).
@@ -96,9 +97,12 @@ class MetricsWriter:
         """Append ``record`` as one line and flush."""
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as e:  # a line cut short is dropped on resume (truncate_after)
+            raise StorageError(f"{self.path}: cannot write ({e.strerror or e})") from None
 
 
 class ProgressBar:

@@ -12,13 +12,14 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save
 from torch import Tensor, nn
 
-from headwise.errors import CheckpointError
+from headwise.errors import CheckpointError, StorageError
 
 ALIASES_KEY = "headwise.aliases"
 
@@ -33,15 +34,32 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file, fsync and ``os.replace``."""
+    """Write ``data`` to ``path`` through a temporary file, fsync and ``os.replace``.
+
+    Either the whole new file is in place afterwards or the old one is untouched.
+
+    Raises:
+        StorageError: the file cannot be written (disk full, permissions), naming ``path``;
+            the temporary file is removed.
+    """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    try:
+        with open(tmp, "wb") as f:
+            _write_all(f, data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise StorageError(f"{path}: cannot write ({e.strerror or e}); files written "
+                           "before are intact") from None
+
+
+def _write_all(f: BinaryIO, data: bytes) -> None:
+    """``f.write(data)`` (one place for tests to simulate a full disk)."""
+    f.write(data)
 
 
 def save_tensors(tensors: dict[str, Tensor], path: Path,

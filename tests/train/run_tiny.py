@@ -1,7 +1,9 @@
 """A tiny training run for subprocess tests: resume after SIGKILL, and torchrun (DDP).
 
 Usage: python run_tiny.py OUT_DIR [--resume] [--sleep S] [--steps N] [--batch B] [--dropout P]
-       [--bias all|none]
+       [--bias all|none] [--log-every K]
+
+Exit code 130 when interrupted by SIGINT/SIGTERM (after the loop saved a checkpoint).
 
 The run exercises every piece of state a resume must restore: dropout (torch RNG), a data
 mixture (data generator), AdamW moments, warm-up + cosine, a pattern objective whose weight a
@@ -11,6 +13,7 @@ callback changes at each evaluation, and callback state in ``state.extra``.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ from headwise.data import CopyTask, Mixture, ModularAdditionTask
 from headwise.hooks import Hook
 from headwise.model import build_model
 from headwise.train import TrainConfig, TrainState, train
+from headwise.train.interrupt import Interrupted
 
 
 class PrevTokenObjective:
@@ -61,6 +65,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--bias", default="all")
+    ap.add_argument("--log-every", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = ModelConfig(n_layers=2, n_heads=2, d_model=16, d_ff=24, vocab_size=20,
@@ -70,14 +75,18 @@ def main() -> None:
     data = Mixture({"copy": CopyTask(length=4, vocab_size=20),
                     "add": ModularAdditionTask(modulus=7, vocab_size=20)}, {"copy": 2, "add": 1})
     config = TrainConfig(steps=args.steps, batch_size=args.batch, lr=3e-3, warmup_steps=5,
-                         eval_every=10, eval_batches=2, checkpoint_every=5, log_every=1)
+                         eval_every=10, eval_batches=2, checkpoint_every=5,
+                         log_every=args.log_every)
 
     def slow(opt: torch.optim.Optimizer) -> None:
         if args.sleep:
             opt.register_step_post_hook(lambda *a: time.sleep(args.sleep))
 
-    train(model, data, config, out_dir=args.out, objectives=[PrevTokenObjective(0.1)],
-          callbacks=[bump], optimizer_hooks=[slow], resume=args.resume, progress=False)
+    try:
+        train(model, data, config, out_dir=args.out, objectives=[PrevTokenObjective(0.1)],
+              callbacks=[bump], optimizer_hooks=[slow], resume=args.resume, progress=False)
+    except Interrupted:
+        sys.exit(130)
 
 
 if __name__ == "__main__":

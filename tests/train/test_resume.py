@@ -1,5 +1,6 @@
-"""Exact resume: a run killed with SIGKILL at a random step and resumed ends bitwise equal to an
-uninterrupted run (CPU), including dropout, objective weights changed by callbacks, AdamW state."""
+"""Exact resume: a run killed with SIGKILL (or interrupted with SIGINT/SIGTERM) at a random step
+and resumed ends bitwise equal to an uninterrupted run (CPU), including dropout, objective
+weights changed by callbacks, AdamW state, and (after an interrupt) ``metrics.jsonl``."""
 
 from __future__ import annotations
 
@@ -79,3 +80,34 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     train_steps = [r["step"] for r in lines if r["kind"] == "train"]
     assert train_steps == list(range(1, STEPS + 1))
+
+
+def _metrics(path: Path) -> list[dict[str, object]]:
+    """The metric lines without wall-clock times."""
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in lines]
+
+
+def test_sigint_then_resume_is_bitwise_identical_with_equal_metrics(tmp_path: Path) -> None:
+    # log_every=3 does not divide checkpoint_every=5 nor the interrupt step: the logging
+    # window in progress must survive the checkpoint for metrics.jsonl to come out equal
+    stop_at = random.Random().randint(2, STEPS - 6)
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    reference = _run(ref, "--log-every", "3")
+    victim = _run(run, "--sleep", "0.05", "--log-every", "3")
+    deadline = time.monotonic() + 120
+    while not list_checkpoints(run) or _last_step(run / "metrics.jsonl") < stop_at:
+        assert victim.poll() is None, "the run finished before it could be interrupted"
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    victim.send_signal(signal.SIGINT)  # SIGTERM: tests/lifecycle
+    _, err = victim.communicate(timeout=60)
+    assert victim.returncode == 130, err.decode()[-3000:]
+    _finish(reference)
+    step = list_checkpoints(run)[-1][0]
+    assert stop_at <= step < STEPS
+    _finish(_run(run, "--resume", "--log-every", "3"))
+    a, b = load_file(ref / "model.safetensors"), load_file(run / "model.safetensors")
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs after an interrupt at step {step}"
+    assert _metrics(run / "metrics.jsonl") == _metrics(ref / "metrics.jsonl")
