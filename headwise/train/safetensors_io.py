@@ -132,7 +132,17 @@ def load_weights(model: nn.Module, path: Path) -> None:
     except json.JSONDecodeError:
         raise CheckpointError(f"{path}: metadata {ALIASES_KEY!r} is not valid JSON") from None
     expected = model.state_dict()
+    # An alias is only valid where the model itself ties the two tensors: an edited alias
+    # (say q -> k) would otherwise load one weight in place of another without a word.
+    ties = model_tensors(model)[1]
+    if not isinstance(aliases, dict):
+        raise CheckpointError(f"{path}: metadata {ALIASES_KEY!r} is not a JSON object")
     for alias, target in aliases.items():
+        if not isinstance(target, str) or ties.get(alias) != target:
+            raise CheckpointError(
+                f"{path}: metadata {ALIASES_KEY!r} maps {str(alias)[:80]!r} to "
+                f"{str(target)[:80]!r}, expected only the model's tied weights "
+                f"{ties or '{}'}")
         if target not in tensors:
             raise CheckpointError(f"{path}: alias {alias!r} points to missing tensor {target!r}")
         tensors[alias] = tensors[target]
@@ -142,6 +152,13 @@ def load_weights(model: nn.Module, path: Path) -> None:
         if tuple(tensors[key].shape) != tuple(ref.shape):
             raise CheckpointError(f"{path}: tensor {key!r} has shape "
                                   f"{tuple(tensors[key].shape)}, expected {tuple(ref.shape)}")
+        if tensors[key].dtype != ref.dtype and (ref.is_floating_point()
+                                                 != tensors[key].is_floating_point()):
+            raise CheckpointError(f"{path}: tensor {key!r} has dtype {tensors[key].dtype}, "
+                                  f"expected a floating-point tensor like the model's "
+                                  f"{ref.dtype}" if ref.is_floating_point() else
+                                  f"{path}: tensor {key!r} has dtype {tensors[key].dtype}, "
+                                  f"expected {ref.dtype}")
     unexpected = sorted(set(tensors) - set(expected))
     if unexpected:
         raise CheckpointError(f"{path}: unexpected tensor {unexpected[0]!r} (not in the model)")
