@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal, get_args
 
@@ -12,6 +13,13 @@ NormType = Literal["layernorm", "rmsnorm"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu"]
 Positional = Literal["learned", "sinusoidal", "rope", "none"]
 Bias = Literal["all", "none", "qkv"]
+
+# Largest accepted sizes: well above any model headwise is meant for (Llama-3-405B has 126
+# layers, 128 heads, d_model 16384, d_ff 53248, 128256 tokens), far below sizes that overflow.
+# What fits in memory is checked separately, before allocation (``headwise.memory``).
+MAXIMA = {"n_layers": 1024, "n_heads": 1024, "d_model": 1 << 16, "d_head": 1 << 14,
+          "d_ff": 1 << 20, "vocab_size": 1 << 24, "max_seq_len": 1 << 20,
+          "n_token_types": 1 << 10}
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,7 @@ class ModelConfig:
         if isinstance(self.bias, bool):
             object.__setattr__(self, "bias", "all" if self.bias else "none")
         for name in ("n_layers", "n_heads", "d_model", "vocab_size", "max_seq_len"):
-            _check_int(name, getattr(self, name), minimum=1)
+            _check_int(name, getattr(self, name), minimum=1, maximum=MAXIMA[name])
         if self.d_head is None:
             if self.d_model % self.n_heads:
                 raise field_error(
@@ -70,10 +78,11 @@ class ModelConfig:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.d_ff is None:
             object.__setattr__(self, "d_ff", 4 * self.d_model)
-        _check_int("d_head", self.d_head, minimum=1)
-        _check_int("n_kv_heads", self.n_kv_heads, minimum=1)
-        _check_int("d_ff", self.d_ff, minimum=1)
-        _check_int("n_token_types", self.n_token_types, minimum=0)
+        _check_int("d_head", self.d_head, minimum=1, maximum=MAXIMA["d_head"])
+        _check_int("n_kv_heads", self.n_kv_heads, minimum=1, maximum=MAXIMA["n_heads"])
+        _check_int("d_ff", self.d_ff, minimum=1, maximum=MAXIMA["d_ff"])
+        _check_int("n_token_types", self.n_token_types, minimum=0,
+                   maximum=MAXIMA["n_token_types"])
         assert self.n_kv_heads is not None and self.d_head is not None
         if self.n_heads % self.n_kv_heads:
             raise field_error(
@@ -89,12 +98,12 @@ class ModelConfig:
         for name in ("causal", "tie_embeddings", "attn_only", "embed_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise field_error(name, getattr(self, name), "true or false")
-        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
+        if not (_real(self.dropout) and 0.0 <= self.dropout < 1.0):
             raise field_error("dropout", self.dropout, "a number in [0, 1)")
-        if not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
-            raise field_error("norm_eps", self.norm_eps, "a positive number")
-        if not (isinstance(self.rope_base, (int, float)) and self.rope_base > 0):
-            raise field_error("rope_base", self.rope_base, "a positive number")
+        if not (_real(self.norm_eps) and 0 < self.norm_eps < 1):
+            raise field_error("norm_eps", self.norm_eps, "a positive number (finite, < 1)")
+        if not (_real(self.rope_base) and 0 < self.rope_base <= 1e12):
+            raise field_error("rope_base", self.rope_base, "a positive number (finite, <= 1e12)")
         if self.positional == "rope" and self.d_head % 2:
             raise field_error("d_head", self.d_head, "an even number when positional='rope'")
 
@@ -134,9 +143,15 @@ class ModelConfig:
         return replace(self, **changes)
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise field_error(name, value, f"an integer >= {minimum}")
+def _check_int(name: str, value: object, minimum: int, maximum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise field_error(name, value, f"an integer >= {minimum} and <= {maximum}")
+
+
+def _real(value: object) -> bool:
+    """A finite int or float (not a bool)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
 
 
 PRESETS: dict[str, ModelConfig] = {

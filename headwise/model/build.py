@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from headwise.config import ModelConfig
+from headwise.memory import check_memory, model_bytes
 from headwise.model.attention import Attention
 from headwise.model.block import PostNormBlock, PreNormBlock
 from headwise.model.mlp import MLP, GatedMLP
@@ -24,8 +25,12 @@ def build_model(config: ModelConfig, seed: int | None = None) -> Transformer:
         config: the validated config.
         seed: if given, initialise from ``torch.Generator().manual_seed(seed)`` (reproducible
             without touching the global RNG).
+
+    Raises:
+        ResourceError: the parameters cannot fit in the memory available.
     """
     c = config
+    check_memory("model", model_bytes(c))  # refuse d_model: 1e9 before allocating anything
     rng_state = torch.get_rng_state() if seed is not None else None  # layer constructors draw
     assert c.d_head is not None and c.n_kv_heads is not None and c.d_ff is not None
     qkv_bias = c.bias in ("all", "qkv")

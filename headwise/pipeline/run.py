@@ -27,6 +27,7 @@ from headwise.analysis.contract import Contract
 from headwise.analysis.verify import ContractResult, VerifyData, verify
 from headwise.data import Batch
 from headwise.errors import CheckpointError, SpecError
+from headwise.memory import check_memory, training_bytes
 from headwise.pipeline.compile import Compiled, compile_spec
 from headwise.pipeline.probes import spec_probes
 from headwise.spec import Spec, load_spec, spec_from_dict
@@ -210,6 +211,7 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     if enforce and not spec.contract:
         raise SpecError("contract: missing; --enforce needs a contract to enforce")
     out = Path(out)
+    check_training_memory(spec)
     compiled = compile_spec(spec)
     contract = contract_of(spec)
     data = verify_data(compiled)
@@ -263,6 +265,20 @@ def with_steps(spec: Spec, steps: int) -> Spec:
         raise SpecError(f"--steps: got {steps}, expected at least train.warmup_steps="
                         f"{spec.train.warmup_steps}")
     return dataclasses.replace(spec, train=dataclasses.replace(spec.train, steps=steps))
+
+
+def check_training_memory(spec: Spec) -> None:
+    """Refuse a spec whose training step or evaluation set cannot fit in memory.
+
+    Raises:
+        ResourceError: naming the estimate and the memory available.
+    """
+    config, train_config = spec.model.config, spec.train
+    seq = max(spec.data.seq_len, 1)
+    examples = spec.data.eval_examples + train_config.eval_batches * train_config.batch_size
+    check_memory(f"train.batch_size={train_config.batch_size} with sequences of {seq} tokens "
+                 f"on this model (training step and {examples} evaluation examples)",
+                 training_bytes(config, train_config.batch_size, seq) + examples * seq * 24)
 
 
 def is_main_process() -> bool:

@@ -7,6 +7,7 @@ reported with the closest valid key (``difflib``) and the list of valid keys.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -15,6 +16,9 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 from headwise.errors import HeadwiseError, SpecError, did_you_mean
 
 T = TypeVar("T")
+# Integers in specs are sizes, counts, steps and seeds: anything past 2**53 is a typo or an
+# attack (and past float precision).
+MAX_INT = 2**53
 
 
 def fail(path: str, value: object, expected: str) -> SpecError:
@@ -68,6 +72,8 @@ def integer(value: object, path: str, minimum: int | None = None,
     bounds = _bounds(minimum, maximum)
     if isinstance(value, bool) or not isinstance(value, int):
         raise fail(path, value, f"an integer{bounds}")
+    if abs(value) > MAX_INT:
+        raise fail(path, value, f"an integer{bounds} of magnitude <= 2**53")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         raise fail(path, value, f"an integer{bounds}")
     return value
@@ -77,8 +83,10 @@ def number(value: object, path: str, minimum: float | None = None,
            maximum: float | None = None, positive: bool = False) -> float:
     """A real number (int or float, not bool) within the bounds."""
     bounds = " > 0" if positive else _bounds(minimum, maximum)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise fail(path, value, f"a number{bounds}")
+    if isinstance(value, int) and abs(value) > MAX_INT or not math.isfinite(value):
+        raise fail(path, value, f"a finite number{bounds}")
     if ((positive and value <= 0) or (minimum is not None and value < minimum)
             or (maximum is not None and value > maximum)):
         raise fail(path, value, f"a number{bounds}")
