@@ -21,6 +21,10 @@ from torch import Tensor
 from headwise.data.batch import Batch
 from headwise.data.task import Task, check_int, make_batch
 from headwise.errors import ConfigError, field_error
+from headwise.memory import check_memory
+
+MAX_BYTES = 8 << 30  # corpora beyond a few GiB belong in a streaming pipeline, not in memory
+BYTES_PER_CHAR = 16  # peak memory per byte of text while encoding (str, bytes, int64 ids)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +63,14 @@ class TextTask(Task):
         path = Path(self.path)
         if not path.is_file():
             raise field_error(f"{self.name}.path", self.path, "an existing text file")
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise field_error(f"{self.name}.path", self.path,
+                              f"a text file of at most {MAX_BYTES >> 30} GiB (it has "
+                              f"{size / (1 << 30):.3g} GiB)")
+        # the text, its bytes and the int64 ids are all held at once while encoding
+        check_memory(f"{self.name}.path: reading {self.path!r} ({size} bytes)",
+                     BYTES_PER_CHAR * size)
         text = path.read_text(encoding="utf-8", errors="replace")
         ids, vocab = _encode(text, self.tokenizer, self.name)
         cut = int(round(len(ids) * (1 - self.eval_fraction)))

@@ -2,14 +2,20 @@
 
 Reading (``require``, ``refuse``, ``activation``) raises ``CheckpointError`` naming the HF field;
 writing for export (``expect``, ``hf_activation``) raises ``ConfigError`` naming our field.
+
+``check_types`` checks every field the family translators read, by type, before any of them
+runs: a string where a number belongs (``layer_norm_epsilon: "abc"``), a list activation, a
+float layer count or a non-finite epsilon is a ``CheckpointError`` naming the field, never a
+crash or a silent cast. Sizes are then range-checked by ``ModelConfig``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, cast
 
 from headwise.config import Activation, ModelConfig
-from headwise.errors import CheckpointError, ConfigError
+from headwise.errors import CheckpointError, ConfigError, show
 
 # HF activation names -> our ``activation`` values (HF "gelu" is the exact erf form).
 ACTIVATIONS: dict[str, str] = {
@@ -27,6 +33,42 @@ _UNSUPPORTED_IF_SET = ("final_logit_softcapping", "attn_logit_softcapping", "add
                        "is_decoder", "is_encoder_decoder")
 
 
+_INT, _NUM, _BOOL, _STR = "an integer", "a finite number", "true or false", "a string"
+# Fields read by the gpt2, bert and llama translators -> the kind of value they must hold
+# (``None`` is allowed for every field: it means unset).
+FIELD_KINDS: dict[str, str] = {
+    **dict.fromkeys(("n_layer", "n_head", "n_embd", "n_inner", "n_positions", "vocab_size",
+                     "type_vocab_size", "num_hidden_layers", "num_attention_heads",
+                     "hidden_size", "intermediate_size", "num_key_value_heads", "head_dim",
+                     "max_position_embeddings", "sliding_window"), _INT),
+    **dict.fromkeys(("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps", "rope_theta"),
+                    _NUM),
+    **dict.fromkeys(("tie_word_embeddings", "attention_bias", "mlp_bias",
+                     "use_sliding_window", "scale_attn_weights",
+                     "scale_attn_by_inverse_layer_idx"), _BOOL),
+    **dict.fromkeys(("model_type", "activation_function", "hidden_act",
+                     "position_embedding_type"), _STR),
+}
+
+
+def check_types(hf: dict[str, Any], source: str = "config.json") -> None:
+    """Check the type of every field in ``FIELD_KINDS`` that ``hf`` sets.
+
+    Raises:
+        CheckpointError: ``source`` and the field, its value (shortened) and what was expected.
+    """
+    for name, kind in FIELD_KINDS.items():
+        value = hf.get(name)
+        if value is None:
+            continue
+        ok = {_INT: isinstance(value, int) and not isinstance(value, bool),
+              _NUM: isinstance(value, (int, float)) and not isinstance(value, bool)
+              and math.isfinite(value),
+              _BOOL: isinstance(value, bool), _STR: isinstance(value, str)}[kind]
+        if not ok:
+            raise CheckpointError(f"{source} {name}: got {show(value, 80)}, expected {kind}")
+
+
 def require(hf: dict[str, Any], name: str, kind: type | tuple[type, ...] = int) -> Any:
     """``hf[name]``, checked to be of ``kind``.
 
@@ -37,7 +79,8 @@ def require(hf: dict[str, Any], name: str, kind: type | tuple[type, ...] = int) 
         raise CheckpointError(f"config.json {name}: missing, expected a value")
     value = hf[name]
     if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
-        raise CheckpointError(f"config.json {name}: got {value!r}, expected {_kind_name(kind)}")
+        raise CheckpointError(f"config.json {name}: got {show(value, 80)}, expected "
+                              f"{_kind_name(kind)}")
     return value
 
 
@@ -48,9 +91,9 @@ def activation(hf: dict[str, Any], name: str, default: str) -> Activation:
         CheckpointError: an activation headwise does not implement.
     """
     value = hf.get(name) or default
-    if value not in ACTIVATIONS:
+    if not isinstance(value, str) or value not in ACTIVATIONS:
         raise CheckpointError(
-            f"config.json {name}: got {value!r}, expected one of {sorted(ACTIVATIONS)}"
+            f"config.json {name}: got {show(value, 80)}, expected one of {sorted(ACTIVATIONS)}"
         )
     return cast(Activation, ACTIVATIONS[value])
 

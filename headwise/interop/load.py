@@ -20,6 +20,7 @@ from torch import Tensor
 from headwise.config import ModelConfig
 from headwise.errors import CheckpointError, ConfigError
 from headwise.interop.bert import POOLER_KEYS, BertPooler
+from headwise.interop.hf_config import check_types
 from headwise.interop.hub_cache import resolve_model
 from headwise.interop.registry import Converter, get_converter
 from headwise.interop.weights import SAFETENSORS, read_json, read_safetensors, read_state_dict
@@ -37,6 +38,7 @@ def hf_converter(path: str | Path) -> tuple[Converter, ModelConfig]:
             supported ones), or an unsupported config field (named).
     """
     hf = read_json(Path(path) / "config.json")
+    check_types(hf, str(Path(path) / "config.json"))
     converter = get_converter(hf.get("model_type"))
     try:
         config = converter.config_from_hf(hf)
@@ -69,6 +71,7 @@ def convert_state_dict(converter: Converter, config: ModelConfig, hf_state: dict
     with torch.device("meta"):  # shapes only: no memory, no initialisation cost
         skeleton = build_model(config, seed=0)
     shapes = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    floating = {k: v.is_floating_point() for k, v in skeleton.state_dict().items()}
     ours: dict[str, Tensor] = {}
     used: set[str] = set()
     for key, shape in shapes.items():
@@ -86,6 +89,9 @@ def convert_state_dict(converter: Converter, config: ModelConfig, hf_state: dict
         if tuple(tensor.shape) != expected:
             raise CheckpointError(f"{source}: key {rule.hf!r}: got shape {tuple(tensor.shape)}, "
                                   f"expected {expected} (for our {key})")
+        if not tensor.is_floating_point() and floating[key]:
+            raise CheckpointError(f"{source}: key {rule.hf!r}: got dtype {tensor.dtype}, "
+                                  f"expected a floating-point tensor (for our {key})")
         tensor = rule.apply(tensor)
         ours[key] = tensor.to(dtype) if tensor.is_floating_point() else tensor
         used.add(rule.hf)

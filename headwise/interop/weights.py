@@ -19,6 +19,7 @@ from torch import Tensor
 from headwise.errors import CheckpointError
 
 SAFETENSORS = "model.safetensors"
+MAX_JSON_BYTES = 64 << 20  # config.json / index files: kilobytes in practice
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE = "pytorch_model.bin"
 PICKLE_INDEX = "pytorch_model.bin.index.json"
@@ -32,10 +33,14 @@ def read_json(path: Path) -> dict:
     """
     if not path.is_file():
         raise CheckpointError(f"{path}: file not found")
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise CheckpointError(f"{path}: {path.stat().st_size} bytes, expected a JSON file of "
+                              f"at most {MAX_JSON_BYTES} bytes")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        # ValueError covers JSONDecodeError and integers over Python's 4300-digit limit
+        raise CheckpointError(f"{path}: not valid JSON ({str(e)[:200]})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: got {type(data).__name__}, expected a JSON object")
     return data
