@@ -19,9 +19,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from headwise.errors import SelectorError
+from headwise.errors import SelectorError, show
 
-_ITEM = re.compile(r"^(\*|L(\d+)(?:-(\d+))?)\.(\*|H(\d+)(?:-(\d+))?)$", re.IGNORECASE)
+# ASCII digits only ("L٠.H١" is not a selector), at most 9 of them (no 10000-digit ints).
+_ITEM = re.compile(
+    r"^(\*|L([0-9]{1,9})(?:-([0-9]{1,9}))?)\.(\*|H([0-9]{1,9})(?:-([0-9]{1,9}))?)$", re.IGNORECASE)
 
 
 @dataclass(frozen=True, order=True)
@@ -179,8 +181,8 @@ def _parse_item(item: str, n_layers: int, n_heads: int) -> list[Head]:
     m = _ITEM.match(item)
     if not m:
         raise SelectorError(
-            f"{item!r}: malformed head selector; expected forms like 'L1.H2', 'L1.*', '*.H0', "
-            f"'L0-2.H1-3' ({n_layers} layers x {n_heads} heads)"
+            f"{show(item, 80)}: malformed head selector; expected forms like 'L1.H2', 'L1.*', "
+            f"'*.H0', 'L0-2.H1-3' ({n_layers} layers x {n_heads} heads)"
         )
     layers = _span(item, m.group(1), m.group(2), m.group(3), n_layers, "layer", n_layers, n_heads)
     heads = _span(item, m.group(4), m.group(5), m.group(6), n_heads, "head", n_layers, n_heads)

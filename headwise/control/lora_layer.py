@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from headwise.memory import check_memory
+
 Scope = slice | Sequence[int] | None
 
 
@@ -71,6 +73,8 @@ class LoRALinear(nn.Module):
         w = base_layer.weight
         n_in = _count(self.in_cols, base_layer.in_features)
         n_out = _count(self.out_rows, base_layer.out_features)
+        check_memory(f"rank={rank} adapter on a {n_out} x {n_in} weight",
+                     rank * (n_in + n_out) * w.element_size() * 4)  # A, B, grads, AdamW
         self.lora_A = nn.Parameter(torch.empty(rank, n_in, dtype=w.dtype, device=w.device))
         self.lora_B = nn.Parameter(torch.zeros(n_out, rank, dtype=w.dtype, device=w.device))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))

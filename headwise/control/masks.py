@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from headwise.control._common import as_headset, attention, model_shape
+from headwise.memory import check_memory
 from headwise.patterns import position_support
 
 MaskFn = Callable[[int, torch.device], Tensor]
@@ -156,6 +157,7 @@ def from_graph(edges: Iterable[tuple[int, int]], n: int | None = None) -> MaskSp
     size = n if n is not None else max((max(e) for e in pairs), default=-1) + 1
     if any(max(e) >= size for e in pairs):
         raise ValueError(f"from_graph: an edge index is >= n={size}")
+    check_memory(f"from_graph: a {size} x {size} mask (n={size})", size * size)
     matrix = torch.zeros(size, size, dtype=torch.bool)
     for i, j in pairs:
         matrix[i, j] = True

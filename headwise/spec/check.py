@@ -63,6 +63,8 @@ def join(path: str, key: str | int) -> str:
     """``join("data.tasks", "copy") == "data.tasks.copy"``; ints become ``[i]``."""
     if isinstance(key, int):
         return f"{path}[{key}]"
+    if len(key) > 80:  # a hostile 10000-character key must not flood the message
+        key = key[:77] + "..."
     return f"{path}.{key}" if path else key
 
 

@@ -159,8 +159,9 @@ def parse_yaml(text: str, name: str) -> dict[str, Any]:
                                 for line in text.splitlines()):
         raise SpecError(f"{name}: the spec is empty; expected a mapping with keys "
                         "model, data, train, heads, gates, adapters, contract")
-    loader = SpecLoader(text)
+    loader = None
     try:
+        loader = SpecLoader(text)
         node = loader.get_single_node()
         if node is None:
             raise SpecError(f"{name}: the spec is empty; expected a mapping")
@@ -183,7 +184,8 @@ def parse_yaml(text: str, name: str) -> dict[str, Any]:
             raise
         raise SpecError(f"{name}: a value YAML cannot represent ({str(e)[:200]})") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if not isinstance(data, dict):
         raise SpecError(f"{name}: the top level is a {type(data).__name__}, expected a mapping "
                         "with keys model, data, train, heads, gates, adapters, contract")

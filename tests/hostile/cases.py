@@ -1,0 +1,391 @@
+"""The hostile corpus: specs, CLI arguments, HuggingFace directories and run directories that a
+careless or malicious user could hand to headwise. Every case must end with exit code 2 and one
+line on stderr, quickly and within a 4 GiB address space (``test_hostile.py``).
+
+A case is ``{"id", "argv", "setup"}``; ``setup`` lists operations ``runner.py`` performs in a
+fresh directory first (``$HOSTILE_RUN`` names a trained run to copy).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from typing import Any
+
+import yaml
+
+BASE: dict[str, Any] = {
+    "model": {"n_layers": 2, "n_heads": 2, "d_model": 8, "d_ff": 12, "vocab_size": 12,
+              "max_seq_len": 10},
+    "data": {"tasks": {"copy": {"length": 3}}},
+    "train": {"steps": 2, "batch_size": 4, "eval_batches": 1, "checkpoint_every": 1,
+              "eval_every": 2},
+    "heads": {"L0.H0": {"mask": "previous_token"}},
+    "contract": [{"head": "L0.H0", "score": "previous_token", "at_least": 0.5}],
+}
+GIB = 1 << 30
+
+
+def _set(spec: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(spec)
+    *parents, last = path.split("/")
+    node = out
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[last] = value
+    return out
+
+
+def _train(text: str, *extra: str) -> dict[str, Any]:
+    return {"argv": ["train", "spec.yaml", "--out", "run", "--quiet", *extra],
+            "setup": [["write", "spec.yaml", text]]}
+
+
+def _spec(path: str, value: Any, base: dict[str, Any] = BASE) -> dict[str, Any]:
+    return _train(yaml.safe_dump(_set(base, path, value), sort_keys=False))
+
+
+def _raw(text: str) -> dict[str, Any]:
+    return _train(text)
+
+
+def _bomb(levels: int, width: int) -> str:
+    lines = ["a0: &a0 [" + ", ".join(["x"] * width) + "]"]
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * width) + "]")
+    return "\n".join(lines) + "\nmodel: {preset: tiny}\n"
+
+
+def yaml_cases() -> dict[str, dict[str, Any]]:
+    base = yaml.safe_dump(BASE, sort_keys=False)
+    forty = ", ".join(["*x"] * 40)
+    return {
+        "yaml alias bomb 9x9": _raw(_bomb(9, 9)),
+        "yaml alias bomb 30x2": _raw(_bomb(30, 2)),
+        "yaml alias bomb in a value": _raw(_bomb(8, 8).replace("a7: &a7", "b: &b").replace(
+            "model: {preset: tiny}\n", "") + base.replace("steps: 2", "steps: *b")),
+        "yaml merge-key bomb": _raw("x: &x {a: 1, b: 2}\n" + "".join(
+            f"y{i}: &y{i} {{<<: [*{'x' if i == 0 else f'y{i - 1}'}], k{i}: [{forty}]}}\n"
+            for i in range(60)) + "model: {preset: tiny}\n"),
+        "yaml recursive anchor": _raw("model: &m {preset: tiny, x: *m}\n"),
+        "yaml 20000-deep list": _raw("model: " + "[" * 20000 + "]" * 20000 + "\n"),
+        "yaml 20000-deep map": _raw("model: " + "{a: " * 20000 + "1" + "}" * 20000 + "\n"),
+        "yaml 5000-digit integer": _raw(base.replace("steps: 2", "steps: " + "9" * 5000)),
+        "yaml 40-digit integer": _raw(base.replace("steps: 2", "steps: " + "9" * 40)),
+        "yaml 2 MB spec": _raw(base + "# " + "x" * (2 << 20) + "\n"),
+        "yaml long key": _raw(base + "k" * 300_000 + ": 1\n"),
+        "yaml python tag": _raw("model: !!python/object/apply:os.system ['true']\n"),
+        "yaml python name tag": _raw("model: !!python/name:os.system\n"),
+        "yaml unknown tag": _raw("model: !custom {preset: tiny}\n"),
+        "yaml binary value": _raw(base.replace("steps: 2", "steps: !!binary aGVsbG8=")),
+        "yaml bad timestamp": _raw(base.replace("steps: 2", "steps: 2001-13-45")),
+        "yaml two documents": _raw(base + "---\n" + base),
+        "yaml tab indentation": _raw("model:\n\tpreset: tiny\n"),
+        "yaml not utf-8": {"argv": ["train", "spec.yaml", "--out", "run"],
+                           "setup": [["bytes", "spec.yaml",
+                                      base64.b64encode(b"model: \xff\xfe\x00\x81\n").decode()]]},
+        "yaml nul bytes": _raw("model:\x00 {preset: tiny}\n"),
+        "yaml top-level scalar": _raw("42\n"),
+        "yaml duplicate nested key": _raw(base.replace("  steps: 2\n", "  steps: 2\n  steps: 3\n")),
+        "yaml yes as boolean": _spec("model/causal", "yes"),
+        "yaml on as boolean": _raw(base.replace("n_layers: 2", "n_layers: 2\n  causal: on")),
+        "yaml empty": _raw(""),
+    }
+
+
+def _model_raw(line: str) -> dict[str, Any]:
+    """BASE with one more raw YAML line under ``model`` (for .inf / .nan values)."""
+    return _raw(yaml.safe_dump(BASE).replace("d_ff: 12", "d_ff: 12\n  " + line))
+
+
+def model_cases() -> dict[str, dict[str, Any]]:
+    m = "model/"
+    return {
+        "d_model 1e9 float": _spec(m + "d_model", 1e9),
+        "d_model 10^9": _spec(m + "d_model", 10**9),
+        "d_model 65536 x 1024 layers": _spec(m + "n_layers", 1024, _set(
+            _set(BASE, m + "d_model", 65536), m + "n_heads", 64)),
+        "d_model 60000 (memory)": _spec(m + "d_model", 60000, _set(BASE, m + "n_heads", 4)),
+        "vocab_size 2^40": _spec(m + "vocab_size", 2**40),
+        "vocab_size 2^24 x d_model 4096 (memory)": _spec(m + "vocab_size", 2**24, _set(
+            _set(BASE, m + "d_model", 4096), m + "n_heads", 4)),
+        "max_seq_len 10^9": _spec(m + "max_seq_len", 10**9),
+        "max_seq_len 2^20 x d_model 4096 sinusoidal": _spec(m + "max_seq_len", 2**20, _set(
+            _set(_set(BASE, m + "d_model", 4096), m + "n_heads", 4), m + "positional",
+            "sinusoidal")),
+        "d_ff 10^12": _spec(m + "d_ff", 10**12),
+        "d_ff 2^20 x 64 layers (memory)": _spec(m + "d_ff", 2**20, _set(
+            _set(_set(BASE, m + "n_layers", 64), m + "d_model", 1024), m + "n_heads", 4)),
+        "n_layers 10^5": _spec(m + "n_layers", 10**5),
+        "n_layers 2^70": _spec(m + "n_layers", 2**70),
+        "n_layers float": _spec(m + "n_layers", 2.5),
+        "n_layers string": _spec(m + "n_layers", "two"),
+        "n_layers negative": _spec(m + "n_layers", -3),
+        "n_heads 10^6": _spec(m + "n_heads", 10**6),
+        "n_kv_heads not a divisor": _spec(m + "n_kv_heads", 3),
+        "d_head 0": _spec(m + "d_head", 0),
+        "norm_eps inf": _model_raw("norm_eps: .inf"),
+        "norm_eps nan": _model_raw("norm_eps: .nan"),
+        "norm_eps negative": _spec(m + "norm_eps", -1e-5),
+        "rope_base inf": _raw(yaml.safe_dump(_set(BASE, m + "positional", "rope")).replace(
+            "d_ff: 12", "d_ff: 12\n  rope_base: .inf")),
+        "dropout nan": _model_raw("dropout: .nan"),
+        "dropout 1": _spec(m + "dropout", 1.0),
+        "activation list": _spec(m + "activation", ["relu", "gelu"]),
+        "positional unknown": _spec(m + "positional", "alibi"),
+        "bias maybe": _spec(m + "bias", "maybe"),
+        "tie_embeddings string": _spec(m + "tie_embeddings", "on"),
+        "model is a list": _spec("model", [1, 2]),
+        "unknown preset": _spec("model", {"preset": "x" * 10000}),
+    }
+
+
+def train_cases() -> dict[str, dict[str, Any]]:
+    t = "train/"
+    return {
+        "batch_size 1e9 float": _spec(t + "batch_size", 1e9),
+        "batch_size 10^9": _spec(t + "batch_size", 10**9),
+        "batch_size 10^7 (memory)": _spec(t + "batch_size", 10**7),
+        "eval_batches 10^9": _spec(t + "eval_batches", 10**9),
+        "steps 0": _spec(t + "steps", 0),
+        "steps 2^70": _spec(t + "steps", 2**70),
+        "seed 2^70": _spec(t + "seed", 2**70),
+        "seed negative": _spec(t + "seed", -1),
+        "lr inf": _raw(yaml.safe_dump(BASE).replace("steps: 2", "steps: 2\n  lr: .inf")),
+        "lr nan": _raw(yaml.safe_dump(BASE).replace("steps: 2", "steps: 2\n  lr: .nan")),
+        "lr zero": _spec(t + "lr", 0),
+        "grad_clip -inf": _raw(yaml.safe_dump(BASE).replace("steps: 2",
+                                                            "steps: 2\n  grad_clip: -.inf")),
+        "betas out of range": _spec(t + "betas", [2, 3]),
+        "warmup beyond steps": _spec(t + "warmup_steps", 50),
+        "log_every 0": _spec(t + "log_every", 0),
+        "bf16 yes": _spec(t + "bf16", "yes"),
+        "unknown train key": _spec(t + "stepz", 3),
+    }
+
+
+def data_cases() -> dict[str, dict[str, Any]]:
+    d = "data/tasks/"
+    text = {"task": "text", "path": "corpus.txt", "seq_len": 6}
+    byte_model = _set(BASE, "model/vocab_size", 256)
+    huge = _spec(d + "copy", text, byte_model)
+    huge["setup"].append(["sparse", "corpus.txt", 100 * GIB])
+    big = _spec(d + "copy", text, byte_model)
+    big["setup"].append(["sparse", "corpus.txt", 6 * GIB])
+    tok = _spec(d + "copy", {**text, "tokenizer": "nowhere"}, byte_model)
+    tok["setup"].append(["write", "corpus.txt", "some text to read " * 20])
+    return {
+        "text tokenizer missing": tok,
+        "text corpus 100 GB": huge,
+        "text corpus 6 GB (memory)": big,
+        "text corpus missing": _spec(d + "copy", text, byte_model),
+        "text corpus is a directory": {**_spec(d + "copy", {**text, "path": "."}, byte_model)},
+        "unknown task": _spec(d + "copy", {"task": "copyy"}),
+        "copy length 10^9": _spec(d + "copy", {"length": 10**9}),
+        "copy length beyond max_seq_len": _spec(d + "copy", {"length": 50}),
+        "copy length negative": _spec(d + "copy", {"length": -1}),
+        "task weight inf": _raw(yaml.safe_dump(BASE).replace("length: 3",
+                                                             "length: 3\n      weight: .inf")),
+        "task weight negative": _spec(d + "copy", {"length": 3, "weight": -1}),
+        "no tasks": _spec("data/tasks", {}),
+        "kv_retrieval pairs 10^9": _spec(d + "copy", {"task": "kv_retrieval", "n_pairs": 10**9}),
+        "eval_examples 10^9": _spec("data/eval_examples", 10**9),
+        "eval_examples inf": _raw(yaml.safe_dump(BASE).replace(
+            "tasks:", "eval_examples: .inf\n  tasks:")),
+        "vocab too small for task": _spec("model/vocab_size", 3),
+    }
+
+
+def head_cases() -> dict[str, dict[str, Any]]:
+    h = "heads"
+    return {
+        "selector arabic digits": _spec(h, {"L٠.H١": {"mask": "previous_token"}}),
+        "selector fullwidth digits": _spec(h, {"L０.H０": {"mask": "previous_token"}}),
+        "selector out of range": _spec(h, {"L9.H0": {"mask": "previous_token"}}),
+        "selector 10000 characters": _spec(h, {"L0.H" + "0" * 10000: {"mask": "self"}}),
+        "selector huge range": _spec(h, {"L0-99999999.H0": {"mask": "self"}}),
+        "local window 1e30": _spec(h, {"L0.H0": {"mask": {"local": {"window": 1e30}}}}),
+        "local window 10^30": _spec(h, {"L0.H0": {"mask": {"local": {"window": 10**30}}}}),
+        "from_graph n 10^9": _spec(h, {"L0.H0": {"mask": {"from_graph": {
+            "edges": [[1, 0]], "n": 10**9}}}}),
+        "from_matrix 2000x2000": _spec(h, {"L0.H0": {"mask": {"from_matrix": {
+            "matrix": [[1] * 2000] * 2000}}}}),
+        "objective weight inf": _raw(yaml.safe_dump(_set(BASE, h, {"L0.H1": {"objective": {
+            "target": "previous_token", "weight": 1.0}}})).replace("weight: 1.0",
+                                                                  "weight: .inf")),
+        "objective weight negative": _spec(h, {"L0.H1": {"objective": {
+            "target": "previous_token", "weight": -1}}}),
+        "objective unknown target": _spec(h, {"L0.H1": {"objective": {"target": "everything"}}}),
+        "adapter rank 10^9": _spec("adapters", {"targets": ["q"], "rank": 10**9, "alpha": 1},
+                                   _set(BASE, "heads", {})),
+        "adapter rank 0": _spec("adapters", {"targets": ["q"], "rank": 0, "alpha": 1},
+                                _set(BASE, "heads", {})),
+        "adapter alpha inf": _raw(yaml.safe_dump(_set(_set(BASE, "heads", {}), "adapters", {
+            "targets": ["q"], "rank": 2, "alpha": 1.5})).replace("alpha: 1.5", "alpha: .inf")),
+        "unknown mask": _spec(h, {"L0.H0": {"mask": "diagonal-ish"}}),
+        "entropy at_most nan": _raw(yaml.safe_dump(_set(BASE, h, {"L0.H1": {"entropy": {
+            "at_most": 1.0}}})).replace("at_most: 1.0", "at_most: .nan")),
+    }
+
+
+def contract_cases() -> dict[str, dict[str, Any]]:
+    c = {"head": "L0.H0", "score": "previous_token"}
+    return {
+        "clause at_least nan": _raw(yaml.safe_dump(BASE).replace("at_least: 0.5",
+                                                                  "at_least: .nan")),
+        "clause at_least string": _spec("contract", [{**c, "at_least": "high"}]),
+        "clause unknown score": _spec("contract", [{**c, "score": "wisdom", "at_least": 0.1}]),
+        "clause head out of range": _spec("contract", [{**c, "head": "L7.H0", "at_least": 0.1}]),
+        "contract not a list": _spec("contract", {"a": 1}),
+    }
+
+
+def cli_cases() -> dict[str, dict[str, Any]]:
+    ok = [["write", "spec.yaml", yaml.safe_dump(BASE)]]
+    return {
+        "threads 999999999": {"argv": ["train", "spec.yaml", "--threads", "999999999"],
+                              "setup": ok},
+        "threads 0": {"argv": ["train", "spec.yaml", "--threads", "0"], "setup": ok},
+        "threads not a number": {"argv": ["train", "spec.yaml", "--threads", "many"]},
+        "steps -1": {"argv": ["train", "spec.yaml", "--out", "r", "--steps", "-1"],
+                     "setup": ok},
+        "steps 10^30": {"argv": ["train", "spec.yaml", "--out", "r", "--steps", "1" + "0" * 30],
+                        "setup": ok},
+        "resume with overwrite": {"argv": ["train", "spec.yaml", "--out", "r", "--resume",
+                                           "--overwrite"], "setup": ok},
+        "resume nothing": {"argv": ["train", "spec.yaml", "--out", "r", "--resume"],
+                           "setup": ok},
+        "out is a file": {"argv": ["train", "spec.yaml", "--out", "spec.yaml"], "setup": ok},
+        "spec missing": {"argv": ["train", "nope.yaml"]},
+        "spec is a directory": {"argv": ["train", "d.yaml"], "setup": [["mkdir", "d.yaml"]]},
+        "unknown command": {"argv": ["trian", "spec.yaml"]},
+        "unknown option": {"argv": ["train", "spec.yaml", "--fast"]},
+        "analyze missing run": {"argv": ["analyze", "nowhere"]},
+        "analyze run and hf": {"argv": ["analyze", "a", "--hf", "b"]},
+        "report of a non-run": {"argv": ["report", "."], "setup": ok},
+        "verify without run": {"argv": ["verify", "spec.yaml", "--run", "nowhere"],
+                               "setup": ok},
+        "json into missing directory": {"argv": ["analyze", "$HOSTILE_RUN", "--json",
+                                                 "no/such/dir/out.json"]},
+        "html to a directory": {"argv": ["explain", "$HOSTILE_RUN", "--head", "L0.H0",
+                                         "--input", "copy", "--html", "."]},
+        "explain head out of range": {"argv": ["explain", "$HOSTILE_RUN", "--head", "L9.H9",
+                                               "--input", "copy"]},
+        "explain 10^6 token ids": {"argv": ["explain", "$HOSTILE_RUN", "--head", "L0.H0",
+                                            "--input", " ".join(["1"] * 10**6)]},
+        "demo out is a file": {"argv": ["demo", "--out", "spec.yaml"], "setup": ok},
+    }
+
+
+def _gpt2(layers: int = 1, d: int = 8, vocab: int = 12, pos: int = 10) -> tuple[
+        dict[str, Any], dict[str, list[Any]]]:
+    config = {"model_type": "gpt2", "n_layer": layers, "n_head": 2, "n_embd": d,
+              "vocab_size": vocab, "n_positions": pos, "layer_norm_epsilon": 1e-5,
+              "activation_function": "gelu_new"}
+    tensors: dict[str, list[Any]] = {"wte.weight": [[vocab, d], "float32"],
+                                     "wpe.weight": [[pos, d], "float32"],
+                                     "ln_f.weight": [[d], "float32"],
+                                     "ln_f.bias": [[d], "float32"]}
+    for i in range(layers):
+        for name, shape in (("ln_1.weight", [d]), ("ln_1.bias", [d]),
+                            ("attn.c_attn.weight", [d, 3 * d]), ("attn.c_attn.bias", [3 * d]),
+                            ("attn.c_proj.weight", [d, d]), ("attn.c_proj.bias", [d]),
+                            ("ln_2.weight", [d]), ("ln_2.bias", [d]),
+                            ("mlp.c_fc.weight", [d, 4 * d]), ("mlp.c_fc.bias", [4 * d]),
+                            ("mlp.c_proj.weight", [4 * d, d]), ("mlp.c_proj.bias", [d])):
+            tensors[f"h.{i}.{name}"] = [shape, "float32"]
+    return config, tensors
+
+
+def _hf(config_changes: dict[str, Any] | None = None, tensor_changes: dict[str, Any] | None = None,
+        raw_config: str | None = None, command: str = "analyze") -> dict[str, Any]:
+    config, tensors = _gpt2()
+    config.update(config_changes or {})
+    tensors.update(tensor_changes or {})
+    argv = (["analyze", "--hf", "hf"] if command == "analyze" else
+            ["convert", "--hf", "hf", "--out", "converted"])
+    return {"argv": argv, "setup": [
+        ["write", "hf/config.json", raw_config if raw_config is not None else json.dumps(config)],
+        ["tensors", "hf/model.safetensors", tensors]]}
+
+
+def hf_cases() -> dict[str, dict[str, Any]]:
+    return {
+        "hf n_layer 10^6": _hf({"n_layer": 1000000}),
+        "hf n_embd 1e9 float": _hf({"n_embd": 1e9}),
+        "hf n_embd 60000": _hf({"n_embd": 60000, "n_layer": 48}),
+        "hf 100 x 16384 (memory)": _hf({"n_embd": 16384, "n_layer": 100, "n_head": 16}),
+        "hf vocab_size -1": _hf({"vocab_size": -1}),
+        "hf layer_norm_epsilon string": _hf({"layer_norm_epsilon": "abc"}),
+        "hf layer_norm_epsilon list": _hf({"layer_norm_epsilon": [1e-5]}),
+        "hf activation list": _hf({"activation_function": ["gelu"]}),
+        "hf activation unknown": _hf({"activation_function": "tanhshrink"}),
+        "hf tie_word_embeddings string": _hf({"tie_word_embeddings": "false"}),
+        "hf model_type unknown": _hf({"model_type": "mamba"}),
+        "hf model_type list": _hf({"model_type": ["gpt2"]}),
+        "hf config not json": _hf(raw_config="{n_layer: 1"),
+        "hf config a list": _hf(raw_config="[1, 2, 3]"),
+        "hf config 5000-digit int": _hf(raw_config='{"model_type": "gpt2", "n_layer": '
+                                        + "9" * 5000 + "}"),
+        "hf config 100000-deep": _hf(raw_config="[" * 100000 + "]" * 100000),
+        "hf config NaN epsilon": _hf(raw_config=json.dumps(_gpt2()[0]).replace(
+            "1e-05", "NaN")),
+        "hf int64 weight": _hf(tensor_changes={"h.0.attn.c_attn.weight": [[8, 24], "int64"]}),
+        "hf bool weight": _hf(tensor_changes={"wte.weight": [[12, 8], "bool"]}),
+        "hf wrong shape": _hf(tensor_changes={"wte.weight": [[13, 8], "float32"]}),
+        "hf missing weights": {"argv": ["analyze", "--hf", "hf"], "setup": [
+            ["write", "hf/config.json", json.dumps(_gpt2()[0])]]},
+        "hf convert int64 weight": _hf(tensor_changes={"ln_f.weight": [[8], "int64"]},
+                                       command="convert"),
+        "hf convert n_layer string": _hf({"n_layer": "1"}, command="convert"),
+    }
+
+
+def run_cases() -> dict[str, dict[str, Any]]:
+    copy_run = ["copytree", "$HOSTILE_RUN", "run"]
+
+    def case(*ops: list[Any], argv: list[str] | None = None) -> dict[str, Any]:
+        return {"argv": argv or ["analyze", "run"], "setup": [copy_run, *ops]}
+
+    return {
+        "run weights flipped byte": case(["flip", "run/model.safetensors"]),
+        "run weights truncated": case(["truncate", "run/model.safetensors"],
+                                      argv=["report", "run"]),
+        "run manifest missing": case(["delete", "run/manifest.json"]),
+        "run manifest garbage": case(["write", "run/manifest.json", "{]"]),
+        "run manifest lists ../": case(["write", "run/manifest.json", json.dumps(
+            {"format": "headwise-manifest/1", "sha256": {"../x": "00"}})]),
+        "run.json garbage": case(["write", "run/run.json", "[1]"]),
+        "run spec edited": case(["write", "run/spec.yaml", "model: {preset: tiny}\n"]),
+        "run checkpoint trainer.json step edited": case(
+            ["json", "run/checkpoints/step_0000002/trainer.json", "step", 1],
+            argv=["report", "run"]),
+        "run checkpoint weights flipped (resume)": case(
+            ["flip", "run/checkpoints/step_0000002/model.safetensors"],
+            ["write", "spec.yaml", yaml.safe_dump(BASE, sort_keys=False)],
+            argv=["train", "spec.yaml", "--out", "run", "--resume", "--quiet"]),
+        "run resume with another spec": case(
+            ["write", "spec.yaml", yaml.safe_dump(_set(BASE, "train/steps", 3))],
+            argv=["train", "spec.yaml", "--out", "run", "--resume"]),
+        "run retrain without flags": case(
+            ["write", "spec.yaml", yaml.safe_dump(BASE, sort_keys=False)],
+            argv=["train", "spec.yaml", "--out", "run"]),
+        "run resume enforce mismatch": case(
+            ["write", "spec.yaml", yaml.safe_dump(BASE, sort_keys=False)],
+            argv=["train", "spec.yaml", "--out", "run", "--resume", "--enforce"]),
+        "run weights missing": case(["delete", "run/model.safetensors"]),
+        "run is a file": {"argv": ["analyze", "run"], "setup": [["write", "run", "x"]]},
+    }
+
+
+def all_cases() -> list[dict[str, Any]]:
+    """Every case with its ``id`` (category: name)."""
+    out = []
+    for group, cases in (("yaml", yaml_cases()), ("model", model_cases()),
+                         ("train", train_cases()), ("data", data_cases()),
+                         ("heads", head_cases()), ("contract", contract_cases()),
+                         ("cli", cli_cases()), ("hf", hf_cases()), ("run", run_cases())):
+        for name, case in cases.items():
+            out.append({"id": f"{group}: {name}", **case})
+    return out
