@@ -10,6 +10,7 @@ import torch
 from rich.table import Table
 from torch import Tensor
 
+from headwise.analysis.numbers import fixed
 from headwise.heads import Head, HeadSet
 
 
@@ -125,9 +126,9 @@ class ImportanceMatrix:
         for t in self.tasks:
             table.add_column(t, justify="right")
         for u, label in enumerate(self.labels):
-            table.add_row(label, *(f"{float(self.values[u, k, m]):+.3f} "
-                                   f"[{float(self.ci_low[u, k, m]):+.3f}, "
-                                   f"{float(self.ci_high[u, k, m]):+.3f}]"
+            table.add_row(label, *(f"{fixed(float(self.values[u, k, m]), sign=True)} "
+                                   f"[{fixed(float(self.ci_low[u, k, m]), sign=True)}, "
+                                   f"{fixed(float(self.ci_high[u, k, m]), sign=True)}]"
                                    for k in range(len(self.tasks))))
         return table
 

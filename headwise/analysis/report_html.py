@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from headwise.analysis.role_table import RoleTable
 
+from headwise.analysis.numbers import fixed
+
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
 h1 { font-size: 1.5em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; }
@@ -38,8 +40,7 @@ def fmt(v: object) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
-        text = f"{v:.3f}"
-        return "0.000" if text == "-0.000" else text
+        return fixed(v)
     return str(v)
 
 

@@ -28,6 +28,7 @@ from rich.table import Table
 from torch import Tensor, nn
 
 from headwise.analysis.importance import ablation_importance, task_metric_ci
+from headwise.analysis.numbers import fixed
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.roles import role_scores
 from headwise.errors import SpecError
@@ -122,9 +123,9 @@ class ContractResult:
         for col in ("#", "clause", "measured", "threshold", "decided by", "verdict"):
             table.add_column(col)
         for r in self.results:
-            m = "-" if r.measured is None else f"{r.measured:.3f}"
+            m = "-" if r.measured is None else fixed(r.measured)
             if r.ci is not None and not any(math.isnan(x) for x in r.ci):
-                m += f" [{r.ci[0]:.3f}, {r.ci[1]:.3f}]"
+                m += f" [{fixed(r.ci[0])}, {fixed(r.ci[1])}]"
             table.add_row(str(r.clause.index), r.clause.name or r.clause.describe(), m,
                           r.threshold, r.decided_by or "",
                           "[green]pass[/green]" if r.passed else "[red]FAIL[/red]")

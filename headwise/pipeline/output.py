@@ -111,7 +111,8 @@ def print_outcome(out: Console, outcome: RunOutcome) -> None:
     if outcome.contract is not None:
         out.print(outcome.contract.to_rich_table())
         verdict = "HOLDS" if outcome.contract.passed else "FAILS"
-        out.print(f"contract {verdict}: {len(outcome.contract.results)} clauses, "
+        n = len(outcome.contract.results)
+        out.print(f"contract {verdict}: {n} clause{'' if n == 1 else 's'}, "
                   f"{sum(not r.passed for r in outcome.contract.results)} failed")
     out.print(f"run directory: {run}/  (report: {run / 'report.html'}, "
               f"metrics: {run / 'metrics.jsonl'}, weights: {run / 'model.safetensors'})")

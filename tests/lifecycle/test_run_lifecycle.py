@@ -94,7 +94,7 @@ def test_steps_flag_and_rerun_after_setup_interrupt(
                                               "spec_dir": None}))
     code, out, _ = _cli(capsys, "train", str(spec), "--out", str(run), "--steps", "4",
                         "--quiet")
-    assert code == 0 and "trained 4 steps" in out
+    assert code == 0 and "trained 4 steps" in out and "contract HOLDS: 1 clause, 0 failed" in out
     assert [s for s, _ in list_checkpoints(run)] == [2, 4]
     code, _, err = _cli(capsys, "train", str(spec), "--out", str(run), "--quiet")
     assert code == 2 and "already holds a run" in err
@@ -176,3 +176,26 @@ def test_interrupt_checkpoints_prints_one_line_and_resumes(tmp_path: Path,
     out, err = resumed.communicate(timeout=120)
     assert resumed.returncode in (0, 1), err
     assert f"resuming from step {step}" in out and f"trained {step + 10} steps" in out
+
+
+def test_diverging_loss_is_one_line_exit_1_and_keeps_the_last_checkpoint(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec, run = _spec(tmp_path, steps=40, checkpoint_every=2, log_every=5, lr=1e6,
+                      grad_clip=0, eval_every=0), tmp_path / "run"
+    code, _, err = _cli(capsys, "train", str(spec), "--out", str(run), "--quiet")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "training diverged: loss is nan at step" in err and "likely cause" in err
+    steps = [s for s, _ in list_checkpoints(run)]
+    assert steps and f"the last checkpoint (step {steps[-1]}) is kept" in err
+    diverged = int(err.split("at step ")[1].split(";")[0])
+    assert steps[-1] < diverged  # no checkpoint of the diverged weights
+    for _, path in list_checkpoints(run):
+        weights = load_file(path / "model.safetensors")
+        assert all(bool(v.isfinite().all()) for v in weights.values())
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from headwise import __version__
+
+    code, out, _ = _cli(capsys, "--version")
+    assert code == 0 and out.strip() == f"headwise {__version__}"
