@@ -144,10 +144,22 @@ def test_holding_clause_passes_and_failing_clause_reports_value() -> None:
 
 def test_ablation_clauses_measure_true_drop() -> None:
     model, data = _setup()
+    # any_of: the best single-head drop decides; reference: zeroed output-projection columns
+    sort = data.tasks["sort"]
+    single = []
+    for h in (0, 1):
+        ablated = copy.deepcopy(model)
+        with torch.no_grad():
+            ablated.blocks[0].attn.o_proj.weight[:, h * 8:(h + 1) * 8] = 0
+        single.append(task_metrics(ablated, sort)["loss"] - task_metrics(model, sort)["loss"])
+    best = max(range(2), key=lambda h: single[h])
+    assert abs(single[0] - single[1]) > 1e-4
     contract = _c([{"ablate": "L1.*", "task": "copy", "metric": "loss", "drop_at_least": 1e-6},
                    {"ablate": "L1.*", "task": "copy", "metric": "loss", "drop_at_most": 1e-6},
                    {"any_of": "L0.H0-1", "task": "sort", "metric": "loss",
-                    "drop_at_least": -10.0}])
+                    "drop_at_least": (single[0] + single[1]) / 2},  # only the best head passes
+                   {"any_of": "L0.H0-1", "task": "sort", "metric": "loss",
+                    "drop_at_least": max(single) + 1e-3}])  # no head drops this much
     result = verify(model, contract, data)
     ref_model = copy.deepcopy(model)
     with torch.no_grad():
@@ -158,7 +170,9 @@ def test_ablation_clauses_measure_true_drop() -> None:
     assert r[0].measured == pytest.approx(drop, abs=1e-5)
     assert r[0].passed == (drop >= 1e-6) and r[1].passed == (drop <= 1e-6)
     assert r[0].ci is not None and r[0].ci[0] <= r[0].measured <= r[0].ci[1]
-    assert r[2].passed and r[2].decided_by in ("L0.H0", "L0.H1")
+    assert r[2].passed and r[2].decided_by == f"L0.H{best}"
+    assert r[2].measured == pytest.approx(single[best], abs=1e-5)
+    assert not r[3].passed and r[3].measured == pytest.approx(single[best], abs=1e-5)
 
 
 def test_task_clauses_measure_the_tasks_own_metric_with_a_ci() -> None:
@@ -217,8 +231,16 @@ def test_rich_table_renders() -> None:
     from rich.console import Console
 
     model, data = _setup()
-    res = verify(model, _c([{"head": "L0.H0", "score": "entropy", "at_most": 1.0}]), data)
+    res = verify(model, _c([{"head": "L0.H0", "score": "entropy", "at_most": 1.0},
+                            {"head": "L0.H1", "score": "previous_token", "at_least": 0.9}]),
+                 data)
     console = Console(record=True, width=150)
     console.print(res.to_rich_table())
-    text = console.export_text()
-    assert "entropy" in text and "pass" in text
+    lines = console.export_text().splitlines()
+    ok, bad = res.results
+    assert ok.passed and not bad.passed and ok.measured is not None and bad.measured is not None
+    assert any("contract: FAIL" in line for line in lines)
+    row0 = next(line for line in lines if "L0.H0" in line and "entropy" in line)
+    row1 = next(line for line in lines if "L0.H1" in line and "previous_token" in line)
+    assert f"{ok.measured:.3f}" in row0 and "<= 1" in row0 and "pass" in row0
+    assert f"{bad.measured:.3f}" in row1 and ">= 0.9" in row1 and "FAIL" in row1

