@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from headwise import __version__
 from headwise.errors import HeadwiseError, TrainingDiverged
+from headwise.train.interrupt import Interrupted
 
 # Subcommand modules under headwise.cli; each defines register(subparsers) which adds its
 # parser and sets ``func(args) -> int`` as the default. A module that does not exist yet is
@@ -70,6 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainingDiverged as e:
         print(f"headwise {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 1
+    except Interrupted as e:  # training saved a checkpoint first (train prints its own line)
+        print(f"headwise {args.command}: interrupted at step {e.step}"
+              + (f" (checkpoint: {e.checkpoint})" if e.checkpoint else ""), file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
         print(f"headwise {args.command}: interrupted", file=sys.stderr)
         return 130
