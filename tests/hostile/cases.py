@@ -238,6 +238,11 @@ def contract_cases() -> dict[str, dict[str, Any]]:
         "clause unknown score": _spec("contract", [{**c, "score": "wisdom", "at_least": 0.1}]),
         "clause head out of range": _spec("contract", [{**c, "head": "L7.H0", "at_least": 0.1}]),
         "contract not a list": _spec("contract", {"a": 1}),
+        "probe examples 10^9": _spec("probes", {"p": {"random": {"length": 4},
+                                                      "examples": 10**9}}),
+        "probe half_len 10^9": _spec("probes", {"p": {"repeated": {"half_len": 10**9}}}),
+        "probe examples 10^7": _spec("probes", {"p": {"random": {"length": 4},
+                                                               "examples": 10**7}}),
     }
 
 
