@@ -315,6 +315,14 @@ def _hf(config_changes: dict[str, Any] | None = None, tensor_changes: dict[str, 
         ["tensors", "hf/model.safetensors", tensors]]}
 
 
+def _pretrained(config_changes: dict[str, Any]) -> dict[str, Any]:
+    """A spec whose model is a local HF checkpoint with a hostile config."""
+    case = _hf(config_changes)
+    spec = _set(BASE, "model", {"pretrained": {"path": "hf", "format": "hf"}})
+    case["setup"].append(["write", "spec.yaml", yaml.safe_dump(spec, sort_keys=False)])
+    return {**case, "argv": ["train", "spec.yaml", "--out", "run", "--quiet"]}
+
+
 def hf_cases() -> dict[str, dict[str, Any]]:
     return {
         "hf n_layer 10^6": _hf({"n_layer": 1000000}),
@@ -344,6 +352,8 @@ def hf_cases() -> dict[str, dict[str, Any]]:
         "hf convert int64 weight": _hf(tensor_changes={"ln_f.weight": [[8], "int64"]},
                                        command="convert"),
         "hf convert n_layer string": _hf({"n_layer": "1"}, command="convert"),
+        "hf pretrained spec n_layer 10^6": _pretrained({"n_layer": 1000000}),
+        "hf pretrained spec epsilon string": _pretrained({"layer_norm_epsilon": "abc"}),
     }
 
 
