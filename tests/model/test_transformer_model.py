@@ -92,7 +92,7 @@ def test_every_variant_builds_runs_and_trains(changes: dict) -> None:
         grads = [p.grad for p in model.parameters()]
         assert all(g is not None and torch.isfinite(g).all() for g in grads)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     assert losses[-1] < 0.5 * losses[0], (changes, losses[0], losses[-1])
     model.eval()
     with torch.no_grad():
