@@ -37,11 +37,9 @@ from headwise.train.config import TrainConfig
 from headwise.train.distributed import DistContext, setup, teardown, wrap
 from headwise.train.evaluate import (
     EVAL_SEED_OFFSET,
-    accumulate_logs,
+    ObjectiveSums,
     evaluate,
     forward,
-    objective_record,
-    reduce_objectives,
 )
 from headwise.train.metrics import ProgressBar, overall_loss, summarise, task_loss
 from headwise.train.run_log import RunLog
@@ -206,8 +204,7 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
     n_tasks = len(data.names)
     # Running sums stay on the device; they are read (synchronised) only at log points.
     stats = torch.zeros(n_tasks, 5, dtype=torch.float64, device=device)
-    sums = [torch.zeros((), dtype=torch.float64, device=device) for _ in objectives]
-    logs: list[dict[str, float]] = [{} for _ in objectives]
+    sums = ObjectiveSums(objectives, device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     since_log, t0 = 0, time.perf_counter()
     grad_norm: Tensor | None = None
@@ -232,12 +229,10 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
             stats += step_stats
             loss_sum += total.detach().double()
             since_log += 1
-            for i, (value, log) in enumerate(terms):
-                sums[i] += value.detach().double()
-                accumulate_logs(logs[i], log)
+            sums.add(terms)
             if done % config.log_every == 0 or done == config.steps:
-                record = _train_record(ctx, done, lr, stats, loss_sum, since_log, sums, logs,
-                                       objectives, data.names, grad_norm, t0)
+                record = _train_record(ctx, done, lr, stats, loss_sum, since_log, sums,
+                                       data.names, grad_norm, t0)
                 writer.write(record)
                 if not math.isfinite(record["loss"]):
                     raise FloatingPointError(
@@ -245,8 +240,7 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
                         f"{ {n: v['loss'] for n, v in record['tasks'].items()} }")
                 bar.update(done, record["loss"], record["tasks"])
                 stats.zero_()
-                sums = [torch.zeros_like(x) for x in sums]
-                logs = [{} for _ in objectives]
+                sums = ObjectiveSums(objectives, device)
                 loss_sum, since_log = torch.zeros_like(loss_sum), 0
                 state_metrics = record
             else:
@@ -291,18 +285,16 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
 
 
 def _train_record(ctx: DistContext, step: int, lr: float, stats: Tensor, loss_sum: Tensor,
-                  n_steps: int, sums: list[Tensor], logs: list[dict[str, float]],
-                  objectives: list[Any], names: list[str], grad_norm: Tensor | None,
-                  t0: float) -> dict[str, Any]:
+                  n_steps: int, sums: ObjectiveSums, names: list[str],
+                  grad_norm: Tensor | None, t0: float) -> dict[str, Any]:
     """The ``"train"`` metrics line, summed over ranks (every rank calls this)."""
     stats = ctx.all_reduce_sum(stats)
     loss = float(ctx.all_reduce_sum(loss_sum))
-    sums, logs = reduce_objectives(ctx, sums, logs)
     record: dict[str, Any] = {
         "kind": "train", "step": step, "lr": lr,
         "loss": loss / ctx.world_size / max(n_steps, 1), "task_loss": overall_loss(stats),
         "tasks": summarise(stats, names),
-        "objectives": objective_record(objectives, sums, logs, n_steps),
+        "objectives": sums.record(ctx, n_steps),
         "elapsed_s": time.perf_counter() - t0}
     if grad_norm is not None:
         record["grad_norm"] = float(grad_norm)
