@@ -141,7 +141,7 @@ class Attention(nn.Module):
 
     def _fused(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:
         p = self.dropout if self.training else 0.0
-        gqa = self.group > 1
+        k, v, gqa = gqa_kv(k, v, self.group, masked=allowed is not None)
         if allowed is None:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal,
                                                   enable_gqa=gqa)
@@ -161,6 +161,9 @@ class Attention(nn.Module):
         # Scale q, not the (T, T) scores, and mask in place: each pass over (B, h, T, T) counts.
         scores = (qh * (1.0 / math.sqrt(self.d_head))) @ kh.transpose(-1, -2)  # (B, h, T, T)
         T = q.shape[2]
+        # Causal-only rows always keep their diagonal key: a plain softmax, decided without
+        # reading the mask's values (no host synchronisation).
+        only_causal = allowed is None
         if allowed is None and self.causal:
             allowed = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()[None, None]
         row_ok = None
@@ -168,9 +171,8 @@ class Attention(nn.Module):
             if allowed.shape[1] > 1:
                 allowed = allowed.index_select(1, idx)
             scores = scores.masked_fill_(~allowed, float("-inf"))
-            row_ok = allowed.any(-1, keepdim=True)  # (B|1, h|1, T, 1)
-            if bool(row_ok.all()):
-                row_ok = None  # every query has a key (e.g. causal only): plain softmax
+            if not only_causal:  # padding or head masks may leave a query row without keys
+                row_ok = allowed.any(-1, keepdim=True)  # (B|1, h|1, T, 1)
         scores = self.hook_attn_scores(scores, heads)
         if row_ok is not None:
             pattern = torch.softmax(scores.masked_fill(~row_ok, 0.0), dim=-1) * row_ok
@@ -189,6 +191,24 @@ class Attention(nn.Module):
         out = result.sum(2)
         bias = getattr(self.o_proj, "bias", None)
         return out + bias if bias is not None else out
+
+
+def gqa_kv(k: Tensor, v: Tensor, group: int, masked: bool) -> tuple[Tensor, Tensor, bool]:
+    """k and v (B, H_kv, T, Dh) as SDPA should get them, and its ``enable_gqa`` flag.
+
+    ``enable_gqa`` is kept only for an unmasked half-precision call: on CUDA only the flash
+    backend supports it, and flash takes neither a mask nor float32, so any other call would
+    fall back to the math kernel (full T x T scores). There k/v are expanded to all H heads
+    (``repeat_interleave`` over the group, as HuggingFace does), which every backend supports.
+
+    Returns:
+        ``(k, v, enable_gqa)``; k/v unchanged when ``group == 1`` or ``enable_gqa`` is True.
+    """
+    if group == 1:
+        return k, v, False
+    if not masked and k.dtype in (torch.float16, torch.bfloat16):
+        return k, v, True
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), False
 
 
 def _effective_weight(linear: nn.Module) -> Tensor:

@@ -68,10 +68,14 @@ class Transformer(nn.Module):
             token_type_ids: (B, T) segment ids (models with ``n_token_types`` > 0).
             task_ids: (B,) task index per example (task masks and gates).
 
+        Token ids are not range-checked here (that would read them on the host at every
+        call, a synchronisation and a graph break); data enters through ``check_tokens``
+        (data mixtures, ``run_with_cache``, the CLI).
+
         Raises:
-            ValueError: naming the tensor whose shape, dtype or range is wrong.
+            ValueError: naming the tensor whose shape or dtype is wrong.
         """
-        _check_inputs(tokens, attention_mask, task_ids, self.embed.num_embeddings)
+        _check_shapes(tokens, attention_mask, task_ids)
         B, T = tokens.shape
         x = self.hook_embed(self.embed(tokens))  # (B, T, D)
         if self.pos_embed is not None:
@@ -115,15 +119,30 @@ class Transformer(nn.Module):
         return run_with_cache(self, tokens, names, heads=heads, detach=detach, **kwargs)
 
 
-def _check_inputs(tokens: Tensor, attention_mask: Tensor | None, task_ids: Tensor | None,
-                  vocab: int) -> None:
+def check_tokens(tokens: Tensor, vocab_size: int, attention_mask: Tensor | None = None,
+                 task_ids: Tensor | None = None) -> None:
+    """Check model inputs where they enter: shapes, dtype and the token id range.
+
+    Reads the ids' minimum and maximum on the host (one synchronisation): call it once per
+    batch of outside data, not inside a training step.
+
+    Raises:
+        ValueError: naming the tensor whose shape, dtype or range is wrong.
+    """
+    _check_shapes(tokens, attention_mask, task_ids)
+    if tokens.numel():
+        low, high = torch.stack([tokens.min(), tokens.max()]).tolist()
+        if low < 0 or high >= vocab_size:
+            raise ValueError(f"tokens: ids must lie in [0, {vocab_size}), got range "
+                             f"[{low}, {high}]")
+
+
+def _check_shapes(tokens: Tensor, attention_mask: Tensor | None,
+                  task_ids: Tensor | None) -> None:
     if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
         got = (f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, Tensor)
                else type(tokens).__name__)
         raise ValueError(f"tokens: expected a (B, T) long tensor, got {got}")
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
-        raise ValueError(f"tokens: ids must lie in [0, {vocab}), got range "
-                         f"[{int(tokens.min())}, {int(tokens.max())}]")
     if attention_mask is not None and attention_mask.shape != tokens.shape:
         raise ValueError(f"attention_mask: expected shape {tuple(tokens.shape)} like tokens, "
                          f"got {tuple(attention_mask.shape)}")
