@@ -49,9 +49,8 @@ class HeadGate(nn.Module, ABC):
                 raise ValueError(f"task_ids: a head gate over {self.n_tasks} tasks needs "
                                  "task_ids (B,) in the forward call")
             task_ids = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
-        if task_ids.numel() and (int(task_ids.min()) < 0 or int(task_ids.max()) >= self.n_tasks):
-            raise ValueError(f"task_ids: got range [{int(task_ids.min())}, "
-                             f"{int(task_ids.max())}], expected ids in [0, {self.n_tasks})")
+        # The id range is checked where data enters (``check_tokens(..., n_tasks=...)``,
+        # ``run_with_cache``), not here: reading ids on the host would sync every step.
         g = self.sample(task_ids).to(z.dtype)  # (B, H)
         return z * g[:, None, :, None]
 

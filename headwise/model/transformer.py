@@ -120,11 +120,14 @@ class Transformer(nn.Module):
 
 
 def check_tokens(tokens: Tensor, vocab_size: int, attention_mask: Tensor | None = None,
-                 task_ids: Tensor | None = None) -> None:
-    """Check model inputs where they enter: shapes, dtype and the token id range.
+                 task_ids: Tensor | None = None, n_tasks: int | None = None) -> None:
+    """Check model inputs where they enter: shapes, dtype, token ids and task ids ranges.
 
-    Reads the ids' minimum and maximum on the host (one synchronisation): call it once per
+    Reads the ids' minima and maxima on the host (one synchronisation): call it once per
     batch of outside data, not inside a training step.
+
+    Args:
+        n_tasks: check ``task_ids`` against ``[0, n_tasks)`` (models with task gates).
 
     Raises:
         ValueError: naming the tensor whose shape, dtype or range is wrong.
@@ -135,6 +138,18 @@ def check_tokens(tokens: Tensor, vocab_size: int, attention_mask: Tensor | None 
         if low < 0 or high >= vocab_size:
             raise ValueError(f"tokens: ids must lie in [0, {vocab_size}), got range "
                              f"[{low}, {high}]")
+    if n_tasks is not None and task_ids is not None and task_ids.numel():
+        low, high = torch.stack([task_ids.min(), task_ids.max()]).tolist()
+        if low < 0 or high >= n_tasks:
+            raise ValueError(f"task_ids: got range [{low}, {high}], expected ids in "
+                             f"[0, {n_tasks})")
+
+
+def gate_tasks(model: nn.Module) -> int | None:
+    """The number of tasks the model's installed head gates take (``None``: no gates)."""
+    gates = [getattr(m, "head_gate", None) for m in model.modules()]
+    counts = [int(getattr(g, "n_tasks", 1)) for g in gates if isinstance(g, nn.Module)]
+    return max(counts) if counts else None
 
 
 def _check_shapes(tokens: Tensor, attention_mask: Tensor | None,
