@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from headwise.cli.device_arg import add_device_argument
 from headwise.pipeline.output import console, print_outcome, set_threads
 
 
@@ -35,6 +36,7 @@ def register(subparsers: Any) -> None:
                    help="CPU threads for torch (default: torch's choice; 1 is fastest for tiny "
                         "models)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_device_argument(p, None, "the spec's train.device, itself auto by default")
     p.set_defaults(func=run)
 
 
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     outcome = train_run(Path(args.spec), out, resume=args.resume, enforce=args.enforce,
                         overwrite=args.overwrite, progress=not args.quiet,
                         allow_unenforced=args.allow_unenforced,
-                        enforce_budget=args.enforce_budget)
+                        enforce_budget=args.enforce_budget, device=args.device)
     if is_main_process():  # under torchrun, rank 0 writes the report and prints
         write_run_report(outcome.run_dir, outcome.compiled, outcome.contract,
                          outcome.enforcement)

@@ -9,7 +9,7 @@ right after it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -31,19 +31,21 @@ def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextM
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
-def forward(model: nn.Module, inner: nn.Module, batch: Batch, objectives: Sequence[Any],
-            bf16: bool, device: torch.device
+def forward(model: Callable[..., Tensor], inner: nn.Module, batch: Batch, objectives: Sequence[Any],
+            bf16: bool, device: torch.device, hooks: Sequence[Any] | None = None
             ) -> tuple[Tensor, list[tuple[Tensor, dict[str, Any]]]]:
     """Logits (B, T, V) and each objective's ``(weighted loss, logs)`` for one batch.
 
     Args:
-        model: what to call (the DDP wrapper or the model itself).
+        model: what to call (the DDP wrapper, a compiled model, or the model itself).
         inner: the unwrapped model, whose hook points the objectives' hooks attach to.
+        hooks: the objectives' hooks, made once by the caller (default: made here).
     """
     for obj in objectives:  # per-batch levers (e.g. stochastic ablation by task) see the batch
         if hasattr(obj, "prepare"):
             obj.prepare(batch)
-    hooks = [h for obj in objectives for h in obj.hooks()]
+    if hooks is None:
+        hooks = [h for obj in objectives for h in obj.hooks()]
     attached = inner.hooks(*hooks) if hooks else contextlib.nullcontext()  # type: ignore[operator]
     with autocast(device, bf16), attached:
         logits = model(batch.tokens, attention_mask=batch.attention_mask,

@@ -34,6 +34,7 @@ from headwise.train.checkpoint import (
     save_checkpoint,
 )
 from headwise.train.config import TrainConfig
+from headwise.train.device import place
 from headwise.train.distributed import DistContext, setup, teardown, wrap
 from headwise.train.evaluate import (
     EVAL_SEED_OFFSET,
@@ -101,7 +102,11 @@ class TrainResult:
 
 
 def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over trainable parameters: decay on tensors with >= 2 dims, none on 1-D ones."""
+    """AdamW over trainable parameters: decay on tensors with >= 2 dims, none on 1-D ones.
+
+    The fused kernel (one multi-tensor update instead of per-parameter ops) is used when every
+    parameter is a floating-point tensor on CPU or CUDA, where PyTorch implements it.
+    """
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
     for _, p in model.named_parameters():
@@ -109,8 +114,10 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
             (decay if p.dim() >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": config.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
+                for p in decay + no_decay)
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr,
-                             betas=config.betas)
+                             betas=config.betas, fused=fused or None)
 
 
 def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path | None = None,
@@ -155,6 +162,7 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
     for mix in (data, eval_data):
         if mix is not None and cfg is not None:
             mix.check_model(cfg.vocab_size, cfg.max_seq_len)
+    place(model, config.device, "train.device")
     ctx = setup(model)
     try:
         result = _run(model, data, config, out_dir, list(objectives), list(callbacks),
@@ -199,6 +207,10 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
                 obj.weight = info.objective_weights[obj.name]
         writer.truncate_after(start)
     ddp = wrap(model, ctx)
+    step_model = torch.compile(ddp) if config.compile else ddp
+    # Hooks are made once: the per-step work does not grow with the supervised heads, and a
+    # compiled model sees the same hook objects at every step (no recompilation).
+    hooks = [h for obj in objectives for h in obj.hooks()]
     bar = ProgressBar(config.steps, start, progress and ctx.is_main)
     state_metrics: dict[str, Any] = {}
     n_tasks = len(data.names)
@@ -216,7 +228,8 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
                 group["lr"] = lr
             batch = ctx.shard(data.sample(config.batch_size, gen)).to(device)
             model.train()
-            logits, terms = forward(ddp, model, batch, objectives, config.bf16, device)
+            logits, terms = forward(step_model, model, batch, objectives, config.bf16, device,
+                                    hooks)
             loss, step_stats = task_loss(logits, batch, n_tasks)
             total = loss + sum((t[0] for t in terms), torch.zeros((), device=loss.device))
             optimizer.zero_grad(set_to_none=True)
