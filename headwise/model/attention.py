@@ -57,6 +57,8 @@ class Attention(nn.Module):
         self.rotary = rotary
         self.dropout = dropout
         self.head_mask: HeadMaskFn | None = None
+        # (head mask, combined mask, rows with a key, SDPA mask) of the last padding-free call
+        self._memo: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
         self.head_gate: nn.Module | None = None
         self.hook_q = HookPoint(head_axis=2)  # (B, T, H, Dh)
         self.hook_k = HookPoint(head_axis=2, kv_group=self.group)  # (B, T, H_kv, Dh)
@@ -128,15 +130,18 @@ class Attention(nn.Module):
         head = self.head_mask(T, task_ids, device) if self.head_mask is not None else None
         if key_padding is None and head is None:
             return None
+        if key_padding is None and self._memo is not None and head is self._memo[0]:
+            return self._memo[1]  # the same mask object as last call: same combined mask
         allowed = torch.ones(1, 1, T, T, dtype=torch.bool, device=device)
         if self.causal:
             allowed = allowed.tril()
         if key_padding is not None:
             allowed = allowed & key_padding[:, None, None, :].bool()  # (B, 1, T, T)
         if head is not None:
-            if head.dim() == 3:
-                head = head[None]
-            allowed = allowed & head
+            allowed = allowed & (head[None] if head.dim() == 3 else head)
+            if key_padding is None:
+                row_ok = allowed.any(-1, keepdim=True)  # (1|B, H|1, T, 1)
+                self._memo = (head, allowed, row_ok, allowed | ~row_ok)
         return allowed
 
     def _fused(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:
@@ -146,8 +151,12 @@ class Attention(nn.Module):
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal,
                                                   enable_gqa=gqa)
         # A row with no allowed key would give NaN: let it attend everywhere, then zero it.
-        row_ok = allowed.any(-1, keepdim=True)  # (B|1, H|1, T, 1)
-        z = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~row_ok, dropout_p=p,
+        if self._memo is not None and allowed is self._memo[1]:  # a fixed per-head mask:
+            row_ok, sdpa_mask = self._memo[2], self._memo[3]  # computed once, not every step
+        else:
+            row_ok = allowed.any(-1, keepdim=True)  # (B|1, H|1, T, 1)
+            sdpa_mask = allowed | ~row_ok
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=p,
                                            enable_gqa=gqa)
         return z * row_ok
 

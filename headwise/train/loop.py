@@ -13,6 +13,7 @@ if never interrupted (bitwise on CPU).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -120,6 +121,28 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
                              betas=config.betas, fused=fused or None)
 
 
+def clip_grad_norm(params: Sequence[Tensor], max_norm: float) -> Tensor:
+    """Scale gradients so that their global L2 norm is at most ``max_norm``; return the norm.
+
+    The maths of ``torch.nn.utils.clip_grad_norm_`` (``coef = min(1, max_norm / (norm +
+    1e-6))``, per-tensor norms by ``_foreach_norm``, in place by ``_foreach_mul_``) without
+    its per-call grouping by device and dtype: a training run's parameters share one device,
+    grouped once by the caller. No host synchronisation.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    by_dtype: dict[torch.dtype, list[Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    norms = [n for group in by_dtype.values() for n in torch._foreach_norm(group, 2.0)]
+    total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for group in by_dtype.values():
+        torch._foreach_mul_(group, coef.to(group[0].dtype))
+    return total
+
+
 def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path | None = None,
           objectives: Sequence[Any] = (),
           callbacks: Sequence[Callable[[TrainState], None]] = (),
@@ -208,9 +231,11 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
         writer.truncate_after(start)
     ddp = wrap(model, ctx)
     step_model = torch.compile(ddp) if config.compile else ddp
-    # Hooks are made once: the per-step work does not grow with the supervised heads, and a
-    # compiled model sees the same hook objects at every step (no recompilation).
+    # Hooks are made and attached once (detached around evaluation and callbacks): the
+    # per-step work does not grow with the supervised heads, and a compiled model sees the
+    # same hook objects at every step (no recompilation).
     hooks = [h for obj in objectives for h in obj.hooks()]
+    attached = contextlib.ExitStack()
     bar = ProgressBar(config.steps, start, progress and ctx.is_main)
     state_metrics: dict[str, Any] = {}
     n_tasks = len(data.names)
@@ -221,22 +246,28 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
     since_log, t0 = 0, time.perf_counter()
     grad_norm: Tensor | None = None
     done = start
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    model.train()  # once: evaluation and callbacks restore it (re-set after them below)
     try:
+        if hooks:
+            attached.enter_context(model.hooks(*hooks))  # type: ignore[operator]
         for step in range(start, config.steps if not stopped else start):
             lr = config.lr_at(step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            batch = ctx.shard(data.sample(config.batch_size, gen)).to(device)
-            model.train()
+            batch = ctx.shard(data.sample(config.batch_size, gen))
+            if device.type != "cpu":
+                batch = batch.to(device)
             logits, terms = forward(step_model, model, batch, objectives, config.bf16, device,
-                                    hooks)
+                                    hooks=())
             loss, step_stats = task_loss(logits, batch, n_tasks)
-            total = loss + sum((t[0] for t in terms), torch.zeros((), device=loss.device))
+            total = loss
+            for term, _ in terms:
+                total = total + term
             optimizer.zero_grad(set_to_none=True)
             total.backward()
             if config.grad_clip > 0:
-                params = [p for g in optimizer.param_groups for p in g["params"]]
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+                grad_norm = clip_grad_norm(params, config.grad_clip)
             optimizer.step()
             done = step + 1
             stats += step_stats
@@ -259,6 +290,7 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
             else:
                 bar.update(done)
             if config.eval_every and (done % config.eval_every == 0 or done == config.steps):
+                attached.close()  # evaluation and callbacks see the model without them
                 state_metrics = evaluate(
                     model, eval_data, batch_size=config.batch_size,
                     n_batches=config.eval_batches, seed=config.seed + EVAL_SEED_OFFSET,
@@ -267,6 +299,9 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
                 writer.write(state_metrics)
                 stopped, extra = _call_back(callbacks, ctx, done, model, state_metrics, config,
                                             objectives, optimizer, out_dir, extra)
+                model.train()
+                if hooks:
+                    attached.enter_context(model.hooks(*hooks))  # type: ignore[operator]
             last = done == config.steps or stopped
             if out_dir is not None and config.checkpoint_every and (
                     done % config.checkpoint_every == 0 or last):
@@ -276,6 +311,7 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
             if stopped:
                 break
     finally:
+        attached.close()
         bar.close()
         writer.close()
     if done == start and config.eval_every:  # resumed at the end: report, but log nothing new
