@@ -196,3 +196,12 @@ def test_cuda_bf16_training_step_is_finite_and_close_to_float32() -> None:
     for a, b in zip(f32.parameters(), bf16.parameters(), strict=True):
         assert torch.isfinite(b).all()
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.slow
+def test_compiled_training_matches_eager() -> None:
+    """``train.compile: true`` trains the same model (to float tolerance) as eager mode."""
+    eager = _tiny_run("cpu", steps=3)
+    compiled = _tiny_run("cpu", steps=3, compile=True)
+    for (name, a), b in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
