@@ -137,7 +137,7 @@ class TaskLossWeight:
         targets = batch.targets.to(logits.device).masked_fill(~rows[:, None], IGNORE)
         valid = targets != IGNORE
         if not bool(valid.any()):
-            return logits.sum() * 0.0, {f"{self.name}/loss": 0.0}
+            return logits.sum() * 0.0, {f"{self.name}/loss": torch.zeros((), device=logits.device)}
         ce = F.cross_entropy(logits.float().transpose(1, 2), targets, ignore_index=IGNORE,
                              reduction="sum") / valid.sum()
         return self.weight * ce, {f"{self.name}/loss": ce.detach()}
