@@ -13,7 +13,6 @@ if never interrupted (bitwise on CPU).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import time
@@ -231,11 +230,10 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
         writer.truncate_after(start)
     ddp = wrap(model, ctx)
     step_model = torch.compile(ddp) if config.compile else ddp
-    # Hooks are made and attached once (detached around evaluation and callbacks): the
-    # per-step work does not grow with the supervised heads, and a compiled model sees the
-    # same hook objects at every step (no recompilation).
+    # Hooks are made once (attached around each training forward, after the objectives'
+    # ``prepare``, which may run forwards of its own): a compiled model sees the same hook
+    # objects at every step (no recompilation).
     hooks = [h for obj in objectives for h in obj.hooks()]
-    attached = contextlib.ExitStack()
     bar = ProgressBar(config.steps, start, progress and ctx.is_main)
     state_metrics: dict[str, Any] = {}
     n_tasks = len(data.names)
@@ -249,8 +247,6 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
     params = [p for g in optimizer.param_groups for p in g["params"]]
     model.train()  # once: evaluation and callbacks restore it (re-set after them below)
     try:
-        if hooks:
-            attached.enter_context(model.hooks(*hooks))  # type: ignore[operator]
         for step in range(start, config.steps if not stopped else start):
             lr = config.lr_at(step)
             for group in optimizer.param_groups:
@@ -259,7 +255,7 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
             if device.type != "cpu":
                 batch = batch.to(device)
             logits, terms = forward(step_model, model, batch, objectives, config.bf16, device,
-                                    hooks=())
+                                    hooks)
             loss, step_stats = task_loss(logits, batch, n_tasks)
             total = loss
             for term, _ in terms:
@@ -290,7 +286,6 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
             else:
                 bar.update(done)
             if config.eval_every and (done % config.eval_every == 0 or done == config.steps):
-                attached.close()  # evaluation and callbacks see the model without them
                 state_metrics = evaluate(
                     model, eval_data, batch_size=config.batch_size,
                     n_batches=config.eval_batches, seed=config.seed + EVAL_SEED_OFFSET,
@@ -300,8 +295,6 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
                 stopped, extra = _call_back(callbacks, ctx, done, model, state_metrics, config,
                                             objectives, optimizer, out_dir, extra)
                 model.train()
-                if hooks:
-                    attached.enter_context(model.hooks(*hooks))  # type: ignore[operator]
             last = done == config.steps or stopped
             if out_dir is not None and config.checkpoint_every and (
                     done % config.checkpoint_every == 0 or last):
@@ -311,7 +304,6 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
             if stopped:
                 break
     finally:
-        attached.close()
         bar.close()
         writer.close()
     if done == start and config.eval_every:  # resumed at the end: report, but log nothing new
