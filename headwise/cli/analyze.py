@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from headwise.cli.device_arg import add_device_argument
 from headwise.errors import SpecError
 from headwise.pipeline.output import check_destination, console, write_file
 
@@ -30,6 +31,7 @@ def register(subparsers: Any) -> None:
                                                   "per non-empty line)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (one record per "
                                                   "head under 'roles')")
+    add_device_argument(p, "cpu", "cpu")
     p.set_defaults(func=run)
 
 
@@ -42,18 +44,19 @@ def run(args: argparse.Namespace) -> int:
     if args.revision and not args.hf:
         raise SpecError("--revision: only used with --hf")
     check_destination(args.json, "--json")
-    result = _run(args.run) if args.run else _hf(args.hf, args.text, args.revision)
+    result = (_run(args.run, args.device) if args.run
+              else _hf(args.hf, args.text, args.revision, args.device))
     if args.json:
         write_file(args.json, json.dumps(result, indent=1), "--json")
         console().print(f"written: {args.json}")
     return 0
 
 
-def _run(run_dir: str) -> dict[str, Any]:
+def _run(run_dir: str, device: str) -> dict[str, Any]:
     from headwise.pipeline.analyze import analyse_run
     from headwise.pipeline.run import load_run
 
-    compiled = load_run(run_dir)
+    compiled = load_run(run_dir, device=device)
     analysis = analyse_run(compiled)
     out = console()
     out.print(analysis.roles.to_rich_table("role scores (held-out data; induction on repeated "
@@ -65,7 +68,7 @@ def _run(run_dir: str) -> dict[str, Any]:
     return {"run": run_dir, **analysis.to_dict()}
 
 
-def _hf(name: str, text: str | None, revision: str | None) -> dict[str, Any]:
+def _hf(name: str, text: str | None, revision: str | None, device: str) -> dict[str, Any]:
     from headwise.analysis.role_table import RoleTable
     from headwise.interop.analyze import analyze_hf
     from headwise.interop.hub_cache import resolve_model
@@ -82,7 +85,7 @@ def _hf(name: str, text: str | None, revision: str | None) -> dict[str, Any]:
         if not lines:
             raise SpecError(f"--text: {path} has no non-empty line")
         source = f"{len(lines)} lines of {path}"
-    records = analyze_hf(directory, content)
+    records = analyze_hf(directory, content, device=device)
     table = RoleTable.from_records(records)
     console().print(table.to_rich_table(f"role scores of {name} on {source}"))
     return {"model": name, "path": directory, "data": source, "roles": records}

@@ -8,6 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from headwise.cli.device_arg import add_device_argument
 from headwise.pipeline.output import console, print_outcome, set_threads
 
 DEMO_SPEC = "demo.yaml"
@@ -36,6 +37,7 @@ def register(subparsers: Any) -> None:
                    help="CPU threads for torch (default 1: the model is so small that more "
                         "threads only add synchronisation overhead)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_device_argument(p, None, "the spec's train.device, auto")
     p.set_defaults(func=run)
 
 
@@ -53,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     _check_out(Path(args.out))
     out.print(f"headwise demo: training {spec} -> {args.out}")
     start = time.perf_counter()
-    outcome = train_run(source, Path(args.out), overwrite=True, progress=not args.quiet)
+    outcome = train_run(source, Path(args.out), overwrite=True, progress=not args.quiet,
+                        device=args.device)
     write_run_report(outcome.run_dir, outcome.compiled, outcome.contract, outcome.enforcement)
     print_outcome(out, outcome)
     out.print(f"wall time {time.perf_counter() - start:.1f} s. Next: open "

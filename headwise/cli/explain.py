@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from headwise.cli.device_arg import add_device_argument
 from headwise.errors import SpecError
 from headwise.pipeline.output import check_destination, console, write_file
 
@@ -30,6 +31,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--task", help="task whose gates apply (default: the input's task, else the "
                                   "first task)")
     p.add_argument("--html", metavar="PATH", help="also write an HTML page with heatmaps")
+    add_device_argument(p, "cpu", "cpu")
     p.set_defaults(func=run)
 
 
@@ -38,9 +40,11 @@ def run(args: argparse.Namespace) -> int:
     from headwise.analysis.explain import explain_head
     from headwise.analysis.report_html import page
     from headwise.pipeline.run import load_run
+    from headwise.train.device import model_device
 
     check_destination(args.html, "--html")
-    compiled = load_run(args.run)
+    compiled = load_run(args.run, device=args.device)
+    device = model_device(compiled.model)
     config = compiled.spec.model.config
     names = compiled.task_names
     head = _head(args.head, config.n_layers, config.n_heads)
@@ -49,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
         if args.task not in names:
             raise SpecError(f"--task: got {args.task!r}, expected one of {list(names)}")
         task = names.index(args.task)
-    walk = explain_head(compiled.model, tokens, head, labels=_labels(tokens, config.vocab_size),
-                        task_ids=torch.tensor([task]))
+    walk = explain_head(compiled.model, tokens.to(device), head,
+                        labels=_labels(tokens, config.vocab_size),
+                        task_ids=torch.tensor([task], device=device))
     out = console()
     out.print(f"task: {names[task]}")
     out.print(walk.to_text(max_positions=24), markup=False)

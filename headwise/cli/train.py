@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from headwise.cli.device_arg import add_device_argument
 from headwise.pipeline.output import console, print_outcome, set_threads
 
 
@@ -39,6 +40,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--steps", type=int, default=None, metavar="N",
                    help="train for N steps instead of the spec's train.steps")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_device_argument(p, None, "the spec's train.device, itself auto by default")
     p.set_defaults(func=run)
 
 
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         outcome = train_run(Path(args.spec), out, resume=args.resume, enforce=args.enforce,
                             overwrite=args.overwrite, progress=not args.quiet,
                             steps=args.steps, allow_unenforced=args.allow_unenforced,
-                            enforce_budget=args.enforce_budget)
+                            enforce_budget=args.enforce_budget, device=args.device)
     except Interrupted as e:
         print(f"interrupted at step {e.step}; resume with: {resume}", file=sys.stderr)
         return 130

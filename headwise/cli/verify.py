@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from headwise.cli.device_arg import add_device_argument
 from headwise.pipeline.output import console
 
 
@@ -18,6 +19,7 @@ def register(subparsers: Any) -> None:
                     "Exit code 0: the contract holds; 1: it does not; 2: bad input.")
     p.add_argument("spec", help="the YAML spec whose contract to check")
     p.add_argument("--run", required=True, metavar="RUN", help="the run directory")
+    add_device_argument(p, "cpu", "cpu")
     p.set_defaults(func=run)
 
 
@@ -25,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     """Verify and print one row per clause."""
     from headwise.pipeline.run import verify_run
 
-    verdict = verify_run(Path(args.spec), args.run)
+    verdict = verify_run(Path(args.spec), args.run, args.device)
     out = console()
     out.print(verdict.to_rich_table())
     out.print(f"written: {args.run}/contract.json")

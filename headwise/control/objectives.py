@@ -6,6 +6,10 @@ Every objective follows the ``Objective`` protocol the trainer uses::
         logits = model(tokens, attention_mask)
     term, logs = obj.loss(tokens, attention_mask)   # weight * loss, per-head values
 
+``logs`` maps names to detached 0-d tensors (the same keys on every call), so a training step
+never synchronises with the host; the trainer sums them on the device and reads them once per
+log step.
+
 Pattern losses attach a ``Hook`` on ``blocks.{l}.attn.hook_pattern`` restricted to the
 supervised heads, so only those heads leave the fused (SDPA) path.
 
@@ -62,8 +66,8 @@ class Objective(Protocol):
         ...
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
-             ) -> tuple[Tensor, dict[str, float]]:
-        """``(weight * loss, {log name: unweighted value})`` after the forward pass."""
+             ) -> tuple[Tensor, dict[str, Tensor]]:
+        """``(weight * loss, {log name: detached 0-d tensor})`` after the forward pass."""
         ...
 
 
@@ -219,7 +223,7 @@ class PatternObjective:
         return self._capture.hooks()
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
-             ) -> tuple[Tensor, dict[str, float]]:
+             ) -> tuple[Tensor, dict[str, Tensor]]:
         """``weight * mean_heads(loss_head)`` and ``{"pattern/L0.H0": loss_head, ...}``."""
         Q, defined = pattern_target(self.target, tokens, attention_mask, self._capture.causal,
                                     self.window)
@@ -230,7 +234,7 @@ class PatternObjective:
             valid = defined & real & (P.detach().sum(-1) > 0.5)
             value = masked_mean(row_loss(P, Q.to(P.dtype), self.kind), valid)
             terms.append(value)
-            logs[f"{self.name}/{name}"] = float(value.detach())
+            logs[f"{self.name}/{name}"] = value.detach()
         total = torch.stack(terms).mean()
         return self.weight * total, logs
 
@@ -269,7 +273,7 @@ class EntropyBound:
         return self._capture.hooks()
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
-             ) -> tuple[Tensor, dict[str, float]]:
+             ) -> tuple[Tensor, dict[str, Tensor]]:
         """``weight * mean_heads(hinge)``; logs each head's mean normalised entropy."""
         role = role_target("entropy", tokens, attention_mask, self._capture.causal)
         terms, logs = [], {}
@@ -282,7 +286,7 @@ class EntropyBound:
             if self.max is not None:
                 hinge = hinge + torch.relu(ent - self.max)
             terms.append(masked_mean(hinge, valid))
-            logs[f"{self.name}/{name}"] = float(masked_mean(ent.detach(), valid))
+            logs[f"{self.name}/{name}"] = masked_mean(ent.detach(), valid)
         return self.weight * torch.stack(terms).mean(), logs
 
 
@@ -321,7 +325,7 @@ class RoleBound:
         return self._capture.hooks()
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
-             ) -> tuple[Tensor, dict[str, float]]:
+             ) -> tuple[Tensor, dict[str, Tensor]]:
         """``weight * mean_heads(hinge)``; logs each head's mean row score."""
         target = role_target(self.role, tokens, attention_mask, self._capture.causal,
                              self.window)
@@ -335,7 +339,7 @@ class RoleBound:
             if self.max is not None:
                 hinge = hinge + torch.relu(score - self.max)
             terms.append(masked_mean(hinge, valid))
-            logs[f"{self.name}/{name}"] = float(masked_mean(score.detach(), valid))
+            logs[f"{self.name}/{name}"] = masked_mean(score.detach(), valid)
         return self.weight * torch.stack(terms).mean(), logs
 
 

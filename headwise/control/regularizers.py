@@ -46,6 +46,7 @@ class HeadDiversity:
         self.name = "diversity"
         self.weight = float(weight)
         self.layer, self.on, self.n_heads = layer, on, n_heads
+        self._log_names = [f"{self.name}/L{layer}.H{h}" for h in range(n_heads)]
         self._value: Tensor | None = None
 
     def hooks(self) -> list[Hook]:
@@ -55,7 +56,7 @@ class HeadDiversity:
         return [Hook(f"blocks.{self.layer}.attn.{point}", grab, tuple(range(self.n_heads)))]
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
-             ) -> tuple[Tensor, dict[str, float]]:
+             ) -> tuple[Tensor, dict[str, Tensor]]:
         if self._value is None:
             raise RuntimeError(f"no value captured for layer {self.layer}: run the forward "
                                "inside `with model.hooks(*objective.hooks())`")
@@ -69,8 +70,8 @@ class HeadDiversity:
             sim = zn @ zn.transpose(-1, -2)  # (B, T, H, H)
         w = real.to(sim.dtype)[..., None, None]
         pair = (sim * w).sum((0, 1)) / w.sum().clamp_min(1.0)  # (H, H)
-        logs = {f"{self.name}/L{self.layer}.H{h}": float(pair[h].mean().detach())
-                for h in range(self.n_heads)}
+        per_head = pair.detach().mean(-1)  # (H,)
+        logs = dict(zip(self._log_names, per_head.unbind(), strict=True))
         return self.weight * pair.mean(), logs
 
 
@@ -116,7 +117,7 @@ class FFNPenalty:
         return [Hook(f"blocks.{l}.hook_mlp_out", grab(l)) for l in self.layers]
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
-             ) -> tuple[Tensor, dict[str, float]]:
+             ) -> tuple[Tensor, dict[str, Tensor]]:
         real = (attention_mask.bool() if attention_mask is not None
                 else torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device))
         terms, logs = [], {}
@@ -132,5 +133,5 @@ class FFNPenalty:
                 per_pos = (m - tgt.to(m)).pow(2).mean(-1)
             value = masked_mean(per_pos, real)
             terms.append(value)
-            logs[f"{self.name}/L{l}"] = float(value.detach())
+            logs[f"{self.name}/L{l}"] = value.detach()
         return self.weight * torch.stack(terms).mean(), logs

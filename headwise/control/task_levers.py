@@ -92,9 +92,9 @@ class StochasticAblation:
                 for l in self.heads.layers]
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
-             ) -> tuple[Tensor, dict[str, float]]:
+             ) -> tuple[Tensor, dict[str, Tensor]]:
         """No loss term of its own (it acts on the forward); logs the share ablated."""
-        share = 0.0 if self._keep is None else float(1.0 - self._keep.mean())
+        share = torch.zeros(()) if self._keep is None else 1.0 - self._keep.mean()  # CPU draw
         self._keep = None
         return torch.zeros((), device=tokens.device), {f"{self.name}/ablated": share}
 
@@ -126,7 +126,7 @@ class TaskLossWeight:
         return [Hook("hook_logits", grab)]
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
-             ) -> tuple[Tensor, dict[str, float]]:
+             ) -> tuple[Tensor, dict[str, Tensor]]:
         """``weight * CE`` over the task's scored positions in the last batch (0 if none)."""
         logits, batch = self._logits, self._batch
         self._logits = self._batch = None
@@ -137,10 +137,10 @@ class TaskLossWeight:
         targets = batch.targets.to(logits.device).masked_fill(~rows[:, None], IGNORE)
         valid = targets != IGNORE
         if not bool(valid.any()):
-            return logits.sum() * 0.0, {f"{self.name}/loss": 0.0}
+            return logits.sum() * 0.0, {f"{self.name}/loss": torch.zeros((), device=logits.device)}
         ce = F.cross_entropy(logits.float().transpose(1, 2), targets, ignore_index=IGNORE,
                              reduction="sum") / valid.sum()
-        return self.weight * ce, {f"{self.name}/loss": float(ce.detach())}
+        return self.weight * ce, {f"{self.name}/loss": ce.detach()}
 
 
 class OnProbeData:
@@ -163,7 +163,7 @@ class OnProbeData:
         self.inner = inner
         self.sample = sample
         self.name = inner.name
-        self._term: tuple[Tensor, dict[str, float]] | None = None
+        self._term: tuple[Tensor, dict[str, Tensor]] | None = None
 
     @property
     def weight(self) -> float:
@@ -189,6 +189,6 @@ class OnProbeData:
         return []
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
-             ) -> tuple[Tensor, dict[str, float]]:
+             ) -> tuple[Tensor, dict[str, Tensor]]:
         term, self._term = self._term, None
         return term if term is not None else (torch.zeros((), device=tokens.device), {})

@@ -138,6 +138,12 @@ def run_with_cache(model: nn.Module, tokens: Tensor,
     Returns:
         ``(logits, cache)``.
     """
+    from headwise.model.transformer import check_tokens, gate_tasks
+
+    embed = getattr(model, "embed", None)
+    if isinstance(embed, nn.Embedding):  # data entering from outside: checked once here
+        check_tokens(tokens, embed.num_embeddings, kwargs.get("attention_mask"),
+                     kwargs.get("task_ids"), gate_tasks(model))
     points = _points(model)
     selected = [n for n in points if names(n)] if callable(names) else list(names)
     layer_heads = _layer_heads(model, heads)

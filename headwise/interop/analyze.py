@@ -18,7 +18,7 @@ COPYING_MAX_VOCAB = 4096
 def analyze_hf(path: str | Path, text: str | Sequence[str] | None = None,
                roles: Sequence[str] | None = None, n_probe: int = 16,
                probe_half_len: int = 24, seed: int = 0,
-               revision: str | None = None) -> list[dict[str, Any]]:
+               revision: str | None = None, device: str = "cpu") -> list[dict[str, Any]]:
     """Load an HF checkpoint and score every head's roles.
 
     Args:
@@ -33,6 +33,7 @@ def analyze_hf(path: str | Path, text: str | Sequence[str] | None = None,
             more than ``COPYING_MAX_VOCAB`` tokens; ask for it explicitly to get it anyway.
         n_probe, probe_half_len, seed: the random probe's size and seed.
         revision: with a model id, the cached branch, tag or commit (default ``main``).
+        device: where the model runs (auto, cpu, cuda, cuda:N).
 
     Returns:
         One record per head, ``{"layer", "head", <role>: score | None}`` in layer-major order
@@ -44,9 +45,11 @@ def analyze_hf(path: str | Path, text: str | Sequence[str] | None = None,
     """
     from headwise.analysis.probes import induction_probe
     from headwise.analysis.roles import ROLES, role_scores
+    from headwise.train.device import place
 
     path = resolve_model(path, revision, field="path", revision_field="revision")
     model = load_hf(path)
+    dev = place(model, device, "--device")
     c = model.config
     if roles is None:
         roles = [r for r in ROLES if r != "copying" or c.vocab_size <= COPYING_MAX_VOCAB]
@@ -61,5 +64,6 @@ def analyze_hf(path: str | Path, text: str | Sequence[str] | None = None,
         if not lines:
             raise ValueError("text: got no non-empty line, expected at least one sentence")
         tokens, mask = encode_batch(load_tokenizer(path), lines, max_len=c.max_seq_len)
-    table = role_scores(model, tokens, mask, roles=roles)
+    table = role_scores(model, tokens.to(dev), mask.to(dev) if mask is not None else None,
+                        roles=roles)
     return table.to_records()

@@ -6,8 +6,8 @@ from headwise.model.build import build_model
 from headwise.model.mlp import MLP, GatedMLP
 from headwise.model.norm import LayerNorm, RMSNorm
 from headwise.model.positional import LearnedPositional, Rotary, SinusoidalPositional
-from headwise.model.transformer import Transformer
+from headwise.model.transformer import Transformer, check_tokens
 
 __all__ = ["MLP", "Attention", "GatedMLP", "LayerNorm", "LearnedPositional", "PostNormBlock",
            "PreNormBlock", "RMSNorm", "Rotary", "SinusoidalPositional", "Transformer",
-           "build_model"]
+           "build_model", "check_tokens"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +58,10 @@ class Attention(nn.Module):
         self.rotary = rotary
         self.dropout = dropout
         self.head_mask: HeadMaskFn | None = None
+        # (head mask, combined mask, rows with a key, SDPA mask) of the last padding-free call
+        self._memo: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+        self._index_memo: dict[tuple[tuple[int, ...], torch.device], tuple[Tensor, Tensor]] = {}
+        self._explicit_memo: tuple[Any, Tensor | None, Tensor | None] | None = None
         self.head_gate: nn.Module | None = None
         self.hook_q = HookPoint(head_axis=2)  # (B, T, H, Dh)
         self.hook_k = HookPoint(head_axis=2, kv_group=self.group)  # (B, T, H_kv, Dh)
@@ -112,7 +117,7 @@ class Attention(nn.Module):
             z = self._fused(q, k, v, allowed)  # (B, H, T, Dh)
         if explicit:
             z_exp = self._explicit(q, k, v, allowed, explicit)  # (B, h, T, Dh)
-            idx = torch.tensor(explicit, device=x.device)
+            idx = self._head_index(explicit, x.device)[0]
             z = z_exp if z is None else z.index_copy(1, idx, z_exp)
         assert z is not None
         z = self.hook_z(z.transpose(1, 2))  # (B, T, H, Dh)
@@ -128,57 +133,89 @@ class Attention(nn.Module):
         head = self.head_mask(T, task_ids, device) if self.head_mask is not None else None
         if key_padding is None and head is None:
             return None
+        if key_padding is None and self._memo is not None and head is self._memo[0]:
+            return self._memo[1]  # the same mask object as last call: same combined mask
         allowed = torch.ones(1, 1, T, T, dtype=torch.bool, device=device)
         if self.causal:
             allowed = allowed.tril()
         if key_padding is not None:
             allowed = allowed & key_padding[:, None, None, :].bool()  # (B, 1, T, T)
         if head is not None:
-            if head.dim() == 3:
-                head = head[None]
-            allowed = allowed & head
+            allowed = allowed & (head[None] if head.dim() == 3 else head)
+            if key_padding is None:
+                row_ok = allowed.any(-1, keepdim=True)  # (1|B, H|1, T, 1)
+                self._memo = (head, allowed, row_ok, allowed | ~row_ok)
         return allowed
 
     def _fused(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:
         p = self.dropout if self.training else 0.0
-        gqa = self.group > 1
+        k, v, gqa = gqa_kv(k, v, self.group, masked=allowed is not None)
         if allowed is None:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal,
                                                   enable_gqa=gqa)
         # A row with no allowed key would give NaN: let it attend everywhere, then zero it.
-        row_ok = allowed.any(-1, keepdim=True)  # (B|1, H|1, T, 1)
-        z = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~row_ok, dropout_p=p,
+        if self._memo is not None and allowed is self._memo[1]:  # a fixed per-head mask:
+            row_ok, sdpa_mask = self._memo[2], self._memo[3]  # computed once, not every step
+        else:
+            row_ok = allowed.any(-1, keepdim=True)  # (B|1, H|1, T, 1)
+            sdpa_mask = allowed | ~row_ok
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=p,
                                            enable_gqa=gqa)
         return z * row_ok
 
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None,
                   heads: tuple[int, ...]) -> Tensor:
-        idx = torch.tensor(heads, device=q.device)
-        kv_idx = idx // self.group
+        idx, kv_idx = self._head_index(heads, q.device)
         qh = q.index_select(1, idx)  # (B, h, T, Dh)
         kh = k.index_select(1, kv_idx)  # (B, h, T, Dh)
         vh = v.index_select(1, kv_idx)
         # Scale q, not the (T, T) scores, and mask in place: each pass over (B, h, T, T) counts.
         scores = (qh * (1.0 / math.sqrt(self.d_head))) @ kh.transpose(-1, -2)  # (B, h, T, T)
-        T = q.shape[2]
-        if allowed is None and self.causal:
-            allowed = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()[None, None]
-        row_ok = None
-        if allowed is not None:
-            if allowed.shape[1] > 1:
-                allowed = allowed.index_select(1, idx)
-            scores = scores.masked_fill_(~allowed, float("-inf"))
-            row_ok = allowed.any(-1, keepdim=True)  # (B|1, h|1, T, 1)
-            if bool(row_ok.all()):
-                row_ok = None  # every query has a key (e.g. causal only): plain softmax
+        blocked, no_key = self._explicit_masks(allowed, heads, idx, q.shape[2], q.device)
+        if blocked is not None:
+            scores = scores.masked_fill_(blocked, float("-inf"))
         scores = self.hook_attn_scores(scores, heads)
-        if row_ok is not None:
-            pattern = torch.softmax(scores.masked_fill(~row_ok, 0.0), dim=-1) * row_ok
+        if no_key is not None:
+            pattern = torch.softmax(scores.masked_fill(no_key, 0.0), dim=-1).masked_fill(
+                no_key, 0.0)
         else:
             pattern = torch.softmax(scores, dim=-1)
         pattern = self.hook_pattern(pattern, heads)  # (B, h, T, T)
-        pattern = F.dropout(pattern, self.dropout, self.training)
+        if self.dropout and self.training:
+            pattern = F.dropout(pattern, self.dropout, True)
         return pattern @ vh  # (B, h, T, Dh)
+
+    def _head_index(self, heads: tuple[int, ...], device: torch.device) -> tuple[Tensor, Tensor]:
+        """Index tensors of the explicit heads and their kv heads (made once per heads/device)."""
+        key = (heads, device)
+        if key not in self._index_memo:
+            idx = torch.tensor(heads, device=device)
+            self._index_memo[key] = (idx, idx // self.group)
+        return self._index_memo[key]
+
+    def _explicit_masks(self, allowed: Tensor | None, heads: tuple[int, ...], idx: Tensor,
+                        T: int, device: torch.device) -> tuple[Tensor | None, Tensor | None]:
+        """``(blocked keys, query rows without a key)`` for the explicit heads, or ``None``s.
+
+        Causal-only rows always keep their diagonal key: a plain softmax, decided without
+        reading the mask's values (no host synchronisation). For no mask or a fixed per-head
+        mask (the same objects as at the last call) the result is memoised.
+        """
+        fixed = allowed is None or (self._memo is not None and allowed is self._memo[1])
+        key = (id(allowed), heads, T, device)
+        if fixed and self._explicit_memo is not None and self._explicit_memo[0] == key:
+            return self._explicit_memo[1], self._explicit_memo[2]
+        blocked = no_key = None
+        if allowed is None and self.causal:
+            blocked = ~torch.ones(T, T, dtype=torch.bool, device=device).tril()[None, None]
+        elif allowed is not None:
+            if allowed.shape[1] > 1:
+                allowed = allowed.index_select(1, idx)
+            blocked = ~allowed
+            no_key = ~allowed.any(-1, keepdim=True)  # (B|1, h|1, T, 1)
+        if fixed:
+            self._explicit_memo = (key, blocked, no_key)
+        return blocked, no_key
 
     def _per_head_result(self, z: Tensor) -> Tensor:
         """Per-head contributions to the residual (``hook_result``), then their sum + bias."""
@@ -189,6 +226,24 @@ class Attention(nn.Module):
         out = result.sum(2)
         bias = getattr(self.o_proj, "bias", None)
         return out + bias if bias is not None else out
+
+
+def gqa_kv(k: Tensor, v: Tensor, group: int, masked: bool) -> tuple[Tensor, Tensor, bool]:
+    """k and v (B, H_kv, T, Dh) as SDPA should get them, and its ``enable_gqa`` flag.
+
+    ``enable_gqa`` is kept only for an unmasked half-precision call: on CUDA only the flash
+    backend supports it, and flash takes neither a mask nor float32, so any other call would
+    fall back to the math kernel (full T x T scores). There k/v are expanded to all H heads
+    (``repeat_interleave`` over the group, as HuggingFace does), which every backend supports.
+
+    Returns:
+        ``(k, v, enable_gqa)``; k/v unchanged when ``group == 1`` or ``enable_gqa`` is True.
+    """
+    if group == 1:
+        return k, v, False
+    if not masked and k.dtype in (torch.float16, torch.bfloat16):
+        return k, v, True
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), False
 
 
 def _effective_weight(linear: nn.Module) -> Tensor:

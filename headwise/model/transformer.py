@@ -68,10 +68,14 @@ class Transformer(nn.Module):
             token_type_ids: (B, T) segment ids (models with ``n_token_types`` > 0).
             task_ids: (B,) task index per example (task masks and gates).
 
+        Token ids are not range-checked here (that would read them on the host at every
+        call, a synchronisation and a graph break); data enters through ``check_tokens``
+        (data mixtures, ``run_with_cache``, the CLI).
+
         Raises:
-            ValueError: naming the tensor whose shape, dtype or range is wrong.
+            ValueError: naming the tensor whose shape or dtype is wrong.
         """
-        _check_inputs(tokens, attention_mask, task_ids, self.embed.num_embeddings)
+        _check_shapes(tokens, attention_mask, task_ids)
         B, T = tokens.shape
         x = self.hook_embed(self.embed(tokens))  # (B, T, D)
         if self.pos_embed is not None:
@@ -115,15 +119,45 @@ class Transformer(nn.Module):
         return run_with_cache(self, tokens, names, heads=heads, detach=detach, **kwargs)
 
 
-def _check_inputs(tokens: Tensor, attention_mask: Tensor | None, task_ids: Tensor | None,
-                  vocab: int) -> None:
+def check_tokens(tokens: Tensor, vocab_size: int, attention_mask: Tensor | None = None,
+                 task_ids: Tensor | None = None, n_tasks: int | None = None) -> None:
+    """Check model inputs where they enter: shapes, dtype, token ids and task ids ranges.
+
+    Reads the ids' minima and maxima on the host (one synchronisation): call it once per
+    batch of outside data, not inside a training step.
+
+    Args:
+        n_tasks: check ``task_ids`` against ``[0, n_tasks)`` (models with task gates).
+
+    Raises:
+        ValueError: naming the tensor whose shape, dtype or range is wrong.
+    """
+    _check_shapes(tokens, attention_mask, task_ids)
+    if tokens.numel():
+        low, high = torch.stack([tokens.min(), tokens.max()]).tolist()
+        if low < 0 or high >= vocab_size:
+            raise ValueError(f"tokens: ids must lie in [0, {vocab_size}), got range "
+                             f"[{low}, {high}]")
+    if n_tasks is not None and task_ids is not None and task_ids.numel():
+        low, high = torch.stack([task_ids.min(), task_ids.max()]).tolist()
+        if low < 0 or high >= n_tasks:
+            raise ValueError(f"task_ids: got range [{low}, {high}], expected ids in "
+                             f"[0, {n_tasks})")
+
+
+def gate_tasks(model: nn.Module) -> int | None:
+    """The number of tasks the model's installed head gates take (``None``: no gates)."""
+    gates = [getattr(m, "head_gate", None) for m in model.modules()]
+    counts = [int(getattr(g, "n_tasks", 1)) for g in gates if isinstance(g, nn.Module)]
+    return max(counts) if counts else None
+
+
+def _check_shapes(tokens: Tensor, attention_mask: Tensor | None,
+                  task_ids: Tensor | None) -> None:
     if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
         got = (f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, Tensor)
                else type(tokens).__name__)
         raise ValueError(f"tokens: expected a (B, T) long tensor, got {got}")
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
-        raise ValueError(f"tokens: ids must lie in [0, {vocab}), got range "
-                         f"[{int(tokens.min())}, {int(tokens.max())}]")
     if attention_mask is not None and attention_mask.shape != tokens.shape:
         raise ValueError(f"attention_mask: expected shape {tuple(tokens.shape)} like tokens, "
                          f"got {tuple(attention_mask.shape)}")

@@ -33,6 +33,7 @@ from headwise.pipeline.probes import spec_probes
 from headwise.spec import Spec, load_spec, spec_from_dict
 from headwise.spec.yaml_io import parse_yaml, read_spec_text
 from headwise.train import TrainResult, clean_checkpoints, list_checkpoints, train
+from headwise.train.device import check_device_name, model_device, place, resolve_device
 from headwise.train.manifest import MANIFEST, verify_manifest, write_manifest
 from headwise.train.safetensors_io import write_bytes_atomic
 
@@ -66,8 +67,19 @@ def verify_data(compiled: Compiled) -> VerifyData:
 
     Probes: ``default`` (the held-out mixture), each task's name (its part of it),
     ``repeated`` (random halves repeated once, sized by the training data) and the spec's
-    declared probes (``headwise.pipeline.probes``).
+    declared probes (``headwise.pipeline.probes``). The
+    batches are drawn on the CPU (seeded) and placed on the model's device.
     """
+    data = _verify_data_cpu(compiled)
+    device = model_device(compiled.model)
+    if device.type == "cpu":
+        return data
+    return VerifyData(tasks={k: b.to(device) for k, b in data.tasks.items()},
+                      probes={k: b.to(device) for k, b in data.probes.items()},
+                      n_boot=data.n_boot)
+
+
+def _verify_data_cpu(compiled: Compiled) -> VerifyData:
     batch = compiled.eval_batch
     tasks: dict[str, Batch] = {}
     for i, name in enumerate(compiled.task_names):
@@ -182,17 +194,20 @@ def write_json(path: Path, data: Any) -> None:
 def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
               enforce: bool = False, overwrite: bool = False,
               progress: bool = True, allow_unenforced: bool = False,
-              enforce_budget: float = 1.0, steps: int | None = None) -> RunOutcome:
+              enforce_budget: float = 1.0, steps: int | None = None,
+              device: str | None = None) -> RunOutcome:
     """Train a spec into ``out``, verify its contract and write the report.
 
     With ``enforce``, training stops at the first evaluation point where the contract holds and
     never runs past ``train.steps x enforce_budget`` (1 to 1.3; the schedule spans the budget).
+    ``device`` overrides the spec's ``train.device`` (``--device``).
 
     ``steps`` overrides ``train.steps`` (``headwise train --steps N``).
 
     Raises:
         SpecError: an invalid spec, ``--enforce`` without evaluation points, or (unless
             ``allow_unenforced``) a clause no lever can move under ``--enforce``.
+        ConfigError: an unknown or unavailable device.
         CheckpointError: ``resume`` from a corrupt checkpoint.
     """
     from headwise.enforce import Enforcer, plan, summary
@@ -205,6 +220,9 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
         raise SpecError("--enforce-budget: given without --enforce; expected both or neither")
     if steps is not None:
         spec = with_steps(spec, steps)
+    if device is not None:
+        spec = dataclasses.replace(spec, train=dataclasses.replace(
+            spec.train, device=check_device_name(device, "--device")))
     if enforce and spec.train.eval_every == 0:
         raise SpecError("train.eval_every: got 0, expected an integer >= 1 with --enforce "
                         "(enforcement acts at evaluation points)")
@@ -213,8 +231,9 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     out = Path(out)
     check_training_memory(spec)
     compiled = compile_spec(spec)
+    place(compiled.model, spec.train.device, "--device" if device is not None else "train.device")
     contract = contract_of(spec)
-    data = verify_data(compiled)
+    data = verify_data(compiled)  # on the training device: enforcement verifies mid-run
     callbacks = []
     if enforce:
         levers = plan(compiled, contract)
@@ -239,7 +258,9 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
                    objectives=compiled.objectives, callbacks=callbacks,
                    optimizer_hooks=compiled.optimizer_hooks, resume=resume,
                    eval_data=compiled.eval_data, progress=progress)
-    compiled.model.to("cpu")  # DDP on GPU moves it; verification and reports run on CPU
+    if model_device(compiled.model).type != "cpu":  # verification and reports run on CPU
+        compiled.model.to("cpu")
+        data = verify_data(compiled)
     verdict = verify(compiled.model, contract, data) if spec.contract else None
     enforcement = None
     if enforce and verdict is not None:
@@ -286,13 +307,20 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def load_run(run: str | Path, spec_source: str | Path | None = None) -> Compiled:
+def load_run(run: str | Path, spec_source: str | Path | None = None,
+             device: str = "cpu") -> Compiled:
     """Rebuild a trained run's model with its levers from its (or the given) spec.
+
+    Args:
+        device: where to put the model (``--device``: auto, cpu, cuda, cuda:N); the weights
+            load on any device.
 
     Raises:
         CheckpointError: ``run`` is not a finished run directory.
         SpecError: the spec is invalid.
+        ConfigError: an unknown or unavailable device.
     """
+    resolve_device(device, "--device")  # an unavailable device fails before any work
     run = Path(run)
     if not run.is_dir():
         raise CheckpointError(f"{run}: no such run directory")
@@ -313,18 +341,19 @@ def load_run(run: str | Path, spec_source: str | Path | None = None) -> Compiled
         spec = spec_from_dict(parse_yaml(text, name),
                               base=Path(spec_dir) if spec_dir else run, text=text)
     compiled = compile_spec(spec, weights=weights)
+    place(compiled.model, device, "--device")
     compiled.model.eval()
     return compiled
 
 
-def verify_run(spec_source: str | Path, run: str | Path) -> ContractResult:
+def verify_run(spec_source: str | Path, run: str | Path, device: str = "cpu") -> ContractResult:
     """Verify ``spec``'s contract on the trained ``run``; writes ``run/contract.json``.
 
     Raises:
         SpecError: the spec has no contract, or is invalid.
         CheckpointError: the run's weights do not fit the spec's model.
     """
-    compiled = load_run(run, spec_source)
+    compiled = load_run(run, spec_source, device)
     if not compiled.spec.contract:
         raise SpecError("contract: missing; expected a list of clauses to verify")
     verdict = verify(compiled.model, contract_of(compiled.spec), verify_data(compiled))

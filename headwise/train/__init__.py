@@ -10,6 +10,7 @@ from headwise.train.checkpoint import (
     save_checkpoint,
 )
 from headwise.train.config import TrainConfig
+from headwise.train.device import resolve_device
 from headwise.train.evaluate import EVAL_SEED_OFFSET, evaluate
 from headwise.train.loop import TrainResult, TrainState, make_optimizer, train
 from headwise.train.metrics import task_loss
@@ -18,6 +19,6 @@ from headwise.train.safetensors_io import load_weights, save_weights
 __all__ = [
     "EVAL_SEED_OFFSET", "CheckpointInfo", "TrainConfig", "TrainResult", "TrainState",
     "checkpoint_dir", "clean_checkpoints", "evaluate", "latest_checkpoint", "list_checkpoints",
-    "load_checkpoint", "load_weights", "make_optimizer", "save_checkpoint", "save_weights",
-    "task_loss", "train",
+    "load_checkpoint", "load_weights", "make_optimizer", "resolve_device", "save_checkpoint",
+    "save_weights", "task_loss", "train",
 ]

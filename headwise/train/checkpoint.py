@@ -290,6 +290,9 @@ def _optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer,
     return groups
 
 
+_IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
+
+
 def _load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer,
                     groups: list[dict[str, Any]], tensors: dict[str, Tensor],
                     file: Path) -> None:
@@ -320,8 +323,11 @@ def _load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer,
                                   f"expected {tuple(params[pname].shape)}")
         state.setdefault(index[pname], {})[skey] = value
     sd_groups = []
-    for saved, current in zip(groups, names, strict=True):
+    for saved, current, now in zip(groups, names, optimizer.param_groups, strict=True):
         g = {k: (tuple(v) if k == "betas" else v) for k, v in saved.items() if k != "params"}
+        # How the update is computed is this run's choice (a CPU checkpoint may resume on a
+        # GPU with the fused kernel, and back): it changes no saved state.
+        g.update({k: now[k] for k in _IMPLEMENTATION_KEYS if k in now})
         g["params"] = [index[n] for n in current]
         sd_groups.append(g)
     optimizer.load_state_dict({"state": state, "param_groups": sd_groups})

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from headwise.errors import ConfigError, did_you_mean, field_error
+from headwise.train.device import check_device_name
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,11 @@ class TrainConfig:
         eval_batches: evaluation batches of ``batch_size`` examples each.
         checkpoint_every: save a checkpoint every this many steps and at the end; 0: never.
         log_every: write a training line to ``metrics.jsonl`` every this many steps.
-        bf16: run forward passes under bfloat16 autocast.
+        bf16: run forward passes under bfloat16 autocast (on whatever device trains).
+        device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``;
+            checked for syntax here and for availability when training starts.
+        compile: wrap the model's forward in ``torch.compile`` for training (see
+            docs/benchmarks.md for when it pays); the weights and checkpoints are unchanged.
         log: where metrics go: ``jsonl`` (``metrics.jsonl``, always; the report and resume
             read it) and optionally ``tensorboard`` (event files in ``out_dir/tensorboard``;
             needs the ``headwise[tensorboard]`` extra, see ``headwise.train.tensorboard``).
@@ -54,6 +59,8 @@ class TrainConfig:
     log_every: int = 10
     bf16: bool = False
     log: tuple[str, ...] = ("jsonl",)
+    device: str = "auto"
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for name, low in (("steps", 1), ("batch_size", 1), ("warmup_steps", 0), ("seed", 0),
@@ -75,8 +82,10 @@ class TrainConfig:
                 or not all(_number(b) and 0 <= b < 1 for b in betas)):
             raise field_error("betas", betas, "two numbers in [0, 1), e.g. [0.9, 0.999]")
         object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
-        if not isinstance(self.bf16, bool):
-            raise field_error("bf16", self.bf16, "true or false")
+        for name in ("bf16", "compile"):
+            if not isinstance(getattr(self, name), bool):
+                raise field_error(name, getattr(self, name), "true or false")
+        check_device_name(self.device)
         object.__setattr__(self, "log", _log_sinks(self.log))
         if self.warmup_steps > self.steps:
             raise field_error("warmup_steps", self.warmup_steps,

@@ -2,13 +2,14 @@
 
 Objectives are duck-typed (``headwise.control`` defines them): ``obj.name``, ``obj.weight``,
 ``obj.hooks() -> list[Hook]`` (attached to the inner model during the forward) and
-``obj.loss(tokens, attention_mask) -> (weighted scalar, {name: float})`` called right after it.
+``obj.loss(tokens, attention_mask) -> (weighted scalar, {name: detached 0-d tensor})`` called
+right after it.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -30,18 +31,21 @@ def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextM
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
-def forward(model: nn.Module, inner: nn.Module, batch: Batch, objectives: Sequence[Any],
-            bf16: bool, device: torch.device) -> tuple[Tensor, list[tuple[Tensor, dict]]]:
+def forward(model: Callable[..., Tensor], inner: nn.Module, batch: Batch, objectives: Sequence[Any],
+            bf16: bool, device: torch.device, hooks: Sequence[Any] | None = None
+            ) -> tuple[Tensor, list[tuple[Tensor, dict[str, Any]]]]:
     """Logits (B, T, V) and each objective's ``(weighted loss, logs)`` for one batch.
 
     Args:
-        model: what to call (the DDP wrapper or the model itself).
+        model: what to call (the DDP wrapper, a compiled model, or the model itself).
         inner: the unwrapped model, whose hook points the objectives' hooks attach to.
+        hooks: the objectives' hooks, made once by the caller (default: made here).
     """
     for obj in objectives:  # per-batch levers (e.g. stochastic ablation by task) see the batch
         if hasattr(obj, "prepare"):
             obj.prepare(batch)
-    hooks = [h for obj in objectives for h in obj.hooks()]
+    if hooks is None:
+        hooks = [h for obj in objectives for h in obj.hooks()]
     attached = inner.hooks(*hooks) if hooks else contextlib.nullcontext()  # type: ignore[operator]
     with autocast(device, bf16), attached:
         logits = model(batch.tokens, attention_mask=batch.attention_mask,
@@ -50,41 +54,90 @@ def forward(model: nn.Module, inner: nn.Module, batch: Batch, objectives: Sequen
         for obj in objectives:
             value, logs = obj.loss(batch.tokens, batch.attention_mask)
             terms.append((torch.as_tensor(value, dtype=torch.float32, device=logits.device)
-                          if not isinstance(value, Tensor) else value, dict(logs)))
+                          if not isinstance(value, Tensor) else value, logs))
     return logits, terms
 
 
-def objective_record(objectives: Sequence[Any], sums: list[Tensor], logs: list[dict],
-                     n: int) -> dict[str, Any]:
-    """``{name: {"loss", "weight", "heads"}}`` from summed losses and logs over ``n`` calls."""
-    out = {}
-    for obj, total, log in zip(objectives, sums, logs, strict=True):
-        out[obj.name] = {"loss": float(total) / max(n, 1), "weight": float(obj.weight),
-                         "heads": {k: v / max(n, 1) for k, v in log.items()}}
-    return out
+class ObjectiveSums:
+    """Running sums of each objective's weighted term and logged values, kept on the device.
 
+    ``add`` costs a few tensor ops per objective and never synchronises with the host; the
+    values are read (and averaged over ranks) only by ``record``, once per log step. Log keys
+    are fixed by the first call; a later call with other keys extends them.
+    """
 
-def accumulate_logs(into: dict[str, float], logs: dict[str, float]) -> None:
-    """Add an objective's logged values into running sums."""
-    for k, v in logs.items():
-        into[k] = into.get(k, 0.0) + float(v)
+    def __init__(self, objectives: Sequence[Any], device: torch.device) -> None:
+        self.objectives = list(objectives)
+        self.device = device
+        self.totals = torch.zeros(len(self.objectives), dtype=torch.float64, device=device)
+        self.names: list[list[str]] = [[] for _ in self.objectives]
+        self.values: list[Tensor | None] = [None for _ in self.objectives]
 
+    def add(self, terms: Sequence[tuple[Tensor, dict[str, Any]]]) -> None:
+        """Add one call's ``(weighted loss, logs)`` per objective."""
+        if not terms:
+            return
+        self.totals += torch.stack([t.detach().reshape(()) for t, _ in terms]).double()
+        for i, (_, log) in enumerate(terms):
+            if not log:
+                continue
+            keys = list(log)
+            if keys != self.names[i]:
+                self._extend(i, keys)
+            current = self.values[i]
+            assert current is not None
+            vals = list(log.values())
+            if keys == self.names[i]:
+                current += (torch.stack(vals) if isinstance(vals[0], Tensor)
+                            else torch.tensor(vals)).to(current)
+            else:  # a subset or a reordering of the known keys: the rare slow path
+                pos = {k: j for j, k in enumerate(self.names[i])}
+                for k, v in log.items():
+                    current[pos[k]] += torch.as_tensor(v).to(current)
 
-def reduce_objectives(ctx: DistContext, sums: list[Tensor], logs: list[dict[str, float]]
-                      ) -> tuple[list[Tensor], list[dict[str, float]]]:
-    """Average objective sums and logs over ranks (key order fixed by sorting)."""
-    if not ctx.enabled or not sums:
-        return sums, logs
-    keys = [sorted(log) for log in logs]
-    flat = torch.tensor([float(s) for s in sums] + [log[k] for log, ks in zip(logs, keys,
-                        strict=True) for k in ks], dtype=torch.float64)
-    flat = ctx.all_reduce_sum(flat) / ctx.world_size
-    out_sums = [flat[i] for i in range(len(sums))]
-    pos, out_logs = len(sums), []
-    for ks in keys:
-        out_logs.append({k: float(flat[pos + j]) for j, k in enumerate(ks)})
-        pos += len(ks)
-    return out_sums, out_logs
+    def _extend(self, i: int, keys: list[str]) -> None:
+        new = [k for k in keys if k not in set(self.names[i])]
+        grown = torch.zeros(len(self.names[i]) + len(new), dtype=torch.float64,
+                            device=self.device)
+        old = self.values[i]
+        if old is not None:
+            grown[: old.numel()] = old
+        self.names[i] = self.names[i] + new
+        self.values[i] = grown
+
+    def state(self) -> tuple[dict[str, Tensor], list[list[str]]]:
+        """The sums as tensors and the log names, for a checkpoint of the logging window."""
+        tensors = {"totals": self.totals}
+        tensors.update({f"values.{i}": v for i, v in enumerate(self.values) if v is not None})
+        return tensors, [list(n) for n in self.names]
+
+    def load(self, tensors: dict[str, Tensor], names: list[list[str]]) -> None:
+        """Restore what ``state`` returned (the same objectives, in the same order)."""
+        self.totals = tensors["totals"].to(self.device, torch.float64)
+        self.names = [list(n) for n in names]
+        self.values = [tensors[f"values.{i}"].to(self.device, torch.float64)
+                       if f"values.{i}" in tensors else None for i in range(len(names))]
+
+    def record(self, ctx: DistContext, n: int) -> dict[str, Any]:
+        """``{name: {"loss", "weight", "heads"}}``: means over ``n`` calls, averaged over ranks.
+
+        Every rank calls this (one all-reduce when distributed; key order is the objectives'
+        own, the same on every rank).
+        """
+        parts = [self.totals] + [v for v in self.values if v is not None]
+        flat = torch.cat(parts) if len(parts) > 1 else self.totals
+        if ctx.enabled:
+            flat = ctx.all_reduce_sum(flat) / ctx.world_size
+        host = (flat / max(n, 1)).tolist()  # the one host read
+        out, pos = {}, len(self.objectives)
+        for i, obj in enumerate(self.objectives):
+            heads = {}
+            if self.values[i] is not None:
+                heads = dict(zip(self.names[i], host[pos:pos + len(self.names[i])],
+                                 strict=True))
+                pos += len(self.names[i])
+            out[obj.name] = {"loss": host[i], "weight": float(obj.weight), "heads": heads}
+        return out
 
 
 @torch.no_grad()
@@ -113,19 +166,15 @@ def evaluate(model: nn.Module, data: Mixture, *, batch_size: int, n_batches: int
     model.eval()
     gen = torch.Generator().manual_seed(seed)
     stats = torch.zeros(len(data.names), 5, dtype=torch.float64, device=device)
-    sums = [torch.zeros((), dtype=torch.float64, device=device) for _ in objectives]
-    logs: list[dict[str, float]] = [{} for _ in objectives]
+    sums = ObjectiveSums(objectives, device)
     try:
         for _ in range(n_batches):
             batch = ctx.shard(data.sample(batch_size, gen)).to(device)
             logits, terms = forward(model, model, batch, objectives, bf16, device)
             stats += task_loss(logits, batch, len(data.names))[1]
-            for i, (value, log) in enumerate(terms):
-                sums[i] += value.detach().double()
-                accumulate_logs(logs[i], log)
+            sums.add(terms)
     finally:
         model.train(was_training)
     stats = ctx.all_reduce_sum(stats)
-    sums, logs = reduce_objectives(ctx, sums, logs)
     return {"loss": overall_loss(stats), "tasks": summarise(stats, data.names),
-            "objectives": objective_record(objectives, sums, logs, n_batches)}
+            "objectives": sums.record(ctx, n_batches)}

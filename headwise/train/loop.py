@@ -35,14 +35,13 @@ from headwise.train.checkpoint import (
     save_checkpoint,
 )
 from headwise.train.config import TrainConfig
+from headwise.train.device import place
 from headwise.train.distributed import DistContext, setup, teardown, wrap
 from headwise.train.evaluate import (
     EVAL_SEED_OFFSET,
-    accumulate_logs,
+    ObjectiveSums,
     evaluate,
     forward,
-    objective_record,
-    reduce_objectives,
 )
 from headwise.train.interrupt import Interrupted, catch_signals
 from headwise.train.metrics import ProgressBar, overall_loss, summarise, task_loss
@@ -105,7 +104,11 @@ class TrainResult:
 
 
 def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over trainable parameters: decay on tensors with >= 2 dims, none on 1-D ones."""
+    """AdamW over trainable parameters: decay on tensors with >= 2 dims, none on 1-D ones.
+
+    The fused kernel (one multi-tensor update instead of per-parameter ops) is used when every
+    parameter is a floating-point tensor on CPU or CUDA, where PyTorch implements it.
+    """
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
     for _, p in model.named_parameters():
@@ -113,8 +116,32 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
             (decay if p.dim() >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": config.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
+                for p in decay + no_decay)
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr,
-                             betas=config.betas)
+                             betas=config.betas, fused=fused or None)
+
+
+def clip_grad_norm(params: Sequence[Tensor], max_norm: float) -> Tensor:
+    """Scale gradients so that their global L2 norm is at most ``max_norm``; return the norm.
+
+    The maths of ``torch.nn.utils.clip_grad_norm_`` (``coef = min(1, max_norm / (norm +
+    1e-6))``, per-tensor norms by ``_foreach_norm``, in place by ``_foreach_mul_``) without
+    its per-call grouping by device and dtype: a training run's parameters share one device,
+    grouped once by the caller. No host synchronisation.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    by_dtype: dict[torch.dtype, list[Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    norms = [n for group in by_dtype.values() for n in torch._foreach_norm(group, 2.0)]
+    total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for group in by_dtype.values():
+        torch._foreach_mul_(group, coef.to(group[0].dtype))
+    return total
 
 
 def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path | None = None,
@@ -159,6 +186,7 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
     for mix in (data, eval_data):
         if mix is not None and cfg is not None:
             mix.check_model(cfg.vocab_size, cfg.max_seq_len)
+    place(model, config.device, "train.device")
     ctx = setup(model)
     try:
         result = _run(model, data, config, out_dir, list(objectives), list(callbacks),
@@ -204,23 +232,31 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
                 obj.weight = info.objective_weights[obj.name]
         writer.truncate_after(start)
     ddp = wrap(model, ctx)
+    step_model = torch.compile(ddp) if config.compile else ddp
+    # Hooks are made once (attached around each training forward, after the objectives'
+    # ``prepare``, which may run forwards of its own): a compiled model sees the same hook
+    # objects at every step (no recompilation).
+    hooks = [h for obj in objectives for h in obj.hooks()]
     bar = ProgressBar(config.steps, start, progress and ctx.is_main)
     state_metrics: dict[str, Any] = {}
     n_tasks = len(data.names)
     # Running sums stay on the device; they are read (synchronised) only at log points.
     stats = torch.zeros(n_tasks, 5, dtype=torch.float64, device=device)
-    sums = [torch.zeros((), dtype=torch.float64, device=device) for _ in objectives]
-    logs: list[dict[str, float]] = [{} for _ in objectives]
+    sums = ObjectiveSums(objectives, device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     since_log, t0 = 0, time.perf_counter()
     if (info is not None and ctx.world_size == 1  # restore the logging window in progress
-            and len(info.log.get("logs", ())) == len(objectives) and "stats" in info.log_tensors):
+            and len(info.log.get("names", ())) == len(objectives)
+            and "stats" in info.log_tensors):
         stats.copy_(info.log_tensors["stats"])
         loss_sum.copy_(info.log_tensors["loss_sum"])
-        sums = [info.log_tensors[f"sums.{i}"].to(device) for i in range(len(objectives))]
-        logs, since_log = [dict(x) for x in info.log["logs"]], int(info.log["since_log"])
+        sums.load({k[len("sums."):]: v for k, v in info.log_tensors.items()
+                   if k.startswith("sums.")}, info.log["names"])
+        since_log = int(info.log["since_log"])
     grad_norm: Tensor | None = None
     done = saved = start
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    model.train()  # once: evaluation and callbacks restore it (re-set after them below)
     signals = ExitStack()
     signalled = signals.enter_context(catch_signals(ctx.world_size == 1))
     try:
@@ -230,41 +266,40 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
                 if out_dir is not None:
                     if saved != done:
                         _checkpoint(ctx, out_dir, done, model, optimizer, gen, objectives,
-                                    extra, config, stopped, (stats, loss_sum, sums, logs,
-                                                             since_log))
+                                    extra, config, stopped, (stats, loss_sum, sums, since_log))
                     path = list_checkpoints(out_dir)[-1][1]
                 raise Interrupted(done, signalled.signum, path)
             lr = config.lr_at(step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            batch = ctx.shard(data.sample(config.batch_size, gen)).to(device)
-            model.train()
-            logits, terms = forward(ddp, model, batch, objectives, config.bf16, device)
+            batch = ctx.shard(data.sample(config.batch_size, gen))
+            if device.type != "cpu":
+                batch = batch.to(device)
+            logits, terms = forward(step_model, model, batch, objectives, config.bf16, device,
+                                    hooks)
             loss, step_stats = task_loss(logits, batch, n_tasks)
-            total = loss + sum((t[0] for t in terms), torch.zeros((), device=loss.device))
+            total = loss
+            for term, _ in terms:
+                total = total + term
             optimizer.zero_grad(set_to_none=True)
             total.backward()
             if config.grad_clip > 0:
-                params = [p for g in optimizer.param_groups for p in g["params"]]
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+                grad_norm = clip_grad_norm(params, config.grad_clip)
             optimizer.step()
             done = step + 1
             stats += step_stats
             loss_sum += total.detach().double()
             since_log += 1
-            for i, (value, log) in enumerate(terms):
-                sums[i] += value.detach().double()
-                accumulate_logs(logs[i], log)
+            sums.add(terms)
             if done % config.log_every == 0 or done == config.steps:
-                record = _train_record(ctx, done, lr, stats, loss_sum, since_log, sums, logs,
-                                       objectives, data.names, grad_norm, t0)
+                record = _train_record(ctx, done, lr, stats, loss_sum, since_log, sums,
+                                       data.names, grad_norm, t0)
                 writer.write(record)
                 if not math.isfinite(record["loss"]):
                     raise _diverged(record["loss"], done, lr, objectives, out_dir)
                 bar.update(done, record["loss"], record["tasks"])
                 stats.zero_()
-                sums = [torch.zeros_like(x) for x in sums]
-                logs = [{} for _ in objectives]
+                sums = ObjectiveSums(objectives, device)
                 loss_sum, since_log = torch.zeros_like(loss_sum), 0
                 state_metrics = record
             else:
@@ -278,13 +313,14 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
                 writer.write(state_metrics)
                 stopped, extra = _call_back(callbacks, ctx, done, model, state_metrics, config,
                                             objectives, optimizer, out_dir, extra)
+                model.train()
             last = done == config.steps or stopped
             if out_dir is not None and config.checkpoint_every and (
                     done % config.checkpoint_every == 0 or last):
                 if not math.isfinite(float(loss_sum)):  # never checkpoint a diverged model
                     raise _diverged(float(loss_sum), done, lr, objectives, out_dir)
                 _checkpoint(ctx, out_dir, done, model, optimizer, gen, objectives, extra,
-                            config, stopped, (stats, loss_sum, sums, logs, since_log))
+                            config, stopped, (stats, loss_sum, sums, since_log))
                 writer.checkpoint(done, model)
                 saved = done
             if stopped:
@@ -313,18 +349,16 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
 
 
 def _train_record(ctx: DistContext, step: int, lr: float, stats: Tensor, loss_sum: Tensor,
-                  n_steps: int, sums: list[Tensor], logs: list[dict[str, float]],
-                  objectives: list[Any], names: list[str], grad_norm: Tensor | None,
-                  t0: float) -> dict[str, Any]:
+                  n_steps: int, sums: ObjectiveSums, names: list[str],
+                  grad_norm: Tensor | None, t0: float) -> dict[str, Any]:
     """The ``"train"`` metrics line, summed over ranks (every rank calls this)."""
     stats = ctx.all_reduce_sum(stats)
     loss = float(ctx.all_reduce_sum(loss_sum))
-    sums, logs = reduce_objectives(ctx, sums, logs)
     record: dict[str, Any] = {
         "kind": "train", "step": step, "lr": lr,
         "loss": loss / ctx.world_size / max(n_steps, 1), "task_loss": overall_loss(stats),
         "tasks": summarise(stats, names),
-        "objectives": objective_record(objectives, sums, logs, n_steps),
+        "objectives": sums.record(ctx, n_steps),
         "elapsed_s": time.perf_counter() - t0}
     if grad_norm is not None:
         record["grad_norm"] = float(grad_norm)
@@ -351,16 +385,17 @@ def _call_back(callbacks: list[Callable[[TrainState], None]], ctx: DistContext, 
 def _checkpoint(ctx: DistContext, out_dir: Path, step: int, model: nn.Module,
                 optimizer: torch.optim.Optimizer, gen: torch.Generator, objectives: list[Any],
                 extra: dict[str, Any], config: TrainConfig, stopped: bool,
-                window: tuple[Tensor, Tensor, list[Tensor], list[dict[str, float]], int]) -> None:
+                window: tuple[Tensor, Tensor, ObjectiveSums, int]) -> None:
     """Save a checkpoint; ``window`` holds the metric sums since the last ``"train"`` line
-    (stats, loss sum, objective sums, objective logs, steps), kept so that a resumed run
-    writes the same ``metrics.jsonl`` as an uninterrupted one (single process only)."""
+    (stats, loss sum, objective sums, steps), kept so that a resumed run writes the same
+    ``metrics.jsonl`` as an uninterrupted one (single process only)."""
     rng = ctx.gather(torch.get_rng_state())
     if ctx.is_main:
-        stats, loss_sum, sums, logs, since_log = window
+        stats, loss_sum, sums, since_log = window
+        tensors, names = sums.state()
         log_tensors = {"stats": stats, "loss_sum": loss_sum,
-                       **{f"sums.{i}": x for i, x in enumerate(sums)}}
-        log = {"since_log": since_log, "logs": logs} if ctx.world_size == 1 else {}
+                       **{f"sums.{k}": v for k, v in tensors.items()}}
+        log = {"since_log": since_log, "names": names} if ctx.world_size == 1 else {}
         save_checkpoint(out_dir, step, model, optimizer, data_generator=gen, torch_rng=rng,
                         objective_weights={o.name: float(o.weight) for o in objectives},
                         extra=extra, config=config.to_dict(), stopped=stopped, log=log,

@@ -88,7 +88,7 @@ def test_bad_gate_input_raises_naming_it() -> None:
     tokens = torch.randint(0, 23, (2, 5))
     with pytest.raises(ValueError, match="needs task_ids"):
         model(tokens)
-    with pytest.raises(ValueError, match="task_ids: got range \\[0, 2\\]"):
-        model(tokens, task_ids=torch.tensor([0, 2]))
+    with pytest.raises(ValueError, match="task_ids: got range \\[0, 2\\]"):  # checked at entry
+        model.run_with_cache(tokens, ["hook_embed"], task_ids=torch.tensor([0, 2]))
     with pytest.raises(ValueError, match="n_tasks: got 0"):
         LearnedGates(model, n_tasks=0)

@@ -9,7 +9,15 @@ import torch
 from torch import nn
 
 from headwise.config import ModelConfig, preset
-from headwise.model import MLP, GatedMLP, LayerNorm, RMSNorm, SinusoidalPositional, build_model
+from headwise.model import (
+    MLP,
+    GatedMLP,
+    LayerNorm,
+    RMSNorm,
+    SinusoidalPositional,
+    build_model,
+    check_tokens,
+)
 
 # every dimension distinct: B=2, T=5, H=3, Dh=4, D=10 (!= H*Dh=12), F=20, V=17, L=2
 DISTINCT = ModelConfig(n_layers=2, n_heads=3, d_head=4, d_model=10, d_ff=20, vocab_size=17,
@@ -246,7 +254,6 @@ def test_padding_does_not_change_real_positions() -> None:
 @pytest.mark.parametrize("bad, match", [
     ({"tokens": torch.zeros(2, 3)}, "tokens: expected a \\(B, T\\) long tensor"),
     ({"tokens": torch.zeros(3, dtype=torch.long)}, "tokens: expected a \\(B, T\\) long"),
-    ({"tokens": torch.full((1, 3), 17)}, r"tokens: ids must lie in \[0, 17\)"),
     ({"attention_mask": torch.ones(2, 4)}, "attention_mask: expected shape \\(2, 3\\)"),
     ({"task_ids": torch.zeros(3, dtype=torch.long)}, "task_ids: expected shape \\(2,\\)"),
     ({"tokens": torch.zeros(1, 17, dtype=torch.long)}, "exceeds max_seq_len=16"),
@@ -256,6 +263,22 @@ def test_bad_inputs_name_the_tensor(bad: dict, match: str) -> None:
     kwargs = {"tokens": torch.zeros(2, 3, dtype=torch.long), **bad}
     with pytest.raises(ValueError, match=match):
         model(**kwargs)
+    if "max_seq_len" not in match:  # the entry check says the same, without a forward
+        with pytest.raises(ValueError, match=match):
+            check_tokens(vocab_size=17, **kwargs)
+
+
+@pytest.mark.parametrize("ids", [[[0, 17, 3]], [[-1, 2, 3]]])
+def test_token_range_is_checked_where_data_enters_not_in_forward(ids: list) -> None:
+    """``check_tokens`` and ``run_with_cache`` name the range; forward reads no token values."""
+    model = build_model(preset("tiny"), seed=0)
+    tokens = torch.tensor(ids)
+    with pytest.raises(ValueError, match=r"tokens: ids must lie in \[0, 17\), got range"):
+        check_tokens(tokens, 17)
+    with pytest.raises(ValueError, match=r"tokens: ids must lie in \[0, 17\)"):
+        model.run_with_cache(tokens, ["hook_embed"])
+    with pytest.raises(IndexError):  # torch's own embedding check, without a host read here
+        model(tokens)
 
 
 def test_seeded_build_is_reproducible_and_leaves_global_rng() -> None:

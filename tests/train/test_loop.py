@@ -245,3 +245,47 @@ def test_resuming_a_stopped_run_does_not_train_further(tmp_path: Path) -> None:
     assert again.metrics["step"] == 4 and "copy" in again.metrics["tasks"]
     again_weights = load_file(tmp_path / "model.safetensors")
     assert all(torch.equal(weights[k], again_weights[k]) for k in weights)
+
+
+def test_clip_grad_norm_is_bitwise_torchs() -> None:
+    from headwise.train.loop import clip_grad_norm
+
+    a, b = build_model(CFG, seed=0), build_model(CFG, seed=0)
+    x = torch.randint(0, 12, (3, 6))
+    for m in (a, b):
+        m(x).pow(2).sum().backward()
+    ours = clip_grad_norm(list(a.parameters()), 0.5)
+    ref = torch.nn.utils.clip_grad_norm_(list(b.parameters()), 0.5)
+    assert torch.equal(ours, ref)
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        assert (pa.grad is None and pb.grad is None) or torch.equal(pa.grad, pb.grad)
+
+
+def test_objective_sums_average_tensor_logs_on_read() -> None:
+    from headwise.train.distributed import DistContext
+    from headwise.train.evaluate import ObjectiveSums
+
+    obj = _ConstObjective(0.0)
+    sums = ObjectiveSums([obj], torch.device("cpu"))
+    for value in (1.0, 2.0, 6.0):
+        sums.add([(torch.tensor(value), {"L0.H0": torch.tensor(value / 2),
+                                         "L0.H1": torch.tensor(-value)})])
+    record = sums.record(DistContext(), 3)
+    assert record == {"const": {"loss": 3.0, "weight": 1.0,
+                                "heads": {"L0.H0": 1.5, "L0.H1": -3.0}}}
+
+
+def test_objective_hooks_are_detached_at_evaluation_points() -> None:
+    from headwise.control.objectives import PatternObjective
+
+    model = build_model(CFG, seed=0)
+    objective = PatternObjective(model, "L1.H0", "previous_token")
+    seen: list[bool] = []
+
+    def probe(state: TrainState) -> None:
+        seen.append(any(p.active for p in state.model.hook_points().values()))
+
+    train(model, _copy(), TrainConfig(steps=4, batch_size=4, eval_every=2, eval_batches=1),
+          objectives=[objective], callbacks=[probe], progress=False)
+    assert seen == [False, False]
+    assert not any(p.active for p in model.hook_points().values())
