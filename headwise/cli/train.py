@@ -6,6 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
+from headwise.errors import SpecError
 from headwise.pipeline.output import console, print_outcome, set_threads
 
 
@@ -34,6 +37,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: torch's choice; 1 is fastest for tiny "
                         "models)")
+    p.add_argument("--forecast-every", type=int, default=0, metavar="N",
+                   help="every N steps (at evaluation points) forecast each head's final role "
+                        "and warn about contract clauses forecast to fail (needs "
+                        "train.eval_every)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -54,11 +61,17 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads is not None:
         set_threads(args.threads)
+    if args.forecast_every < 0:
+        raise SpecError(f"--forecast-every: got {args.forecast_every}, expected an integer >= 1 "
+                        "(or 0: no forecasts)")
     out = Path(args.out) if args.out else default_out(args.spec)
     outcome = train_run(Path(args.spec), out, resume=args.resume, enforce=args.enforce,
                         overwrite=args.overwrite, progress=not args.quiet,
                         allow_unenforced=args.allow_unenforced,
-                        enforce_budget=args.enforce_budget)
+                        enforce_budget=args.enforce_budget,
+                        forecast_every=args.forecast_every,
+                        warn=lambda line: console().print(f"[yellow]warning:[/yellow] "
+                                                          f"{escape(line)}"))
     if is_main_process():  # under torchrun, rank 0 writes the report and prints
         write_run_report(outcome.run_dir, outcome.compiled, outcome.contract,
                          outcome.enforcement)

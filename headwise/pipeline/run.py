@@ -12,6 +12,7 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,15 +101,20 @@ def write_json(path: Path, data: Any) -> None:
 def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
               enforce: bool = False, overwrite: bool = False,
               progress: bool = True, allow_unenforced: bool = False,
-              enforce_budget: float = 1.0) -> RunOutcome:
+              enforce_budget: float = 1.0, forecast_every: int = 0,
+              warn: Callable[[str], None] = print) -> RunOutcome:
     """Train a spec into ``out``, verify its contract and write the report.
 
     With ``enforce``, training stops at the first evaluation point where the contract holds and
     never runs past ``train.steps x enforce_budget`` (1 to 1.3; the schedule spans the budget).
+    With ``forecast_every``, every that many steps (at evaluation points) the packaged
+    forecaster predicts final roles and ``warn`` gets a line per contract clause forecast to
+    fail (``headwise.analysis.forecast_contract``).
 
     Raises:
-        SpecError: an invalid spec, ``--enforce`` without evaluation points, or (unless
-            ``allow_unenforced``) a clause no lever can move under ``--enforce``.
+        SpecError: an invalid spec, ``--enforce`` or ``forecast_every`` without evaluation
+            points, or (unless ``allow_unenforced``) a clause no lever can move under
+            ``--enforce``.
         CheckpointError: ``resume`` from a corrupt checkpoint.
     """
     from headwise.enforce import Enforcer, plan, summary
@@ -124,11 +130,14 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
                         "(enforcement acts at evaluation points)")
     if enforce and not spec.contract:
         raise SpecError("contract: missing; --enforce needs a contract to enforce")
+    if forecast_every and spec.train.eval_every == 0:
+        raise SpecError("train.eval_every: got 0, expected an integer >= 1 with "
+                        "--forecast-every (forecasts are made at evaluation points)")
     out = Path(out)
     compiled = compile_spec(spec)
     contract = contract_of(spec)
     data = verify_data(compiled)
-    callbacks = []
+    callbacks: list[Callable[[Any], None]] = []
     if enforce:
         levers = plan(compiled, contract)
         missing = [c for c in contract if levers.get(c.index) is None]
@@ -138,6 +147,9 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
                             f"{c.threshold_text()}); see `headwise plan`, or pass "
                             "--allow-unenforced to enforce the others")
         callbacks.append(Enforcer(contract, data, levers))
+    if forecast_every:
+        callbacks.append(_forecast_watch(compiled, data, contract, forecast_every, warn,
+                                         math.ceil(spec.train.steps * enforce_budget)))
     main = is_main_process()
     if main:
         prepare_run_dir(out, spec, resume, overwrite)
@@ -158,6 +170,16 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     if main and enforcement is not None:
         write_json(out / "enforcement.json", enforcement)
     return RunOutcome(out, compiled, result, verdict, enforcement)
+
+
+def _forecast_watch(compiled: Compiled, data: VerifyData, contract: Contract, every: int,
+                    warn: Callable[[str], None], total_steps: int) -> Callable[[Any], None]:
+    from headwise.analysis.forecast import load_forecaster
+    from headwise.analysis.forecast_contract import ForecastWatch
+    from headwise.pipeline.analyze import run_role_table
+
+    return ForecastWatch(lambda m: run_role_table(m, data), total_steps, every,
+                         contract if contract.clauses else None, load_forecaster(), warn)
 
 
 def is_main_process() -> bool:
