@@ -7,11 +7,13 @@ predict each head's final top role among ``CLASSES`` (the table's top-role candi
 - ``linear_forecast`` (baseline): a least-squares line per role score through the early
   checkpoints, extrapolated to the last step and clipped to [0, 1]; the top role of those
   values, ``"none"`` below the threshold.
-- ``Forecaster``: multinomial logistic regression on early signals (``early_features``: each
-  role's latest score, its change, its slope projected to the end, its linear extrapolation,
-  the current top role and the share of training seen). Its weights are small versioned JSON in
-  the package (``headwise/data/forecaster_v1.json``, written by ``bench/bench_forecast.py``)
-  together with the accuracy the benchmark measured on held-out runs; loading never unpickles.
+- ``Forecaster``: a conditional-logit model (logistic regression with one weight vector
+  shared by the roles) on early signals (``early_features``: each role's latest score, its
+  change, its slope projected to the end, its linear extrapolation, whether it leads now or in
+  the extrapolation and by how much, and the share of training seen). Its weights are small
+  versioned JSON in the package (``headwise/data/forecaster_v1.json``, written by
+  ``bench/bench_forecast.py``) together with the accuracy the benchmark measured on held-out
+  runs; loading never unpickles.
 """
 
 from __future__ import annotations
@@ -100,60 +102,106 @@ def linear_forecast(traj: Trajectory, n: int, total_steps: int | None = None,
     return _top((a + b * end).clamp(0.0, 1.0), min_score)
 
 
-FEATURES = (*(f"{k}:{r}" for k in ("last", "change", "gain", "linear")
-              for r in TOP_ROLE_CANDIDATES),
-            *(f"top:{c}" for c in CLASSES), "top_score", "margin", "seen")
+ROLE_FEATURES = ("last", "change", "gain", "linear", "recent", "top_now", "top_linear",
+                 "lead_last", "lead_linear", "lead_recent", "defined")
+NONE_FEATURES = ("top_score", "top_linear_score", "none_now", "none_linear", "seen")
+
+
+@dataclass(frozen=True)
+class EarlyFeatures:
+    """Early signals of N heads: ``roles`` (N, R, len(ROLE_FEATURES)) for each candidate role,
+    ``none`` (N, len(NONE_FEATURES)) for the ``none`` class."""
+
+    roles: Tensor
+    none: Tensor
+
+    @staticmethod
+    def cat(parts: Sequence[EarlyFeatures]) -> EarlyFeatures:
+        return EarlyFeatures(torch.cat([p.roles for p in parts]),
+                             torch.cat([p.none for p in parts]))
 
 
 def early_features(traj: Trajectory, n: int, total_steps: int | None = None,
-                   min_score: float = SHOWN_MIN_SCORE) -> Tensor:
-    """(N, F) early signals of every head from the first ``n`` checkpoints (``FEATURES``).
+                   min_score: float = SHOWN_MIN_SCORE) -> EarlyFeatures:
+    """Early signals of every head from the first ``n`` checkpoints.
 
     Steps are read as fractions of ``total_steps`` (default: the last step), so runs of
-    different lengths share one scale. Per candidate role: ``last`` score, ``change`` since the
-    first checkpoint, ``gain`` (slope x remaining fraction, clipped to [-1, 1]), ``linear``
-    (the baseline's clipped extrapolation); then the current top role (one-hot), its score,
-    its margin over the runner-up and the share of training ``seen``. Undefined scores read 0.
+    different lengths share one scale. Per candidate role (``ROLE_FEATURES``): the ``last``
+    score, its ``change`` since the first checkpoint, ``gain`` (slope x remaining fraction,
+    clipped to [-1, 1]), ``linear`` (the baseline's clipped extrapolation), ``recent`` (the
+    slope of the last two checkpoints extrapolated, clipped), whether the role is
+    the top role now / of the extrapolation (``top_now``, ``top_linear``), its lead over the
+    best other role now and extrapolated (``lead_last``, ``lead_linear``, ``lead_recent``) and
+    whether it is defined. For ``none`` (``NONE_FEATURES``): the best score now and
+    extrapolated, whether the head shows ``none`` now / in the extrapolation, and the share of
+    training ``seen``.
+    Undefined scores read 0.
     """
     n = max(1, min(n, len(traj.steps)))
     total = float(total_steps if total_steps is not None else traj.steps[-1])
     x = torch.tensor(traj.steps[:n], dtype=torch.float64) / total  # (n,)
     y = _candidate_values(traj)[:n]  # (n, N, R)
     a, b = _fit_lines(x, y)
-    last = y[-1]
     seen = float(x[-1])
     z = torch.nan_to_num
-    change = z(last - y[0])
-    gain = z(b * (1.0 - seen)).clamp(-1.0, 1.0)
+    last = z(y[-1])
     linear = z((a + b).clamp(0.0, 1.0))
-    tops = _top(last, min_score)
-    onehot = torch.tensor([[float(t == c) for c in CLASSES] for t in tops], dtype=torch.float64)
-    filled = z(last, nan=0.0)
-    two = filled.topk(2, dim=1).values
-    extra = torch.stack([two[:, 0], two[:, 0] - two[:, 1],
-                         torch.full_like(two[:, 0], seen)], dim=1)
-    return torch.cat([z(last), change, gain, linear, onehot, extra], dim=1)
+    top_now, top_lin = _top(y[-1], min_score), _top(a + b, min_score)
+
+    def onehot(tops: list[str]) -> Tensor:  # (N, R) 1 where the role is the top role
+        return torch.tensor([[float(t == r) for r in TOP_ROLE_CANDIDATES] for t in tops],
+                            dtype=torch.float64)
+
+    def lead(v: Tensor) -> Tensor:  # (N, R) margin over the best other role
+        two = v.topk(2, dim=1).values
+        best_other = torch.where(v >= two[:, :1], two[:, 1:2], two[:, :1])
+        return v - best_other
+
+    # the latest slope (last two checkpoints) carried to the end: saturating curves flatten
+    step_slope = (y[-1] - y[-2]) / (x[-1] - x[-2]) if n >= 2 else torch.zeros_like(y[-1])
+    recent = z((y[-1] + step_slope * (1.0 - seen)).clamp(0.0, 1.0))
+    roles = torch.stack([last, z(y[-1] - y[0]), z(b * (1.0 - seen)).clamp(-1.0, 1.0), linear,
+                         recent, onehot(top_now), onehot(top_lin), lead(last), lead(linear),
+                         lead(recent), (~torch.isnan(y[-1])).to(torch.float64)],
+                        dim=-1)  # (N, R, Fr)
+    none = torch.stack([last.max(1).values, linear.max(1).values,
+                        torch.tensor([float(t == "none") for t in top_now], dtype=torch.float64),
+                        torch.tensor([float(t == "none") for t in top_lin], dtype=torch.float64),
+                        torch.full((last.shape[0],), seen, dtype=torch.float64)], dim=-1)
+    return EarlyFeatures(roles, none)
 
 
 @dataclass
 class Forecaster:
-    """Multinomial logistic regression from ``early_features`` to ``CLASSES``.
+    """A conditional-logit model over ``CLASSES`` with weights shared by the roles.
 
-    ``p(class | f) = softmax(W ((f - mean) / std) + b)``. ``measured`` holds what the benchmark
-    measured on held-out runs (accuracy, fraction, command), quoted by reports.
+    Role ``r``'s logit is ``w . z_r + b_r`` (``z_r``: the role's standardised ``ROLE_FEATURES``,
+    one weight vector for every role, so what is learnt about one role carries to roles that
+    are rare in the fitted runs); ``none``'s logit is ``v . z_none + c``; the probabilities are
+    their softmax. ``measured`` holds what the benchmark measured on held-out runs (accuracy,
+    fraction, command), quoted by reports.
     """
 
     version: str
-    mean: Tensor  # (F,)
-    std: Tensor  # (F,)
-    weight: Tensor  # (K, F)
-    bias: Tensor  # (K,)
+    role_mean: Tensor  # (Fr,)
+    role_std: Tensor  # (Fr,)
+    role_weight: Tensor  # (Fr,)
+    role_bias: Tensor  # (R,)
+    none_mean: Tensor  # (Fn,)
+    none_std: Tensor  # (Fn,)
+    none_weight: Tensor  # (Fn,)
+    none_bias: Tensor  # (1,)
     measured: dict[str, Any] = field(default_factory=dict)
 
-    def probabilities(self, feats: Tensor) -> Tensor:
-        """(N, K) class probabilities for (N, F) features."""
-        zf = (feats - self.mean) / self.std
-        return torch.softmax(zf @ self.weight.T + self.bias, dim=-1)
+    def probabilities(self, feats: EarlyFeatures) -> Tensor:
+        """(N, K) class probabilities, classes in ``CLASSES`` order."""
+        return torch.softmax(self._logits(feats, self.role_weight, self.role_bias,
+                                          self.none_weight, self.none_bias), dim=-1)
+
+    def _logits(self, f: EarlyFeatures, w: Tensor, b: Tensor, v: Tensor, c: Tensor) -> Tensor:
+        zr = (f.roles - self.role_mean) / self.role_std  # (N, R, Fr)
+        zn = (f.none - self.none_mean) / self.none_std  # (N, Fn)
+        return torch.cat([zr @ w + b, (zn @ v + c)[:, None]], dim=1)  # (N, R + 1)
 
     def predict(self, traj: Trajectory, n: int, total_steps: int | None = None
                 ) -> list[tuple[str, float]]:
@@ -163,34 +211,44 @@ class Forecaster:
         return [(CLASSES[int(i)], float(c)) for i, c in zip(idx, conf, strict=True)]
 
     @classmethod
-    def fit(cls, feats: Tensor, labels: Sequence[str], version: str, l2: float = 1e-2,
+    def fit(cls, feats: EarlyFeatures, labels: Sequence[str], version: str, l2: float = 1e-3,
             measured: dict[str, Any] | None = None) -> Forecaster:
-        """Fit on (M, F) features and M class names (L2-penalised, L-BFGS, float64)."""
+        """Fit on M heads' features and final roles (L2 on the weights, L-BFGS, float64)."""
         y = torch.tensor([CLASSES.index(c) for c in labels])
-        mean = feats.mean(0)
-        std = feats.std(0).clamp_min(1e-6)
-        zf = (feats - mean) / std
-        w = torch.zeros(len(CLASSES), feats.shape[1], dtype=torch.float64, requires_grad=True)
-        b = torch.zeros(len(CLASSES), dtype=torch.float64, requires_grad=True)
-        opt = torch.optim.LBFGS([w, b], max_iter=500, line_search_fn="strong_wolfe")
+        flat = feats.roles.reshape(-1, feats.roles.shape[-1])
+        f = cls(version, flat.mean(0), flat.std(0).clamp_min(1e-6), torch.empty(0),
+                torch.empty(0), feats.none.mean(0), feats.none.std(0).clamp_min(1e-6),
+                torch.empty(0), torch.empty(0), dict(measured or {}))
+        dt = torch.float64
+        w = torch.zeros(len(ROLE_FEATURES), dtype=dt, requires_grad=True)
+        b = torch.zeros(len(TOP_ROLE_CANDIDATES), dtype=dt, requires_grad=True)
+        v = torch.zeros(len(NONE_FEATURES), dtype=dt, requires_grad=True)
+        c = torch.zeros(1, dtype=dt, requires_grad=True)
+        opt = torch.optim.LBFGS([w, b, v, c], max_iter=500, line_search_fn="strong_wolfe")
 
         def closure() -> Tensor:
             opt.zero_grad()
-            loss = (torch.nn.functional.cross_entropy(zf @ w.T + b, y)
-                    + l2 * (w ** 2).sum())
+            loss = (torch.nn.functional.cross_entropy(f._logits(feats, w, b, v, c), y)
+                    + l2 * ((w ** 2).sum() + (v ** 2).sum()))
             loss.backward()
             return loss
 
         opt.step(closure)
-        return cls(version, mean, std, w.detach(), b.detach(), dict(measured or {}))
+        f.role_weight, f.role_bias = w.detach(), b.detach()
+        f.none_weight, f.none_bias = v.detach(), c.detach()
+        return f
 
     def to_json(self) -> str:
         """The forecaster as JSON (``load_forecaster`` reads it back)."""
         return json.dumps({
             "format": FORMAT, "version": self.version, "classes": list(CLASSES),
-            "features": list(FEATURES), "mean": self.mean.tolist(), "std": self.std.tolist(),
-            "weight": self.weight.tolist(), "bias": self.bias.tolist(),
-            "measured": self.measured}, indent=1)
+            "role_features": list(ROLE_FEATURES), "none_features": list(NONE_FEATURES),
+            **{k: getattr(self, k).tolist() for k in _TENSORS}, "measured": self.measured},
+            indent=1)
+
+
+_TENSORS = ("role_mean", "role_std", "role_weight", "role_bias", "none_mean", "none_std",
+            "none_weight", "none_bias")
 
 
 def load_forecaster(path: str | Path | None = None) -> Forecaster:
@@ -207,19 +265,19 @@ def load_forecaster(path: str | Path | None = None) -> Forecaster:
     d = json.loads(text)
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise ValueError(f"{where}: format: expected {FORMAT!r}")
-    if d.get("classes") != list(CLASSES) or d.get("features") != list(FEATURES):
-        raise ValueError(f"{where}: classes/features: expected {list(CLASSES)} and "
-                         f"{len(FEATURES)} features {list(FEATURES)[:3]}...")
-
-    def t(key: str) -> Tensor:
-        return torch.tensor(d[key], dtype=torch.float64)
-
-    f = Forecaster(str(d["version"]), t("mean"), t("std"), t("weight"), t("bias"),
-                   dict(d.get("measured") or {}))
-    if f.weight.shape != (len(CLASSES), len(FEATURES)) or f.bias.shape != (len(CLASSES),):
-        raise ValueError(f"{where}: weight/bias: expected shapes "
-                         f"({len(CLASSES)}, {len(FEATURES)}) and ({len(CLASSES)},)")
-    return f
+    if (d.get("classes") != list(CLASSES) or d.get("role_features") != list(ROLE_FEATURES)
+            or d.get("none_features") != list(NONE_FEATURES)):
+        raise ValueError(f"{where}: classes/role_features/none_features: expected "
+                         f"{list(CLASSES)}, {list(ROLE_FEATURES)}, {list(NONE_FEATURES)}")
+    t = {k: torch.tensor(d[k], dtype=torch.float64) for k in _TENSORS}
+    shapes = {"role_mean": (len(ROLE_FEATURES),), "role_std": (len(ROLE_FEATURES),),
+              "role_weight": (len(ROLE_FEATURES),), "role_bias": (len(TOP_ROLE_CANDIDATES),),
+              "none_mean": (len(NONE_FEATURES),), "none_std": (len(NONE_FEATURES),),
+              "none_weight": (len(NONE_FEATURES),), "none_bias": (1,)}
+    for k, shape in shapes.items():
+        if tuple(t[k].shape) != shape:
+            raise ValueError(f"{where}: {k}: got shape {tuple(t[k].shape)}, expected {shape}")
+    return Forecaster(str(d["version"]), **t, measured=dict(d.get("measured") or {}))
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ from headwise import Head
 from headwise.analysis.contract import Contract
 from headwise.analysis.forecast import (
     CLASSES,
-    FEATURES,
+    NONE_FEATURES,
+    ROLE_FEATURES,
+    EarlyFeatures,
     Forecaster,
     HeadForecast,
     early_features,
@@ -50,7 +52,8 @@ def test_packaged_forecaster_loads_without_pickle(monkeypatch: pytest.MonkeyPatc
     raw = json.loads(resources.files("headwise.data").joinpath("forecaster_v1.json")
                      .read_text("utf-8"))
     assert raw["format"] == "headwise-forecaster" and raw["version"] == f.version == "1"
-    assert f.weight.shape == (len(CLASSES), len(FEATURES))
+    assert f.role_weight.shape == (len(ROLE_FEATURES),)
+    assert f.none_weight.shape == (len(NONE_FEATURES),)
     # the accuracy the report quotes comes from the benchmark's held-out runs
     for key in ("held_out_seeds_accuracy", "held_out_configs_accuracy", "baseline_accuracy",
                 "n_runs", "command"):
@@ -63,9 +66,9 @@ def test_load_rejects_other_files(tmp_path: pytest.TempPathFactory) -> None:
     with pytest.raises(ValueError, match="format"):
         load_forecaster(path)
     good = json.loads(load_forecaster().to_json())
-    good["features"] = good["features"][:-1]
+    good["role_weight"] = good["role_weight"][:-1]
     path.write_text(json.dumps(good))
-    with pytest.raises(ValueError, match="features"):
+    with pytest.raises(ValueError, match="role_weight"):
         load_forecaster(path)
 
 
@@ -74,8 +77,10 @@ def test_json_round_trip_keeps_predictions(tmp_path: pytest.TempPathFactory) -> 
     path = tmp_path / "f.json"  # type: ignore[operator]
     path.write_text(f.to_json())
     g = load_forecaster(path)
-    x = torch.randn(5, len(FEATURES), dtype=torch.float64)
+    x = EarlyFeatures(torch.randn(5, len(ROLES), len(ROLE_FEATURES), dtype=torch.float64),
+                      torch.randn(5, len(NONE_FEATURES), dtype=torch.float64))
     assert torch.allclose(f.probabilities(x), g.probabilities(x))
+    assert f.probabilities(x).shape == (5, len(CLASSES))
     assert torch.allclose(f.probabilities(x).sum(1), torch.ones(5, dtype=torch.float64))
 
 
@@ -111,13 +116,16 @@ def test_fit_learns_a_rule_the_baseline_cannot_see() -> None:
             win, fast = torch.randperm(len(ROLES), generator=gen)[:2].tolist()
             hi = 0.3 + 0.3 * float(torch.rand((), generator=gen))
             curves.append({ROLES[win]: [hi + 0.4 * c / 20 for c in range(20)],
-                           ROLES[fast]: [min(hi - 0.1 + 0.05 * c, hi - 0.05)
+                           # climbs 0.06 per checkpoint over the first four, then stalls
+                           ROLES[fast]: [min(hi - 0.25 + 0.06 * c, hi - 0.05)
                                          for c in range(20)]})
             labels.append(ROLES[win])
         return _traj(curves, STEPS), labels
 
     fit_runs = [run() for _ in range(10)]
-    feats = torch.cat([early_features(t, 4) for t, _ in fit_runs])
+    assert all(t.final_role(h) == lab for t, ls in fit_runs
+               for h, lab in zip(t.heads, ls, strict=True))
+    feats = EarlyFeatures.cat([early_features(t, 4) for t, _ in fit_runs])
     labels = [lab for _, ls in fit_runs for lab in ls]
     f = Forecaster.fit(feats, labels, version="test")
     test_runs = [run() for _ in range(5)]

@@ -56,7 +56,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 def test_warning_names_the_clause_that_later_fails(run: Run) -> None:
     assert run.outcome.contract is not None
-    verdicts = [c.passed for c in run.outcome.contract.clauses]
+    verdicts = [c.passed for c in run.outcome.contract.results]
     assert verdicts == [True, False]  # the clause really fails at the end
     assert run.warnings, "no forecast warning"
     first = run.warnings[0]
