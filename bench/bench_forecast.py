@@ -51,7 +51,7 @@ train: {steps: 1200, batch_size: 32, lr: 1.0e-3, warmup_steps: 20, checkpoint_ev
         seed: SEED}
 """,
     "gates": """
-model: {n_layers: 2, n_heads: 4, d_model: 32, vocab_size: 20, max_seq_len: 14}
+model: {n_layers: 2, n_heads: 4, d_model: 32, vocab_size: 20, max_seq_len: 15}
 data:
   tasks:
     copy: {task: copy, length: 6}
