@@ -8,12 +8,12 @@ predict each head's final top role among ``CLASSES`` (the table's top-role candi
   checkpoints, extrapolated to the last step and clipped to [0, 1]; the top role of those
   values, ``"none"`` below the threshold.
 - ``Forecaster``: a conditional-logit model (logistic regression with one weight vector
-  shared by the roles) on early signals (``early_features``: each role's latest score, its
-  change, its slope projected to the end, its linear extrapolation, whether it leads now or in
-  the extrapolation and by how much, and the share of training seen). Its weights are small
-  versioned JSON in the package (``headwise/data/forecaster_v1.json``, written by
-  ``bench/bench_forecast.py``) together with the accuracy the benchmark measured on held-out
-  runs; loading never unpickles.
+  shared by the roles, no per-role bias) on early signals (``early_features``: each role's
+  latest score, its change, its slope projected to the end, its linear extrapolation, whether
+  it leads now or in the extrapolation and by how much, and the share of training seen). Its
+  weights are small versioned JSON in the package (``headwise/data/forecaster_v1.json``,
+  written by ``bench/bench_forecast.py``) together with the accuracy the benchmark measured on
+  held-out runs; loading never unpickles.
 """
 
 from __future__ import annotations
@@ -173,20 +173,19 @@ def early_features(traj: Trajectory, n: int, total_steps: int | None = None,
 
 @dataclass
 class Forecaster:
-    """A conditional-logit model over ``CLASSES`` with weights shared by the roles.
+    """A conditional-logit model over ``CLASSES``, symmetric in the roles.
 
-    Role ``r``'s logit is ``w . z_r + b_r`` (``z_r``: the role's standardised ``ROLE_FEATURES``,
-    one weight vector for every role, so what is learnt about one role carries to roles that
-    are rare in the fitted runs); ``none``'s logit is ``v . z_none + c``; the probabilities are
-    their softmax. ``measured`` holds what the benchmark measured on held-out runs (accuracy,
-    fraction, command), quoted by reports.
+    Role ``r``'s logit is ``w . z_r`` (``z_r``: the role's standardised ``ROLE_FEATURES``; one
+    weight vector and no per-role bias, so what is learnt about one role carries to roles that
+    are rare or absent in the fitted runs); ``none``'s logit is ``v . z_none + c``; the
+    probabilities are their softmax. ``measured`` holds what the benchmark measured on held-out
+    runs (accuracy, fraction, command), quoted by reports.
     """
 
     version: str
     role_mean: Tensor  # (Fr,)
     role_std: Tensor  # (Fr,)
     role_weight: Tensor  # (Fr,)
-    role_bias: Tensor  # (R,)
     none_mean: Tensor  # (Fn,)
     none_std: Tensor  # (Fn,)
     none_weight: Tensor  # (Fn,)
@@ -195,13 +194,13 @@ class Forecaster:
 
     def probabilities(self, feats: EarlyFeatures) -> Tensor:
         """(N, K) class probabilities, classes in ``CLASSES`` order."""
-        return torch.softmax(self._logits(feats, self.role_weight, self.role_bias,
-                                          self.none_weight, self.none_bias), dim=-1)
+        return torch.softmax(self._logits(feats, self.role_weight, self.none_weight,
+                                          self.none_bias), dim=-1)
 
-    def _logits(self, f: EarlyFeatures, w: Tensor, b: Tensor, v: Tensor, c: Tensor) -> Tensor:
+    def _logits(self, f: EarlyFeatures, w: Tensor, v: Tensor, c: Tensor) -> Tensor:
         zr = (f.roles - self.role_mean) / self.role_std  # (N, R, Fr)
         zn = (f.none - self.none_mean) / self.none_std  # (N, Fn)
-        return torch.cat([zr @ w + b, (zn @ v + c)[:, None]], dim=1)  # (N, R + 1)
+        return torch.cat([zr @ w, (zn @ v + c)[:, None]], dim=1)  # (N, R + 1)
 
     def predict(self, traj: Trajectory, n: int, total_steps: int | None = None
                 ) -> list[tuple[str, float]]:
@@ -217,24 +216,23 @@ class Forecaster:
         y = torch.tensor([CLASSES.index(c) for c in labels])
         flat = feats.roles.reshape(-1, feats.roles.shape[-1])
         f = cls(version, flat.mean(0), flat.std(0).clamp_min(1e-6), torch.empty(0),
-                torch.empty(0), feats.none.mean(0), feats.none.std(0).clamp_min(1e-6),
-                torch.empty(0), torch.empty(0), dict(measured or {}))
+                feats.none.mean(0), feats.none.std(0).clamp_min(1e-6), torch.empty(0),
+                torch.empty(0), dict(measured or {}))
         dt = torch.float64
         w = torch.zeros(len(ROLE_FEATURES), dtype=dt, requires_grad=True)
-        b = torch.zeros(len(TOP_ROLE_CANDIDATES), dtype=dt, requires_grad=True)
         v = torch.zeros(len(NONE_FEATURES), dtype=dt, requires_grad=True)
         c = torch.zeros(1, dtype=dt, requires_grad=True)
-        opt = torch.optim.LBFGS([w, b, v, c], max_iter=500, line_search_fn="strong_wolfe")
+        opt = torch.optim.LBFGS([w, v, c], max_iter=500, line_search_fn="strong_wolfe")
 
         def closure() -> Tensor:
             opt.zero_grad()
-            loss = (torch.nn.functional.cross_entropy(f._logits(feats, w, b, v, c), y)
+            loss = (torch.nn.functional.cross_entropy(f._logits(feats, w, v, c), y)
                     + l2 * ((w ** 2).sum() + (v ** 2).sum()))
             loss.backward()
             return loss
 
         opt.step(closure)
-        f.role_weight, f.role_bias = w.detach(), b.detach()
+        f.role_weight = w.detach()
         f.none_weight, f.none_bias = v.detach(), c.detach()
         return f
 
@@ -247,8 +245,8 @@ class Forecaster:
             indent=1)
 
 
-_TENSORS = ("role_mean", "role_std", "role_weight", "role_bias", "none_mean", "none_std",
-            "none_weight", "none_bias")
+_TENSORS = ("role_mean", "role_std", "role_weight", "none_mean", "none_std", "none_weight",
+            "none_bias")
 
 
 def load_forecaster(path: str | Path | None = None) -> Forecaster:
@@ -271,7 +269,7 @@ def load_forecaster(path: str | Path | None = None) -> Forecaster:
                          f"{list(CLASSES)}, {list(ROLE_FEATURES)}, {list(NONE_FEATURES)}")
     t = {k: torch.tensor(d[k], dtype=torch.float64) for k in _TENSORS}
     shapes = {"role_mean": (len(ROLE_FEATURES),), "role_std": (len(ROLE_FEATURES),),
-              "role_weight": (len(ROLE_FEATURES),), "role_bias": (len(TOP_ROLE_CANDIDATES),),
+              "role_weight": (len(ROLE_FEATURES),),
               "none_mean": (len(NONE_FEATURES),), "none_std": (len(NONE_FEATURES),),
               "none_weight": (len(NONE_FEATURES),), "none_bias": (1,)}
     for k, shape in shapes.items():
