@@ -159,3 +159,18 @@ def test_clause_forecasts() -> None:
                                         "not forecast"]
     assert [str(h.head) for h in got[4].heads] == ["L0.H1", "L0.H2"]
     assert "contract[1]" in got[1].message() and "L0.H1 forecast none" in got[1].message()
+
+
+def test_forecast_every_needs_evaluation_points(tmp_path: pytest.TempPathFactory,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from headwise.cli import main
+
+    spec = tmp_path / "s.yaml"  # type: ignore[operator]
+    spec.write_text("model: {n_layers: 1, n_heads: 2, d_model: 16, vocab_size: 12, "
+                    "max_seq_len: 10}\ndata: {tasks: {copy: {length: 3}}}\n"
+                    "train: {steps: 2, batch_size: 4}\n")
+    out = str(tmp_path / "run")  # type: ignore[operator]
+    assert main(["train", str(spec), "--out", out, "--forecast-every", "5", "--quiet"]) == 2
+    assert "train.eval_every" in capsys.readouterr().err
+    assert main(["train", str(spec), "--out", out, "--forecast-every", "-1", "--quiet"]) == 2
+    assert "--forecast-every" in capsys.readouterr().err
