@@ -127,7 +127,8 @@ def forecast_summary(traj: Trajectory, forecaster: Forecaster, fraction: float =
                      total_steps: int | None = None,
                      contract: Contract | None = None) -> dict[str, Any]:
     """JSON-ready forecast from the first ``fraction`` of ``traj``'s checkpoints, as reports
-    and ``headwise analyze --forecast`` show it: per head the predicted role, confidence,
+    and ``headwise analyze --forecast`` show it (``total_steps`` ``None``: a finished run, whose
+    last checkpoint is its end, as in the benchmark): per head the predicted role, confidence,
     commitment so far and actual final role; per clause the forecast verdict; and the accuracy
     the benchmark measured for this forecaster (never one graded on this run)."""
     n = n_early(len(traj.steps), fraction)

@@ -89,7 +89,7 @@ def _forecast(run_dir: str, compiled: Any) -> dict[str, Any]:
         raise SpecError(f"--forecast: {run_dir} has no checkpoints; expected a run trained "
                         "with train.checkpoint_every >= 1")
     spec = compiled.spec
-    summary = forecast_summary(traj, load_forecaster(), 0.2, spec.train.steps,
+    summary = forecast_summary(traj, load_forecaster(), 0.2, None,
                                contract_of(spec) if spec.contract else None)
     out = console()
     table = Table(title=f"forecast (forecaster v{summary['forecaster_version']}) from steps "

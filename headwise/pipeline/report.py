@@ -164,7 +164,7 @@ def _forecast(traj: Trajectory | None, compiled: Compiled) -> dict[str, Any] | N
     if traj is None or len(traj.steps) < 2:
         return None
     spec = compiled.spec
-    return forecast_summary(traj, load_forecaster(), 0.2, spec.train.steps,
+    return forecast_summary(traj, load_forecaster(), 0.2, None,
                             contract_of(spec) if spec.contract else None)
 
 
