@@ -5,6 +5,8 @@ See docs/roles.md (score definitions and sources) and docs/contracts.md (clause 
 
 from headwise.analysis.contract import Clause, Contract
 from headwise.analysis.explain import Step, Walkthrough, explain_head
+from headwise.analysis.forecast import Forecaster, forecast_heads, linear_forecast, load_forecaster
+from headwise.analysis.forecast_contract import ForecastWatch, forecast_clauses
 from headwise.analysis.importance import (
     ablation_importance,
     example_stats,
@@ -42,11 +44,12 @@ from headwise.analysis.verify import ClauseResult, ContractResult, VerifyData, v
 
 __all__ = [
     "PATTERN_ROLES", "ROLES", "TOP_ROLE_CANDIDATES", "Clause", "ClauseResult", "Contract",
-    "ContractResult", "ImportanceMatrix", "PatchingResult", "RoleTable", "Step", "Trajectory",
-    "VerifyData", "Walkthrough", "ablation_importance", "activation_patching",
-    "build_report", "copying_eigen_ratio", "example_stats", "expected_vs_observed",
-    "explain_head", "gradient_importance", "induction_probe", "infer_period", "ov_logits",
-    "ov_top1", "periodic_probe", "print_report", "probe_info", "random_tokens", "render_html",
-    "role_scores", "role_sums", "score_checkpoints", "scores_from_patterns",
+    "ContractResult", "ForecastWatch", "Forecaster", "ImportanceMatrix", "PatchingResult",
+    "RoleTable", "Step", "Trajectory", "VerifyData", "Walkthrough", "ablation_importance",
+    "activation_patching", "build_report", "copying_eigen_ratio", "example_stats",
+    "expected_vs_observed", "explain_head", "forecast_clauses", "forecast_heads",
+    "gradient_importance", "induction_probe", "infer_period", "linear_forecast", "load_forecaster",
+    "ov_logits", "ov_top1", "periodic_probe", "print_report", "probe_info", "random_tokens",
+    "render_html", "role_scores", "role_sums", "score_checkpoints", "scores_from_patterns",
     "target_similarity", "task_metrics", "verify", "write_report",
 ]

@@ -26,6 +26,7 @@ from headwise.analysis import figures as fig
 from headwise.analysis import report_html as H
 from headwise.analysis._model import as_any, config, in_eval_mode
 from headwise.analysis.explain import Walkthrough, walkthrough_html
+from headwise.analysis.forecast_contract import measured_text
 from headwise.analysis.importance_matrix import ImportanceMatrix
 from headwise.analysis.role_table import SHOWN_MIN_SCORE, RoleTable
 from headwise.analysis.trajectories import Trajectory
@@ -98,6 +99,7 @@ def build_report(*, title: str = "headwise report", model_config: Any = None,
                  roles: RoleTable | None = None,
                  importance: ImportanceMatrix | Sequence[ImportanceMatrix] | None = None,
                  contract: ContractResult | None = None, trajectory: Trajectory | None = None,
+                 forecast: Mapping[str, Any] | None = None,
                  supervised: Sequence[dict[str, Any]] = (),
                  walkthroughs: Sequence[Walkthrough] = (),
                  meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -122,6 +124,8 @@ def build_report(*, title: str = "headwise report", model_config: Any = None,
         report["contract"] = contract.to_dict()
     if trajectory is not None:
         report["trajectories"] = trajectory.to_dict()
+        if forecast is not None:  # forecast_summary(...): scored by the benchmark, not here
+            report["trajectories"]["forecast"] = dict(forecast)
     if supervised:
         report["supervised"] = list(supervised)
     if walkthroughs:
@@ -237,12 +241,22 @@ def _traj_html(t: Mapping[str, Any]) -> str:
         series = {r: v for r, v in h["scores"].items() if r not in ("entropy",)}
         png = fig.lines(t["steps"], series, f"{label} (final: {h['final_role']})")
         parts.append(H.img(fig.data_uri(png), f"{label} scores over training"))
-    rows = [(f"L{h['layer']}.H{h['head']}", h["final_role"], h["commitment_step"],
-             h["forecast"]) for h in t["heads"]]
-    acc = t.get("forecast_accuracy")
-    return ("".join(parts) + f"<p>Forecast from the first {t['forecast_fraction']:.0%} of "
-            f"checkpoints: accuracy {H.fmt(acc)}</p>"
-            + H.table(["head", "final role", "commitment step", "forecast"], rows))
+    rows = [(f"L{h['layer']}.H{h['head']}", h["final_role"], h["commitment_step"])
+            for h in t["heads"]]
+    html = "".join(parts) + H.table(["head", "final role", "commitment step"], rows)
+    f = t.get("forecast")
+    if f:
+        html += (f"<p>Forecast by forecaster v{H.esc(f['forecaster_version'])} from the first "
+                 f"{f['fraction']:.0%} of checkpoints (steps {H.esc(f['from_steps'])}); "
+                 f"{H.esc(measured_text(f['measured']))}.</p>")
+        html += H.table(["head", "forecast", "confidence", "committed at", "final role"],
+                        [(h["head"], h["role"], f"{h['confidence']:.0%}", h["committed_at"],
+                          h["final_role"]) for h in f["heads"]])
+        if f.get("clauses"):
+            html += H.table(["clause", "description", "forecast"],
+                            [(c["clause"], c["description"], c["verdict"])
+                             for c in f["clauses"]])
+    return html
 
 
 def print_report(report: Mapping[str, Any], console: Console | None = None) -> None:

@@ -29,6 +29,11 @@ def register(subparsers: Any) -> None:
                                                      "the cache (default main)")
     p.add_argument("--text", metavar="FILE", help="with --hf: text to score on (one sequence "
                                                   "per non-empty line)")
+    p.add_argument("--forecast", action="store_true",
+                   help="for a run with checkpoints: each head's final role as the packaged "
+                        "forecaster predicts it from the first 20%% of checkpoints (with "
+                        "confidence and commitment step), the clauses it forecasts to fail, "
+                        "and the forecaster's accuracy measured by the benchmark")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (one record per "
                                                   "head under 'roles')")
     add_device_argument(p, "cpu", "cpu")
@@ -44,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
     if args.revision and not args.hf:
         raise SpecError("--revision: only used with --hf")
     check_destination(args.json, "--json")
-    result = (_run(args.run, args.device) if args.run
+    if args.forecast and not args.run:
+        raise SpecError("--forecast: only used with a run directory")
+    result = (_run(args.run, args.device, args.forecast) if args.run
               else _hf(args.hf, args.text, args.revision, args.device))
     if args.json:
         write_file(args.json, json.dumps(result, indent=1), "--json")
@@ -52,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(run_dir: str, device: str) -> dict[str, Any]:
+def _run(run_dir: str, device: str, forecast: bool = False) -> dict[str, Any]:
     from headwise.pipeline.analyze import analyse_run
     from headwise.pipeline.run import load_run
 
@@ -65,7 +72,44 @@ def _run(run_dir: str, device: str) -> dict[str, Any]:
     if analysis.gates is not None:
         out.print("task gates (1 = the head serves the task):")
         out.print(str(analysis.gates), markup=False)
-    return {"run": run_dir, **analysis.to_dict()}
+    result = {"run": run_dir, **analysis.to_dict()}
+    if forecast:
+        result["forecast"] = _forecast(run_dir, compiled)
+    return result
+
+
+def _forecast(run_dir: str, compiled: Any) -> dict[str, Any]:
+    """Print and return the forecast from the run's first 20% of checkpoints."""
+    from rich.table import Table
+
+    from headwise.analysis.forecast import load_forecaster
+    from headwise.analysis.forecast_contract import forecast_summary, measured_text
+    from headwise.pipeline.report import run_trajectory
+    from headwise.pipeline.run import contract_of
+
+    traj = run_trajectory(Path(run_dir), compiled)
+    if traj is None:
+        raise SpecError(f"--forecast: {run_dir} has no checkpoints; expected a run trained "
+                        "with train.checkpoint_every >= 1")
+    spec = compiled.spec
+    summary = forecast_summary(traj, load_forecaster(), 0.2, None,
+                               contract_of(spec) if spec.contract else None)
+    out = console()
+    table = Table(title=f"forecast (forecaster v{summary['forecaster_version']}) from steps "
+                        f"{summary['from_steps']}")
+    for col in ("head", "forecast", "confidence", "committed at", "final role"):
+        table.add_column(col)
+    for h in summary["heads"]:
+        table.add_row(h["head"], h["role"], f"{h['confidence']:.0%}",
+                      "-" if h["committed_at"] is None else str(h["committed_at"]),
+                      h["final_role"])
+    out.print(table)
+    for c in summary.get("clauses", []):
+        heads = ", ".join(f"{h['head']} forecast {h['role']}" for h in c["heads"])
+        out.print(f"{c['clause']} {c['description']}: forecast {c['verdict']}"
+                  + (f" ({heads})" if heads and c["verdict"] == "fail" else ""), markup=False)
+    out.print(measured_text(summary["measured"]), markup=False)
+    return summary
 
 
 def _hf(name: str, text: str | None, revision: str | None, device: str) -> dict[str, Any]:

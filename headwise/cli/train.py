@@ -7,7 +7,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from headwise.cli.device_arg import add_device_argument
+from headwise.errors import SpecError
 from headwise.pipeline.output import console, print_outcome, set_threads
 
 
@@ -39,6 +42,10 @@ def register(subparsers: Any) -> None:
                         "models)")
     p.add_argument("--steps", type=int, default=None, metavar="N",
                    help="train for N steps instead of the spec's train.steps")
+    p.add_argument("--forecast-every", type=int, default=0, metavar="N",
+                   help="every N steps (at evaluation points) forecast each head's final role "
+                        "and warn about contract clauses forecast to fail (needs "
+                        "train.eval_every)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_device_argument(p, None, "the spec's train.device, itself auto by default")
     p.set_defaults(func=run)
@@ -62,13 +69,19 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads is not None:
         set_threads(args.threads)
+    if args.forecast_every < 0:
+        raise SpecError(f"--forecast-every: got {args.forecast_every}, expected an integer >= 1 "
+                        "(or 0: no forecasts)")
     out = Path(args.out) if args.out else default_out(args.spec)
     resume = f"headwise train {args.spec} --out {out} --resume"
     try:
         outcome = train_run(Path(args.spec), out, resume=args.resume, enforce=args.enforce,
                             overwrite=args.overwrite, progress=not args.quiet,
                             steps=args.steps, allow_unenforced=args.allow_unenforced,
-                            enforce_budget=args.enforce_budget, device=args.device)
+                            enforce_budget=args.enforce_budget, device=args.device,
+                            forecast_every=args.forecast_every,
+                            warn=lambda line: console().print(f"[yellow]warning:[/yellow] "
+                                                              f"{escape(line)}"))
     except Interrupted as e:
         print(f"interrupted at step {e.step}; resume with: {resume}", file=sys.stderr)
         return 130

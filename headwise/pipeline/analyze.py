@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from headwise.analysis.importance import ablation_importance
 from headwise.analysis.importance_matrix import ImportanceMatrix
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.roles import role_scores
+from headwise.analysis.verify import VerifyData
 from headwise.control.gates import GateTable, gate_table
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.run import verify_data
@@ -46,6 +48,16 @@ def analyse_run(compiled: Compiled, n_boot: int = 200) -> RunAnalysis:
     """Measure a compiled (trained) model on its held-out data (see module docstring)."""
     model = compiled.model
     data = verify_data(compiled)
+    table = run_role_table(model, data)
+    importance = ablation_importance(model, data.tasks, n_boot=n_boot)
+    gates = gate_table(model, list(compiled.task_names)) if compiled.gates is not None else None
+    return RunAnalysis(table, importance, gates)
+
+
+def run_role_table(model: nn.Module, data: VerifyData) -> RoleTable:
+    """The role table ``headwise analyze`` shows: data roles on the held-out mixture, induction
+    on the ``repeated`` probe. Trajectories and forecasts score every checkpoint with this too,
+    so a run's last trajectory point is its role table."""
     model.eval()
     with torch.no_grad():
         batch = data.probes["default"]
@@ -55,9 +67,7 @@ def analyse_run(compiled: Compiled, n_boot: int = 200) -> RunAnalysis:
             rep = data.probes["repeated"]
             ind = role_scores(model, rep.tokens, roles=["induction"], task_ids=rep.task_ids)
             table = _join(table, ind)
-    importance = ablation_importance(model, data.tasks, n_boot=n_boot)
-    gates = gate_table(model, list(compiled.task_names)) if compiled.gates is not None else None
-    return RunAnalysis(table, importance, gates)
+    return table
 
 
 def _join(a: RoleTable, b: RoleTable) -> RoleTable:

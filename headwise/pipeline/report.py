@@ -25,9 +25,9 @@ from headwise.analysis.verify import ContractResult
 from headwise.data import TASKS
 from headwise.data.batch import token_labels
 from headwise.patterns import DEFAULT_WINDOW
-from headwise.pipeline.analyze import DATA_ROLES, analyse_run, metrics_curve
+from headwise.pipeline.analyze import analyse_run, metrics_curve, run_role_table
 from headwise.pipeline.compile import Compiled
-from headwise.pipeline.run import load_run
+from headwise.pipeline.run import load_run, verify_data
 from headwise.train import list_checkpoints, load_weights
 from headwise.train.manifest import verify_manifest
 
@@ -44,7 +44,7 @@ def write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult
     model = compiled.model
     model.eval()
     analysis = analyse_run(compiled)
-    batch = compiled.eval_batch
+    trajectory = run_trajectory(run_dir, compiled)
     meta: dict[str, Any] = {"spec": str(run_dir / "spec.yaml"),
                             "tasks": ", ".join(compiled.task_names),
                             "train.steps": spec.train.steps}
@@ -59,7 +59,7 @@ def write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult
     report = build_report(
         title=f"headwise report: {_title(spec.text) or run_dir.name}",
         model_config=spec.model.config, roles=analysis.roles, importance=analysis.importance,
-        contract=contract, trajectory=_trajectory(run_dir, model, batch),
+        contract=contract, trajectory=trajectory, forecast=_forecast(trajectory, compiled),
         supervised=_supervised(compiled), walkthroughs=_walkthroughs(compiled), meta=meta)
     if enforcement is not None:
         report["enforcement"] = json.loads(json.dumps(enforcement, default=str))
@@ -86,7 +86,6 @@ def report_existing_run(run_dir: str | Path) -> dict[str, Path]:
     """Rebuild ``report.{json,html}`` of a finished run from its files."""
     from headwise.analysis.contract import Contract
     from headwise.analysis.verify import verify
-    from headwise.pipeline.run import verify_data
 
     run_dir = Path(run_dir)
     compiled = load_run(run_dir)
@@ -136,12 +135,14 @@ def _enforcement_meta(e: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _trajectory(run_dir: Path, model: nn.Module, batch: Any) -> Trajectory | None:
-    """Role scores at every checkpoint (and the final weights), on the held-out batch."""
+def run_trajectory(run_dir: Path, compiled: Compiled) -> Trajectory | None:
+    """The role table (``run_role_table``) at every checkpoint of ``run_dir``; ``None`` without
+    checkpoints. The model's final weights are restored afterwards."""
     ckpts = list_checkpoints(run_dir)
     if not ckpts:
         return None
-    final = run_dir / "model.safetensors"
+    model, data = compiled.model, verify_data(compiled)
+    final = Path(run_dir) / "model.safetensors"
 
     def models() -> Iterator[tuple[int, nn.Module]]:
         for step, path in ckpts:
@@ -151,10 +152,22 @@ def _trajectory(run_dir: Path, model: nn.Module, batch: Any) -> Trajectory | Non
 
     try:
         with torch.no_grad():
-            return score_checkpoints(models(), batch.tokens, attention_mask=batch.attention_mask,
-                                     roles=list(DATA_ROLES), task_ids=batch.task_ids)
+            return score_checkpoints(models(), lambda m: run_role_table(m, data))
     finally:
         load_weights(model, final)
+
+
+def _forecast(traj: Trajectory | None, compiled: Compiled) -> dict[str, Any] | None:
+    """The packaged forecaster's view from the first 20% of checkpoints (with the contract)."""
+    from headwise.analysis.forecast import load_forecaster
+    from headwise.analysis.forecast_contract import forecast_summary
+    from headwise.pipeline.run import contract_of
+
+    if traj is None or len(traj.steps) < 2:
+        return None
+    spec = compiled.spec
+    return forecast_summary(traj, load_forecaster(), 0.2, None,
+                            contract_of(spec) if spec.contract else None)
 
 
 def _first_example(compiled: Compiled, task: int) -> tuple[torch.Tensor, int]:

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,7 +196,8 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
               enforce: bool = False, overwrite: bool = False,
               progress: bool = True, allow_unenforced: bool = False,
               enforce_budget: float = 1.0, steps: int | None = None,
-              device: str | None = None) -> RunOutcome:
+              device: str | None = None, forecast_every: int = 0,
+              warn: Callable[[str], None] = print) -> RunOutcome:
     """Train a spec into ``out``, verify its contract and write the report.
 
     With ``enforce``, training stops at the first evaluation point where the contract holds and
@@ -204,9 +206,14 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
 
     ``steps`` overrides ``train.steps`` (``headwise train --steps N``).
 
+    With ``forecast_every``, every that many steps (at evaluation points) the packaged
+    forecaster predicts final roles and ``warn`` gets a line per contract clause forecast to
+    fail (``headwise.analysis.forecast_contract``).
+
     Raises:
-        SpecError: an invalid spec, ``--enforce`` without evaluation points, or (unless
-            ``allow_unenforced``) a clause no lever can move under ``--enforce``.
+        SpecError: an invalid spec, ``--enforce`` or ``forecast_every`` without evaluation
+            points, or (unless ``allow_unenforced``) a clause no lever can move under
+            ``--enforce``.
         ConfigError: an unknown or unavailable device.
         CheckpointError: ``resume`` from a corrupt checkpoint.
     """
@@ -228,13 +235,16 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
                         "(enforcement acts at evaluation points)")
     if enforce and not spec.contract:
         raise SpecError("contract: missing; --enforce needs a contract to enforce")
+    if forecast_every and spec.train.eval_every == 0:
+        raise SpecError("train.eval_every: got 0, expected an integer >= 1 with "
+                        "--forecast-every (forecasts are made at evaluation points)")
     out = Path(out)
     check_training_memory(spec)
     compiled = compile_spec(spec)
     place(compiled.model, spec.train.device, "--device" if device is not None else "train.device")
     contract = contract_of(spec)
     data = verify_data(compiled)  # on the training device: enforcement verifies mid-run
-    callbacks = []
+    callbacks: list[Callable[[Any], None]] = []
     if enforce:
         levers = plan(compiled, contract)
         missing = [c for c in contract if levers.get(c.index) is None]
@@ -244,6 +254,9 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
                             f"{c.threshold_text()}); see `headwise plan`, or pass "
                             "--allow-unenforced to enforce the others")
         callbacks.append(Enforcer(contract, data, levers))
+    if forecast_every:
+        callbacks.append(_forecast_watch(compiled, data, contract, forecast_every, warn,
+                                         math.ceil(spec.train.steps * enforce_budget)))
     main = is_main_process()
     if main:
         spec_dir = Path(spec_source).parent if isinstance(spec_source, Path) or (
@@ -300,6 +313,16 @@ def check_training_memory(spec: Spec) -> None:
     check_memory(f"train.batch_size={train_config.batch_size} with sequences of {seq} tokens "
                  f"on this model (training step and {examples} evaluation examples)",
                  training_bytes(config, train_config.batch_size, seq) + examples * seq * 24)
+
+
+def _forecast_watch(compiled: Compiled, data: VerifyData, contract: Contract, every: int,
+                    warn: Callable[[str], None], total_steps: int) -> Callable[[Any], None]:
+    from headwise.analysis.forecast import load_forecaster
+    from headwise.analysis.forecast_contract import ForecastWatch
+    from headwise.pipeline.analyze import run_role_table
+
+    return ForecastWatch(lambda m: run_role_table(m, data), total_steps, every,
+                         contract if contract.clauses else None, load_forecaster(), warn)
 
 
 def is_main_process() -> bool:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from headwise import Head, ModelConfig, build_model
+from headwise.analysis.forecast import linear_forecast
 from headwise.analysis.ov import copying_eigen_ratio, ov_logits, ov_top1
 from headwise.analysis.probes import (
     induction_probe,
@@ -83,22 +84,28 @@ def _table(prev: float, ind: float) -> RoleTable:
                      torch.tensor([[prev, 0.0], [0.1, ind]], dtype=torch.float64))
 
 
-def test_trajectory_commitment_and_forecast() -> None:
+def test_trajectory_commitment_and_linear_forecast() -> None:
     # L0.H0 rises linearly (forecastable); L1.H0 has a late phase change (not forecastable)
     steps = list(range(100, 1100, 100))
     tables = [(s, _table(prev=s / 1000, ind=0.05 if s < 600 else 0.9)) for s in steps]
     traj = Trajectory(list(reversed(tables)))  # order does not matter
     assert traj.steps == steps
-    assert traj.top_roles("L1.H0")[:5] == ["previous_token"] * 5
+    # the role table's shown threshold (0.25): scores of 0.1 and 0.05 are "none"
+    assert traj.top_roles("L0.H0")[:3] == ["none", "none", "previous_token"]
+    assert traj.top_roles("L1.H0")[:5] == ["none"] * 5
     assert traj.final_role("L1.H0") == "induction"
     assert traj.commitment_step("L1.H0") == 600
-    assert traj.commitment_step("L0.H0") == 100
-    assert traj.forecast("L0.H0") == "previous_token"
-    assert traj.forecast("L1.H0") == "previous_token"  # the flat start predicts no induction
-    assert traj.forecast_accuracy() == 0.5
+    assert traj.commitment_step("L0.H0") == 300
+    assert traj.commitment_step("L0.H0", min_score=0.0) == 100
+    # baseline from the first two checkpoints: the line 0.1, 0.2 reaches 1.0 at step 1000;
+    # the flat start of L1.H0 (0.1 and 0.05) stays under the threshold
+    assert linear_forecast(traj, 2) == ["previous_token", "none"]
     d = traj.to_dict()
-    assert d["heads"][1]["commitment_step"] == 600 and d["forecast_accuracy"] == 0.5
+    assert d["heads"][1]["commitment_step"] == 600 and "forecast_accuracy" not in d
     assert math.isclose(d["heads"][0]["scores"]["previous_token"][-1], 1.0)
+    back = Trajectory.from_dict(d)
+    assert back.steps == steps and torch.equal(back.values, traj.values)
+    assert traj.upto(3).steps == steps[:3]
     with pytest.raises(ValueError, match="tables"):
         Trajectory([])
 

@@ -1,0 +1,310 @@
+"""Forecasts of heads' final roles from early checkpoints: the linear baseline and a fitted model.
+
+Both read the first checkpoints of a ``Trajectory`` (scored by the role-table function) and
+predict each head's final top role among ``CLASSES`` (the table's top-role candidates and
+``"none"``, with the table's shown threshold ``SHOWN_MIN_SCORE``):
+
+- ``linear_forecast`` (baseline): a least-squares line per role score through the early
+  checkpoints, extrapolated to the last step and clipped to [0, 1]; the top role of those
+  values, ``"none"`` below the threshold.
+- ``Forecaster``: a conditional-logit model (logistic regression with one weight vector
+  shared by the roles, no per-role bias) on early signals (``early_features``: each role's
+  latest score, its change, its slope projected to the end, its linear extrapolation, whether
+  it leads now or in the extrapolation and by how much, and the share of training seen). Its
+  weights are small versioned JSON in the package (``headwise/data/forecaster_v1.json``,
+  written by ``bench/bench_forecast.py``) together with the accuracy the benchmark measured on
+  held-out runs; loading never unpickles.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from headwise.analysis.role_table import SHOWN_MIN_SCORE, TOP_ROLE_CANDIDATES
+from headwise.analysis.trajectories import Trajectory
+from headwise.heads import Head
+
+CLASSES = (*TOP_ROLE_CANDIDATES, "none")
+FORECASTER_FILE = "forecaster_v1.json"
+FORMAT = "headwise-forecaster"
+
+
+def n_early(n_checkpoints: int, fraction: float) -> int:
+    """Checkpoints in the first ``fraction`` of a trajectory: ``ceil(fraction * C)``, >= 2."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction: got {fraction}, expected a number in (0, 1]")
+    return min(n_checkpoints, max(2, math.ceil(fraction * n_checkpoints)))
+
+
+def _candidate_values(traj: Trajectory) -> Tensor:
+    """(C, N, 6) scores of the candidate roles; NaN where undefined or not scored."""
+    C, N = len(traj.steps), len(traj.heads)
+    out = torch.full((C, N, len(TOP_ROLE_CANDIDATES)), math.nan, dtype=torch.float64)
+    for j, role in enumerate(TOP_ROLE_CANDIDATES):
+        if role in traj.roles:
+            out[:, :, j] = traj.values[:, :, traj.roles.index(role)]
+    return out
+
+
+def _fit_lines(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """Least-squares lines through ``(x, y[:, n, r])`` ignoring NaN: (intercept, slope) (N, R).
+
+    x (C,), y (C, N, R). A series with one point gets slope 0; none gets NaN.
+    """
+    ok = ~torch.isnan(y)
+    w = ok.to(y.dtype)
+    n = w.sum(0)  # (N, R)
+    xs = x[:, None, None].expand_as(y)
+    yz = torch.where(ok, y, torch.zeros_like(y))
+    xm = (xs * w).sum(0) / n.clamp_min(1)
+    ym = (yz * w).sum(0) / n.clamp_min(1)
+    var = (((xs - xm) ** 2) * w).sum(0)
+    cov = ((xs - xm) * (yz - ym) * w).sum(0)
+    slope = torch.where(var > 0, cov / var.clamp_min(1e-300), torch.zeros_like(var))
+    intercept = ym - slope * xm
+    nan = torch.full_like(intercept, math.nan)
+    return torch.where(n > 0, intercept, nan), torch.where(n > 0, slope, nan)
+
+
+def _top(values: Tensor, min_score: float) -> list[str]:
+    """Per row of (N, R) candidate values, the top role (NaN never wins; ``none`` below)."""
+    out = []
+    for row in values:
+        filled = torch.where(torch.isnan(row), torch.full_like(row, -math.inf), row)
+        j = int(filled.argmax())
+        out.append(TOP_ROLE_CANDIDATES[j] if float(filled[j]) >= min_score else "none")
+    return out
+
+
+def linear_forecast(traj: Trajectory, n: int, total_steps: int | None = None,
+                    min_score: float = SHOWN_MIN_SCORE) -> list[str]:
+    """Baseline: each head's final role from its first ``n`` checkpoints (see module).
+
+    Args:
+        traj: the trajectory (only its first ``n`` checkpoints are read).
+        n: checkpoints to use (at least 1).
+        total_steps: the step to extrapolate to (default: the trajectory's last step).
+        min_score: the role table's threshold.
+    """
+    n = max(1, min(n, len(traj.steps)))
+    end = float(total_steps if total_steps is not None else traj.steps[-1])
+    x = torch.tensor(traj.steps[:n], dtype=torch.float64)
+    a, b = _fit_lines(x, _candidate_values(traj)[:n])
+    return _top((a + b * end).clamp(0.0, 1.0), min_score)
+
+
+ROLE_FEATURES = ("last", "change", "gain", "linear", "recent", "top_now", "top_linear",
+                 "lead_last", "lead_linear", "lead_recent", "defined")
+NONE_FEATURES = ("top_score", "top_linear_score", "none_now", "none_linear", "seen")
+
+
+@dataclass(frozen=True)
+class EarlyFeatures:
+    """Early signals of N heads: ``roles`` (N, R, len(ROLE_FEATURES)) for each candidate role,
+    ``none`` (N, len(NONE_FEATURES)) for the ``none`` class."""
+
+    roles: Tensor
+    none: Tensor
+
+    @staticmethod
+    def cat(parts: Sequence[EarlyFeatures]) -> EarlyFeatures:
+        return EarlyFeatures(torch.cat([p.roles for p in parts]),
+                             torch.cat([p.none for p in parts]))
+
+
+def early_features(traj: Trajectory, n: int, total_steps: int | None = None,
+                   min_score: float = SHOWN_MIN_SCORE) -> EarlyFeatures:
+    """Early signals of every head from the first ``n`` checkpoints.
+
+    Steps are read as fractions of ``total_steps`` (default: the last step), so runs of
+    different lengths share one scale. Per candidate role (``ROLE_FEATURES``): the ``last``
+    score, its ``change`` since the first checkpoint, ``gain`` (slope x remaining fraction,
+    clipped to [-1, 1]), ``linear`` (the baseline's clipped extrapolation), ``recent`` (the
+    slope of the last two checkpoints extrapolated, clipped), whether the role is
+    the top role now / of the extrapolation (``top_now``, ``top_linear``), its lead over the
+    best other role now and extrapolated (``lead_last``, ``lead_linear``, ``lead_recent``) and
+    whether it is defined. For ``none`` (``NONE_FEATURES``): the best score now and
+    extrapolated, whether the head shows ``none`` now / in the extrapolation, and the share of
+    training ``seen``.
+    Undefined scores read 0.
+    """
+    n = max(1, min(n, len(traj.steps)))
+    total = float(total_steps if total_steps is not None else traj.steps[-1])
+    x = torch.tensor(traj.steps[:n], dtype=torch.float64) / total  # (n,)
+    y = _candidate_values(traj)[:n]  # (n, N, R)
+    a, b = _fit_lines(x, y)
+    seen = float(x[-1])
+    z = torch.nan_to_num
+    last = z(y[-1])
+    linear = z((a + b).clamp(0.0, 1.0))
+    top_now, top_lin = _top(y[-1], min_score), _top(a + b, min_score)
+
+    def onehot(tops: list[str]) -> Tensor:  # (N, R) 1 where the role is the top role
+        return torch.tensor([[float(t == r) for r in TOP_ROLE_CANDIDATES] for t in tops],
+                            dtype=torch.float64)
+
+    def lead(v: Tensor) -> Tensor:  # (N, R) margin over the best other role
+        two = v.topk(2, dim=1).values
+        best_other = torch.where(v >= two[:, :1], two[:, 1:2], two[:, :1])
+        return v - best_other
+
+    # the latest slope (last two checkpoints) carried to the end: saturating curves flatten
+    step_slope = (y[-1] - y[-2]) / (x[-1] - x[-2]) if n >= 2 else torch.zeros_like(y[-1])
+    recent = z((y[-1] + step_slope * (1.0 - seen)).clamp(0.0, 1.0))
+    roles = torch.stack([last, z(y[-1] - y[0]), z(b * (1.0 - seen)).clamp(-1.0, 1.0), linear,
+                         recent, onehot(top_now), onehot(top_lin), lead(last), lead(linear),
+                         lead(recent), (~torch.isnan(y[-1])).to(torch.float64)],
+                        dim=-1)  # (N, R, Fr)
+    none = torch.stack([last.max(1).values, linear.max(1).values,
+                        torch.tensor([float(t == "none") for t in top_now], dtype=torch.float64),
+                        torch.tensor([float(t == "none") for t in top_lin], dtype=torch.float64),
+                        torch.full((last.shape[0],), seen, dtype=torch.float64)], dim=-1)
+    return EarlyFeatures(roles, none)
+
+
+@dataclass
+class Forecaster:
+    """A conditional-logit model over ``CLASSES``, symmetric in the roles.
+
+    Role ``r``'s logit is ``w . z_r`` (``z_r``: the role's standardised ``ROLE_FEATURES``; one
+    weight vector and no per-role bias, so what is learnt about one role carries to roles that
+    are rare or absent in the fitted runs); ``none``'s logit is ``v . z_none + c``; the
+    probabilities are their softmax. ``measured`` holds what the benchmark measured on held-out
+    runs (accuracy, fraction, command), quoted by reports.
+    """
+
+    version: str
+    role_mean: Tensor  # (Fr,)
+    role_std: Tensor  # (Fr,)
+    role_weight: Tensor  # (Fr,)
+    none_mean: Tensor  # (Fn,)
+    none_std: Tensor  # (Fn,)
+    none_weight: Tensor  # (Fn,)
+    none_bias: Tensor  # (1,)
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    def probabilities(self, feats: EarlyFeatures) -> Tensor:
+        """(N, K) class probabilities, classes in ``CLASSES`` order."""
+        return torch.softmax(self._logits(feats, self.role_weight, self.none_weight,
+                                          self.none_bias), dim=-1)
+
+    def _logits(self, f: EarlyFeatures, w: Tensor, v: Tensor, c: Tensor) -> Tensor:
+        zr = (f.roles - self.role_mean) / self.role_std  # (N, R, Fr)
+        zn = (f.none - self.none_mean) / self.none_std  # (N, Fn)
+        return torch.cat([zr @ w, (zn @ v + c)[:, None]], dim=1)  # (N, R + 1)
+
+    def predict(self, traj: Trajectory, n: int, total_steps: int | None = None
+                ) -> list[tuple[str, float]]:
+        """Per head: (predicted final role, its probability) from the first ``n`` checkpoints."""
+        p = self.probabilities(early_features(traj, n, total_steps))
+        conf, idx = p.max(dim=1)
+        return [(CLASSES[int(i)], float(c)) for i, c in zip(idx, conf, strict=True)]
+
+    @classmethod
+    def fit(cls, feats: EarlyFeatures, labels: Sequence[str], version: str, l2: float = 1e-3,
+            measured: dict[str, Any] | None = None) -> Forecaster:
+        """Fit on M heads' features and final roles (L2 on the weights, L-BFGS, float64)."""
+        y = torch.tensor([CLASSES.index(c) for c in labels])
+        flat = feats.roles.reshape(-1, feats.roles.shape[-1])
+        f = cls(version, flat.mean(0), flat.std(0).clamp_min(1e-6), torch.empty(0),
+                feats.none.mean(0), feats.none.std(0).clamp_min(1e-6), torch.empty(0),
+                torch.empty(0), dict(measured or {}))
+        dt = torch.float64
+        w = torch.zeros(len(ROLE_FEATURES), dtype=dt, requires_grad=True)
+        v = torch.zeros(len(NONE_FEATURES), dtype=dt, requires_grad=True)
+        c = torch.zeros(1, dtype=dt, requires_grad=True)
+        opt = torch.optim.LBFGS([w, v, c], max_iter=500, line_search_fn="strong_wolfe")
+
+        def closure() -> Tensor:
+            opt.zero_grad()
+            loss = (torch.nn.functional.cross_entropy(f._logits(feats, w, v, c), y)
+                    + l2 * ((w ** 2).sum() + (v ** 2).sum()))
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        f.role_weight = w.detach()
+        f.none_weight, f.none_bias = v.detach(), c.detach()
+        return f
+
+    def to_json(self) -> str:
+        """The forecaster as JSON (``load_forecaster`` reads it back)."""
+        return json.dumps({
+            "format": FORMAT, "version": self.version, "classes": list(CLASSES),
+            "role_features": list(ROLE_FEATURES), "none_features": list(NONE_FEATURES),
+            **{k: getattr(self, k).tolist() for k in _TENSORS}, "measured": self.measured},
+            indent=1)
+
+
+_TENSORS = ("role_mean", "role_std", "role_weight", "none_mean", "none_std", "none_weight",
+            "none_bias")
+
+
+def load_forecaster(path: str | Path | None = None) -> Forecaster:
+    """Read a forecaster from JSON (default: the one packaged with headwise). Plain JSON only.
+
+    Raises:
+        ValueError: not a forecaster file, or one made for other classes or features.
+    """
+    if path is None:
+        text = resources.files("headwise.data").joinpath(FORECASTER_FILE).read_text("utf-8")
+        where = f"headwise/data/{FORECASTER_FILE}"
+    else:
+        text, where = Path(path).read_text("utf-8"), str(path)
+    d = json.loads(text)
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise ValueError(f"{where}: format: expected {FORMAT!r}")
+    if (d.get("classes") != list(CLASSES) or d.get("role_features") != list(ROLE_FEATURES)
+            or d.get("none_features") != list(NONE_FEATURES)):
+        raise ValueError(f"{where}: classes/role_features/none_features: expected "
+                         f"{list(CLASSES)}, {list(ROLE_FEATURES)}, {list(NONE_FEATURES)}")
+    t = {k: torch.tensor(d[k], dtype=torch.float64) for k in _TENSORS}
+    shapes = {"role_mean": (len(ROLE_FEATURES),), "role_std": (len(ROLE_FEATURES),),
+              "role_weight": (len(ROLE_FEATURES),),
+              "none_mean": (len(NONE_FEATURES),), "none_std": (len(NONE_FEATURES),),
+              "none_weight": (len(NONE_FEATURES),), "none_bias": (1,)}
+    for k, shape in shapes.items():
+        if tuple(t[k].shape) != shape:
+            raise ValueError(f"{where}: {k}: got shape {tuple(t[k].shape)}, expected {shape}")
+    return Forecaster(str(d["version"]), **t, measured=dict(d.get("measured") or {}))
+
+
+@dataclass(frozen=True)
+class HeadForecast:
+    """One head's forecast: predicted final role, its probability, and the observed commitment.
+
+    ``committed_at`` is the first observed step from which the head's top role has been the
+    predicted role (``None`` when its latest top role differs).
+    """
+
+    head: Head
+    role: str
+    confidence: float
+    committed_at: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"head": str(self.head), "role": self.role, "confidence": self.confidence,
+                "committed_at": self.committed_at}
+
+
+def forecast_heads(traj: Trajectory, forecaster: Forecaster, n: int | None = None,
+                   total_steps: int | None = None) -> list[HeadForecast]:
+    """The forecaster's prediction for every head from the first ``n`` checkpoints (default:
+    all of them, e.g. during training), with the commitment observed so far."""
+    n = len(traj.steps) if n is None else max(1, min(n, len(traj.steps)))
+    seen = traj.upto(n)
+    out = []
+    for head, (role, conf) in zip(seen.heads, forecaster.predict(seen, n, total_steps),
+                                  strict=True):
+        committed = (seen.commitment_step(head) if seen.final_role(head) == role else None)
+        out.append(HeadForecast(head, role, conf, committed))
+    return out

@@ -1,0 +1,102 @@
+"""End to end on one small run: honest trajectories, forecast warnings, `analyze --forecast`.
+
+One 1-layer run (module fixture, ~10 s on a loaded core) trains with `forecast_every`; its
+contract asks L0.H0 (masked to the previous token) and L0.H1 (which nothing asks to be one)
+to be previous-token heads, so the second clause fails in the end.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from headwise.cli import main
+from headwise.pipeline.report import write_run_report
+from headwise.pipeline.run import RunOutcome, train_run
+
+pytestmark = pytest.mark.slow
+
+SPEC = """\
+name: forecast-warning
+model: {n_layers: 1, n_heads: 2, d_model: 32, vocab_size: 12, max_seq_len: 10}
+data:
+  tasks:
+    copy: {length: 4}
+  eval_examples: 256
+train: {steps: 200, batch_size: 32, lr: 3.0e-3, eval_every: 20, checkpoint_every: 20, seed: 0}
+heads:
+  L0.H0: {mask: previous_token}
+contract:
+  - {name: "masked previous-token head", head: L0.H0, score: previous_token, at_least: 0.9}
+  - {name: "L0.H1 is a previous-token head", head: L0.H1, score: previous_token, at_least: 0.9}
+"""
+
+
+@dataclass
+class Run:
+    outcome: RunOutcome
+    warnings: list[str]
+    report: dict
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    root = tmp_path_factory.mktemp("forecast")
+    spec = root / "spec.yaml"
+    spec.write_text(SPEC)
+    warnings: list[str] = []
+    outcome = train_run(spec, root / "run", progress=False, forecast_every=40,
+                        warn=warnings.append)
+    paths = write_run_report(outcome.run_dir, outcome.compiled, outcome.contract)
+    return Run(outcome, warnings, json.loads(paths["json"].read_text()))
+
+
+def test_warning_names_the_clause_that_later_fails(run: Run) -> None:
+    assert run.outcome.contract is not None
+    verdicts = [c.passed for c in run.outcome.contract.results]
+    assert verdicts == [True, False]  # the clause really fails at the end
+    assert run.warnings, "no forecast warning"
+    first = run.warnings[0]
+    assert "contract[1]" in first and "L0.H1" in first
+    step = int(first.split("forecast at step ")[1].split(" ")[0])
+    assert step < 200  # before training ends
+    assert not any("contract[0]" in w for w in run.warnings)
+
+
+def test_final_trajectory_roles_equal_the_role_table(run: Run) -> None:
+    traj, roles = run.report["trajectories"], run.report["roles"]
+    assert "induction" in traj["roles"]  # every role the table shows, induction included
+    assert set(roles["roles"]) == set(traj["roles"])
+    assert traj["steps"][-1] == 200
+    assert traj["min_score"] == 0.25
+    for h in traj["heads"]:
+        label = f"L{h['layer']}.H{h['head']}"
+        assert h["final_role"] == roles["top_roles"][label]
+        rec = next(r for r in roles["records"] if (r["layer"], r["head"]) == (h["layer"],
+                                                                               h["head"]))
+        for role, series in h["scores"].items():
+            assert series[-1] == pytest.approx(rec[role], abs=1e-9)
+
+
+def test_report_quotes_the_benchmark_not_the_run(run: Run) -> None:
+    traj = run.report["trajectories"]
+    assert "forecast_accuracy" not in traj
+    f = traj["forecast"]
+    assert f["forecaster_version"] == "1" and f["measured"]["n_runs"] >= 12
+    assert [c["verdict"] for c in f["clauses"]][1] in ("fail", "pass")
+    html = (run.outcome.run_dir / "report.html").read_text()
+    assert "benchmark accuracy from the first 20% of checkpoints on held-out runs" in html
+
+
+def test_analyze_forecast_cli(run: Run, tmp_path: Path,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "a.json"
+    assert main(["analyze", str(run.outcome.run_dir), "--forecast", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "forecast (forecaster v1)" in text and "held-out" in text
+    result = json.loads(out.read_text())
+    assert [h["head"] for h in result["forecast"]["heads"]] == ["L0.H0", "L0.H1"]
+    assert main(["analyze", "--hf", str(tmp_path), "--forecast"]) == 2
