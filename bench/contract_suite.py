@@ -1,0 +1,169 @@
+"""Issue 10: the public contract suite, each spec trained plain and with ``--enforce``.
+
+Every spec in ``headwise/examples/suite/`` is trained twice, each in its own subprocess with one
+torch thread: plainly (``train_run``) and with enforcement (``train_run(enforce=True)``). The
+Enforcer callback is wrapped (a subclass that times each call; ``headwise.enforce`` is not
+modified) to measure the share of the enforced run's wall time spent verifying the contract at
+evaluation points. Prints a markdown table: clauses held plain / enforced, steps used, the
+tasks' held-out accuracy and exact match, wall times, the verification share, then the total
+share of clauses held and every clause that fails with ``--enforce``.
+
+    python bench/contract_suite.py [--jobs 1] [--only NAME ...] [--json PATH]
+
+``--jobs 2`` runs two subprocesses at a time (faster on two cores, but each wall time then
+includes contention: compare only ratios measured the same way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+SUITE = Path(__file__).resolve().parent.parent / "headwise" / "examples" / "suite"
+
+
+def run_one(spec: Path, enforce: bool, out: Path, constants: dict[str, float]) -> dict[str, Any]:
+    """Train ``spec`` once (in this process) and return what the table needs.
+
+    ``constants`` overrides constants at the top of ``headwise.enforce`` (``ETA``,
+    ``LAMBDA_MAX``, ``P_MAX``, ``ABLATION_SCALE``, ``MARGIN``) for this run, to measure them.
+    """
+    import torch
+
+    import headwise.enforce as enforce_mod
+    from headwise.pipeline.run import train_run
+    from headwise.train.evaluate import evaluate
+
+    torch.set_num_threads(1)
+    timings: list[float] = []
+    for name, value in constants.items():
+        if not hasattr(enforce_mod, name):
+            raise SystemExit(f"--set: headwise.enforce has no constant {name}")
+        setattr(enforce_mod, name, value)
+
+    class TimedEnforcer(enforce_mod.Enforcer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)  # its eta / lambda_max defaults bound at import
+            self.eta, self.lambda_max = enforce_mod.ETA, enforce_mod.LAMBDA_MAX
+
+        def __call__(self, state: Any) -> None:
+            start = time.perf_counter()
+            super().__call__(state)
+            timings.append(time.perf_counter() - start)
+
+    enforce_mod.Enforcer = TimedEnforcer  # type: ignore[misc]  # train_run imports it per call
+    start = time.perf_counter()
+    outcome = train_run(spec, out, enforce=enforce, overwrite=True, progress=False)
+    wall = time.perf_counter() - start
+    compiled = outcome.compiled
+    record = evaluate(compiled.model, compiled.eval_data, batch_size=256, n_batches=2,
+                      seed=compiled.spec.data.eval_seed)
+    verdict = outcome.contract
+    assert verdict is not None
+    return {
+        "spec": spec.stem, "enforce": enforce, "wall_s": wall, "verify_s": sum(timings),
+        "evaluations": len(timings), "steps": outcome.train.step,
+        "max_steps": compiled.spec.train.steps,
+        "held": sum(r.passed for r in verdict.results), "n_clauses": len(verdict.results),
+        "clauses": [{"index": r.clause.index, "name": r.clause.name or r.clause.describe(),
+                     "kind": r.clause.kind, "threshold": r.clause.threshold_text(),
+                     "measured": r.measured, "passed": r.passed} for r in verdict.results],
+        "tasks": {t: {"accuracy": v["accuracy"], "exact": v["exact"]}
+                  for t, v in record["tasks"].items()},
+        "multipliers": (outcome.enforcement or {}).get("clauses") and {
+            str(c["index"]): c["multiplier"] for c in outcome.enforcement["clauses"]},
+    }
+
+
+def spawn(spec: Path, enforce: bool, tmp: Path, sets: list[str]) -> dict[str, Any]:
+    """``run_one`` in a fresh subprocess (one thread, nothing shared between runs)."""
+    out = tmp / f"{spec.stem}-{'enf' if enforce else 'plain'}"
+    cmd = [sys.executable, __file__, "--worker", str(spec), str(out)]
+    if enforce:
+        cmd.append("--enforce")
+    for item in sets:
+        cmd += ["--set", item]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{spec.stem} (enforce={enforce}) failed:\n{proc.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _tasks(res: dict[str, Any]) -> str:
+    return "; ".join(f"{t} {v['accuracy']:.3f} / {v['exact']:.3f}"
+                     for t, v in res["tasks"].items())
+
+
+def table(results: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
+    """The markdown table and the summary lines."""
+    lines = ["| spec | clauses held plain / enforced | steps plain / enforced (of) "
+             "| task acc / exact, plain | task acc / exact, enforced | wall s plain / enforced "
+             "| verification share of enforced |", "|---|---|---|---|---|---|---|"]
+    held = total = plain_held = 0
+    misses = []
+    for plain, enf in results:
+        held += enf["held"]
+        plain_held += plain["held"]
+        total += enf["n_clauses"]
+        share = enf["verify_s"] / enf["wall_s"]
+        lines.append(
+            f"| {enf['spec']} | {plain['held']}/{plain['n_clauses']} / "
+            f"{enf['held']}/{enf['n_clauses']} | {plain['steps']} / {enf['steps']} "
+            f"({enf['max_steps']}) | {_tasks(plain)} | {_tasks(enf)} | "
+            f"{plain['wall_s']:.1f} / {enf['wall_s']:.1f} | {share:.1%} "
+            f"({enf['evaluations']} evals) |")
+        for c in enf["clauses"]:
+            if not c["passed"]:
+                measured = "-" if c["measured"] is None else f"{c['measured']:.3f}"
+                misses.append(f"- {enf['spec']} contract[{c['index']}] ({c['name']}, "
+                              f"{c['threshold']}): measured {measured}, final multiplier "
+                              f"{(enf['multipliers'] or {}).get(str(c['index']))}")
+    lines.append("")
+    lines.append(f"Clauses held: plain {plain_held}/{total} ({plain_held / total:.0%}), "
+                 f"enforced {held}/{total} ({held / total:.0%}).")
+    lines.append("")
+    lines.append("Misses with --enforce:" if misses else "Misses with --enforce: none.")
+    lines.extend(misses)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--only", nargs="+", default=None, help="spec names (file stems)")
+    parser.add_argument("--json", type=Path, default=None, help="write the raw results here")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a constant of headwise.enforce (repeatable)")
+    parser.add_argument("--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--enforce", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        constants = {k: float(v) for k, v in (item.split("=", 1) for item in args.set)}
+        print(json.dumps(run_one(Path(args.worker[0]), args.enforce, Path(args.worker[1]),
+                                 constants)))
+        return
+    specs = sorted(SUITE.glob("*.yaml"))
+    if args.only:
+        specs = [s for s in specs if s.stem in args.only]
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
+        jobs = [(s, e) for s in specs for e in (False, True)]  # interleaved plain / enforced
+        done = list(pool.map(lambda job: spawn(job[0], job[1], Path(tmp), args.set), jobs))
+    by = {(r["spec"], r["enforce"]): r for r in done}
+    results = [(by[(s.stem, False)], by[(s.stem, True)]) for s in specs]
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
