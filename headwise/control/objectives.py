@@ -43,7 +43,6 @@ from headwise.patterns import (
     ROLE_NAMES,
     TARGET_ROLES,
     allowed_keys,
-    normalised_entropy,
     role_target,
     row_scores,
 )
@@ -239,57 +238,6 @@ class PatternObjective:
         return self.weight * total, logs
 
 
-class EntropyBound:
-    """Keep chosen heads' attention entropy within ``[min, max]``, in normalised units.
-
-    The unit is the ``entropy`` role's (``headwise.patterns``): a row's entropy divided by
-    ``log(n_allowed)``, in [0, 1] (0 = one key, 1 = uniform over the allowed keys), so a bound
-    here means the same number as a contract's ``score: entropy`` bound. Per row where the role
-    is defined (a real query with at least two allowed keys, where the head attends at all),
-    ``h_i = H(P_i) / log(n_i)``; per head ``mean_i [relu(min - h_i) + relu(h_i - max)]``; the loss
-    is the mean over heads times ``weight``. Missing bounds are not enforced.
-
-    Raises:
-        ValueError: neither bound given, a bound outside [0, 1], or ``min > max``.
-    """
-
-    def __init__(self, model: nn.Module, heads: Any, min: float | None = None,
-                 max: float | None = None, weight: float = 1.0) -> None:
-        if min is None and max is None:
-            raise ValueError("EntropyBound: got min=None and max=None, expected at least one")
-        for key, v in (("min", min), ("max", max)):
-            if v is not None and not 0.0 <= v <= 1.0:
-                raise ValueError(f"EntropyBound: {key} got {v}, expected a number in [0, 1] "
-                                 "(entropy / log(number of allowed keys))")
-        if min is not None and max is not None and min > max:
-            raise ValueError(f"EntropyBound: min={min} > max={max}")
-        self.name = "entropy"
-        self.weight = float(weight)
-        self.min, self.max = min, max
-        self._capture = _PatternCapture(model, heads, "heads")
-        self.heads = self._capture.heads
-
-    def hooks(self) -> list[Hook]:
-        return self._capture.hooks()
-
-    def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
-             ) -> tuple[Tensor, dict[str, Tensor]]:
-        """``weight * mean_heads(hinge)``; logs each head's mean normalised entropy."""
-        role = role_target("entropy", tokens, attention_mask, self._capture.causal)
-        terms, logs = [], {}
-        for name, P in self._capture.patterns():
-            valid = role.rows & (P.detach().sum(-1) > 0.5)
-            ent = normalised_entropy(P, role.allowed)  # (B, T)
-            hinge = torch.zeros_like(ent)
-            if self.min is not None:
-                hinge = hinge + torch.relu(self.min - ent)
-            if self.max is not None:
-                hinge = hinge + torch.relu(ent - self.max)
-            terms.append(masked_mean(hinge, valid))
-            logs[f"{self.name}/{name}"] = masked_mean(ent.detach(), valid)
-        return self.weight * torch.stack(terms).mean(), logs
-
-
 class RoleBound:
     """Keep chosen heads' score for ``role`` within ``[min, max]``, row by row.
 
@@ -341,6 +289,24 @@ class RoleBound:
             terms.append(masked_mean(hinge, valid))
             logs[f"{self.name}/{name}"] = masked_mean(score.detach(), valid)
         return self.weight * torch.stack(terms).mean(), logs
+
+
+class EntropyBound(RoleBound):
+    """Keep chosen heads' attention entropy within ``[min, max]``, in normalised units.
+
+    ``RoleBound`` on the ``entropy`` role: the unit is the role score's (``headwise.patterns``),
+    a row's entropy divided by ``log(n_allowed)``, in [0, 1] (0 = one key, 1 = uniform over the
+    allowed keys), so a bound here means the same number as a contract's ``score: entropy``
+    bound. Logs each head's mean normalised entropy as ``entropy/L0.H0``.
+
+    Raises:
+        ValueError: neither bound given, a bound outside [0, 1], or ``min > max``.
+    """
+
+    def __init__(self, model: nn.Module, heads: Any, min: float | None = None,
+                 max: float | None = None, weight: float = 1.0) -> None:
+        super().__init__(model, heads, "entropy", min=min, max=max, weight=weight)
+        self.name = "entropy"
 
 
 # Re-exported so that every Objective constructor lives under one name.

@@ -20,9 +20,7 @@ from headwise.analysis.probes import induction_probe, random_tokens
 from headwise.data import BOS, CONTENT, IGNORE, TASKS, Batch, build_task
 from headwise.data.markers import insert_marker
 from headwise.spec import ProbeSpec, Spec
-from headwise.spec.probes import default_half_len
-
-DEFAULT_EXAMPLES = 128
+from headwise.spec.probes import DEFAULT_EXAMPLES, default_half_len
 
 
 def _frame(content: torch.Tensor, spec: Spec, as_task: str, bos: bool) -> Batch:
