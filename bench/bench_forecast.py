@@ -275,7 +275,7 @@ def main() -> int:
             "doc": "docs/benchmarks.md#forecasting-final-roles-issue-14"}
         f = final
         f.measured = measured
-        from headwise.train.safetensors_io import write_bytes_atomic
+        from headwise.training.safetensors_io import write_bytes_atomic
 
         write_bytes_atomic(OUT, f.to_json().encode())
         print(f"written: {OUT.relative_to(ROOT)} ({measured})")

@@ -33,9 +33,9 @@ train: {{steps: {steps}, batch_size: 64, lr: 3.0e-3, warmup_steps: 50, eval_ever
 
 def run(markers: str, steps: int, seed: int, out: Path) -> dict[str, dict[str, float]]:
     from headwise.pipeline import compile_spec
-    from headwise.spec import load_spec
-    from headwise.train import train
-    from headwise.train.evaluate import evaluate
+    from headwise.runspec import load_spec
+    from headwise.training import train
+    from headwise.training.evaluate import evaluate
 
     spec = load_spec(SPEC.format(markers=f"'{markers}'", steps=steps, seed=seed))
     compiled = compile_spec(spec)

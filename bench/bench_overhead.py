@@ -20,7 +20,7 @@ Systems (each in its own process, one thread):
 - ``bare_levers``: the bare loop on the levered model below, the pattern objective's hooks
   attached around the forward and its term added to the loss: what the levers themselves cost
   (their extra compute), without headwise's loop.
-- ``plain``: ``headwise.train.train()`` with the demo's config (warm-up + cosine, clipping,
+- ``plain``: ``headwise.training.train()`` with the demo's config (warm-up + cosine, clipping,
   per-task statistics, ``log_every=10``) and no levers; no evaluation, checkpoints or progress
   bar (those are periodic, not per-step costs).
 - ``levers``: ``train()`` on the model ``compile_spec`` builds from the demo spec: a
@@ -59,7 +59,7 @@ GPT2 = {"n_layers": 4, "d_model": 256, "n_heads": 8, "d_ff": 1024, "vocab_size":
 
 def _demo() -> Any:
     from headwise.pipeline.compile import compile_spec
-    from headwise.spec import load_spec
+    from headwise.runspec import load_spec
 
     path = importlib.resources.files("headwise") / "examples" / "demo.yaml"
     return compile_spec(load_spec(str(path)))
@@ -122,7 +122,7 @@ def worker(shape: str, system: str, warmup: int, steps: int) -> dict[str, float]
     ``train()`` systems run two calls on the same model: ``warmup`` steps (compilation
     included for ``compile*``), then ``steps`` timed steps.
     """
-    from headwise.train import train
+    from headwise.training import train
 
     torch.set_num_threads(1)
     model, data, config, objectives, hooks = _setup(shape, system)

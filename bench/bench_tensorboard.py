@@ -26,13 +26,13 @@ from pathlib import Path
 import torch
 
 from headwise.pipeline.compile import compile_spec
-from headwise.spec import load_spec
+from headwise.runspec import load_spec
 
 DEMO = Path(__file__).resolve().parents[1] / "headwise" / "examples" / "demo.yaml"
 
 
 def _time_train(log: str, out: Path) -> float:
-    from headwise.train import train
+    from headwise.training import train
 
     text = DEMO.read_text().replace("  seed: 0\n", f"  seed: 0\n  log: {log}\n", 1)
     spec = load_spec(text)
@@ -48,8 +48,8 @@ def _time_sink(out: Path, calls: int) -> tuple[float, float]:
     """Median seconds of one ``write`` and one ``checkpoint`` of the TensorBoard sink."""
     import json
 
-    from headwise.train.evaluate import EVAL_SEED_OFFSET
-    from headwise.train.tensorboard import TensorBoardSink
+    from headwise.training.evaluate import EVAL_SEED_OFFSET
+    from headwise.training.tensorboard import TensorBoardSink
 
     text = DEMO.read_text().replace("  seed: 0\n", "  seed: 0\n  log: [jsonl, tensorboard]\n")
     spec = load_spec(text)

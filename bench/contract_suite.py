@@ -40,7 +40,7 @@ def run_one(spec: Path, enforce: bool, out: Path, constants: dict[str, float]) -
 
     import headwise.enforce as enforce_mod
     from headwise.pipeline.run import train_run
-    from headwise.train.evaluate import evaluate
+    from headwise.training.evaluate import evaluate
 
     torch.set_num_threads(1)
     timings: list[float] = []

@@ -90,8 +90,8 @@ def bf16_step() -> dict[str, Any]:
     import importlib.resources
 
     from headwise.pipeline.compile import compile_spec
-    from headwise.spec import load_spec
-    from headwise.train import train
+    from headwise.runspec import load_spec
+    from headwise.training import train
 
     path = importlib.resources.files("headwise") / "examples" / "demo.yaml"
     losses = {}

@@ -2,12 +2,12 @@
 
 The names below are the public API. Each sub-package is also public and holds the rest:
 ``headwise.control`` (levers), ``headwise.analysis`` (scores, importance, contracts, reports),
-``headwise.data`` (built-in tasks), ``headwise.train`` (the training loop and checkpoints),
-``headwise.interop`` (HuggingFace and PEFT), ``headwise.spec`` and ``headwise.pipeline``
-(YAML specs and runs). Training is ``headwise.train.train(...)``.
+``headwise.data`` (built-in tasks), ``headwise.training`` (the training loop and checkpoints),
+``headwise.interop`` (HuggingFace and PEFT), ``headwise.runspec`` and ``headwise.pipeline``
+(YAML specs and runs). Training is ``headwise.training.train(...)``.
 """
 
-from headwise import analysis, control, data, hooks, interop, model, pipeline, spec, train
+from headwise import analysis, control, data, hooks, interop, model, pipeline, runspec, training
 from headwise.analysis import (
     Contract,
     ContractResult,
@@ -51,8 +51,8 @@ from headwise.interop import convert, export_peft, import_peft, load_hf
 from headwise.interop.export import export_hf
 from headwise.model import Transformer, build_model
 from headwise.pipeline import compile_spec
-from headwise.spec import Spec, load_spec
-from headwise.train import TrainConfig
+from headwise.runspec import Spec, load_spec
+from headwise.training import TrainConfig
 
 __version__ = "0.1.0"
 
@@ -73,7 +73,7 @@ __all__ = [
     # errors
     "CheckpointError", "ConfigError", "HeadwiseError", "SelectorError", "SpecError",
     # sub-packages
-    "analysis", "control", "data", "hooks", "interop", "model", "pipeline", "spec", "train",
+    "analysis", "control", "data", "hooks", "interop", "model", "pipeline", "runspec", "training",
     # HuggingFace export
     "export_hf",
 ]

@@ -54,8 +54,8 @@ from headwise.heads import Head, HeadSet
 from headwise.patterns import ROLE_NAMES, TARGET_ROLES
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.probes import declared_probe, repeated_probe
-from headwise.spec.probes import default_half_len
-from headwise.train import TrainState
+from headwise.runspec.probes import default_half_len
+from headwise.training import TrainState
 
 # Role scores whose lever is another role's (TransformerLens variants measure the same role).
 ROLE_OF_SCORE = {**{r: r for r in ROLE_NAMES}, "previous_token_tl": "previous_token",

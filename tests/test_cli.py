@@ -144,7 +144,7 @@ def test_table_has_at_least_20_cases() -> None:
 
 
 def test_base_spec_is_valid() -> None:
-    from headwise.spec import load_spec
+    from headwise.runspec import load_spec
 
     spec = load_spec(_dump(BASE))
     assert spec.data.names == ("copy", "rev")

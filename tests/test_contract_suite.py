@@ -14,7 +14,7 @@ import pytest
 
 from headwise.cli import main
 from headwise.pipeline.run import train_run
-from headwise.spec import load_spec
+from headwise.runspec import load_spec
 
 SUITE = Path(__file__).resolve().parents[1] / "headwise" / "examples" / "suite"
 SPECS = sorted(SUITE.glob("*.yaml"))

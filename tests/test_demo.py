@@ -10,7 +10,7 @@ import torch
 
 from headwise.cli import main
 from headwise.cli.demo import demo_spec_path
-from headwise.spec import load_spec
+from headwise.runspec import load_spec
 
 
 @pytest.fixture(autouse=True)

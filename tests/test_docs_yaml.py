@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from headwise.spec import load_spec
-from headwise.spec.yaml_io import parse_yaml
+from headwise.runspec import load_spec
+from headwise.runspec.yaml_io import parse_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]

@@ -15,7 +15,7 @@ from headwise.control.task_levers import OnProbeData, StochasticAblation
 from headwise.enforce import ETA, Enforcer, plan
 from headwise.pipeline import compile_spec
 from headwise.pipeline.run import contract_of, verify_data
-from headwise.spec import load_spec
+from headwise.runspec import load_spec
 
 # One layer, two heads, the copy task. Nothing asks L0.H1 to be a previous-token head, so a
 # plain run leaves it attending elsewhere (copy needs a head looking `length` tokens back).

@@ -25,8 +25,8 @@ from headwise.control.objectives import EntropyBound, FFNPenalty, HeadDiversity,
 from headwise.data import Batch
 from headwise.model import build_model
 from headwise.pipeline.compile import compile_spec
-from headwise.spec import load_spec
-from headwise.train.metrics import task_loss
+from headwise.runspec import load_spec
+from headwise.training.metrics import task_loss
 
 
 def _explain(fn: Any, *args: Any, **kwargs: Any) -> Any:

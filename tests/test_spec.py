@@ -9,8 +9,8 @@ import pytest
 from headwise.config import PRESETS, ModelConfig
 from headwise.errors import SpecError
 from headwise.heads import Head
-from headwise.spec import load_spec
-from headwise.train.config import TrainConfig
+from headwise.runspec import load_spec
+from headwise.training.config import TrainConfig
 
 FULL = """
 name: full
@@ -153,7 +153,7 @@ def test_compiled_levers_reach_the_model(tmp_path: Path) -> None:
     from headwise.control.gates import gate_table
     from headwise.control.masks import LayerMask
     from headwise.pipeline import compile_spec
-    from headwise.train import train
+    from headwise.training import train
 
     spec = load_spec("""
 model: {n_layers: 2, n_heads: 4, d_model: 16, vocab_size: 12, max_seq_len: 10}

@@ -7,7 +7,7 @@ import torch
 
 from headwise.data import BOS
 from headwise.pipeline.probes import spec_probes
-from headwise.spec import SpecError, load_spec
+from headwise.runspec import SpecError, load_spec
 
 MODEL = "model: {n_layers: 2, n_heads: 2, d_model: 16, vocab_size: 24, max_seq_len: 48}\n"
 INDUCTION = "data: {tasks: {induction: {seq_len: 40, period: [3, 8]}}}\n"

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from headwise.errors import SpecError
-from headwise.spec import load_spec
-from headwise.spec.yaml_io import MAX_ALIASES, MAX_DEPTH, parse_yaml
+from headwise.runspec import load_spec
+from headwise.runspec.yaml_io import MAX_ALIASES, MAX_DEPTH, parse_yaml
 
 SPEC = """
 model: {n_layers: 1, n_heads: 2, d_model: 8, vocab_size: 12, max_seq_len: 8, causal: CAUSAL}

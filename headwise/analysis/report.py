@@ -40,7 +40,7 @@ from headwise.patterns import (
     score_sums,
     similarity_sums,
 )
-from headwise.train.safetensors_io import write_bytes_atomic
+from headwise.training.safetensors_io import write_bytes_atomic
 
 REPORT_VERSION = 1
 

@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from headwise import __version__
 from headwise.errors import HeadwiseError, TrainingDiverged
-from headwise.train.interrupt import Interrupted
+from headwise.training.interrupt import Interrupted
 
 # Subcommand modules under headwise.cli; each defines register(subparsers) which adds its
 # parser and sets ``func(args) -> int`` as the default. A module that does not exist yet is

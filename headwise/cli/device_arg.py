@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from headwise.train.device import DEVICE_CHOICES
+from headwise.training.device import DEVICE_CHOICES
 
 
 def add_device_argument(p: argparse.ArgumentParser, default: str | None,

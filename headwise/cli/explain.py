@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from headwise.analysis.explain import explain_head
     from headwise.analysis.report_html import page
     from headwise.pipeline.run import load_run
-    from headwise.train.device import model_device
+    from headwise.training.device import model_device
 
     check_destination(args.html, "--html")
     compiled = load_run(args.run, device=args.device)

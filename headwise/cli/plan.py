@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from headwise.enforce import measured_on, plan
     from headwise.pipeline import compile_spec
     from headwise.pipeline.run import contract_of
-    from headwise.spec import SpecError, load_spec
+    from headwise.runspec import SpecError, load_spec
 
     spec = load_spec(args.spec)
     if not spec.contract:

@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
     """
     from headwise.pipeline.report import write_run_report
     from headwise.pipeline.run import is_main_process, train_run
-    from headwise.train import list_checkpoints
-    from headwise.train.interrupt import Interrupted
+    from headwise.training import list_checkpoints
+    from headwise.training.interrupt import Interrupted
 
     if args.threads is not None:
         set_threads(args.threads)

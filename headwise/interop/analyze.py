@@ -45,7 +45,7 @@ def analyze_hf(path: str | Path, text: str | Sequence[str] | None = None,
     """
     from headwise.analysis.probes import induction_probe
     from headwise.analysis.roles import ROLES, role_scores
-    from headwise.train.device import place
+    from headwise.training.device import place
 
     path = resolve_model(path, revision, field="path", revision_field="revision")
     model = load_hf(path)

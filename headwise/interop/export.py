@@ -28,10 +28,10 @@ from headwise.interop.load import TOKENIZER_FILES
 from headwise.interop.peft_export import export_peft
 from headwise.interop.registry import Converter, Rule, get_converter
 from headwise.interop.weights import PICKLE, PICKLE_INDEX, SAFETENSORS, SAFETENSORS_INDEX
-from headwise.train.safetensors_io import save_tensors, write_bytes_atomic
+from headwise.training.safetensors_io import save_tensors, write_bytes_atomic
 
 if TYPE_CHECKING:
-    from headwise.spec import Spec
+    from headwise.runspec import Spec
 
 # Files an earlier export (or HF checkpoint) in ``out`` may hold; replaced or removed on
 # ``overwrite`` so that no stale weights or tokenizer survive next to the new ones.

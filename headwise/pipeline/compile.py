@@ -30,8 +30,8 @@ from headwise.data import Batch, Mixture, build_task
 from headwise.errors import HeadwiseError, SpecError
 from headwise.heads import Head, HeadSet
 from headwise.model import build_model
-from headwise.spec import MaskSpec, Spec
-from headwise.train.safetensors_io import load_weights
+from headwise.runspec import MaskSpec, Spec
+from headwise.training.safetensors_io import load_weights
 
 # Spec mask names -> constructors in headwise.control.masks (a fixed table, never an import).
 MASK_BUILDERS: dict[str, Callable[..., mask_lib.MaskSpec]] = {

@@ -68,7 +68,7 @@ def write_file(path: str, text: str, option: str) -> None:
         SpecError: the file cannot be written (naming the option and the path).
     """
     from headwise.errors import SpecError
-    from headwise.train.safetensors_io import write_bytes_atomic
+    from headwise.training.safetensors_io import write_bytes_atomic
 
     try:
         write_bytes_atomic(Path(path), text.encode("utf-8"))

@@ -2,9 +2,9 @@
 
 - ``default``: the held-out mixture; each task's name: its part of it (``verify_data``).
 - ``repeated``: random halves repeated once, ``[BOS, (marker), r, r]``, sized by the training
-  data (``headwise.spec.probes.default_half_len``: no position beyond the longest training
+  data (``headwise.runspec.probes.default_half_len``: no position beyond the longest training
   sequence), with symbols drawn below any task marker and without repeats within a half.
-- every probe of the spec's ``probes:`` section (``headwise.spec.probes``).
+- every probe of the spec's ``probes:`` section (``headwise.runspec.probes``).
 
 Every probe is a ``Batch`` framed like the training data (``BOS`` when the tasks use one, then
 the marker of the task it runs as) with that task's id, so task gates apply as in training.
@@ -19,8 +19,8 @@ import torch
 from headwise.analysis.probes import induction_probe, random_tokens
 from headwise.data import BOS, CONTENT, IGNORE, TASKS, Batch, build_task
 from headwise.data.markers import insert_marker
-from headwise.spec import ProbeSpec, Spec
-from headwise.spec.probes import DEFAULT_EXAMPLES, default_half_len
+from headwise.runspec import ProbeSpec, Spec
+from headwise.runspec.probes import DEFAULT_EXAMPLES, default_half_len
 
 
 def _frame(content: torch.Tensor, spec: Spec, as_task: str, bos: bool) -> Batch:

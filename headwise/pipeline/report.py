@@ -28,8 +28,8 @@ from headwise.patterns import DEFAULT_WINDOW
 from headwise.pipeline.analyze import analyse_run, metrics_curve, run_role_table
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.run import load_run, verify_data
-from headwise.train import list_checkpoints, load_weights
-from headwise.train.manifest import verify_manifest
+from headwise.training import list_checkpoints, load_weights
+from headwise.training.manifest import verify_manifest
 
 # Structural masks that impose a role (the mask is the role's support, headwise.patterns).
 MASK_ROLES = {"previous_token": "previous_token", "self_only": "self",

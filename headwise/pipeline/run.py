@@ -31,12 +31,12 @@ from headwise.errors import CheckpointError, SpecError
 from headwise.memory import check_memory, training_bytes
 from headwise.pipeline.compile import Compiled, compile_spec
 from headwise.pipeline.probes import spec_probes
-from headwise.spec import Spec, load_spec, spec_from_dict
-from headwise.spec.yaml_io import parse_yaml, read_spec_text
-from headwise.train import TrainResult, clean_checkpoints, list_checkpoints, train
-from headwise.train.device import check_device_name, model_device, place, resolve_device
-from headwise.train.manifest import MANIFEST, verify_manifest, write_manifest
-from headwise.train.safetensors_io import write_bytes_atomic
+from headwise.runspec import Spec, load_spec, spec_from_dict
+from headwise.runspec.yaml_io import parse_yaml, read_spec_text
+from headwise.training import TrainResult, clean_checkpoints, list_checkpoints, train
+from headwise.training.device import check_device_name, model_device, place, resolve_device
+from headwise.training.manifest import MANIFEST, verify_manifest, write_manifest
+from headwise.training.safetensors_io import write_bytes_atomic
 
 RUN_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors", MANIFEST,
              "metrics.jsonl", "contract.json", "enforcement.json", "report.json", "report.html")

@@ -8,7 +8,7 @@ import torch
 from headwise.data import BOS, IGNORE, Mixture, build_task
 from headwise.data.markers import insert_marker, marker_ids, shares_format, use_markers
 from headwise.errors import ConfigError
-from headwise.spec import SpecError, load_spec
+from headwise.runspec import SpecError, load_spec
 
 
 def test_marker_goes_after_bos_and_targets_follow_their_tokens() -> None:

@@ -14,7 +14,7 @@ from headwise.cli import main
 from headwise.errors import CheckpointError, SpecError
 from headwise.interop import load_hf
 from headwise.interop.hub_cache import hub_cache_dir, resolve_model, snapshot_dir
-from headwise.spec import load_spec
+from headwise.runspec import load_spec
 
 transformers = pytest.importorskip("transformers")
 

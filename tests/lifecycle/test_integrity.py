@@ -15,8 +15,8 @@ from headwise.cli import main
 from headwise.config import ModelConfig
 from headwise.errors import CheckpointError
 from headwise.model import build_model
-from headwise.train import list_checkpoints, load_weights
-from headwise.train.safetensors_io import ALIASES_KEY, model_tensors, save_tensors, save_weights
+from headwise.training import list_checkpoints, load_weights
+from headwise.training.safetensors_io import ALIASES_KEY, model_tensors, save_tensors, save_weights
 
 from .test_run_lifecycle import SPEC
 

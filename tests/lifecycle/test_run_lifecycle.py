@@ -22,7 +22,7 @@ import yaml
 from safetensors.torch import load_file
 
 from headwise.cli import main
-from headwise.train import list_checkpoints, safetensors_io
+from headwise.training import list_checkpoints, safetensors_io
 
 SPEC: dict[str, Any] = {
     "model": {"n_layers": 1, "n_heads": 2, "d_model": 8, "d_ff": 12, "vocab_size": 12,

@@ -15,7 +15,7 @@ from headwise.config import ModelConfig
 from headwise.data import CopyTask, Mixture, ModularAdditionTask, SortTask
 from headwise.errors import ConfigError
 from headwise.model import build_model
-from headwise.train import TrainConfig, TrainState, evaluate, train
+from headwise.training import TrainConfig, TrainState, evaluate, train
 
 CFG = ModelConfig(n_layers=2, n_heads=2, d_model=32, d_ff=48, vocab_size=12, max_seq_len=12)
 
@@ -179,7 +179,7 @@ def test_config_from_dict() -> None:
 
 def test_task_loss_matches_explicit_per_example_reference() -> None:
     from headwise.data import IGNORE
-    from headwise.train import task_loss
+    from headwise.training import task_loss
 
     data = Mixture({"copy": CopyTask(length=3, vocab_size=12),
                     "add": ModularAdditionTask(modulus=5, vocab_size=12)})
@@ -248,7 +248,7 @@ def test_resuming_a_stopped_run_does_not_train_further(tmp_path: Path) -> None:
 
 
 def test_clip_grad_norm_is_bitwise_torchs() -> None:
-    from headwise.train.loop import clip_grad_norm
+    from headwise.training.loop import clip_grad_norm
 
     a, b = build_model(CFG, seed=0), build_model(CFG, seed=0)
     x = torch.randint(0, 12, (3, 6))
@@ -262,8 +262,8 @@ def test_clip_grad_norm_is_bitwise_torchs() -> None:
 
 
 def test_objective_sums_average_tensor_logs_on_read() -> None:
-    from headwise.train.distributed import DistContext
-    from headwise.train.evaluate import ObjectiveSums
+    from headwise.training.distributed import DistContext
+    from headwise.training.evaluate import ObjectiveSums
 
     obj = _ConstObjective(0.0)
     sums = ObjectiveSums([obj], torch.device("cpu"))

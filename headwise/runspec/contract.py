@@ -12,7 +12,7 @@ from typing import Any
 
 from headwise.config import ModelConfig
 from headwise.errors import HeadwiseError, SpecError
-from headwise.spec import check
+from headwise.runspec import check
 
 
 def parse_contract(value: Any, config: ModelConfig, tasks: tuple[str, ...],

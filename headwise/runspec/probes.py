@@ -22,8 +22,8 @@ from typing import Any
 
 from headwise.config import ModelConfig
 from headwise.errors import HeadwiseError, SpecError
-from headwise.spec import check
-from headwise.spec.schema import DataSpec, ProbeSpec
+from headwise.runspec import check
+from headwise.runspec.schema import DataSpec, ProbeSpec
 
 DEFAULT_EXAMPLES = 128
 GENERATORS = {"repeated": "half_len", "random": "length"}  # generator -> its size argument

@@ -27,26 +27,26 @@ from torch import Tensor, nn
 
 from headwise.data import Mixture
 from headwise.errors import ConfigError, TrainingDiverged
-from headwise.train.checkpoint import (
+from headwise.training.checkpoint import (
     clean_checkpoints,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
 )
-from headwise.train.config import TrainConfig
-from headwise.train.device import place
-from headwise.train.distributed import DistContext, setup, teardown, wrap
-from headwise.train.evaluate import (
+from headwise.training.config import TrainConfig
+from headwise.training.device import place
+from headwise.training.distributed import DistContext, setup, teardown, wrap
+from headwise.training.evaluate import (
     EVAL_SEED_OFFSET,
     ObjectiveSums,
     evaluate,
     forward,
 )
-from headwise.train.interrupt import Interrupted, catch_signals
-from headwise.train.metrics import ProgressBar, overall_loss, summarise, task_loss
-from headwise.train.run_log import RunLog
-from headwise.train.safetensors_io import save_weights, write_bytes_atomic
+from headwise.training.interrupt import Interrupted, catch_signals
+from headwise.training.metrics import ProgressBar, overall_loss, summarise, task_loss
+from headwise.training.run_log import RunLog
+from headwise.training.safetensors_io import save_weights, write_bytes_atomic
 
 # Fields that must match a checkpoint's for an exact resume.
 _RESUME_FIELDS = ("batch_size", "lr", "weight_decay", "betas", "warmup_steps", "min_lr_ratio",

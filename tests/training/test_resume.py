@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from headwise.train import latest_checkpoint, list_checkpoints
+from headwise.training import latest_checkpoint, list_checkpoints
 
 SCRIPT = Path(__file__).with_name("run_tiny.py")
 STEPS = 40

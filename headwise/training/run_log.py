@@ -1,7 +1,7 @@
 """RunLog: the sinks ``train.log`` names — ``metrics.jsonl`` always, TensorBoard on request.
 
 ``train()`` writes every metrics line, resume truncation and checkpoint event through one
-``RunLog``; only rank 0 writes (the others hold a no-op). See ``headwise.train.tensorboard``.
+``RunLog``; only rank 0 writes (the others hold a no-op). See ``headwise.training.tensorboard``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from headwise.data import Mixture
-from headwise.train.config import TrainConfig
-from headwise.train.metrics import MetricsWriter
+from headwise.training.config import TrainConfig
+from headwise.training.metrics import MetricsWriter
 
 TENSORBOARD_DIR = "tensorboard"
 
@@ -35,8 +35,8 @@ class RunLog:
         self.jsonl = MetricsWriter(out_dir, enabled)
         self.tensorboard = None
         if out_dir is not None and enabled and "tensorboard" in config.log:
-            from headwise.train.evaluate import EVAL_SEED_OFFSET
-            from headwise.train.tensorboard import TensorBoardSink
+            from headwise.training.evaluate import EVAL_SEED_OFFSET
+            from headwise.training.tensorboard import TensorBoardSink
 
             def probe() -> Any:  # the first batch ``evaluate`` draws
                 gen = torch.Generator().manual_seed(config.seed + EVAL_SEED_OFFSET)

@@ -24,8 +24,8 @@ from headwise.config import ModelConfig
 from headwise.data import CopyTask, Mixture, ModularAdditionTask
 from headwise.hooks import Hook
 from headwise.model import build_model
-from headwise.train import TrainConfig, TrainState, train
-from headwise.train.interrupt import Interrupted
+from headwise.training import TrainConfig, TrainState, train
+from headwise.training.interrupt import Interrupted
 
 
 class PrevTokenObjective:

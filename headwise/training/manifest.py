@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from headwise.errors import CheckpointError
-from headwise.train.safetensors_io import sha256_file, write_bytes_atomic
+from headwise.training.safetensors_io import sha256_file, write_bytes_atomic
 
 MANIFEST = "manifest.json"
 FORMAT = "headwise-manifest/1"

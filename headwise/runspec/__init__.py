@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from headwise.errors import SpecError
-from headwise.spec import check
-from headwise.spec.contract import parse_contract
-from headwise.spec.parse import (
+from headwise.runspec import check
+from headwise.runspec.contract import parse_contract
+from headwise.runspec.parse import (
     TOP_LEVEL,
     parse_adapters,
     parse_data,
@@ -24,8 +24,8 @@ from headwise.spec.parse import (
     parse_model,
     parse_train,
 )
-from headwise.spec.probes import parse_probes, probe_names
-from headwise.spec.schema import (
+from headwise.runspec.probes import parse_probes, probe_names
+from headwise.runspec.schema import (
     AdapterSpec,
     DataSpec,
     EntropySpec,
@@ -40,7 +40,7 @@ from headwise.spec.schema import (
     Spec,
     TaskSpec,
 )
-from headwise.spec.yaml_io import parse_yaml, read_spec_text
+from headwise.runspec.yaml_io import parse_yaml, read_spec_text
 
 __all__ = ["AdapterSpec", "DataSpec", "EntropySpec", "FFNSpec", "GateSpec", "HeadRule", "MaskSpec",
            "ModelSpec", "ObjectiveSpec", "PretrainedSpec", "ProbeSpec", "Spec", "SpecError",

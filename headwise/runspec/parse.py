@@ -1,4 +1,4 @@
-"""Parsing a spec's sections into the dataclasses of ``headwise.spec.schema``.
+"""Parsing a spec's sections into the dataclasses of ``headwise.runspec.schema``.
 
 Order matters: the model fixes the head shape that ``heads``, ``adapters`` and ``contract`` are
 checked against, and ``data`` fixes the task names they may mention.
@@ -16,9 +16,9 @@ from typing import Any
 from headwise.config import PRESETS, ModelConfig
 from headwise.errors import HeadwiseError, SpecError
 from headwise.heads import Head, HeadSet
-from headwise.spec import check
-from headwise.spec.levers import parse_entropy, parse_mask, parse_objective
-from headwise.spec.schema import (
+from headwise.runspec import check
+from headwise.runspec.levers import parse_entropy, parse_mask, parse_objective
+from headwise.runspec.schema import (
     AdapterSpec,
     DataSpec,
     FFNSpec,
@@ -215,8 +215,8 @@ def _call(cls: type, kwargs: dict[str, Any], path: str) -> Any:
 
 
 def parse_train(value: Any) -> Any:
-    """``train:`` -> ``headwise.train.TrainConfig`` (defaults when absent)."""
-    from headwise.train.config import TrainConfig
+    """``train:`` -> ``headwise.training.TrainConfig`` (defaults when absent)."""
+    from headwise.training.config import TrainConfig
 
     return check.dataclass_from(TrainConfig, {} if value is None else value, "train")
 

@@ -1,6 +1,6 @@
 """Training: the ``train()`` loop, its config, checkpoints with exact resume, and DDP helpers."""
 
-from headwise.train.checkpoint import (
+from headwise.training.checkpoint import (
     CheckpointInfo,
     checkpoint_dir,
     clean_checkpoints,
@@ -9,12 +9,12 @@ from headwise.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from headwise.train.config import TrainConfig
-from headwise.train.device import resolve_device
-from headwise.train.evaluate import EVAL_SEED_OFFSET, evaluate
-from headwise.train.loop import TrainResult, TrainState, make_optimizer, train
-from headwise.train.metrics import task_loss
-from headwise.train.safetensors_io import load_weights, save_weights
+from headwise.training.config import TrainConfig
+from headwise.training.device import resolve_device
+from headwise.training.evaluate import EVAL_SEED_OFFSET, evaluate
+from headwise.training.loop import TrainResult, TrainState, make_optimizer, train
+from headwise.training.metrics import task_loss
+from headwise.training.safetensors_io import load_weights, save_weights
 
 __all__ = [
     "EVAL_SEED_OFFSET", "CheckpointInfo", "TrainConfig", "TrainResult", "TrainState",

@@ -21,9 +21,9 @@ from headwise.data import CopyTask, Mixture, ModularAdditionTask
 from headwise.errors import ConfigError, SpecError
 from headwise.model import build_model
 from headwise.pipeline.analyze import DATA_ROLES
-from headwise.train import TrainConfig, TrainState, checkpoint_dir, load_weights, train
-from headwise.train.evaluate import EVAL_SEED_OFFSET
-from headwise.train.tensorboard import constraint_scalars, role_heatmap_png
+from headwise.training import TrainConfig, TrainState, checkpoint_dir, load_weights, train
+from headwise.training.evaluate import EVAL_SEED_OFFSET
+from headwise.training.tensorboard import constraint_scalars, role_heatmap_png
 
 event_accumulator = pytest.importorskip(
     "tensorboard.backend.event_processing.event_accumulator")
@@ -198,7 +198,7 @@ def test_bad_log_values_name_the_field(value: Any, fragment: str) -> None:
 
 
 def test_missing_tensorboard_names_field_and_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    from headwise.spec import load_spec
+    from headwise.runspec import load_spec
 
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # import tensorboard -> ImportError
     with pytest.raises(ConfigError, match=r"^train\.log: .*not installed.*headwise\[tensorboard\]"):

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from headwise.data import Batch, Mixture
-from headwise.train.distributed import DistContext
-from headwise.train.metrics import overall_loss, summarise, task_loss
+from headwise.training.distributed import DistContext
+from headwise.training.metrics import overall_loss, summarise, task_loss
 
 # The evaluation generator is seeded with ``config.seed + EVAL_SEED_OFFSET``, so evaluation
 # batches never coincide with training batches and are the same at every evaluation point.

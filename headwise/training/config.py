@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from headwise.errors import ConfigError, did_you_mean, field_error
-from headwise.train.device import check_device_name
+from headwise.training.device import check_device_name
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class TrainConfig:
             docs/benchmarks.md for when it pays); the weights and checkpoints are unchanged.
         log: where metrics go: ``jsonl`` (``metrics.jsonl``, always; the report and resume
             read it) and optionally ``tensorboard`` (event files in ``out_dir/tensorboard``;
-            needs the ``headwise[tensorboard]`` extra, see ``headwise.train.tensorboard``).
+            needs the ``headwise[tensorboard]`` extra, see ``headwise.training.tensorboard``).
 
     Raises:
         ConfigError: naming the field, its value and what is allowed.
@@ -150,7 +150,7 @@ def _log_sinks(value: object) -> tuple[str, ...]:
         raise field_error("log", list(value), expected + " (each once; metrics.jsonl feeds "
                           "the report and resume)")
     if "tensorboard" in value:
-        from headwise.train.tensorboard import require_tensorboard
+        from headwise.training.tensorboard import require_tensorboard
 
         require_tensorboard()
     return tuple(value)

@@ -32,8 +32,8 @@ import torch
 from torch import Tensor, nn
 
 from headwise.errors import CheckpointError, StorageError
-from headwise.train.manifest import verify_manifest, write_manifest
-from headwise.train.safetensors_io import (
+from headwise.training.manifest import verify_manifest, write_manifest
+from headwise.training.safetensors_io import (
     fsync_dir,
     load_tensors,
     load_weights,

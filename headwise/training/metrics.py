@@ -19,7 +19,7 @@ from torch import Tensor
 
 from headwise.data import IGNORE, Batch
 from headwise.errors import StorageError
-from headwise.train.safetensors_io import write_bytes_atomic
+from headwise.training.safetensors_io import write_bytes_atomic
 
 # Columns of the per-task statistics matrix (n_tasks, 5).
 LOSS_SUM, CORRECT, TARGETS, EXACT, EXAMPLES = range(5)

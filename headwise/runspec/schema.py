@@ -1,7 +1,7 @@
 """The parsed spec: frozen dataclasses for model, data, train, heads, gates, adapters, contract.
 
 These are plain descriptions; ``headwise.pipeline.compile_spec`` turns them into a model, levers,
-data and a contract. Every field has been validated by ``headwise.spec.parse``.
+data and a contract. Every field has been validated by ``headwise.runspec.parse``.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ class AdapterSpec:
 
 @dataclass(frozen=True)
 class Spec:
-    """A whole validated spec. ``train`` is a ``headwise.train.TrainConfig``;
+    """A whole validated spec. ``train`` is a ``headwise.training.TrainConfig``;
     ``contract`` holds the clause mappings (already checked by ``Contract.from_list``)."""
 
     model: ModelSpec

@@ -12,8 +12,8 @@ from typing import Any
 
 from headwise.errors import SpecError
 from headwise.patterns import TARGET_ROLES
-from headwise.spec import check
-from headwise.spec.schema import EntropySpec, MaskSpec, ObjectiveSpec
+from headwise.runspec import check
+from headwise.runspec.schema import EntropySpec, MaskSpec, ObjectiveSpec
 
 ParamCheck = Callable[[Any, str], Any]
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from headwise.config import ModelConfig
 from headwise.errors import CheckpointError, ConfigError
 from headwise.model import build_model
-from headwise.train import (
+from headwise.training import (
     TrainConfig,
     latest_checkpoint,
     list_checkpoints,
@@ -22,8 +22,8 @@ from headwise.train import (
     save_checkpoint,
     save_weights,
 )
-from headwise.train.checkpoint import CHECKPOINT_FILES
-from headwise.train.manifest import write_manifest
+from headwise.training.checkpoint import CHECKPOINT_FILES
+from headwise.training.manifest import write_manifest
 
 CFG = ModelConfig(n_layers=1, n_heads=2, d_model=8, d_ff=12, vocab_size=11, max_seq_len=6,
                   tie_embeddings=True)
@@ -150,7 +150,7 @@ def test_latest_ignores_incomplete_and_temporary(tmp_path: Path) -> None:
 
 def test_resume_with_changed_config_is_refused(tmp_path: Path) -> None:
     from headwise.data import CopyTask, Mixture
-    from headwise.train import train
+    from headwise.training import train
 
     data = Mixture({"copy": CopyTask(length=2, vocab_size=11)})
     config = TrainConfig(steps=2, batch_size=4, checkpoint_every=1)
@@ -161,7 +161,7 @@ def test_resume_with_changed_config_is_refused(tmp_path: Path) -> None:
 
 
 def test_clean_restores_a_checkpoint_moved_aside_and_drops_partial_writes(tmp_path: Path) -> None:
-    from headwise.train import clean_checkpoints
+    from headwise.training import clean_checkpoints
 
     model, opt = _trained()
     path = save_checkpoint(tmp_path, 6, model, opt)

@@ -18,9 +18,9 @@ from headwise.config import ModelConfig
 from headwise.data import CopyTask, Mixture
 from headwise.errors import ConfigError
 from headwise.model import build_model
-from headwise.train import TrainConfig, make_optimizer, resolve_device, train
-from headwise.train.checkpoint import load_checkpoint, save_checkpoint
-from headwise.train.device import check_device_name, place
+from headwise.training import TrainConfig, make_optimizer, resolve_device, train
+from headwise.training.checkpoint import load_checkpoint, save_checkpoint
+from headwise.training.device import check_device_name, place
 
 CFG = ModelConfig(n_layers=1, n_heads=2, d_model=16, d_ff=24, vocab_size=12, max_seq_len=12)
 

@@ -1,0 +1,20 @@
+"""The 0.2 renames (``spec`` -> ``runspec``, ``train`` -> ``training``) keep old names working
+with a DeprecationWarning that names the new home."""
+
+import pytest
+
+import headwise.runspec
+import headwise.training
+
+
+@pytest.mark.parametrize(("old", "new", "name"), [
+    ("headwise.spec", headwise.runspec, "load_spec"),
+    ("headwise.train", headwise.training, "TrainConfig"),
+])
+def test_old_package_names_warn_and_resolve(old: str, new: object, name: str) -> None:
+    module = __import__(old, fromlist=[name])
+    with pytest.warns(DeprecationWarning, match=f"use {new.__name__}.{name}"):  # type: ignore[attr-defined]
+        value = getattr(module, name)
+    assert value is getattr(new, name)
+    with pytest.raises(AttributeError):
+        module.no_such_name  # noqa: B018
