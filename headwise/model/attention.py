@@ -146,7 +146,12 @@ class Attention(nn.Module):
 
     def _allowed(self, B: int, T: int, key_padding: Tensor | None, task_ids: Tensor | None,
                  device: torch.device) -> Tensor | None:
-        """Combine causal, padding and per-head masks; ``None`` when only causal (or nothing)."""
+        """Combine causal, padding and per-head masks; ``None`` when only causal (or nothing).
+
+        This is the kernel's mask: keys only, so padding *queries* still get a (finite) row.
+        ``headwise.patterns.allowed_keys`` is the measurement's mask over the same causal and
+        padding rules, which also gives padding queries no key (nothing is scored there).
+        """
         head = self.head_mask(T, task_ids, device) if self.head_mask is not None else None
         if key_padding is None and head is None:
             return None
