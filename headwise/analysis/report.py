@@ -22,8 +22,8 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor, nn
 
-from headwise.analysis import figures as fig
-from headwise.analysis import report_html as H
+import headwise.analysis.figures as fig
+import headwise.analysis.report_html as H
 from headwise.analysis.explain import Walkthrough, walkthrough_html
 from headwise.analysis.forecast_contract import measured_text
 from headwise.analysis.importance_matrix import ImportanceMatrix

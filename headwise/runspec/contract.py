@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import headwise.runspec.check as check
 from headwise.config import ModelConfig
 from headwise.errors import HeadwiseError, SpecError
-from headwise.runspec import check
 from headwise.runspec.clauses import contract_from_list
 
 
