@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from headwise.control._common import as_headset, attention, model_shape
-from headwise.heads import Head, HeadSet, is_selector
+from headwise.heads import Head, HeadSet, is_selector, kv_head
 
 
 class FreezeHandle:
@@ -89,12 +89,11 @@ class FreezeHandle:
 def _head_masks(model: nn.Module, heads: HeadSet) -> dict[str, Tensor]:
     """Trainable-element masks of the q/k/v/o parameters touched by ``heads``."""
     _, n_heads, n_kv, dh = model_shape(model)
-    group = n_heads // n_kv
     out: dict[str, Tensor] = {}
     for layer in heads.layers:
         attn = attention(model, layer)
         qs = heads.in_layer(layer)
-        kvs = sorted({h // group for h in qs})
+        kvs = sorted({kv_head(h, n_heads, n_kv) for h in qs})
         for proj, idx, axis in (("q_proj", qs, 0), ("k_proj", kvs, 0), ("v_proj", kvs, 0),
                                 ("o_proj", qs, 1)):
             mod = getattr(attn, proj)
