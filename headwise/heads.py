@@ -159,6 +159,12 @@ def select_heads(model: Any, heads: Any, what: str = "heads") -> HeadSet:
                         "HeadSet")
 
 
+def is_selector(text: str) -> bool:
+    """Whether ``text`` is written in the selector grammar (each comma-separated item matches);
+    ranges are not checked against a model (``HeadSet.parse`` does that)."""
+    return all(_ITEM.match(part.replace(" ", "")) for part in text.split(","))
+
+
 def kv_head(head: int, n_heads: int, n_kv_heads: int) -> int:
     """The kv head that query head ``head`` reads under GQA (HF ``repeat_kv`` order)."""
     return head // (n_heads // n_kv_heads)

@@ -230,3 +230,24 @@ def similarity_sums(patterns: Tensor, weights: Tensor, allowed: Tensor,
     overlap = torch.minimum(patterns, t[:, None]).sum(-1)  # (B, h, T)
     num = (overlap * valid).sum((0, 2))
     return num, valid.sum((0, 2)).to(num.dtype)
+
+
+def target_similarity_sums(patterns: Tensor, target: Tensor, tokens: Tensor,
+                           attention_mask: Tensor | None, causal: bool) -> tuple[Tensor, Tensor]:
+    """``similarity_sums`` (``1 - TV``) of patterns (B, h, T, T) against a (T, T) or
+    (B|1, T, T) ``target``, over the keys the model allows on ``tokens`` (B, T).
+
+    The one definition behind ``target_similarity`` and the report's expected-vs-observed.
+
+    Raises:
+        ValueError: ``target`` of another shape.
+    """
+    B, T = tokens.shape
+    target = target.to(patterns.device)
+    if target.dim() == 2:
+        target = target[None]
+    if target.shape[-2:] != (T, T) or target.shape[0] not in (1, B):
+        raise ValueError(f"target: got shape {tuple(target.shape)}, expected (T, T) or "
+                         f"(B, T, T) with T={T}, B={B}")
+    return similarity_sums(patterns, target, allowed_keys(tokens, attention_mask, causal),
+                           real_tokens(tokens, attention_mask))

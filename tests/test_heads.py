@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headwise.errors import SelectorError
-from headwise.heads import Head, HeadSet, kv_head
+from headwise.heads import Head, HeadSet, is_selector, kv_head
 
 L, H = 3, 4  # model shape used throughout: 3 layers x 4 heads
 
@@ -91,3 +91,21 @@ def test_kv_head_matches_repeat_interleave(n_heads: int, n_kv: int) -> None:
     kv = torch.arange(n_kv)[:, None]  # one marker value per kv head
     expanded = torch.repeat_interleave(kv, n_heads // n_kv, dim=0)[:, 0]  # (n_heads,)
     assert [kv_head(h, n_heads, n_kv) for h in range(n_heads)] == expanded.tolist()
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("L1.H2", True), ("l1.h2", True), ("*.*", True), (" L1.H2 , L0.* ", True),
+    ("L2-1.H0", True),  # the grammar holds; the empty range is HeadSet.parse's error
+    ("L99.H99", True),  # ranges are checked against a model, not here
+    ("blocks.1.*", False), ("L1.H2,blocks.0.*", False), ("L1-.H2", False), ("L1.H", False),
+    ("L1.H2.H3", False), ("", False), ("L1.H2;L0.H0", False),
+])
+def test_is_selector_is_the_grammar(text: str, expected: bool) -> None:
+    """``is_selector`` accepts exactly what ``HeadSet.parse`` can read (given a large model)."""
+    assert is_selector(text) is expected
+    try:
+        HeadSet.parse(text, 100, 100)
+        parsed = True
+    except SelectorError:
+        parsed = False
+    assert parsed is (expected and text != "L2-1.H0")

@@ -111,3 +111,16 @@ def test_entropy_has_one_unit_in_the_bound_and_the_score() -> None:
     _, logs = bound.loss(tokens)
     score = role_scores(model, tokens, heads="L0.H1", roles=["entropy"]).get("L0.H1", "entropy")
     assert logs["entropy/L0.H1"] == pytest.approx(score, abs=1e-5)
+
+
+def test_target_similarity_sums_rejects_a_target_of_another_shape() -> None:
+    from headwise.patterns import target_similarity_sums
+
+    tokens = torch.zeros(2, 5, dtype=torch.long)
+    patterns = torch.full((2, 1, 5, 5), 0.2)
+    with pytest.raises(ValueError, match=r"^target: got shape \(1, 4, 4\), expected \(T, T\) or "
+                                         r"\(B, T, T\) with T=5, B=2$"):
+        target_similarity_sums(patterns, torch.eye(4), tokens, None, causal=False)
+    # a uniform head against a uniform target over all keys: identical rows, similarity 1
+    num, den = target_similarity_sums(patterns, torch.ones(5, 5), tokens, None, causal=False)
+    assert torch.allclose(num / den, torch.ones(1, dtype=num.dtype))

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.analysis._model import as_any, config, in_eval_mode
-from headwise.heads import Head, HeadSet
+from headwise.heads import Head, kv_head, select_heads
+from headwise.model.eval_mode import in_eval_mode
 
 TOL = 1e-4
 
@@ -144,9 +144,26 @@ def explain_head(model: nn.Module, tokens: Tensor, head: Head | str,
     Raises:
         ValueError: more than one sequence, or labels of the wrong length.
     """
-    cfg = config(model)
+    m: Any = model  # nn.Module.__getattr__ hides the Transformer's attributes from mypy
+    cfg = m.config
     if not isinstance(head, Head):
         head = Head.parse(head, cfg.n_layers, cfg.n_heads)
+    tokens, attention_mask, labels = one_sequence(tokens, attention_mask, labels)
+    attn = m.blocks[head.layer].attn
+    hooked = _Hooked(model, attn, head, tokens, attention_mask, forward_kwargs)
+    allowed = _allowed(attn, head.head, tokens.shape[1], attention_mask,
+                       forward_kwargs.get("task_ids"))
+    steps, checks = _steps(hooked, allowed, attn.head_weights(head.head).o.double().cpu())
+    return Walkthrough(head, [int(t) for t in tokens[0]], labels, steps, checks)
+
+
+def one_sequence(tokens: Tensor, attention_mask: Tensor | None,
+                 labels: Sequence[str] | None) -> tuple[Tensor, Tensor | None, list[str]]:
+    """``(tokens (1, T), attention_mask (1, T) | None, a label per position)`` of one input.
+
+    Raises:
+        ValueError: more than one sequence, or labels of the wrong length.
+    """
     tokens = tokens[None] if tokens.dim() == 1 else tokens
     if tokens.shape[0] != 1:
         raise ValueError(f"tokens: got {tuple(tokens.shape)}, expected one sequence (T,) or (1, T)")
@@ -156,78 +173,75 @@ def explain_head(model: nn.Module, tokens: Tensor, head: Head | str,
     labels = [str(int(t)) for t in tokens[0]] if labels is None else list(labels)
     if len(labels) != T:
         raise ValueError(f"labels: got {len(labels)} labels, expected {T} (one per position)")
-    attn = as_any(model).blocks[head.layer].attn
-    pre = f"blocks.{head.layer}.attn."
-    rope = attn.rotary is not None
-    leaves = ["hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z",
-              "hook_result"] + (["hook_rot_q", "hook_rot_k"] if rope else [])
-    hs = HeadSet([head], cfg.n_layers, cfg.n_heads)
-    _, cache = as_any(model).run_with_cache(tokens, names=[pre + n for n in leaves],
-                                    heads=hs, attention_mask=attention_mask, **forward_kwargs)
-    kv = head.head // attn.group
+    return tokens, attention_mask, labels
 
-    def get(leaf: str, idx: int) -> Tensor:
-        name = pre + leaf
-        held = cache.heads_of(name)
+
+class _Hooked:
+    """The hooked values of one head on one sequence (a cache of its layer's attention)."""
+
+    def __init__(self, model: nn.Module, attn: Any, head: Head, tokens: Tensor,
+                 attention_mask: Tensor | None, forward_kwargs: dict[str, Any]) -> None:
+        self.pre = f"blocks.{head.layer}.attn."
+        self.rope = attn.rotary is not None
+        self.head, self.d_head = head.head, attn.d_head
+        self.kv = kv_head(head.head, attn.n_heads, attn.n_kv_heads)
+        leaves = ["hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z",
+                  "hook_result"] + (["hook_rot_q", "hook_rot_k"] if self.rope else [])
+        m: Any = model
+        _, self.cache = m.run_with_cache(tokens, names=[self.pre + n for n in leaves],
+                                         heads=select_heads(model, head),
+                                         attention_mask=attention_mask, **forward_kwargs)
+
+    def get(self, leaf: str, idx: int | None = None) -> Tensor:
+        """(T, ...) value of ``leaf`` for head ``idx`` (default this head), float64 on the CPU."""
+        name = self.pre + leaf
+        idx = self.head if idx is None else idx
+        held = self.cache.heads_of(name)
         pos = idx if held is None else held.index(idx)
-        axis: int = cache.axis_of(name)
-        return cache[name][0].select(axis - 1, pos).double().cpu()
+        axis: int = self.cache.axis_of(name)
+        return self.cache[name][0].select(axis - 1, pos).double().cpu()
 
-    Dh = attn.d_head
+
+def _steps(h: _Hooked, allowed: Tensor, w_o: Tensor) -> tuple[list[Step], dict[str, float]]:
+    """Recompute each step from the hooked Q, K, V and compare with the hooked values."""
+    rope, pre, kv, Dh = h.rope, h.pre, h.kv, h.d_head
     q_name, k_name = ("hook_rot_q", "hook_rot_k") if rope else ("hook_q", "hook_k")
-    q, k, v = get(q_name, head.head), get(k_name, kv), get("hook_v", kv)  # (T, Dh)
-    steps = [Step("Q" + (" after RoPE" if rope else ""), pre + q_name, q,
-                  "queries: x W_Q^h (+ rotary)"),
-             Step("K" + (" after RoPE" if rope else ""), pre + k_name, k,
-                  f"keys of kv head {kv}: x W_K (+ rotary)"),
-             Step("V", pre + "hook_v", v, f"values of kv head {kv}: x W_V")]
+    q, k, v = h.get(q_name), h.get(k_name, kv), h.get("hook_v", kv)  # (T, Dh)
     raw = q @ k.T  # (T, T)
     scaled = raw / math.sqrt(Dh)
-    allowed = _allowed(attn, cfg.causal, T, attention_mask, forward_kwargs.get("task_ids"),
-                       head.head)
     masked = scaled.masked_fill(~allowed, float("-inf"))
     row_ok = allowed.any(-1, keepdim=True)
     pattern = torch.softmax(masked.masked_fill(~row_ok, 0.0), -1) * row_ok
     z = pattern @ v  # (T, Dh)
-    w_o = _o_weight(attn)[:, head.head * Dh:(head.head + 1) * Dh].double().cpu()  # (D, Dh)
     result = z @ w_o.T  # (T, D)
-    steps += [Step("raw scores", None, raw, "Q K^T: query-key dot products"),
-              Step("scaled scores", None, scaled, f"Q K^T / sqrt(Dh), Dh = {Dh}"),
-              Step("masked scores", pre + "hook_attn_scores", masked,
-                   "-inf where the key may not be attended (causal, padding, head masks)"),
-              Step("pattern", pre + "hook_pattern", pattern,
-                   "softmax over keys: how much each query reads each key"),
-              Step("z", pre + "hook_z", z, "pattern V: the weighted sum of values"),
-              Step("result", pre + "hook_result", result,
-                   "z W_O^h^T: this head's contribution to the residual stream (no bias)")]
+    steps = [Step("Q" + (" after RoPE" if rope else ""), pre + q_name, q,
+                  "queries: x W_Q^h (+ rotary)"),
+             Step("K" + (" after RoPE" if rope else ""), pre + k_name, k,
+                  f"keys of kv head {kv}: x W_K (+ rotary)"),
+             Step("V", pre + "hook_v", v, f"values of kv head {kv}: x W_V"),
+             Step("raw scores", None, raw, "Q K^T: query-key dot products"),
+             Step("scaled scores", None, scaled, f"Q K^T / sqrt(Dh), Dh = {Dh}"),
+             Step("masked scores", pre + "hook_attn_scores", masked,
+                  "-inf where the key may not be attended (causal, padding, head masks)"),
+             Step("pattern", pre + "hook_pattern", pattern,
+                  "softmax over keys: how much each query reads each key"),
+             Step("z", pre + "hook_z", z, "pattern V: the weighted sum of values"),
+             Step("result", pre + "hook_result", result,
+                  "z W_O^h^T: this head's contribution to the residual stream (no bias)")]
     checks = {
-        "masked scores == hooked attn_scores": _maxdiff(masked, get("hook_attn_scores",
-                                                                    head.head)),
-        "pattern == softmax(masked scores)": _maxdiff(pattern, get("hook_pattern", head.head)),
-        "z == pattern @ V": _maxdiff(z, get("hook_z", head.head)),
-        "result == z @ W_O^h^T": _maxdiff(result, get("hook_result", head.head)),
+        "masked scores == hooked attn_scores": _maxdiff(masked, h.get("hook_attn_scores")),
+        "pattern == softmax(masked scores)": _maxdiff(pattern, h.get("hook_pattern")),
+        "z == pattern @ V": _maxdiff(z, h.get("hook_z")),
+        "result == z @ W_O^h^T": _maxdiff(result, h.get("hook_result")),
         "pattern rows sum to 1": float((pattern.sum(-1) - row_ok[:, 0].double()).abs().max()),
     }
-    return Walkthrough(head, [int(t) for t in tokens[0]], labels, steps, checks)
+    return steps, checks
 
 
-def _allowed(attn: Any, causal: bool, T: int, attention_mask: Tensor | None,
-             task_ids: Tensor | None, head: int) -> Tensor:
-    allowed = torch.ones(T, T, dtype=torch.bool)
-    if causal:
-        allowed = allowed.tril()
-    if attention_mask is not None:
-        allowed = allowed & attention_mask[0].bool().cpu()[None, :]
-    fn = getattr(attn, "head_mask", None)
-    if fn is not None:
-        m = fn(T, task_ids, attn.q_proj.weight.device)
-        if m is not None:
-            m = m[0] if m.dim() == 4 else m
-            allowed = allowed & m[head if m.shape[0] > 1 else 0].cpu()
-    return allowed
-
-
-def _o_weight(attn: Any) -> Tensor:
-    fn = getattr(attn.o_proj, "effective_weight", None)
-    weight: Tensor = fn() if callable(fn) else attn.o_proj.weight
-    return weight
+def _allowed(attn: Any, head: int, T: int, attention_mask: Tensor | None,
+             task_ids: Tensor | None) -> Tensor:
+    """(T, T) bool: the keys ``head`` may attend, from the attention module's own mask."""
+    device = attn.q_proj.weight.device
+    padding = None if attention_mask is None else attention_mask.to(device).bool()
+    allowed = attn.allowed_keys(T, padding, task_ids, device)  # (B|1, H|1, T, T)
+    return allowed[0, head if allowed.shape[1] > 1 else 0].cpu()

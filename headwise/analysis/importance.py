@@ -23,15 +23,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headwise.analysis._model import as_any, config, in_eval_mode
 from headwise.analysis.importance_matrix import (
     ImportanceMatrix,
     bootstrap_ci,
     bootstrap_value_ci,
 )
-from headwise.heads import HeadSet
+from headwise.heads import HeadSet, select_heads
 from headwise.hooks.hook_point import Hook
 from headwise.hooks.interventions import ablate
+from headwise.model.eval_mode import in_eval_mode
 
 IGNORE = -100
 METRICS = ("loss", "accuracy", "exact")
@@ -103,15 +103,9 @@ def task_metric_ci(model: nn.Module, batch: Any, metric: str, n_boot: int = 1000
 
 
 def _units(model: nn.Module, heads: Any, groups: Sequence[Any] | None) -> list[HeadSet]:
-    cfg = config(model)
-
-    def hs(sel: Any) -> HeadSet:
-        return sel if isinstance(sel, HeadSet) else HeadSet.parse(sel, cfg.n_layers, cfg.n_heads)
-
     if groups is not None:
-        return [hs(g) for g in groups]
-    every = HeadSet.all(cfg.n_layers, cfg.n_heads) if heads is None else hs(heads)
-    return [HeadSet([h], cfg.n_layers, cfg.n_heads) for h in every]
+        return [select_heads(model, g, f"groups[{i}]") for i, g in enumerate(groups)]
+    return [select_heads(model, h) for h in select_heads(model, heads)]
 
 
 def _as_tasks(batches: Mapping[str, Any] | Any) -> dict[str, Any]:
@@ -156,7 +150,7 @@ def ablation_importance(model: nn.Module, batches: Mapping[str, Any] | Any, head
         for ui, unit in enumerate(units):
             hooks = ablate(model, unit, mode=mode, reference=None if mode == "zero" else ref,
                            seed=seed, **({} if mode == "zero" else ref_kw))
-            with as_any(model).hooks(hooks):
+            with model.hooks(hooks):  # type: ignore[operator]  # a headwise Transformer
                 stats = _cpu(example_stats(model(batch.tokens, **kw), batch.targets))
             for mi, m in enumerate(METRICS):
                 sign = 1.0 if m == "loss" else -1.0  # positive = the head mattered
@@ -187,7 +181,8 @@ def gradient_importance(model: nn.Module, batches: Mapping[str, Any] | Any, head
     ``L(x)`` is example ``x``'s mean cross-entropy over its scored positions. The model's
     parameter gradients are left untouched (``torch.autograd.grad`` on the gate only).
     """
-    cfg = config(model)
+    m: Any = model  # nn.Module.__getattr__ hides the Transformer's attributes from mypy
+    cfg = m.config
     tasks = _as_tasks(batches)
     units = _units(model, heads, None)
     shape = (len(units), len(tasks), 1)
@@ -199,7 +194,7 @@ def gradient_importance(model: nn.Module, batches: Mapping[str, Any] | Any, head
         gate = torch.ones(B, cfg.n_layers, cfg.n_heads, device=batch.tokens.device,
                           requires_grad=True)
         hooks = [Hook(f"blocks.{l}.attn.hook_z", _gate_fn(gate, l)) for l in range(cfg.n_layers)]
-        with as_any(model).hooks(hooks):
+        with m.hooks(hooks):
             logits = model(batch.tokens, **_forward_kwargs(batch))
         num, count = example_stats(logits, batch.targets)["loss"]
         per_example = num / count.clamp_min(1)  # (B,)

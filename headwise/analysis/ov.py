@@ -14,39 +14,31 @@ centring/scaling and every other path are ignored (the standard direct-path appr
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
-from headwise.analysis._model import as_any, config
 from headwise.heads import Head
+from headwise.model.attention import head_weights
+from headwise.model.block import PreNormBlock
 
 
 def _parts(model: nn.Module, head: Head) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(n(E) (V,D), W_V^h (Dh,D), W_O^h (D,Dh), W_U' (V,D)) for ``head``."""
-    cfg = config(model)
-    block = as_any(model).blocks[head.layer]
-    attn = block.attn
-    E = as_any(model).embed.weight
-    from headwise.model.block import PreNormBlock
-
+    m: Any = model  # nn.Module.__getattr__ hides the Transformer's attributes from mypy
+    block = m.blocks[head.layer]
+    E = m.embed.weight
     if isinstance(block, PreNormBlock):
         E = block.ln1(E)
     elif getattr(model, "embed_norm", None) is not None:
-        E = as_any(model).embed_norm(E)
-    Dh = cfg.d_head
-    g = head.head // (cfg.n_heads // cfg.n_kv_heads)
-    wv = _weight(attn.v_proj)[g * Dh:(g + 1) * Dh]  # (Dh, D)
-    wo = _weight(attn.o_proj)[:, head.head * Dh:(head.head + 1) * Dh]  # (D, Dh)
-    wu = as_any(model).unembed.weight
+        E = m.embed_norm(E)
+    w = head_weights(block.attn, head.head)
+    wu = m.unembed.weight
     gain = getattr(getattr(model, "ln_final", None), "weight", None)
     if gain is not None:
         wu = wu * gain[None, :]
-    return E, wv, wo, wu
-
-
-def _weight(linear: nn.Module) -> Tensor:
-    fn = getattr(linear, "effective_weight", None)
-    return fn() if callable(fn) else linear.weight  # type: ignore[return-value]
+    return E, w.v, w.o, wu
 
 
 @torch.no_grad()
@@ -69,10 +61,11 @@ def ov_top1(model: nn.Module, head: Head, tokens: Tensor | None = None,
 
     Each tested token costs one row of V logits (``2 * D * V`` flops).
     """
-    V = as_any(model).embed.weight.shape[0]
+    m: Any = model
+    V = m.embed.weight.shape[0]
     ids_all = torch.arange(V) if tokens is None else torch.unique(tokens.flatten().cpu())
     out = torch.zeros(V, dtype=torch.bool)
-    device = as_any(model).embed.weight.device
+    device = m.embed.weight.device
     for start in range(0, len(ids_all), chunk):
         ids = ids_all[start:start + chunk]
         rows = ov_logits(model, head, ids.to(device))  # (n, V)

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.analysis._model import as_any, config, in_eval_mode
-from headwise.heads import Head, HeadSet
+from headwise.heads import Head, select_heads
 from headwise.hooks.interventions import patch
+from headwise.model.eval_mode import in_eval_mode
 
 Metric = Callable[[Tensor], "float | Tensor"]
 
@@ -70,18 +70,14 @@ def activation_patching(model: nn.Module, clean: Tensor, corrupted: Tensor, metr
     if clean.shape != corrupted.shape:
         raise ValueError(f"corrupted: got shape {tuple(corrupted.shape)}, expected the clean "
                          f"shape {tuple(clean.shape)}")
-    cfg = config(model)
-    hs = (HeadSet.all(cfg.n_layers, cfg.n_heads) if heads is None
-          else heads if isinstance(heads, HeadSet)
-          else HeadSet.parse(heads, cfg.n_layers, cfg.n_heads))
+    m: Any = model  # nn.Module.__getattr__ hides the Transformer's methods from mypy
+    hs = select_heads(model, heads)
     names = [f"blocks.{layer}.attn.hook_{point}" for layer in hs.layers]
-    logits, cache = as_any(model).run_with_cache(clean, names=names, heads=hs,
-                                         **forward_kwargs)
+    logits, cache = m.run_with_cache(clean, names=names, heads=hs, **forward_kwargs)
     result = PatchingResult(float(metric(logits)), float(metric(model(corrupted,
                                                                       **forward_kwargs))),
                             point)
     for head in hs:
-        with as_any(model).hooks(patch(model, cache, HeadSet([head], cfg.n_layers, cfg.n_heads),
-                               point)):
+        with m.hooks(patch(model, cache, head, point)):
             result.patched[head] = float(metric(model(corrupted, **forward_kwargs)))
     return result

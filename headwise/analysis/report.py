@@ -22,9 +22,8 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor, nn
 
-from headwise.analysis import figures as fig
-from headwise.analysis import report_html as H
-from headwise.analysis._model import as_any, config, in_eval_mode
+import headwise.analysis.figures as fig
+import headwise.analysis.report_html as H
 from headwise.analysis.explain import Walkthrough, walkthrough_html
 from headwise.analysis.forecast_contract import measured_text
 from headwise.analysis.importance_matrix import ImportanceMatrix
@@ -32,14 +31,9 @@ from headwise.analysis.role_table import SHOWN_MIN_SCORE, RoleTable
 from headwise.analysis.trajectories import Trajectory
 from headwise.analysis.verify import ContractResult
 from headwise.analysis.viewer import report_viewers
-from headwise.heads import Head, HeadSet
-from headwise.patterns import (
-    DEFAULT_WINDOW,
-    allowed_keys,
-    role_target,
-    score_sums,
-    similarity_sums,
-)
+from headwise.heads import Head, HeadSet, select_heads
+from headwise.model.eval_mode import in_eval_mode
+from headwise.patterns import DEFAULT_WINDOW, role_target, score_sums, target_similarity_sums
 from headwise.training.safetensors_io import write_bytes_atomic
 
 REPORT_VERSION = 1
@@ -74,21 +68,20 @@ def expected_vs_observed(model: nn.Module, tokens: Tensor, head: Head | str,
         the role's target from ``headwise.patterns`` (or the given matrix); similarity is the
         head's role score on this sequence (attention mass on the role's target, the number
         contracts check) or, for a matrix, the mean over rows of ``1 - total variation``
-        (``headwise.patterns.similarity_sums``, as ``target_similarity``).
+        (``headwise.patterns.target_similarity_sums``, as ``target_similarity``).
     """
-    cfg = config(model)
+    m: Any = model  # nn.Module.__getattr__ hides the Transformer's attributes from mypy
+    cfg = m.config
     h = head if isinstance(head, Head) else Head.parse(head, cfg.n_layers, cfg.n_heads)
     seq = tokens.cpu()[None]  # (1, T)
     role = role_target(target, seq, None, cfg.causal, window) if isinstance(target, str) else None
     expected = role.weights[0] if role is not None else target.float().cpu()  # type: ignore[union-attr]
     name = f"blocks.{h.layer}.attn.hook_pattern"
-    _, cache = as_any(model).run_with_cache(tokens[None], names=[name],
-                                    heads=HeadSet([h], cfg.n_layers, cfg.n_heads),
-                                    **forward_kwargs)
+    _, cache = m.run_with_cache(tokens[None], names=[name], heads=select_heads(model, h),
+                                **forward_kwargs)
     observed = cache.head(name, h.head)[0].float().cpu()  # (T, T)
     num, den = (score_sums(observed[None, None].double(), role) if role is not None else
-                similarity_sums(observed[None, None], expected[None],
-                                allowed_keys(seq, None, cfg.causal), torch.ones_like(seq).bool()))
+                target_similarity_sums(observed[None, None], expected, seq, None, cfg.causal))
     sim = float(num[0] / den[0])
     return {"head": str(h), "target": target if isinstance(target, str) else "matrix",
             "tokens": tokens.cpu().tolist(), "expected": expected.tolist(),
@@ -162,7 +155,7 @@ def render_html(report: Mapping[str, Any], figures: Mapping[str, bytes] | None =
     sections: list[tuple[str, str, str]] = []
     viewers = report_viewers(report)
     if "contract" in report:
-        sections.append(("contract", "Contract", _contract_html(report["contract"])))
+        sections.append(("contract", "Contract", H.contract_html(report["contract"])))
     if "roles" in report:
         sections.append(("roles", "Role scores", _roles_html(report["roles"])))
     if "importance" in report:
@@ -187,15 +180,6 @@ def render_html(report: Mapping[str, Any], figures: Mapping[str, bytes] | None =
         rows = [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in sorted(info.items())]
         sections.append(("run", "Run", H.table(["field", "value"], rows)))
     return H.page(str(report.get("title", "headwise report")), sections)
-
-
-def _contract_html(c: Mapping[str, Any]) -> str:
-    rows = [(r["path"], H.esc(r["name"] or r["description"]), H.fmt(r["measured"]),
-             H.esc(r["threshold"]), H.esc(r["decided_by"] or ""), H.verdict(r["passed"]))
-            for r in c["clauses"]]
-    head = f"<p>Overall: {H.verdict(c['passed'])} ({c['n_failed']} of {c['n_clauses']} failed)</p>"
-    return head + H.table(["clause", "description", "measured", "threshold", "decided by",
-                           "verdict"], rows, raw_cols=(1, 3, 4, 5))
 
 
 def _roles_html(r: Mapping[str, Any]) -> str:

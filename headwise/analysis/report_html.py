@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import html
-import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from headwise.analysis.role_table import RoleTable
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from headwise.analysis.numbers import fixed
 
@@ -66,29 +62,14 @@ def verdict(passed: bool) -> str:
             else '<span class="fail" style="color:#b3261e;font-weight:bold">FAIL</span>')
 
 
-def role_table_html(roles: RoleTable, min_score: float | None = None) -> str:
-    """A RoleTable as an HTML table: scores shaded white (0) to blue (1), top role last.
-
-    Args:
-        roles: the table.
-        min_score: a head's top role is shown when it scores at least this (default the
-            tables' ``SHOWN_MIN_SCORE``; below it: ``none``).
-    """
-    from headwise.analysis.role_table import SHOWN_MIN_SCORE
-
-    shown = SHOWN_MIN_SCORE if min_score is None else min_score
-    head = "".join(f"<th>{esc(r)}</th>" for r in roles.roles)
-    rows = []
-    for i, h in enumerate(roles.heads):
-        cells = []
-        for v in roles.values[i].tolist():
-            alpha = 0.0 if math.isnan(v) else max(0.0, min(1.0, v))
-            cells.append(f'<td style="background:rgba(37,99,235,{alpha:.2f});'
-                         f'text-align:right">{esc(fmt(None if math.isnan(v) else v))}</td>')
-        rows.append(f'<tr><th style="text-align:left">{esc(h)}</th>{"".join(cells)}'
-                    f"<td>{esc(roles.top_role(h, shown))}</td></tr>")
-    return (f'<table class="hw-roles"><tr><th>head</th>{head}<th>top role</th></tr>'
-            f"{''.join(rows)}</table>")
+def contract_html(c: Mapping[str, Any]) -> str:
+    """The contract table of ``ContractResult.to_dict()``: each clause, value and verdict."""
+    rows = [(r["path"], esc(r["name"] or r["description"]), fmt(r["measured"]),
+             esc(r["threshold"]), esc(r["decided_by"] or ""), verdict(r["passed"]))
+            for r in c["clauses"]]
+    head = f"<p>Overall: {verdict(c['passed'])} ({c['n_failed']} of {c['n_clauses']} failed)</p>"
+    return head + table(["clause", "description", "measured", "threshold", "decided by",
+                           "verdict"], rows, raw_cols=(1, 3, 4, 5))
 
 
 def page(title: str, sections: Sequence[tuple[str, str, str]]) -> str:

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor
 
+from headwise.analysis.report_html import esc, fmt
 from headwise.heads import Head
 
 # Roles that describe *where* a head attends; ``top_role`` picks among these.
@@ -133,7 +134,28 @@ class RoleTable:
         return f"RoleTable({len(self.heads)} heads x {self.roles})"
 
     def _repr_html_(self) -> str:
-        """Jupyter rendering: ``headwise.analysis.report_html.role_table_html``."""
-        from headwise.analysis.report_html import role_table_html
-
+        """Jupyter rendering: ``role_table_html``."""
         return role_table_html(self)
+
+
+def role_table_html(roles: RoleTable, min_score: float | None = None) -> str:
+    """A RoleTable as an HTML table: scores shaded white (0) to blue (1), top role last.
+
+    Args:
+        roles: the table.
+        min_score: a head's top role is shown when it scores at least this (default the
+            tables' ``SHOWN_MIN_SCORE``; below it: ``none``).
+    """
+    shown = SHOWN_MIN_SCORE if min_score is None else min_score
+    head = "".join(f"<th>{esc(r)}</th>" for r in roles.roles)
+    rows = []
+    for i, h in enumerate(roles.heads):
+        cells = []
+        for v in roles.values[i].tolist():
+            alpha = 0.0 if math.isnan(v) else max(0.0, min(1.0, v))
+            cells.append(f'<td style="background:rgba(37,99,235,{alpha:.2f});'
+                         f'text-align:right">{esc(fmt(None if math.isnan(v) else v))}</td>')
+        rows.append(f'<tr><th style="text-align:left">{esc(h)}</th>{"".join(cells)}'
+                    f"<td>{esc(roles.top_role(h, shown))}</td></tr>")
+    return (f'<table class="hw-roles"><tr><th>head</th>{head}<th>top role</th></tr>'
+            f"{''.join(rows)}</table>")

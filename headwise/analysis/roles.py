@@ -17,15 +17,16 @@ pattern objectives pull towards the same targets. Scored here besides:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from headwise.analysis._model import as_any, config, in_eval_mode
 from headwise.analysis.ov import copying_eigen_ratio, ov_top1
 from headwise.analysis.role_table import RoleTable
-from headwise.heads import Head, HeadSet
+from headwise.heads import Head, HeadSet, select_heads
+from headwise.model.eval_mode import in_eval_mode
 from headwise.patterns import (
     DEFAULT_WINDOW,
     ROLE_NAMES,
@@ -33,7 +34,7 @@ from headwise.patterns import (
     real_tokens,
     role_target,
     score_sums,
-    similarity_sums,
+    target_similarity_sums,
 )
 
 ROLES = (*ROLE_NAMES, "copying", "previous_token_tl", "duplicate_token_tl", "induction_tl",
@@ -41,14 +42,6 @@ ROLES = (*ROLE_NAMES, "copying", "previous_token_tl", "duplicate_token_tl", "ind
 PATTERN_ROLES = tuple(r for r in ROLES if r not in ("copying", "copying_eig"))
 Target = Tensor | Callable[[Tensor], Tensor]
 Sums = dict[str, tuple[Tensor, Tensor]]  # role -> (numerator (h,), denominator (h,))
-
-
-def _tl(patterns: Tensor, detection: Tensor, real: Tensor) -> tuple[Tensor, Tensor]:
-    """TransformerLens "mul": per sequence ``sum(A * D) / sum(A)``, summed over sequences."""
-    keep = (real[:, :, None] & real[:, None, :])[:, None].to(patterns.dtype)  # (B,1,T,T)
-    a = patterns * keep
-    num = (a * detection[:, None].to(a.dtype)).sum((-1, -2)) / a.sum((-1, -2)).clamp_min(1e-12)
-    return num.sum(0), torch.full_like(num[0], float(patterns.shape[0]))
 
 
 def scores_from_patterns(patterns: Tensor, tokens: Tensor, attention_mask: Tensor | None = None,
@@ -87,36 +80,49 @@ def role_sums(patterns: Tensor, tokens: Tensor, attention_mask: Tensor | None = 
     dev = patterns.device
     tokens = tokens.to(dev)
     mask = None if attention_mask is None else attention_mask.to(dev)
-    real = real_tokens(tokens, mask)
+    data = _Data(patterns, tokens, mask, causal, window, copy_top1, target)
     out: Sums = {}
     for role in PATTERN_ROLES if roles is None else roles:
-        if role in ROLE_NAMES:
-            out[role] = score_sums(patterns, role_target(role, tokens, mask, causal, window))
-        elif role == "previous_token_tl":
-            pos = torch.arange(T, device=dev)
-            out[role] = _tl(patterns, (pos[None, :] == pos[:, None] - 1).expand(B, T, T), real)
-        elif role == "duplicate_token_tl":
-            out[role] = _tl(patterns, _tl_duplicate(tokens), real)
-        elif role == "induction_tl":
-            dup = _tl_duplicate(tokens)
-            shifted = torch.zeros_like(dup)
-            shifted[:, :, 1:] = dup[:, :, :-1]  # key j marks a duplicate at j - 1
-            out[role] = _tl(patterns, shifted.tril(), real)
-        elif role == "copying":
-            if copy_top1 is None:
-                raise ValueError("copy_top1: the copying role needs each head's OV top-1 table")
-            copies = copy_top1.to(dev)[:, tokens].permute(1, 0, 2)  # (B, h, T) over keys
-            mass = (patterns * copies[:, :, None, :].to(patterns.dtype)).sum(-1)  # (B, h, T)
-            num = (mass * real[:, None]).sum((0, 2))
-            out[role] = num, real.sum().to(num.dtype).expand_as(num)
-        elif role == "target":
-            if target is None:
-                raise ValueError("target: the target role needs a target pattern")
-            out[role] = _similarity(patterns, target.to(dev), allowed_keys(tokens, mask, causal),
-                                    real)
-        else:
+        sums = _SUMS.get(role)
+        if sums is None:
             raise ValueError(f"roles: got {role!r}, expected one of {list(ROLES)} or 'target'")
+        out[role] = sums(data)
     return out
+
+
+@dataclass(frozen=True)
+class _Data:
+    """What a role's sums are computed from (``role_sums``' arguments, on one device)."""
+
+    patterns: Tensor  # (B, h, T, T)
+    tokens: Tensor  # (B, T)
+    mask: Tensor | None  # (B, T)
+    causal: bool
+    window: int
+    copy_top1: Tensor | None  # (h, V)
+    target: Tensor | None  # (T, T) | (B|1, T, T)
+
+    @property
+    def real(self) -> Tensor:
+        return real_tokens(self.tokens, self.mask)  # (B, T)
+
+
+def _pattern_role(role: str) -> Callable[[_Data], tuple[Tensor, Tensor]]:
+    """Sums of a role defined in ``headwise.patterns``: mass on its target."""
+    def sums(d: _Data) -> tuple[Tensor, Tensor]:
+        return score_sums(d.patterns, role_target(role, d.tokens, d.mask, d.causal, d.window))
+    return sums
+
+
+def _tl(d: _Data, detection: Tensor) -> tuple[Tensor, Tensor]:
+    """TransformerLens "mul": per sequence ``sum(A * D) / sum(A)``, summed over sequences.
+
+    ``A`` is restricted to pairs of real tokens, causal or not (as TransformerLens does).
+    """
+    keep = allowed_keys(d.tokens, d.mask, causal=False)[:, None]  # (B, 1, T, T)
+    a = d.patterns * keep.to(d.patterns.dtype)
+    num = (a * detection[:, None].to(a.dtype)).sum((-1, -2)) / a.sum((-1, -2)).clamp_min(1e-12)
+    return num.sum(0), torch.full_like(num[0], float(d.patterns.shape[0]))
 
 
 def _tl_duplicate(tokens: Tensor) -> Tensor:
@@ -126,16 +132,46 @@ def _tl_duplicate(tokens: Tensor) -> Tensor:
     return eq.tril()
 
 
-def _similarity(patterns: Tensor, target: Tensor, allowed: Tensor,
-                real: Tensor) -> tuple[Tensor, Tensor]:
-    """``1 - TV`` sums against a (T, T) or (B, T, T) target (``patterns.similarity_sums``)."""
-    B, T = real.shape
-    if target.dim() == 2:
-        target = target[None]
-    if target.shape[-2:] != (T, T) or target.shape[0] not in (1, B):
-        raise ValueError(f"target: got shape {tuple(target.shape)}, expected (T, T) or "
-                         f"(B, T, T) with T={T}, B={B}")
-    return similarity_sums(patterns, target, allowed, real)
+def _previous_token_tl(d: _Data) -> tuple[Tensor, Tensor]:
+    B, T = d.tokens.shape
+    pos = torch.arange(T, device=d.tokens.device)
+    return _tl(d, (pos[None, :] == pos[:, None] - 1).expand(B, T, T))
+
+
+def _induction_tl(d: _Data) -> tuple[Tensor, Tensor]:
+    dup = _tl_duplicate(d.tokens)
+    shifted = torch.zeros_like(dup)
+    shifted[:, :, 1:] = dup[:, :, :-1]  # key j marks a duplicate at j - 1
+    return _tl(d, shifted.tril())
+
+
+def _copying(d: _Data) -> tuple[Tensor, Tensor]:
+    """Attention mass on keys whose token the head's OV circuit ranks first, per real query."""
+    if d.copy_top1 is None:
+        raise ValueError("copy_top1: the copying role needs each head's OV top-1 table")
+    real = d.real
+    copies = d.copy_top1.to(d.patterns.device)[:, d.tokens].permute(1, 0, 2)  # (B, h, T) keys
+    mass = (d.patterns * copies[:, :, None, :].to(d.patterns.dtype)).sum(-1)  # (B, h, T)
+    num = (mass * real[:, None]).sum((0, 2))
+    return num, real.sum().to(num.dtype).expand_as(num)
+
+
+def _target(d: _Data) -> tuple[Tensor, Tensor]:
+    """``1 - TV`` to a given target pattern (``headwise.patterns.target_similarity_sums``)."""
+    if d.target is None:
+        raise ValueError("target: the target role needs a target pattern")
+    return target_similarity_sums(d.patterns, d.target, d.tokens, d.mask, d.causal)
+
+
+# role -> its (numerator, denominator) sums; the pattern roles come from headwise.patterns.
+_SUMS: dict[str, Callable[[_Data], tuple[Tensor, Tensor]]] = {
+    **{role: _pattern_role(role) for role in ROLE_NAMES},
+    "previous_token_tl": _previous_token_tl,
+    "duplicate_token_tl": lambda d: _tl(d, _tl_duplicate(d.tokens)),
+    "induction_tl": _induction_tl,
+    "copying": _copying,
+    "target": _target,
+}
 
 
 def _pattern_name(layer: int) -> str:
@@ -145,7 +181,8 @@ def _pattern_name(layer: int) -> str:
 def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: HeadSet,
           roles: list[str], batch_size: int, window: int,
           target: Target | None, forward_kwargs: dict[str, Any]) -> dict[Head, dict[str, float]]:
-    cfg = config(model)
+    m: Any = model  # nn.Module.__getattr__ hides the Transformer's attributes from mypy
+    cfg = m.config
     pattern_roles = [r for r in roles if r != "copying_eig"]
     tables = ({h: ov_top1(model, h, tokens) for h in hs} if "copying" in pattern_roles else {})
     acc: dict[Head, dict[str, Tensor]] = {}
@@ -159,7 +196,7 @@ def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: H
         kwargs = {k: (v[start:start + batch_size] if isinstance(v, Tensor) else v)
                   for k, v in forward_kwargs.items()}
         with torch.no_grad():
-            _, cache = as_any(model).run_with_cache(tok, names=names, heads=hs,
+            _, cache = m.run_with_cache(tok, names=names, heads=hs,
                                                     attention_mask=mask, **kwargs)
         for layer in hs.layers:
             pat = cache[_pattern_name(layer)]
@@ -208,10 +245,7 @@ def role_scores(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None 
     Raises:
         ValueError / SelectorError: unknown roles, bad selectors, mis-shaped inputs.
     """
-    cfg = config(model)
-    hs = (HeadSet.all(cfg.n_layers, cfg.n_heads) if heads is None
-          else heads if isinstance(heads, HeadSet) else HeadSet.parse(heads, cfg.n_layers,
-                                                                      cfg.n_heads))
+    hs = select_heads(model, heads)
     roles = list(ROLES if roles is None else roles)
     for r in roles:
         if r not in ROLES:
@@ -238,10 +272,7 @@ def target_similarity(model: nn.Module, tokens: Tensor, target: Target,
     Returns:
         RoleTable with one column ``name``.
     """
-    cfg = config(model)
-    hs = (HeadSet.all(cfg.n_layers, cfg.n_heads) if heads is None
-          else heads if isinstance(heads, HeadSet) else HeadSet.parse(heads, cfg.n_layers,
-                                                                      cfg.n_heads))
+    hs = select_heads(model, heads)
     scores = _scan(model, tokens, attention_mask, hs, ["target"], batch_size, DEFAULT_WINDOW,
                    target, forward_kwargs)
     values = torch.tensor([[scores[h]["target"]] for h in hs], dtype=torch.float64)

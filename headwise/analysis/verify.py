@@ -29,10 +29,12 @@ from torch import Tensor, nn
 
 from headwise.analysis.importance import ablation_importance, task_metric_ci
 from headwise.analysis.numbers import fixed
+from headwise.analysis.report_html import contract_html
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.roles import role_scores
 from headwise.errors import SpecError
 from headwise.heads import HeadSet
+from headwise.model.eval_mode import eval_mode
 
 if TYPE_CHECKING:
     from headwise.analysis.contract import Clause, Contract
@@ -133,9 +135,7 @@ class ContractResult:
 
     def _repr_html_(self) -> str:
         """Jupyter rendering: the report's contract table."""
-        from headwise.analysis.report import _contract_html
-
-        return _contract_html(self.to_dict())
+        return contract_html(self.to_dict())
 
 
 def _ok(c: Clause, v: float) -> bool:
@@ -174,9 +174,7 @@ def verify(model: nn.Module, contract: Contract, data: VerifyData) -> ContractRe
     Raises:
         SpecError: a clause names a probe or task that ``data`` lacks.
     """
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         tables = _score_tables(model, contract, data)
         results = []
         for c in contract:
@@ -189,8 +187,6 @@ def verify(model: nn.Module, contract: Contract, data: VerifyData) -> ContractRe
             else:
                 results.append(_verify_exclusive(model, c, data))
         return ContractResult(results)
-    finally:
-        model.train(was_training)
 
 
 def _score_tables(model: nn.Module, contract: Contract, data: VerifyData) -> dict[int, RoleTable]:

@@ -23,9 +23,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.analysis._model import as_any, config, in_eval_mode
+from headwise.analysis.explain import one_sequence
 from headwise.analysis.report_html import esc
-from headwise.heads import HeadSet
+from headwise.heads import select_heads
+from headwise.model.eval_mode import in_eval_mode
 
 SCALE = 1000  # weights are embedded as round(w * SCALE)
 MAX_TOKENS = 64  # the report's viewers show at most this many positions
@@ -216,22 +217,12 @@ def attention_viewer(model: nn.Module, tokens: Tensor, heads: Any = None,
         ValueError: more than one sequence, or labels of the wrong length.
         SelectorError: a bad head selector.
     """
-    cfg = config(model)
-    hs = (HeadSet.all(cfg.n_layers, cfg.n_heads) if heads is None
-          else heads if isinstance(heads, HeadSet) else HeadSet.parse(heads, cfg.n_layers,
-                                                                      cfg.n_heads))
-    tokens = tokens[None] if tokens.dim() == 1 else tokens
-    if tokens.shape[0] != 1:
-        raise ValueError(f"tokens: got {tuple(tokens.shape)}, expected one sequence (T,) or (1, T)")
-    if attention_mask is not None and attention_mask.dim() == 1:
-        attention_mask = attention_mask[None]
-    T = tokens.shape[1]
-    labels = [str(int(t)) for t in tokens[0]] if labels is None else list(labels)
-    if len(labels) != T:
-        raise ValueError(f"labels: got {len(labels)} labels, expected {T} (one per position)")
+    hs = select_heads(model, heads)
+    tokens, attention_mask, labels = one_sequence(tokens, attention_mask, labels)
     names = sorted({f"blocks.{h.layer}.attn.hook_pattern" for h in hs})
-    _, cache = as_any(model).run_with_cache(tokens, names=names, heads=hs,
-                                            attention_mask=attention_mask, **forward_kwargs)
+    m: Any = model  # nn.Module.__getattr__ hides the Transformer's methods from mypy
+    _, cache = m.run_with_cache(tokens, names=names, heads=hs, attention_mask=attention_mask,
+                                **forward_kwargs)
     patterns = [cache.head(f"blocks.{h.layer}.attn.hook_pattern", h.head)[0].float().cpu()
                 .nan_to_num(0.0).tolist() for h in hs]
     return AttentionViewer(labels, [str(h) for h in hs], patterns, title)

@@ -21,7 +21,6 @@ optimizer does. Call ``handle.refresh()`` after loading new weights into a froze
 
 from __future__ import annotations
 
-import re
 from fnmatch import fnmatch
 from typing import Any
 
@@ -29,13 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from headwise.control._common import as_headset, attention, model_shape
-from headwise.heads import Head, HeadSet
-
-_SELECTOR = re.compile(r"^(\*|L[\d\-]+)\.(\*|H[\d\-]+)$", re.IGNORECASE)
-
-
-def _is_selector(text: str) -> bool:
-    return all(_SELECTOR.match(p.strip()) for p in text.split(","))
+from headwise.heads import Head, HeadSet, is_selector, kv_head
 
 
 class FreezeHandle:
@@ -96,12 +89,11 @@ class FreezeHandle:
 def _head_masks(model: nn.Module, heads: HeadSet) -> dict[str, Tensor]:
     """Trainable-element masks of the q/k/v/o parameters touched by ``heads``."""
     _, n_heads, n_kv, dh = model_shape(model)
-    group = n_heads // n_kv
     out: dict[str, Tensor] = {}
     for layer in heads.layers:
         attn = attention(model, layer)
         qs = heads.in_layer(layer)
-        kvs = sorted({h // group for h in qs})
+        kvs = sorted({kv_head(h, n_heads, n_kv) for h in qs})
         for proj, idx, axis in (("q_proj", qs, 0), ("k_proj", kvs, 0), ("v_proj", kvs, 0),
                                 ("o_proj", qs, 1)):
             mod = getattr(attn, proj)
@@ -128,7 +120,7 @@ def _split(model: nn.Module, trainable: Any) -> tuple[list[Any], list[str]]:
     heads: list[Any] = []
     patterns: list[str] = []
     for item in items:
-        if isinstance(item, (Head, HeadSet)) or (isinstance(item, str) and _is_selector(item)):
+        if isinstance(item, (Head, HeadSet)) or (isinstance(item, str) and is_selector(item)):
             heads.append(item)
         elif isinstance(item, str):
             patterns.append(item)

@@ -5,13 +5,13 @@ know at ``SEP`` which answer to write (a 3-task 2-layer model stalls near 0.78 a
 docs/benchmarks.md). With markers, task ``i``'s examples read ``[BOS, MARK_i, x, SEP, y]``.
 Marker ids are the top ``n_tasks`` ids of the model's vocabulary (``marker_ids``), so the
 tasks' own symbols stay below them. ``data.task_tokens: auto`` (the default) turns markers on
-when two tasks share an input format (``Task.format_key``) and the spec has no task gates (which
+when two tasks share an input format (``Task.input_format``) and the spec has no task gates (which
 already tell the model its task).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -56,17 +56,3 @@ def insert_marker(batch: Batch, marker: int, after_bos: bool = True) -> Batch:
     if mask is not None:
         mask = torch.cat([mask[:, :at], torch.ones_like(mask[:, :1]), mask[:, at:]], dim=1)
     return Batch(tokens, targets, mask, batch.task_ids)
-
-
-def check_marker_room(tasks: Mapping[str, Task], vocab_size: int) -> None:
-    """Every task's ids must lie below the markers.
-
-    Raises:
-        ValueError: naming the task whose vocabulary reaches a marker id.
-    """
-    first = vocab_size - len(tasks)
-    for name, task in tasks.items():
-        if task.vocab_size > first:
-            raise ValueError(f"{name}: uses {task.vocab_size} token ids, but with "
-                             f"{len(tasks)} task markers at ids {first}..{vocab_size - 1} "
-                             f"it may use at most {first}")

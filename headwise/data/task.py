@@ -33,11 +33,6 @@ class Task(ABC):
     starts_with_bos: ClassVar[bool] = True
 
     @property
-    def format_key(self) -> str:
-        """The input format this task's examples share with others (see ``input_format``)."""
-        return self.input_format or self.name
-
-    @property
     @abstractmethod
     def vocab_size(self) -> int:
         """Number of token ids the task uses (ids lie in ``[0, vocab_size)``)."""

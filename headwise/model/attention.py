@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from headwise.heads import kv_head
 from headwise.hooks.hook_point import HookPoint
 from headwise.model.positional import Rotary
 
@@ -77,6 +78,22 @@ class Attention(nn.Module):
     def kv_heads(self, heads: Tensor | list[int]) -> Tensor:
         """The kv head each query head reads: ``h // (H / H_kv)``."""
         return torch.as_tensor(heads) // self.group
+
+    def allowed_keys(self, T: int, key_padding: Tensor | None = None,
+                     task_ids: Tensor | None = None,
+                     device: torch.device | str = "cpu") -> Tensor:
+        """(B|1, H|1, T, T) bool: the keys each query may attend, as ``forward`` masks them
+        (causal, key padding (B, T) and the per-head mask)."""
+        B = 1 if key_padding is None else key_padding.shape[0]
+        allowed = self._allowed(B, T, key_padding, task_ids, torch.device(device))
+        if allowed is None:
+            allowed = torch.ones(1, 1, T, T, dtype=torch.bool, device=device)
+            allowed = allowed.tril() if self.causal else allowed
+        return allowed
+
+    def head_weights(self, head: int) -> HeadWeights:
+        """The weights query head ``head`` applies (its kv group's under GQA; adapters merged)."""
+        return head_weights(self, head)
 
     def explicit_heads(self) -> tuple[int, ...]:
         """Heads the attached hooks need explicit scores/patterns for (empty: all fused)."""
@@ -129,7 +146,12 @@ class Attention(nn.Module):
 
     def _allowed(self, B: int, T: int, key_padding: Tensor | None, task_ids: Tensor | None,
                  device: torch.device) -> Tensor | None:
-        """Combine causal, padding and per-head masks; ``None`` when only causal (or nothing)."""
+        """Combine causal, padding and per-head masks; ``None`` when only causal (or nothing).
+
+        This is the kernel's mask: keys only, so padding *queries* still get a (finite) row.
+        ``headwise.patterns.allowed_keys`` is the measurement's mask over the same causal and
+        padding rules, which also gives padding queries no key (nothing is scored there).
+        """
         head = self.head_mask(T, task_ids, device) if self.head_mask is not None else None
         if key_padding is None and head is None:
             return None
@@ -220,7 +242,7 @@ class Attention(nn.Module):
     def _per_head_result(self, z: Tensor) -> Tensor:
         """Per-head contributions to the residual (``hook_result``), then their sum + bias."""
         B, T, H, Dh = z.shape
-        weight = _effective_weight(self.o_proj)  # (D, H*Dh)
+        weight = effective_weight(self.o_proj)  # (D, H*Dh)
         w = weight.view(weight.shape[0], H, Dh)  # (D, H, Dh)
         result = self.hook_result(torch.einsum("bthd,mhd->bthm", z, w))  # (B, T, H, D)
         out = result.sum(2)
@@ -246,7 +268,38 @@ def gqa_kv(k: Tensor, v: Tensor, group: int, masked: bool) -> tuple[Tensor, Tens
     return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), False
 
 
-def _effective_weight(linear: nn.Module) -> Tensor:
+def effective_weight(linear: nn.Module) -> Tensor:
     """The weight a Linear-like module applies (an adapter exposes ``effective_weight()``)."""
     fn = getattr(linear, "effective_weight", None)
     return fn() if callable(fn) else linear.weight  # type: ignore[return-value]
+
+
+class HeadWeights(NamedTuple):
+    """One query head's slices of the projections: ``q``, ``k``, ``v`` (Dh, D) rows and ``o``
+    (D, Dh) columns; ``kv_head`` is the kv head whose k/v rows it reads."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    o: Tensor
+    kv_head: int
+
+
+def head_weights(attn: Attention, head: int) -> HeadWeights:
+    """Effective per-head weights of ``attn`` (the one definition of a head's slices).
+
+    Query head ``h`` owns rows ``h*Dh:(h+1)*Dh`` of ``q_proj`` and columns ``h*Dh:(h+1)*Dh`` of
+    ``o_proj``; it reads kv head ``g = h // (H / H_kv)`` (``headwise.heads.kv_head``), rows
+    ``g*Dh:(g+1)*Dh`` of ``k_proj`` / ``v_proj``. LoRA adapters contribute through
+    ``effective_weight``.
+
+    Raises:
+        ValueError: ``head`` out of range.
+    """
+    if not 0 <= head < attn.n_heads:
+        raise ValueError(f"head: got {head}, expected 0-{attn.n_heads - 1}")
+    g = kv_head(head, attn.n_heads, attn.n_kv_heads)
+    qs, ks = slice(head * attn.d_head, (head + 1) * attn.d_head), slice(
+        g * attn.d_head, (g + 1) * attn.d_head)
+    return HeadWeights(effective_weight(attn.q_proj)[qs], effective_weight(attn.k_proj)[ks],
+                       effective_weight(attn.v_proj)[ks], effective_weight(attn.o_proj)[:, qs], g)

@@ -8,7 +8,6 @@ ablating each head on each task, and the gate table.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,8 +92,3 @@ def metrics_curve(run_dir: Path) -> list[dict[str, Any]]:
         if record.get("kind") == "eval":
             out.append(record)
     return out
-
-
-def finite(v: float) -> float | None:
-    """``None`` for NaN (JSON-safe)."""
-    return None if math.isnan(v) else v

@@ -84,16 +84,15 @@ def write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult
 
 def report_existing_run(run_dir: str | Path) -> dict[str, Path]:
     """Rebuild ``report.{json,html}`` of a finished run from its files."""
-    from headwise.analysis.contract import Contract
     from headwise.analysis.verify import verify
+    from headwise.pipeline.run import contract_of
 
     run_dir = Path(run_dir)
     compiled = load_run(run_dir)
     spec = compiled.spec
     verdict = None
     if spec.contract:
-        contract = Contract.from_list(list(spec.contract), spec.n_layers, spec.n_heads,
-                                      list(spec.data.names))
+        contract = contract_of(spec)
         verdict = verify(compiled.model, contract, verify_data(compiled))
     enforcement = None
     if (run_dir / "enforcement.json").is_file():

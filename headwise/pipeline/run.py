@@ -32,6 +32,7 @@ from headwise.memory import check_memory, training_bytes
 from headwise.pipeline.compile import Compiled, compile_spec
 from headwise.pipeline.probes import spec_probes
 from headwise.runspec import Spec, load_spec, spec_from_dict
+from headwise.runspec.clauses import contract_from_list
 from headwise.runspec.yaml_io import parse_yaml, read_spec_text
 from headwise.training import TrainResult, clean_checkpoints, list_checkpoints, train
 from headwise.training.device import check_device_name, model_device, place, resolve_device
@@ -59,7 +60,7 @@ class RunOutcome:
 
 def contract_of(spec: Spec) -> Contract:
     """The spec's contract as a ``Contract`` (already validated by ``load_spec``)."""
-    return Contract.from_list(list(spec.contract), spec.n_layers, spec.n_heads,
+    return contract_from_list(list(spec.contract), spec.n_layers, spec.n_heads,
                               list(spec.data.names))
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from headwise.errors import SpecError
 from headwise.runspec import check
+from headwise.runspec.clauses import contract_from_list
 from headwise.runspec.contract import parse_contract
 from headwise.runspec.parse import (
     TOP_LEVEL,
@@ -45,7 +46,7 @@ from headwise.runspec.yaml_io import parse_yaml, read_spec_text
 __all__ = ["AdapterSpec", "DataSpec", "EntropySpec", "FFNSpec", "GateSpec", "HeadRule", "MaskSpec",
            "ModelSpec", "ObjectiveSpec", "PretrainedSpec", "ProbeSpec", "Spec", "SpecError",
            "TaskSpec",
-           "load_spec", "spec_from_dict"]
+           "contract_from_list", "load_spec", "spec_from_dict"]
 
 
 def load_spec(source: str | Path) -> Spec:

@@ -1,7 +1,7 @@
 """Checking a spec's ``contract:`` list against the model's shape and the spec's task names.
 
-Clause semantics, validation and the detection of contradictory clauses belong to
-``headwise.analysis.contract.Contract.from_list`` (its errors start with ``contract[i]``);
+Clause validation and the detection of contradictory clauses belong to
+``headwise.runspec.clauses.contract_from_list`` (its errors start with ``contract[i]``);
 this module checks the list's shape first so that every message names a field path.
 """
 
@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import headwise.runspec.check as check
 from headwise.config import ModelConfig
 from headwise.errors import HeadwiseError, SpecError
-from headwise.runspec import check
+from headwise.runspec.clauses import contract_from_list
 
 
 def parse_contract(value: Any, config: ModelConfig, tasks: tuple[str, ...],
@@ -23,11 +24,9 @@ def parse_contract(value: Any, config: ModelConfig, tasks: tuple[str, ...],
         probes: the probe names score clauses may measure ``on`` (``None``: not checked).
 
     Raises:
-        SpecError: not a list of mappings, a clause ``Contract.from_list`` rejects, two
+        SpecError: not a list of mappings, a clause ``contract_from_list`` rejects, two
             clauses that contradict each other, or an ``on`` naming no probe.
     """
-    from headwise.analysis.contract import Contract
-
     if value is None:
         return ()
     if not isinstance(value, list):
@@ -37,7 +36,7 @@ def parse_contract(value: Any, config: ModelConfig, tasks: tuple[str, ...],
                              "score: previous_token, at_least: 0.9}")
                for i, c in enumerate(value)]
     try:
-        contract = Contract.from_list(clauses, config.n_layers, config.n_heads, list(tasks))
+        contract = contract_from_list(clauses, config.n_layers, config.n_heads, list(tasks))
     except HeadwiseError as e:
         raise SpecError(str(e)) from None
     for clause in contract:

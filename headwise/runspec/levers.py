@@ -10,9 +10,9 @@ from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
+import headwise.runspec.check as check
 from headwise.errors import SpecError
 from headwise.patterns import TARGET_ROLES
-from headwise.runspec import check
 from headwise.runspec.schema import EntropySpec, MaskSpec, ObjectiveSpec
 
 ParamCheck = Callable[[Any, str], Any]

@@ -13,10 +13,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import headwise.runspec.check as check
 from headwise.config import PRESETS, ModelConfig
 from headwise.errors import HeadwiseError, SpecError
 from headwise.heads import Head, HeadSet
-from headwise.runspec import check
 from headwise.runspec.levers import parse_entropy, parse_mask, parse_objective
 from headwise.runspec.schema import (
     AdapterSpec,

@@ -20,9 +20,9 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
+import headwise.runspec.check as check
 from headwise.config import ModelConfig
 from headwise.errors import HeadwiseError, SpecError
-from headwise.runspec import check
 from headwise.runspec.schema import DataSpec, ProbeSpec
 
 DEFAULT_EXAMPLES = 128

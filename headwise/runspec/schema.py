@@ -184,7 +184,7 @@ class AdapterSpec:
 @dataclass(frozen=True)
 class Spec:
     """A whole validated spec. ``train`` is a ``headwise.training.TrainConfig``;
-    ``contract`` holds the clause mappings (already checked by ``Contract.from_list``)."""
+    ``contract`` holds the clause mappings (already checked by ``contract_from_list``)."""
 
     model: ModelSpec
     data: DataSpec

@@ -14,12 +14,13 @@ from headwise.analysis.contract import Contract
 from headwise.analysis.importance import task_metrics
 from headwise.analysis.probes import induction_probe
 from headwise.analysis.verify import VerifyData, verify
+from headwise.runspec import contract_from_list
 
 TASKS = ["copy", "sort"]
 
 
 def _c(clauses: list[dict]) -> Contract:
-    return Contract.from_list(clauses, n_layers=2, n_heads=4, tasks=TASKS)
+    return contract_from_list(clauses, n_layers=2, n_heads=4, tasks=TASKS)
 
 
 @pytest.mark.parametrize("clauses, message", [

@@ -50,3 +50,28 @@ def test_walkthrough_rejects_batches() -> None:
                                     max_seq_len=8), seed=0)
     with pytest.raises(ValueError, match="tokens: got"):
         explain_head(model, torch.zeros(2, 4, dtype=torch.long), "L0.H0")
+
+
+@pytest.mark.parametrize("kv", [4, 2])
+def test_walkthrough_reads_structural_masks(kv: int) -> None:
+    """The masked scores follow the model's own mask, head masks included: a head masked to the
+    previous token has -inf everywhere but ``k = q - 1`` and attends exactly there (row 0, with
+    no allowed key, is all zeros); a neighbouring unmasked head keeps the causal mask."""
+    from headwise.control import apply_masks, previous_token
+
+    cfg = ModelConfig(n_layers=1, n_heads=4, n_kv_heads=kv, d_model=40, d_head=6, vocab_size=23,
+                      max_seq_len=16)
+    model = build_model(cfg, seed=2).eval()
+    apply_masks(model, {"L0.H3": previous_token()})
+    tokens = torch.randint(0, 23, (7,), generator=torch.Generator().manual_seed(0))
+    w = explain_head(model, tokens, "L0.H3")
+    assert w.ok, w.checks
+    expected = torch.zeros(7, 7, dtype=torch.float64)
+    expected[torch.arange(1, 7), torch.arange(0, 6)] = 1.0
+    assert torch.equal(w.step("pattern").value, expected)
+    finite = torch.isfinite(w.step("masked scores").value)
+    assert torch.equal(finite, expected.bool())
+    other = explain_head(model, tokens, "L0.H2")
+    assert other.ok, other.checks
+    assert torch.equal(torch.isfinite(other.step("masked scores").value),
+                       torch.ones(7, 7, dtype=torch.bool).tril())

@@ -26,6 +26,7 @@ from headwise.analysis.forecast import (
 from headwise.analysis.forecast_contract import forecast_clauses
 from headwise.analysis.role_table import TOP_ROLE_CANDIDATES, RoleTable
 from headwise.analysis.trajectories import Trajectory
+from headwise.runspec import contract_from_list
 
 ROLES = list(TOP_ROLE_CANDIDATES)
 
@@ -138,7 +139,7 @@ def test_fit_learns_a_rule_the_baseline_cannot_see() -> None:
 
 
 def _contract(clauses: list[dict]) -> Contract:
-    return Contract.from_list(clauses, n_layers=1, n_heads=3, tasks=["copy"])
+    return contract_from_list(clauses, n_layers=1, n_heads=3, tasks=["copy"])
 
 
 def test_clause_forecasts() -> None:

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from headwise import Head, ModelConfig, build_model
-from headwise.analysis.contract import Contract
 from headwise.analysis.explain import explain_head
 from headwise.analysis.importance import ablation_importance
 from headwise.analysis.probes import induction_probe
@@ -28,6 +27,7 @@ from headwise.analysis.roles import role_scores
 from headwise.analysis.trajectories import Trajectory
 from headwise.analysis.verify import VerifyData, verify
 from headwise.control.masks import apply_masks, first_token, local, previous_token, self_only
+from headwise.runspec import contract_from_list
 
 
 class _B:
@@ -55,7 +55,7 @@ def report() -> dict:
     roles = role_scores(model, probe, roles=["previous_token", "induction", "entropy", "self"])
     tasks = {"copy": _B(torch.randint(0, 20, (8, 10), generator=g))}
     imp = ablation_importance(model, tasks, n_boot=50)
-    contract = Contract.from_list([{"any_of": "L1.*", "score": "induction", "at_least": 0.9},
+    contract = contract_from_list([{"any_of": "L1.*", "score": "induction", "at_least": 0.9},
                                    {"head": "L0.H0", "score": "entropy", "at_most": 1.0}],
                                   2, 2, ["copy"])
     result = verify(model, contract, VerifyData(tasks, {"p": probe}, n_boot=20))

@@ -277,3 +277,28 @@ def test_bidirectional_model_next_token_head() -> None:
     assert table.get("L0.H1", "previous_token") == pytest.approx(0.0)
     assert table.top_role("L0.H1") == "next_token"
     assert 0.0 < table.get("L0.H0", "next_token") < 0.5  # a random head spreads attention
+
+
+def test_analysis_rejects_a_headset_of_another_model() -> None:
+    """Every analysis entry point resolves heads through ``headwise.heads.select_heads``: a
+    HeadSet built for another shape is an error naming both shapes, not silently misread."""
+    from headwise import HeadSet, SelectorError
+    from headwise.analysis import ablation_importance, activation_patching
+    from headwise.analysis.viewer import attention_viewer
+    from headwise.data import Batch
+
+    model = _model()  # 2 layers x 3 heads
+    other = HeadSet.parse("L0.H0", 3, 3)
+    tokens = torch.randint(0, 40, (2, 6), generator=torch.Generator().manual_seed(0))
+    batch = Batch(tokens, tokens, None, torch.zeros(2, dtype=torch.long))
+    calls = [
+        lambda: role_scores(model, tokens, heads=other, roles=["self"]),
+        lambda: target_similarity(model, tokens, torch.eye(6), heads=other),
+        lambda: activation_patching(model, tokens, tokens, lambda x: x.sum(), heads=other),
+        lambda: ablation_importance(model, batch, heads=other, n_boot=2),
+        lambda: attention_viewer(model, tokens[0], heads=other),
+    ]
+    for call in calls:
+        with pytest.raises(SelectorError, match=r"3 layers x 3 heads, the model has 2 layers x "
+                                                r"3 heads"):
+            call()

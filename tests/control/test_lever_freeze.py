@@ -86,3 +86,6 @@ def test_bad_freeze_input_raises_naming_it() -> None:
         freeze(model, "blocks.7.*")
     with pytest.raises(ValueError, match="trainable: got 3"):
         freeze(model, [3])
+    # Not in the selector grammar (headwise.heads): read as a parameter-name pattern.
+    with pytest.raises(ValueError, match=r"^trainable: pattern 'L1-\.H2' matches no parameter"):
+        freeze(model, "L1-.H2")
