@@ -51,7 +51,7 @@ from headwise.interop import convert, export_peft, import_peft, load_hf
 from headwise.interop.export import export_hf
 from headwise.model import Transformer, build_model
 from headwise.pipeline import compile_spec
-from headwise.runspec import Spec, load_spec
+from headwise.runspec import Spec, contract_from_list, load_spec
 from headwise.training import TrainConfig
 
 __version__ = "0.1.0"
@@ -65,8 +65,8 @@ __all__ = [
     # levers
     "FixedGates", "LearnedGates", "PatternObjective", "apply_lora", "apply_masks", "freeze",
     # verification
-    "Contract", "ContractResult", "RoleTable", "ablation_importance", "explain_head",
-    "gradient_importance", "role_scores", "verify",
+    "Contract", "ContractResult", "contract_from_list", "RoleTable", "ablation_importance",
+    "explain_head", "gradient_importance", "role_scores", "verify",
     # data, training, specs, interop
     "Batch", "Mixture", "build_task", "TrainConfig", "Spec", "load_spec",
     "compile_spec", "convert", "export_peft", "import_peft", "load_hf",

@@ -18,3 +18,11 @@ def test_old_package_names_warn_and_resolve(old: str, new: object, name: str) ->
     assert value is getattr(new, name)
     with pytest.raises(AttributeError):
         module.no_such_name  # noqa: B018
+
+
+def test_contract_from_list_warns_and_builds_the_same_contract() -> None:
+    from headwise import Contract, contract_from_list
+    clauses = [{"head": "L0.H1", "score": "previous_token", "at_least": 0.9}]
+    with pytest.warns(DeprecationWarning, match="contract_from_list"):
+        old = Contract.from_list(clauses, 1, 2, [])
+    assert old.to_list() == contract_from_list(clauses, 1, 2, []).to_list()

@@ -21,6 +21,7 @@ Errors are ``SpecError`` whose message starts with the clause path, e.g.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,6 +113,16 @@ class Contract:
                  tasks: Sequence[str]) -> None:
         self.clauses = list(clauses)
         self.n_layers, self.n_heads, self.tasks = n_layers, n_heads, list(tasks)
+
+    @classmethod
+    def from_list(cls, clauses: Any, n_layers: int, n_heads: int,
+                  tasks: Sequence[str]) -> Contract:
+        """Deprecated (0.2): use ``headwise.runspec.contract_from_list``, where user input is
+        validated. Warns, then delegates; the one allowed upward import (removed in 0.3)."""
+        warnings.warn("Contract.from_list is deprecated; use headwise.contract_from_list "
+                      "(headwise.runspec.contract_from_list)", DeprecationWarning, stacklevel=2)
+        from headwise.runspec.clauses import contract_from_list
+        return contract_from_list(clauses, n_layers, n_heads, tasks)
 
     def to_list(self) -> list[dict[str, Any]]:
         """The clauses as given (JSON/YAML-ready)."""
