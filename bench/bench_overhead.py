@@ -30,10 +30,12 @@ Systems (each in its own process, one thread):
   step time excludes compilation, which is reported separately (first call, warm-up steps).
 
 Each process runs ``--warmup`` steps (not timed; for ``compile*`` this includes compilation),
-then ``--steps`` timed steps; its figure is wall time / steps. Processes alternate: each round
-runs every system once, in turn (the order rotates by round), and ratios are medians over
-rounds of the per-round ratio to ``bare`` (robust to load drift on a shared machine), with
-the ratio of medians in brackets.
+then ``--steps`` timed steps; its figures are wall time / steps and CPU time / steps (the
+process's own CPU time, ``time.process_time``: on a shared machine it leaves out the time other
+jobs held the core, which wall time counts). Processes alternate: each round runs every system
+once, in turn (the order rotates by round), and ratios are medians over rounds of the
+per-round ratio to ``bare`` (robust to load drift on a shared machine), with the ratio of
+medians in brackets.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def _bare_steps(model: Any, opt: torch.optim.Optimizer, data: Any, batch_size: i
 
 
 def worker(shape: str, system: str, warmup: int, steps: int) -> dict[str, float]:
-    """Time one system in this process; returns ``{"step_s", "warmup_s"}``.
+    """Time one system in this process; returns ``{"step_s", "cpu_s", "warmup_s"}``.
 
     ``train()`` systems run two calls on the same model: ``warmup`` steps (compilation
     included for ``compile*``), then ``steps`` timed steps.
@@ -133,18 +135,18 @@ def worker(shape: str, system: str, warmup: int, steps: int) -> dict[str, float]
                                 weight_decay=config.weight_decay)
         t0 = time.perf_counter()
         _bare_steps(model, opt, data, config.batch_size, warmup, gen, objectives)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         _bare_steps(model, opt, data, config.batch_size, steps, gen, objectives)
-        t2 = time.perf_counter()
-        return {"step_s": (t2 - t1) / steps, "warmup_s": t1 - t0}
+        t2, c2 = time.perf_counter(), time.process_time()
+        return {"step_s": (t2 - t1) / steps, "cpu_s": (c2 - c1) / steps, "warmup_s": t1 - t0}
     kwargs = {"objectives": objectives, "optimizer_hooks": hooks, "progress": False}
     t0 = time.perf_counter()
     train(model, data, dataclasses.replace(config, steps=warmup, warmup_steps=0), **kwargs)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     train(model, data, dataclasses.replace(
         config, steps=steps, warmup_steps=min(config.warmup_steps, steps)), **kwargs)
-    t2 = time.perf_counter()
-    return {"step_s": (t2 - t1) / steps, "warmup_s": t1 - t0}
+    t2, c2 = time.perf_counter(), time.process_time()
+    return {"step_s": (t2 - t1) / steps, "cpu_s": (c2 - c1) / steps, "warmup_s": t1 - t0}
 
 
 def main() -> None:
@@ -177,18 +179,25 @@ def main() -> None:
             if out.returncode:
                 sys.exit(f"{s} failed:\n{out.stderr[-2000:]}")
             results[s].append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(f"round {r + 1}: " + "  ".join(f"{s} {results[s][-1]['step_s'] * 1e3:.2f} ms"
-                                           for s in systems), flush=True)
+        print(f"round {r + 1} (load average {os.getloadavg()[0]:.1f}): " + "  ".join(
+            f"{s} {results[s][-1]['step_s'] * 1e3:.2f} ms" for s in systems), flush=True)
     print(f"\nshape={args.shape} rounds={args.rounds} warmup={args.warmup} steps={args.steps} "
           f"threads=1 torch={torch.__version__}")
-    print(f"{'system':<15} {'step ms (median)':>17} {'/ bare, paired':>15} {'(of medians)':>13}"
-          f" {'warm-up s':>10}")
-    med = {s: statistics.median(x["step_s"] for x in results[s]) for s in systems}
+    for key, label in (("step_s", "wall"), ("cpu_s", "CPU")):
+        _table(results, systems, key, label)
+
+
+def _table(results: dict[str, list[dict[str, float]]], systems: list[str], key: str,
+           label: str) -> None:
+    """Medians of ``key`` per system, and the paired ratios to ``bare``."""
+    print(f"\n{'system':<15} {label + ' ms (median)':>17} {'/ bare, paired':>15} "
+          f"{'(of medians)':>13} {'warm-up s':>10}")
+    med = {s: statistics.median(x[key] for x in results[s]) for s in systems}
     for s in systems:
-        ratio = "-"
-        of_medians = ""
+        ratio, of_medians = "-", ""
         if "bare" in results and s != "bare":
-            ratio = f"{statistics.median(a['step_s'] / b['step_s'] for a, b in zip(results[s], results['bare'], strict=True)):.3f}"  # noqa: E501
+            pairs = zip(results[s], results["bare"], strict=True)
+            ratio = f"{statistics.median(a[key] / b[key] for a, b in pairs):.3f}"
             of_medians = f"({med[s] / med['bare']:.3f})"
         warm = statistics.median(x["warmup_s"] for x in results[s])
         print(f"{s:<15} {med[s] * 1e3:17.2f} {ratio:>15} {of_medians:>13} {warm:10.1f}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -203,3 +205,17 @@ def test_every_objective_follows_the_protocol() -> None:
         term, logs = obj.loss(tokens)
         assert term.dim() == 0 and term.requires_grad and logs
         assert all(k.startswith(obj.name + "/") for k in logs)
+
+
+def test_regularizers_do_not_import_objectives() -> None:
+    """No cycle: ``objectives`` re-exports the regularisers, so ``regularizers`` must not import
+    ``objectives`` (module level or inside a function)."""
+    import headwise.control.regularizers as reg
+
+    tree = ast.parse(Path(reg.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "headwise.control.objectives" not in imported
+    assert "headwise.control.regularizers" in {
+        n.module for n in ast.walk(ast.parse(Path(reg.__file__).with_name(
+            "objectives.py").read_text())) if isinstance(n, ast.ImportFrom)}
