@@ -26,6 +26,11 @@ model row has at least one allowed key. Per-row losses (natural log, ``eps = 1e-
 
 A head's loss is the mean of its per-row losses over valid rows (0 if none); the objective's
 loss is the mean over its heads, times ``weight``. See ``docs/levers.md``.
+
+Cost per step: one tensor program for all supervised heads (their patterns stacked
+(B, h, T, T)); a target that depends on positions only (a position role without padding, a
+fixed matrix) is built once per batch shape and reused. A *function* target is validated on
+every call (index range, non-negative weights), which reads its output on the host.
 """
 
 from __future__ import annotations
@@ -279,6 +284,8 @@ class PatternObjective:
                                   self.window)
         if self._fixed_matrix:  # independent of tokens and padding (its rows: mass > 0)
             Q, defined = self._memo.get(tokens, make)
+            if attention_mask is None:
+                return Q, defined
             return Q, defined & real_tokens(tokens, attention_mask)
         if attention_mask is None and self.target in POSITION_ROLES:
             return self._memo.get(tokens, make)  # role rows are real queries already
