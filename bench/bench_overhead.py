@@ -28,6 +28,9 @@ Systems (each in its own process, one thread):
   fixed task gates on L0.H2 / L0.H3.
 - ``compile`` / ``compile_levers``: ``plain`` / ``levers`` with ``train.compile: true``; the
   step time excludes compilation, which is reported separately (first call, warm-up steps).
+- ``bare_mask`` / ``bare_objective`` / ``bare_gates``: the bare loop with one of the demo's
+  levers only (the previous-token mask on L0.H0; the pattern objective on L0.H1; the fixed
+  task gates on L0.H2 / L0.H3): what each lever costs on its own.
 
 Each process runs ``--warmup`` steps (not timed; for ``compile*`` this includes compilation),
 then ``--steps`` timed steps; its figures are wall time / steps and CPU time / steps (the
@@ -54,7 +57,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-SYSTEMS = ("bare", "plain", "bare_levers", "levers", "compile", "compile_levers")
+SYSTEMS = ("bare", "plain", "bare_levers", "levers", "compile", "compile_levers", "bare_mask",
+           "bare_objective", "bare_gates")
 GPT2 = {"n_layers": 4, "d_model": 256, "n_heads": 8, "d_ff": 1024, "vocab_size": 4096,
         "max_seq_len": 1024}
 
@@ -99,7 +103,21 @@ def _setup(shape: str, system: str) -> tuple[Any, Any, Any, list[Any], Any]:
     if system.endswith("levers"):
         return (compiled.model, compiled.data, config, compiled.objectives,
                 compiled.optimizer_hooks)
-    return build_model(compiled.model.config, seed=0), compiled.data, config, [], []
+    model = build_model(compiled.model.config, seed=0)
+    return model, compiled.data, config, _one_lever(model, system, compiled.data.names), []
+
+
+def _one_lever(model: Any, system: str, task_names: list[str]) -> list[Any]:
+    """Install the one demo lever ``system`` names (none for other systems); its objectives."""
+    from headwise.control import FixedGates, PatternObjective, apply_masks, previous_token
+
+    if system == "bare_mask":
+        apply_masks(model, {"L0.H0": previous_token()})
+    elif system == "bare_gates":
+        FixedGates(model, {"copy": "L0.H2", "reverse": "L0.H3"}, task_names=task_names)
+    elif system == "bare_objective":
+        return [PatternObjective(model, "L0.H1", "previous_token", kind="ce")]
+    return []
 
 
 def _bare_steps(model: Any, opt: torch.optim.Optimizer, data: Any, batch_size: int, n: int,
@@ -167,7 +185,7 @@ def main() -> None:
     if args.compile:
         systems += [s for s in ("compile", "compile_levers") if s not in systems]
     if args.shape == "gpt2":
-        systems = [s for s in systems if not s.endswith("levers")]
+        systems = [s for s in systems if s in ("bare", "plain", "compile")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     results: dict[str, list[dict[str, float]]] = {s: [] for s in systems}
     for r in range(args.rounds):
