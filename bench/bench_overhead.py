@@ -28,12 +28,17 @@ Systems (each in its own process, one thread):
   fixed task gates on L0.H2 / L0.H3.
 - ``compile`` / ``compile_levers``: ``plain`` / ``levers`` with ``train.compile: true``; the
   step time excludes compilation, which is reported separately (first call, warm-up steps).
+- ``bare_mask`` / ``bare_objective`` / ``bare_gates``: the bare loop with one of the demo's
+  levers only (the previous-token mask on L0.H0; the pattern objective on L0.H1; the fixed
+  task gates on L0.H2 / L0.H3): what each lever costs on its own.
 
 Each process runs ``--warmup`` steps (not timed; for ``compile*`` this includes compilation),
-then ``--steps`` timed steps; its figure is wall time / steps. Processes alternate: each round
-runs every system once, in turn (the order rotates by round), and ratios are medians over
-rounds of the per-round ratio to ``bare`` (robust to load drift on a shared machine), with
-the ratio of medians in brackets.
+then ``--steps`` timed steps; its figures are wall time / steps and CPU time / steps (the
+process's own CPU time, ``time.process_time``: on a shared machine it leaves out the time other
+jobs held the core, which wall time counts). Processes alternate: each round runs every system
+once, in turn (the order rotates by round), and ratios are medians over rounds of the
+per-round ratio to ``bare`` (robust to load drift on a shared machine), with the ratio of
+medians in brackets.
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-SYSTEMS = ("bare", "plain", "bare_levers", "levers", "compile", "compile_levers")
+SYSTEMS = ("bare", "plain", "bare_levers", "levers", "compile", "compile_levers", "bare_mask",
+           "bare_objective", "bare_gates")
 GPT2 = {"n_layers": 4, "d_model": 256, "n_heads": 8, "d_ff": 1024, "vocab_size": 4096,
         "max_seq_len": 1024}
 
@@ -97,7 +103,21 @@ def _setup(shape: str, system: str) -> tuple[Any, Any, Any, list[Any], Any]:
     if system.endswith("levers"):
         return (compiled.model, compiled.data, config, compiled.objectives,
                 compiled.optimizer_hooks)
-    return build_model(compiled.model.config, seed=0), compiled.data, config, [], []
+    model = build_model(compiled.model.config, seed=0)
+    return model, compiled.data, config, _one_lever(model, system, compiled.data.names), []
+
+
+def _one_lever(model: Any, system: str, task_names: list[str]) -> list[Any]:
+    """Install the one demo lever ``system`` names (none for other systems); its objectives."""
+    from headwise.control import FixedGates, PatternObjective, apply_masks, previous_token
+
+    if system == "bare_mask":
+        apply_masks(model, {"L0.H0": previous_token()})
+    elif system == "bare_gates":
+        FixedGates(model, {"copy": "L0.H2", "reverse": "L0.H3"}, task_names=task_names)
+    elif system == "bare_objective":
+        return [PatternObjective(model, "L0.H1", "previous_token", kind="ce")]
+    return []
 
 
 def _bare_steps(model: Any, opt: torch.optim.Optimizer, data: Any, batch_size: int, n: int,
@@ -117,7 +137,7 @@ def _bare_steps(model: Any, opt: torch.optim.Optimizer, data: Any, batch_size: i
 
 
 def worker(shape: str, system: str, warmup: int, steps: int) -> dict[str, float]:
-    """Time one system in this process; returns ``{"step_s", "warmup_s"}``.
+    """Time one system in this process; returns ``{"step_s", "cpu_s", "warmup_s"}``.
 
     ``train()`` systems run two calls on the same model: ``warmup`` steps (compilation
     included for ``compile*``), then ``steps`` timed steps.
@@ -133,18 +153,18 @@ def worker(shape: str, system: str, warmup: int, steps: int) -> dict[str, float]
                                 weight_decay=config.weight_decay)
         t0 = time.perf_counter()
         _bare_steps(model, opt, data, config.batch_size, warmup, gen, objectives)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         _bare_steps(model, opt, data, config.batch_size, steps, gen, objectives)
-        t2 = time.perf_counter()
-        return {"step_s": (t2 - t1) / steps, "warmup_s": t1 - t0}
+        t2, c2 = time.perf_counter(), time.process_time()
+        return {"step_s": (t2 - t1) / steps, "cpu_s": (c2 - c1) / steps, "warmup_s": t1 - t0}
     kwargs = {"objectives": objectives, "optimizer_hooks": hooks, "progress": False}
     t0 = time.perf_counter()
     train(model, data, dataclasses.replace(config, steps=warmup, warmup_steps=0), **kwargs)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     train(model, data, dataclasses.replace(
         config, steps=steps, warmup_steps=min(config.warmup_steps, steps)), **kwargs)
-    t2 = time.perf_counter()
-    return {"step_s": (t2 - t1) / steps, "warmup_s": t1 - t0}
+    t2, c2 = time.perf_counter(), time.process_time()
+    return {"step_s": (t2 - t1) / steps, "cpu_s": (c2 - c1) / steps, "warmup_s": t1 - t0}
 
 
 def main() -> None:
@@ -165,7 +185,7 @@ def main() -> None:
     if args.compile:
         systems += [s for s in ("compile", "compile_levers") if s not in systems]
     if args.shape == "gpt2":
-        systems = [s for s in systems if not s.endswith("levers")]
+        systems = [s for s in systems if s in ("bare", "plain", "compile")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     results: dict[str, list[dict[str, float]]] = {s: [] for s in systems}
     for r in range(args.rounds):
@@ -177,18 +197,25 @@ def main() -> None:
             if out.returncode:
                 sys.exit(f"{s} failed:\n{out.stderr[-2000:]}")
             results[s].append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(f"round {r + 1}: " + "  ".join(f"{s} {results[s][-1]['step_s'] * 1e3:.2f} ms"
-                                           for s in systems), flush=True)
+        print(f"round {r + 1} (load average {os.getloadavg()[0]:.1f}): " + "  ".join(
+            f"{s} {results[s][-1]['step_s'] * 1e3:.2f} ms" for s in systems), flush=True)
     print(f"\nshape={args.shape} rounds={args.rounds} warmup={args.warmup} steps={args.steps} "
           f"threads=1 torch={torch.__version__}")
-    print(f"{'system':<15} {'step ms (median)':>17} {'/ bare, paired':>15} {'(of medians)':>13}"
-          f" {'warm-up s':>10}")
-    med = {s: statistics.median(x["step_s"] for x in results[s]) for s in systems}
+    for key, label in (("step_s", "wall"), ("cpu_s", "CPU")):
+        _table(results, systems, key, label)
+
+
+def _table(results: dict[str, list[dict[str, float]]], systems: list[str], key: str,
+           label: str) -> None:
+    """Medians of ``key`` per system, and the paired ratios to ``bare``."""
+    print(f"\n{'system':<15} {label + ' ms (median)':>17} {'/ bare, paired':>15} "
+          f"{'(of medians)':>13} {'warm-up s':>10}")
+    med = {s: statistics.median(x[key] for x in results[s]) for s in systems}
     for s in systems:
-        ratio = "-"
-        of_medians = ""
+        ratio, of_medians = "-", ""
         if "bare" in results and s != "bare":
-            ratio = f"{statistics.median(a['step_s'] / b['step_s'] for a, b in zip(results[s], results['bare'], strict=True)):.3f}"  # noqa: E501
+            pairs = zip(results[s], results["bare"], strict=True)
+            ratio = f"{statistics.median(a[key] / b[key] for a, b in pairs):.3f}"
             of_medians = f"({med[s] / med['bare']:.3f})"
         warm = statistics.median(x["warmup_s"] for x in results[s])
         print(f"{s:<15} {med[s] * 1e3:17.2f} {ratio:>15} {of_medians:>13} {warm:10.1f}")

@@ -1,11 +1,15 @@
-"""Shared helpers of the levers: resolving head selectors against a model's shape."""
+"""Shared helpers of the levers: resolving head selectors against a model's shape, masked means.
+
+The objectives (``objectives.py``) and the regularisers (``regularizers.py``) both read these, so
+neither module imports the other's internals (``objectives`` re-exports the regularisers).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from headwise.errors import SelectorError
 from headwise.heads import Head, HeadSet, select_heads
@@ -42,3 +46,16 @@ def as_headset(model: nn.Module, heads: Any, what: str = "heads") -> HeadSet:
 def attention(model: nn.Module, layer: int) -> Any:
     """The attention module of ``blocks[layer]``."""
     return model.blocks[layer].attn  # type: ignore[index,union-attr]
+
+
+def masked_mean(values: Tensor, valid: Tensor) -> Tensor:
+    """Mean of ``values`` over ``valid`` entries (0 when there are none)."""
+    valid = valid.to(values.dtype)
+    return (values * valid).sum() / valid.sum().clamp_min(1.0)
+
+
+def masked_means(values: Tensor, valid: Tensor, dims: tuple[int, ...]) -> Tensor:
+    """``masked_mean`` over ``dims`` only, e.g. per head: (B, h, T) over (0, 2) -> (h,)."""
+    valid = valid.to(values.dtype)
+    return (values * valid).sum(dims) / valid.sum(dims).clamp_min(1.0)
+

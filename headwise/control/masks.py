@@ -184,12 +184,29 @@ class LayerMask:
         self.default = default
         self.per_task = per_task
         self._cache: dict[tuple[Any, ...], Tensor] = {}
+        self._task_cache: dict[tuple[Any, ...], tuple[Tensor, Tensor]] = {}
 
     def _table(self, specs: dict[int, MaskSpec], T: int, device: torch.device) -> Tensor:
         out = torch.ones(self.n_heads, T, T, dtype=torch.bool, device=device)
         for h, spec in specs.items():
             out[h] = spec.build(T, device)
         return out  # (H, T, T)
+
+    def _task_tables(self, T: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """Every task's table stacked (n, H, T, T), and ``lookup`` (m + 2,) from task id to row.
+
+        ``m`` is the largest task id with its own specs; ids without specs (and ids above ``m``,
+        clamped to ``m + 1``) read row 0, the default table. Built once per ``(T, device)``.
+        """
+        key = (T, str(device))
+        if key not in self._task_cache:
+            ids = sorted(self.per_task)
+            tables = [self(T, None, device)] + [
+                self._table({**self.default, **self.per_task[t]}, T, device) for t in ids]
+            lookup = torch.zeros(ids[-1] + 2, dtype=torch.long)
+            lookup[ids] = torch.arange(1, len(ids) + 1)
+            self._task_cache[key] = (torch.stack(tables), lookup.to(device))
+        return self._task_cache[key]
 
     def __call__(self, T: int, task_ids: Tensor | None, device: torch.device) -> Tensor:
         key = (T, str(device))
@@ -198,18 +215,10 @@ class LayerMask:
         base = self._cache[key]
         if not self.per_task or task_ids is None:
             return base
-        tables = [base]
-        index = torch.zeros(int(task_ids.max()) + 1 if task_ids.numel() else 1,
-                            dtype=torch.long)
-        for t, specs in self.per_task.items():
-            if t < index.numel():
-                k = (T, str(device), t)
-                if k not in self._cache:
-                    self._cache[k] = self._table({**self.default, **specs}, T, device)
-                index[t] = len(tables)
-                tables.append(self._cache[k])
-        stacked = torch.stack(tables)  # (n, H, T, T)
-        return stacked[index.to(device)[task_ids]]  # (B, H, T, T)
+        # Tensor indexing only: reading the largest id on the host would sync every step.
+        tables, lookup = self._task_tables(T, device)
+        rows = lookup[task_ids.clamp(max=lookup.numel() - 1)]  # (B,)
+        return tables[rows]  # (B, H, T, T)
 
 
 class MaskHandle:

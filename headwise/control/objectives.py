@@ -26,6 +26,11 @@ model row has at least one allowed key. Per-row losses (natural log, ``eps = 1e-
 
 A head's loss is the mean of its per-row losses over valid rows (0 if none); the objective's
 loss is the mean over its heads, times ``weight``. See ``docs/levers.md``.
+
+Cost per step: one tensor program for all supervised heads (their patterns stacked
+(B, h, T, T)); a target that depends on positions only (a position role without padding, a
+fixed matrix) is built once per batch shape and reused. A *function* target is validated on
+every call (index range, non-negative weights), which reads its output on the host.
 """
 
 from __future__ import annotations
@@ -36,13 +41,17 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
-from headwise.control._common import as_headset, model_shape
+from headwise.control._common import as_headset, masked_mean, masked_means, model_shape
+from headwise.control.regularizers import FFNPenalty, HeadDiversity
 from headwise.hooks.hook_point import Hook, HookContext
 from headwise.patterns import (
     DEFAULT_WINDOW,
+    POSITION_ROLES,
     ROLE_NAMES,
     TARGET_ROLES,
+    RoleTarget,
     allowed_keys,
+    real_tokens,
     role_target,
     row_scores,
 )
@@ -51,6 +60,8 @@ EPS = 1e-12
 LOSS_KINDS = ("kl", "ce", "mse")
 TARGETS = TARGET_ROLES
 TargetFn = Callable[[Tensor], Tensor]
+# Roles whose target (without padding) depends on positions only; "entropy" reads allowed keys.
+_POSITION_ONLY = (*POSITION_ROLES, "entropy")
 
 
 @runtime_checkable
@@ -79,6 +90,9 @@ class _PatternCapture:
         if not len(self.heads):
             raise ValueError(f"{what}: got an empty head set, expected at least one head")
         self.causal = bool(model.config.causal)  # type: ignore[union-attr]
+        self._want = {l: tuple(self.heads.in_layer(l)) for l in self.heads.layers}
+        self.names = [f"L{l}.H{h}" for l, hs in self._want.items() for h in hs]
+        self.log_names: dict[str, list[str]] = {}
         self._captured: dict[int, tuple[tuple[int, ...], Tensor]] = {}
 
     def hooks(self) -> list[Hook]:
@@ -87,25 +101,56 @@ class _PatternCapture:
                 assert ctx.heads is not None
                 self._captured[layer] = (ctx.heads, x)
             return fn
-        return [Hook(f"blocks.{l}.attn.hook_pattern", grab(l), self.heads.in_layer(l))
-                for l in self.heads.layers]
+        return [Hook(f"blocks.{l}.attn.hook_pattern", grab(l), hs)
+                for l, hs in self._want.items()]
 
-    def patterns(self) -> list[tuple[str, Tensor]]:
-        """``[(head name, P (B, T, T))]`` from the last forward; clears the capture.
+    def patterns(self) -> Tensor:
+        """The patterns (B, h, T, T) of the last forward, heads in ``names`` order; clears them.
+
+        One tensor per layer as the hook received it (its heads are the supervised ones, in
+        order), concatenated over layers: the loss then runs once for every head.
 
         Raises:
             RuntimeError: nothing was captured (the forward ran without ``hooks()``).
         """
-        out = []
-        for layer in self.heads.layers:
+        parts = []
+        for layer, want in self._want.items():
             if layer not in self._captured:
                 raise RuntimeError(f"no attention pattern captured for layer {layer}: run the "
                                    "forward inside `with model.hooks(*objective.hooks())`")
             held, x = self._captured[layer]
-            for h in self.heads.in_layer(layer):
-                out.append((f"L{layer}.H{h}", x[:, held.index(h)]))
+            if held != want:  # another hook widened the explicit set: pick ours
+                pick = torch.tensor([held.index(h) for h in want], device=x.device)
+                x = x.index_select(1, pick)
+            parts.append(x)
         self._captured.clear()
-        return out
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+
+class _ShapeMemo:
+    """The last value made for a batch shape and device.
+
+    A target that depends on positions only (a position role without padding, a fixed matrix)
+    is the same for every batch of one shape: it is made once and reused, not made per step.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._value: Any = None
+
+    def get(self, tokens: Tensor, make: Callable[[], Any]) -> Any:
+        key = (tuple(tokens.shape), tokens.device)
+        if self._key != key:
+            self._value, self._key = make(), key
+        return self._value
+
+
+def _head_logs(name: str, capture: _PatternCapture, values: Tensor) -> dict[str, Tensor]:
+    """``{"name/L0.H1": value}`` per supervised head from one (h,) tensor (detached views)."""
+    keys = capture.log_names.get(name)
+    if keys is None:  # once per objective name, not per step
+        keys = capture.log_names[name] = [f"{name}/{head}" for head in capture.names]
+    return dict(zip(keys, values.detach().unbind(), strict=True))
 
 
 def pattern_target(target: Any, tokens: Tensor, attention_mask: Tensor | None,
@@ -164,12 +209,6 @@ def row_loss(P: Tensor, Q: Tensor, kind: str) -> Tensor:
     raise ValueError(f"kind: got {kind!r}, expected one of {list(LOSS_KINDS)}")
 
 
-def masked_mean(values: Tensor, valid: Tensor) -> Tensor:
-    """Mean of ``values`` over ``valid`` entries (0 when there are none)."""
-    valid = valid.to(values.dtype)
-    return (values * valid).sum() / valid.sum().clamp_min(1.0)
-
-
 class PatternObjective:
     """Pull chosen heads' attention patterns towards a target.
 
@@ -208,6 +247,8 @@ class PatternObjective:
         if not isinstance(target, (str, Tensor)) and not callable(target):
             raise ValueError(f"target: got {type(target).__name__}, expected a name, a (T, T) "
                              "tensor or a function of the tokens")
+        if isinstance(target, Tensor) and bool((target < 0).any()):  # checked once, here
+            raise ValueError("target: has negative entries, expected non-negative row weights")
         model_shape(model)
         self.name = "pattern"
         self.weight = float(weight)
@@ -216,6 +257,11 @@ class PatternObjective:
         self.window = window
         self._capture = _PatternCapture(model, heads, "heads")
         self.heads = self._capture.heads
+        # Position-only targets (a fixed matrix; a position role without padding) are made once
+        # per batch shape; token-dependent ones (induction, a function) once per step, for all
+        # heads at once.
+        self._fixed_matrix = isinstance(target, Tensor)
+        self._memo = _ShapeMemo()
 
     def hooks(self) -> list[Hook]:
         """Hooks on ``hook_pattern`` restricted to the supervised heads."""
@@ -224,18 +270,27 @@ class PatternObjective:
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
         """``weight * mean_heads(loss_head)`` and ``{"pattern/L0.H0": loss_head, ...}``."""
-        Q, defined = pattern_target(self.target, tokens, attention_mask, self._capture.causal,
-                                    self.window)
-        real = attention_mask.bool() if attention_mask is not None else torch.ones_like(
-            defined)
-        terms, logs = [], {}
-        for name, P in self._capture.patterns():
-            valid = defined & real & (P.detach().sum(-1) > 0.5)
-            value = masked_mean(row_loss(P, Q.to(P.dtype), self.kind), valid)
-            terms.append(value)
-            logs[f"{self.name}/{name}"] = value.detach()
-        total = torch.stack(terms).mean()
-        return self.weight * total, logs
+        Q, rows = self._target(tokens, attention_mask)  # (B, T, T), (B, T)
+        P = self._capture.patterns()  # (B, h, T, T)
+        valid = rows[:, None] & (P.detach().sum(-1) > 0.5)  # (B, h, T): the head attends
+        per_head = masked_means(row_loss(P, Q[:, None].to(P.dtype), self.kind), valid,
+                                (0, 2))  # (h,)
+        return self.weight * per_head.mean(), _head_logs(self.name, self._capture, per_head)
+
+    def _target(self, tokens: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """``Q`` (B, T, T) and the rows (B, T) where it is defined on a real query."""
+        def make() -> tuple[Tensor, Tensor]:
+            return pattern_target(self.target, tokens, attention_mask, self._capture.causal,
+                                  self.window)
+        if self._fixed_matrix:  # independent of tokens and padding (its rows: mass > 0)
+            Q, defined = self._memo.get(tokens, make)
+            if attention_mask is None:
+                return Q, defined
+            return Q, defined & real_tokens(tokens, attention_mask)
+        if attention_mask is None and self.target in POSITION_ROLES:
+            return self._memo.get(tokens, make)  # role rows are real queries already
+        Q, defined = make()
+        return Q, defined & real_tokens(tokens, attention_mask)
 
 
 class RoleBound:
@@ -268,6 +323,7 @@ class RoleBound:
         self.role, self.min, self.max, self.window = role, min, max, window
         self._capture = _PatternCapture(model, heads, "heads")
         self.heads = self._capture.heads
+        self._memo = _ShapeMemo()
 
     def hooks(self) -> list[Hook]:
         return self._capture.hooks()
@@ -275,20 +331,20 @@ class RoleBound:
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
         """``weight * mean_heads(hinge)``; logs each head's mean row score."""
-        target = role_target(self.role, tokens, attention_mask, self._capture.causal,
-                             self.window)
-        terms, logs = [], {}
-        for name, P in self._capture.patterns():
-            valid = target.rows & (P.detach().sum(-1) > 0.5)
-            score = row_scores(P[:, None], target)[:, 0]  # (B, T)
-            hinge = torch.zeros_like(score)
-            if self.min is not None:
-                hinge = hinge + torch.relu(self.min - score)
-            if self.max is not None:
-                hinge = hinge + torch.relu(score - self.max)
-            terms.append(masked_mean(hinge, valid))
-            logs[f"{self.name}/{name}"] = masked_mean(score.detach(), valid)
-        return self.weight * torch.stack(terms).mean(), logs
+        def make() -> RoleTarget:
+            return role_target(self.role, tokens, attention_mask, self._capture.causal,
+                               self.window)
+        static = attention_mask is None and self.role in _POSITION_ONLY
+        target = self._memo.get(tokens, make) if static else make()
+        P = self._capture.patterns()  # (B, h, T, T)
+        valid = target.rows[:, None] & (P.detach().sum(-1) > 0.5)  # (B, h, T)
+        score = row_scores(P, target)  # (B, h, T)
+        parts = ([torch.relu(self.min - score)] if self.min is not None else []) + (
+            [torch.relu(score - self.max)] if self.max is not None else [])
+        hinge = parts[0] if len(parts) == 1 else parts[0] + parts[1]  # (B, h, T)
+        loss = masked_means(hinge, valid, (0, 2)).mean()
+        mean_score = masked_means(score.detach(), valid, (0, 2))  # (h,)
+        return self.weight * loss, _head_logs(self.name, self._capture, mean_score)
 
 
 class EntropyBound(RoleBound):
@@ -308,9 +364,6 @@ class EntropyBound(RoleBound):
         super().__init__(model, heads, "entropy", min=min, max=max, weight=weight)
         self.name = "entropy"
 
-
-# Re-exported so that every Objective constructor lives under one name.
-from headwise.control.regularizers import FFNPenalty, HeadDiversity  # noqa: E402
 
 __all__ = ["EPS", "LOSS_KINDS", "TARGETS", "EntropyBound", "FFNPenalty", "HeadDiversity",
            "Objective", "PatternObjective", "RoleBound", "masked_mean", "pattern_target",

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.control._common import model_shape
-from headwise.control.objectives import masked_mean
+from headwise.control._common import masked_mean, model_shape
 from headwise.hooks.hook_point import Hook, HookContext
+from headwise.patterns import real_tokens
 
 
 class HeadDiversity:
@@ -61,8 +61,7 @@ class HeadDiversity:
             raise RuntimeError(f"no value captured for layer {self.layer}: run the forward "
                                "inside `with model.hooks(*objective.hooks())`")
         x, self._value = self._value, None
-        real = (attention_mask.bool() if attention_mask is not None
-                else torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device))
+        real = real_tokens(tokens, attention_mask)
         if self.on == "pattern":
             sim = torch.einsum("bhqk,bgqk->bqhg", x, x)  # (B, T, H, H)
         else:
@@ -118,8 +117,7 @@ class FFNPenalty:
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
-        real = (attention_mask.bool() if attention_mask is not None
-                else torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device))
+        real = real_tokens(tokens, attention_mask)
         terms, logs = [], {}
         for l in self.layers:
             if l not in self._values:

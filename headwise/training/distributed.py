@@ -9,6 +9,11 @@ from an identically seeded generator and keeps the contiguous shard
 loss is the mean over its (equally many) examples, an update equals one process's update on
 the whole global batch, up to floating-point summation order. Only rank 0 writes files.
 Without ``WORLD_SIZE`` > 1 every helper is a no-op for a single process.
+
+A signal (Ctrl-C, or the SIGTERM ``torchrun`` forwards) may reach the ranks at different
+steps; ``agree_signal`` makes every rank see it at the same step (one small all-reduce per step,
+on the host through a gloo group, so a CUDA run does not synchronise its device for it), so all
+ranks checkpoint together.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ class DistContext:
     world_size: int = 1
     device: torch.device = torch.device("cpu")
     owns_group: bool = False
+    host_group: Any = None  # a gloo group for host-side flags (None: the default group)
 
     @property
     def enabled(self) -> bool:
@@ -83,6 +89,17 @@ class DistContext:
         dist.all_gather_object(out, obj)
         return out
 
+    def agree_signal(self, signum: int | None) -> int | None:
+        """The signal any rank has received (``None``: none), the same on every rank.
+
+        Every rank must call this at the same step (the loop does, before each step).
+        """
+        if not self.enabled:
+            return signum
+        flag = torch.tensor([signum or 0], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.host_group)
+        return int(flag[0]) or None
+
     def barrier(self) -> None:
         """Wait for every rank."""
         if self.enabled:
@@ -108,8 +125,9 @@ def setup(model: nn.Module) -> DistContext:
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
         owns = True
+    host = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
     return DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device,
-                       owns_group=owns)
+                       owns_group=owns, host_group=host)
 
 
 def wrap(model: nn.Module, ctx: DistContext) -> nn.Module:

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from headwise.data import Batch, Mixture
 from headwise.training.distributed import DistContext
-from headwise.training.metrics import overall_loss, summarise, task_loss
+from headwise.training.metrics import ObjectiveSums, overall_loss, summarise, task_loss
 
 # The evaluation generator is seeded with ``config.seed + EVAL_SEED_OFFSET``, so evaluation
 # batches never coincide with training batches and are the same at every evaluation point.
@@ -56,88 +56,6 @@ def forward(model: Callable[..., Tensor], inner: nn.Module, batch: Batch, object
             terms.append((torch.as_tensor(value, dtype=torch.float32, device=logits.device)
                           if not isinstance(value, Tensor) else value, logs))
     return logits, terms
-
-
-class ObjectiveSums:
-    """Running sums of each objective's weighted term and logged values, kept on the device.
-
-    ``add`` costs a few tensor ops per objective and never synchronises with the host; the
-    values are read (and averaged over ranks) only by ``record``, once per log step. Log keys
-    are fixed by the first call; a later call with other keys extends them.
-    """
-
-    def __init__(self, objectives: Sequence[Any], device: torch.device) -> None:
-        self.objectives = list(objectives)
-        self.device = device
-        self.totals = torch.zeros(len(self.objectives), dtype=torch.float64, device=device)
-        self.names: list[list[str]] = [[] for _ in self.objectives]
-        self.values: list[Tensor | None] = [None for _ in self.objectives]
-
-    def add(self, terms: Sequence[tuple[Tensor, dict[str, Any]]]) -> None:
-        """Add one call's ``(weighted loss, logs)`` per objective."""
-        if not terms:
-            return
-        self.totals += torch.stack([t.detach().reshape(()) for t, _ in terms]).double()
-        for i, (_, log) in enumerate(terms):
-            if not log:
-                continue
-            keys = list(log)
-            if keys != self.names[i]:
-                self._extend(i, keys)
-            current = self.values[i]
-            assert current is not None
-            vals = list(log.values())
-            if keys == self.names[i]:
-                current += (torch.stack(vals) if isinstance(vals[0], Tensor)
-                            else torch.tensor(vals)).to(current)
-            else:  # a subset or a reordering of the known keys: the rare slow path
-                pos = {k: j for j, k in enumerate(self.names[i])}
-                for k, v in log.items():
-                    current[pos[k]] += torch.as_tensor(v).to(current)
-
-    def _extend(self, i: int, keys: list[str]) -> None:
-        new = [k for k in keys if k not in set(self.names[i])]
-        grown = torch.zeros(len(self.names[i]) + len(new), dtype=torch.float64,
-                            device=self.device)
-        old = self.values[i]
-        if old is not None:
-            grown[: old.numel()] = old
-        self.names[i] = self.names[i] + new
-        self.values[i] = grown
-
-    def state(self) -> tuple[dict[str, Tensor], list[list[str]]]:
-        """The sums as tensors and the log names, for a checkpoint of the logging window."""
-        tensors = {"totals": self.totals}
-        tensors.update({f"values.{i}": v for i, v in enumerate(self.values) if v is not None})
-        return tensors, [list(n) for n in self.names]
-
-    def load(self, tensors: dict[str, Tensor], names: list[list[str]]) -> None:
-        """Restore what ``state`` returned (the same objectives, in the same order)."""
-        self.totals = tensors["totals"].to(self.device, torch.float64)
-        self.names = [list(n) for n in names]
-        self.values = [tensors[f"values.{i}"].to(self.device, torch.float64)
-                       if f"values.{i}" in tensors else None for i in range(len(names))]
-
-    def record(self, ctx: DistContext, n: int) -> dict[str, Any]:
-        """``{name: {"loss", "weight", "heads"}}``: means over ``n`` calls, averaged over ranks.
-
-        Every rank calls this (one all-reduce when distributed; key order is the objectives'
-        own, the same on every rank).
-        """
-        parts = [self.totals] + [v for v in self.values if v is not None]
-        flat = torch.cat(parts) if len(parts) > 1 else self.totals
-        if ctx.enabled:
-            flat = ctx.all_reduce_sum(flat) / ctx.world_size
-        host = (flat / max(n, 1)).tolist()  # the one host read
-        out, pos = {}, len(self.objectives)
-        for i, obj in enumerate(self.objectives):
-            heads = {}
-            if self.values[i] is not None:
-                heads = dict(zip(self.names[i], host[pos:pos + len(self.names[i])],
-                                 strict=True))
-                pos += len(self.names[i])
-            out[obj.name] = {"loss": host[i], "weight": float(obj.weight), "heads": heads}
-        return out
 
 
 @torch.no_grad()

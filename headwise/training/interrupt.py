@@ -2,9 +2,11 @@
 
 While ``catch_signals`` is active, the first SIGINT (Ctrl-C) or SIGTERM only sets a flag; the
 training loop checks it before each step, saves a checkpoint at the current step and raises
-``Interrupted``, which the CLI turns into one line and exit code 130. A second signal raises
-``KeyboardInterrupt`` at once (every file is written atomically, so nothing is left half
-written either way).
+``Interrupted``, which the CLI turns into one line and exit code 130. In one process a second
+signal raises ``KeyboardInterrupt`` at once (every file is written atomically, so nothing is
+left half written either way). Under ``torchrun`` (``escalate=False``) later signals are
+ignored: Ctrl-C reaches each worker twice (from the terminal, then forwarded by ``torchrun``),
+and ``torchrun`` itself escalates to SIGKILL after its grace period (30 s).
 """
 
 from __future__ import annotations
@@ -44,11 +46,12 @@ class SignalFlag:
 
 
 @contextmanager
-def catch_signals(enabled: bool = True) -> Iterator[SignalFlag]:
+def catch_signals(enabled: bool = True, escalate: bool = True) -> Iterator[SignalFlag]:
     """Turn SIGINT/SIGTERM into a flag for the duration of the block.
 
     Does nothing (the flag stays unset) when ``enabled`` is false or outside the main thread,
-    where Python cannot install signal handlers.
+    where Python cannot install signal handlers. ``escalate``: a second signal raises
+    ``KeyboardInterrupt`` (else it is ignored).
     """
     flag = SignalFlag()
     if not enabled or threading.current_thread() is not threading.main_thread():
@@ -57,7 +60,9 @@ def catch_signals(enabled: bool = True) -> Iterator[SignalFlag]:
 
     def handler(signum: int, frame: FrameType | None) -> None:
         if flag.signum is not None:
-            raise KeyboardInterrupt
+            if escalate:
+                raise KeyboardInterrupt
+            return
         flag.signum = signum
 
     previous = {s: signal.signal(s, handler) for s in SIGNALS}

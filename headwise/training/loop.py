@@ -37,14 +37,9 @@ from headwise.training.checkpoint import (
 from headwise.training.config import TrainConfig
 from headwise.training.device import place
 from headwise.training.distributed import DistContext, setup, teardown, wrap
-from headwise.training.evaluate import (
-    EVAL_SEED_OFFSET,
-    ObjectiveSums,
-    evaluate,
-    forward,
-)
+from headwise.training.evaluate import EVAL_SEED_OFFSET, evaluate, forward
 from headwise.training.interrupt import Interrupted, catch_signals
-from headwise.training.metrics import ProgressBar, overall_loss, summarise, task_loss
+from headwise.training.metrics import LogWindow, ProgressBar, task_loss
 from headwise.training.run_log import RunLog
 from headwise.training.safetensors_io import save_weights, write_bytes_atomic
 
@@ -176,7 +171,6 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
     """
     if resume and out_dir is None:
         raise ConfigError("resume: got True without out_dir, expected a run directory")
-    out_dir = Path(out_dir) if out_dir is not None else None
     names = [obj.name for obj in objectives]
     for name in names:
         if names.count(name) > 1:
@@ -189,8 +183,12 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
     place(model, config.device, "train.device")
     ctx = setup(model)
     try:
-        result = _run(model, data, config, out_dir, list(objectives), list(callbacks),
-                      list(optimizer_hooks), resume, eval_data or data, progress, ctx)
+        run = _start(model, data, eval_data or data, config,
+                     Path(out_dir) if out_dir is not None else None,
+                     list(objectives), list(callbacks), list(optimizer_hooks), progress, ctx)
+        if resume:
+            _restore(run)
+        result = _run(run)
     except BaseException:
         teardown(ctx, failed=True)
         raise
@@ -198,11 +196,38 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
     return result
 
 
-def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | None,
-         objectives: list[Any], callbacks: list[Callable[[TrainState], None]],
-         optimizer_hooks: list[Callable[[torch.optim.Optimizer], None]], resume: bool,
-         eval_data: Mixture, progress: bool, ctx: DistContext) -> TrainResult:
-    device = ctx.device
+@dataclass
+class _Run:
+    """One ``train()`` call: what the steps work with, and the state that moves per step."""
+
+    model: nn.Module
+    data: Mixture
+    eval_data: Mixture
+    config: TrainConfig
+    out_dir: Path | None
+    objectives: list[Any]
+    callbacks: list[Callable[[TrainState], None]]
+    optimizer: torch.optim.AdamW
+    gen: torch.Generator
+    ctx: DistContext
+    writer: RunLog
+    progress: bool
+    window: LogWindow
+    start: int = 0
+    done: int = 0
+    saved: int = 0
+    stopped: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    grad_norm: Tensor | None = None
+
+
+def _start(model: nn.Module, data: Mixture, eval_data: Mixture, config: TrainConfig,
+           out_dir: Path | None, objectives: list[Any],
+           callbacks: list[Callable[[TrainState], None]],
+           optimizer_hooks: list[Callable[[torch.optim.Optimizer], None]], progress: bool,
+           ctx: DistContext) -> _Run:
+    """The optimizer, the seeded generators and the run log of a fresh run."""
     optimizer = make_optimizer(model, config)
     for hook in optimizer_hooks:
         hook(optimizer)
@@ -210,159 +235,163 @@ def _run(model: nn.Module, data: Mixture, config: TrainConfig, out_dir: Path | N
     # The global RNG drives dropout; a resume overwrites this with the checkpoint's state.
     torch.manual_seed(config.seed + ctx.rank)
     writer = RunLog(out_dir, ctx.is_main, config, eval_data)
-    callbacks = [*callbacks, *writer.callbacks]
-    start, extra, stopped = 0, {}, False
-    info = None
-    if resume and out_dir is not None and ctx.is_main:
-        clean_checkpoints(out_dir)
-    ctx.barrier()
-    ckpt = latest_checkpoint(out_dir) if resume and out_dir is not None else None
-    if ckpt is not None:
-        info = load_checkpoint(ckpt, model, optimizer)
-        _check_resume_config(config, info.config, ckpt)
-        start, extra, stopped = info.step, info.extra, info.stopped
-        if info.data_rng is not None:
-            gen.set_state(info.data_rng)
-        if info.torch_rng:
-            torch.set_rng_state(info.torch_rng[min(ctx.rank, len(info.torch_rng) - 1)])
-        if info.cuda_rng and device.type == "cuda":
-            torch.cuda.set_rng_state_all(info.cuda_rng)
-        for obj in objectives:
-            if obj.name in info.objective_weights:
-                obj.weight = info.objective_weights[obj.name]
-        writer.truncate_after(start)
-    ddp = wrap(model, ctx)
-    step_model = torch.compile(ddp) if config.compile else ddp
+    return _Run(model, data, eval_data, config, out_dir, objectives,
+                [*callbacks, *writer.callbacks], optimizer, gen, ctx, writer, progress,
+                LogWindow.empty(objectives, len(data.names), ctx.device))
+
+
+def _restore(run: _Run) -> None:
+    """Continue from the latest checkpoint of ``run.out_dir``, if any (exact resume)."""
+    assert run.out_dir is not None
+    if run.ctx.is_main:
+        clean_checkpoints(run.out_dir)
+    run.ctx.barrier()
+    ckpt = latest_checkpoint(run.out_dir)
+    if ckpt is None:
+        return
+    info = load_checkpoint(ckpt, run.model, run.optimizer)
+    _check_resume_config(run.config, info.config, ckpt)
+    run.start = run.done = run.saved = info.step
+    run.extra, run.stopped = info.extra, info.stopped
+    if info.data_rng is not None:
+        run.gen.set_state(info.data_rng)
+    if info.torch_rng:
+        torch.set_rng_state(info.torch_rng[min(run.ctx.rank, len(info.torch_rng) - 1)])
+    if info.cuda_rng and run.ctx.device.type == "cuda":
+        torch.cuda.set_rng_state_all(info.cuda_rng)
+    for obj in run.objectives:
+        if obj.name in info.objective_weights:
+            obj.weight = info.objective_weights[obj.name]
+    run.writer.truncate_after(info.step)
+    w = run.window
+    if (run.ctx.world_size == 1  # restore the logging window in progress
+            and len(info.log.get("names", ())) == len(run.objectives)
+            and "stats" in info.log_tensors):
+        w.stats.copy_(info.log_tensors["stats"])
+        w.loss_sum.copy_(info.log_tensors["loss_sum"])
+        w.sums.load({k[len("sums."):]: v for k, v in info.log_tensors.items()
+                     if k.startswith("sums.")}, info.log["names"])
+        w.steps = int(info.log["since_log"])
+
+
+def _run(run: _Run) -> TrainResult:
+    """The steps from ``run.start`` to ``config.steps`` (or a stop), then the final weights."""
+    config, ctx = run.config, run.ctx
+    step_model = torch.compile(wrap(run.model, ctx)) if config.compile else wrap(run.model, ctx)
     # Hooks are made once (attached around each training forward, after the objectives'
     # ``prepare``, which may run forwards of its own): a compiled model sees the same hook
     # objects at every step (no recompilation).
-    hooks = [h for obj in objectives for h in obj.hooks()]
-    bar = ProgressBar(config.steps, start, progress and ctx.is_main)
-    state_metrics: dict[str, Any] = {}
-    n_tasks = len(data.names)
-    # Running sums stay on the device; they are read (synchronised) only at log points.
-    stats = torch.zeros(n_tasks, 5, dtype=torch.float64, device=device)
-    sums = ObjectiveSums(objectives, device)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    since_log, t0 = 0, time.perf_counter()
-    if (info is not None and ctx.world_size == 1  # restore the logging window in progress
-            and len(info.log.get("names", ())) == len(objectives)
-            and "stats" in info.log_tensors):
-        stats.copy_(info.log_tensors["stats"])
-        loss_sum.copy_(info.log_tensors["loss_sum"])
-        sums.load({k[len("sums."):]: v for k, v in info.log_tensors.items()
-                   if k.startswith("sums.")}, info.log["names"])
-        since_log = int(info.log["since_log"])
-    grad_norm: Tensor | None = None
-    done = saved = start
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    model.train()  # once: evaluation and callbacks restore it (re-set after them below)
-    signals = ExitStack()
-    signalled = signals.enter_context(catch_signals(ctx.world_size == 1))
-    try:
-        for step in range(start, config.steps if not stopped else start):
-            if signalled.signum is not None:  # Ctrl-C / SIGTERM: checkpoint here and stop
-                path = None
-                if out_dir is not None:
-                    if saved != done:
-                        _checkpoint(ctx, out_dir, done, model, optimizer, gen, objectives,
-                                    extra, config, stopped, (stats, loss_sum, sums, since_log))
-                    path = list_checkpoints(out_dir)[-1][1]
-                raise Interrupted(done, signalled.signum, path)
-            lr = config.lr_at(step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            batch = ctx.shard(data.sample(config.batch_size, gen))
-            if device.type != "cpu":
-                batch = batch.to(device)
-            logits, terms = forward(step_model, model, batch, objectives, config.bf16, device,
-                                    hooks)
-            loss, step_stats = task_loss(logits, batch, n_tasks)
-            total = loss
-            for term, _ in terms:
-                total = total + term
-            optimizer.zero_grad(set_to_none=True)
-            total.backward()
-            if config.grad_clip > 0:
-                grad_norm = clip_grad_norm(params, config.grad_clip)
-            optimizer.step()
-            done = step + 1
-            stats += step_stats
-            loss_sum += total.detach().double()
-            since_log += 1
-            sums.add(terms)
-            if done % config.log_every == 0 or done == config.steps:
-                record = _train_record(ctx, done, lr, stats, loss_sum, since_log, sums,
-                                       data.names, grad_norm, t0)
-                writer.write(record)
-                if not math.isfinite(record["loss"]):
-                    raise _diverged(record["loss"], done, lr, objectives, out_dir)
-                bar.update(done, record["loss"], record["tasks"])
-                stats.zero_()
-                sums = ObjectiveSums(objectives, device)
-                loss_sum, since_log = torch.zeros_like(loss_sum), 0
-                state_metrics = record
-            else:
-                bar.update(done)
-            if config.eval_every and (done % config.eval_every == 0 or done == config.steps):
-                state_metrics = evaluate(
-                    model, eval_data, batch_size=config.batch_size,
-                    n_batches=config.eval_batches, seed=config.seed + EVAL_SEED_OFFSET,
-                    objectives=objectives, bf16=config.bf16, ctx=ctx)
-                state_metrics = {"kind": "eval", "step": done, **state_metrics}
-                writer.write(state_metrics)
-                stopped, extra = _call_back(callbacks, ctx, done, model, state_metrics, config,
-                                            objectives, optimizer, out_dir, extra)
-                model.train()
-            last = done == config.steps or stopped
-            if out_dir is not None and config.checkpoint_every and (
-                    done % config.checkpoint_every == 0 or last):
-                if not math.isfinite(float(loss_sum)):  # never checkpoint a diverged model
-                    raise _diverged(float(loss_sum), done, lr, objectives, out_dir)
-                _checkpoint(ctx, out_dir, done, model, optimizer, gen, objectives, extra,
-                            config, stopped, (stats, loss_sum, sums, since_log))
-                writer.checkpoint(done, model)
-                saved = done
-            if stopped:
+    hooks = [h for obj in run.objectives for h in obj.hooks()]
+    params = [p for g in run.optimizer.param_groups for p in g["params"]]
+    bar = ProgressBar(config.steps, run.start, run.progress and ctx.is_main)
+    t0 = time.perf_counter()
+    run.model.train()  # once: evaluation and callbacks restore it (re-set after them)
+    # Under torchrun a signal reaches every rank (Ctrl-C twice: terminal, then torchrun).
+    with ExitStack() as stack:
+        stack.callback(run.writer.close)
+        stack.callback(bar.close)
+        signalled = stack.enter_context(catch_signals(escalate=ctx.world_size == 1))
+        for step in range(run.start, config.steps if not run.stopped else run.start):
+            signum = ctx.agree_signal(signalled.signum)
+            if signum is not None:  # Ctrl-C / SIGTERM: checkpoint here and stop
+                raise _interrupted(run, signum)
+            lr = _step(run, step_model, step, hooks, params)
+            _after_step(run, lr, bar, t0)
+            if run.stopped:
                 break
-    finally:
-        bar.close()
-        writer.close()
-        signals.close()
-    if done == start and config.eval_every:  # resumed at the end: report, but log nothing new
-        state_metrics = {"kind": "eval", "step": done, **evaluate(
-            model, eval_data, batch_size=config.batch_size, n_batches=config.eval_batches,
-            seed=config.seed + EVAL_SEED_OFFSET, objectives=objectives, bf16=config.bf16,
-            ctx=ctx)}
+    return _finish(run)
+
+
+def _step(run: _Run, step_model: Callable[..., Tensor], step: int, hooks: list[Any],
+          params: list[Tensor]) -> float:
+    """One optimisation step on the next batch; returns its learning rate."""
+    config, ctx = run.config, run.ctx
+    lr = config.lr_at(step)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    batch = ctx.shard(run.data.sample(config.batch_size, run.gen))
+    if ctx.device.type != "cpu":
+        batch = batch.to(ctx.device)
+    logits, terms = forward(step_model, run.model, batch, run.objectives, config.bf16,
+                            ctx.device, hooks)
+    loss, step_stats = task_loss(logits, batch, len(run.data.names))
+    total = loss
+    for term, _ in terms:
+        total = total + term
+    run.optimizer.zero_grad(set_to_none=True)
+    total.backward()
+    if config.grad_clip > 0:
+        run.grad_norm = clip_grad_norm(params, config.grad_clip)
+    run.optimizer.step()
+    run.done = step + 1
+    run.window.add(step_stats, total, terms)
+    return lr
+
+
+def _after_step(run: _Run, lr: float, bar: ProgressBar, t0: float) -> None:
+    """The periodic work after a step: the ``"train"`` line, evaluation, the checkpoint."""
+    config, done = run.config, run.done
+    if done % config.log_every == 0 or done == config.steps:
+        record = run.window.record(run.ctx, done, lr, run.data.names, run.grad_norm, t0)
+        run.writer.write(record)
+        if not math.isfinite(record["loss"]):
+            raise _diverged(record["loss"], done, lr, run.objectives, run.out_dir)
+        bar.update(done, record["loss"], record["tasks"])
+        run.window = LogWindow.empty(run.objectives, len(run.data.names), run.ctx.device)
+        run.metrics = record
+    else:
+        bar.update(done)
+    if config.eval_every and (done % config.eval_every == 0 or done == config.steps):
+        run.metrics = {"kind": "eval", "step": done, **_evaluate(run)}
+        run.writer.write(run.metrics)
+        run.stopped, run.extra = _call_back(run.callbacks, run.ctx, done, run.model,
+                                            run.metrics, config, run.objectives,
+                                            run.optimizer, run.out_dir, run.extra)
+        run.model.train()
+    last = done == config.steps or run.stopped
+    if run.out_dir is not None and config.checkpoint_every and (
+            done % config.checkpoint_every == 0 or last):
+        loss_sum = float(run.window.loss_sum)  # a host read, at checkpoints only
+        if not math.isfinite(loss_sum):  # never checkpoint a diverged model
+            raise _diverged(loss_sum, done, lr, run.objectives, run.out_dir)
+        _checkpoint(run)
+        run.writer.checkpoint(done, run.model)
+
+
+def _evaluate(run: _Run) -> dict[str, Any]:
+    """Held-out evaluation with the run's settings (seeded: the same batches every time)."""
+    config = run.config
+    return evaluate(run.model, run.eval_data, batch_size=config.batch_size,
+                    n_batches=config.eval_batches, seed=config.seed + EVAL_SEED_OFFSET,
+                    objectives=run.objectives, bf16=config.bf16, ctx=run.ctx)
+
+
+def _interrupted(run: _Run, signum: int) -> Interrupted:
+    """Checkpoint the steps done (every rank takes part) and say where, for ``raise``."""
+    path = None
+    if run.out_dir is not None:
+        if run.saved != run.done:
+            _checkpoint(run)
+        path = list_checkpoints(run.out_dir)[-1][1]
+    return Interrupted(run.done, signum, path)
+
+
+def _finish(run: _Run) -> TrainResult:
+    """Write the final weights and ``config.json`` (rank 0) and describe the run."""
+    if run.done == run.start and run.config.eval_every:  # resumed at the end: report only
+        run.metrics = {"kind": "eval", "step": run.done, **_evaluate(run)}
     weights = None
-    if out_dir is not None:
-        weights = out_dir / "model.safetensors"
-        if ctx.is_main:
-            save_weights(model, weights)
-            if cfg := getattr(model, "config", None):
-                write_bytes_atomic(out_dir / "config.json",
+    if run.out_dir is not None:
+        weights = run.out_dir / "model.safetensors"
+        if run.ctx.is_main:
+            save_weights(run.model, weights)
+            if cfg := getattr(run.model, "config", None):
+                write_bytes_atomic(run.out_dir / "config.json",
                                    json.dumps(cfg.to_dict(), indent=1).encode())
-        ctx.barrier()
-    steps = [s for s, _ in list_checkpoints(out_dir)] if out_dir is not None else []
-    return TrainResult(step=done, metrics=state_metrics, weights_path=weights,
-                       checkpoints=steps, stopped_early=stopped, extra=extra)
-
-
-def _train_record(ctx: DistContext, step: int, lr: float, stats: Tensor, loss_sum: Tensor,
-                  n_steps: int, sums: ObjectiveSums, names: list[str],
-                  grad_norm: Tensor | None, t0: float) -> dict[str, Any]:
-    """The ``"train"`` metrics line, summed over ranks (every rank calls this)."""
-    stats = ctx.all_reduce_sum(stats)
-    loss = float(ctx.all_reduce_sum(loss_sum))
-    record: dict[str, Any] = {
-        "kind": "train", "step": step, "lr": lr,
-        "loss": loss / ctx.world_size / max(n_steps, 1), "task_loss": overall_loss(stats),
-        "tasks": summarise(stats, names),
-        "objectives": sums.record(ctx, n_steps),
-        "elapsed_s": time.perf_counter() - t0}
-    if grad_norm is not None:
-        record["grad_norm"] = float(grad_norm)
-    return record
+        run.ctx.barrier()
+    steps = [s for s, _ in list_checkpoints(run.out_dir)] if run.out_dir is not None else []
+    return TrainResult(step=run.done, metrics=run.metrics, weights_path=weights,
+                       checkpoints=steps, stopped_early=run.stopped, extra=run.extra)
 
 
 def _call_back(callbacks: list[Callable[[TrainState], None]], ctx: DistContext, step: int,
@@ -382,25 +411,26 @@ def _call_back(callbacks: list[Callable[[TrainState], None]], ctx: DistContext, 
     return decided["stop"], decided["extra"]
 
 
-def _checkpoint(ctx: DistContext, out_dir: Path, step: int, model: nn.Module,
-                optimizer: torch.optim.Optimizer, gen: torch.Generator, objectives: list[Any],
-                extra: dict[str, Any], config: TrainConfig, stopped: bool,
-                window: tuple[Tensor, Tensor, ObjectiveSums, int]) -> None:
-    """Save a checkpoint; ``window`` holds the metric sums since the last ``"train"`` line
-    (stats, loss sum, objective sums, steps), kept so that a resumed run writes the same
-    ``metrics.jsonl`` as an uninterrupted one (single process only)."""
+def _checkpoint(run: _Run) -> None:
+    """Save a checkpoint at ``run.done``; it keeps the logging window in progress (the sums
+    since the last ``"train"`` line), so that a resumed run writes the same ``metrics.jsonl``
+    as an uninterrupted one (single process only)."""
+    assert run.out_dir is not None
+    ctx = run.ctx
     rng = ctx.gather(torch.get_rng_state())
     if ctx.is_main:
-        stats, loss_sum, sums, since_log = window
-        tensors, names = sums.state()
-        log_tensors = {"stats": stats, "loss_sum": loss_sum,
+        w = run.window
+        tensors, names = w.sums.state()
+        log_tensors = {"stats": w.stats, "loss_sum": w.loss_sum,
                        **{f"sums.{k}": v for k, v in tensors.items()}}
-        log = {"since_log": since_log, "names": names} if ctx.world_size == 1 else {}
-        save_checkpoint(out_dir, step, model, optimizer, data_generator=gen, torch_rng=rng,
-                        objective_weights={o.name: float(o.weight) for o in objectives},
-                        extra=extra, config=config.to_dict(), stopped=stopped, log=log,
-                        log_tensors=log_tensors if log else None)
+        log = {"since_log": w.steps, "names": names} if ctx.world_size == 1 else {}
+        save_checkpoint(run.out_dir, run.done, run.model, run.optimizer,
+                        data_generator=run.gen, torch_rng=rng,
+                        objective_weights={o.name: float(o.weight) for o in run.objectives},
+                        extra=run.extra, config=run.config.to_dict(), stopped=run.stopped,
+                        log=log, log_tensors=log_tensors if log else None)
     ctx.barrier()
+    run.saved = run.done
 
 
 def _diverged(loss: float, step: int, lr: float, objectives: list[Any],

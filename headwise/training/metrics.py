@@ -1,4 +1,4 @@
-"""Task loss with per-task statistics, metric summaries, ``metrics.jsonl`` and the progress bar.
+"""Task loss with per-task statistics, running sums between log lines, ``metrics.jsonl``, progress.
 
 Task loss: cross-entropy at target positions only (``targets != -100``), averaged over each
 example's target positions and then over examples, so every example weighs the same whatever
@@ -10,6 +10,9 @@ of examples whose every target is right.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from torch import Tensor
 
 from headwise.data import IGNORE, Batch
 from headwise.errors import StorageError
+from headwise.training.distributed import DistContext
 from headwise.training.safetensors_io import write_bytes_atomic
 
 # Columns of the per-task statistics matrix (n_tasks, 5).
@@ -72,6 +76,135 @@ def summarise(stats: Tensor, names: list[str]) -> dict[str, Any]:
 def overall_loss(stats: Tensor) -> float:
     """Mean per-example loss over all tasks."""
     return float(stats[:, LOSS_SUM].sum() / stats[:, EXAMPLES].sum().clamp(min=1))
+
+
+class ObjectiveSums:
+    """Running sums of each objective's weighted term and logged values, kept on the device.
+
+    ``add`` costs a few tensor ops per objective and never synchronises with the host; the
+    values are read (and averaged over ranks) only by ``record``, once per log step. Log keys
+    are fixed by the first call; a later call with other keys extends them.
+    """
+
+    def __init__(self, objectives: Sequence[Any], device: torch.device) -> None:
+        self.objectives = list(objectives)
+        self.device = device
+        self.totals = torch.zeros(len(self.objectives), dtype=torch.float64, device=device)
+        self.names: list[list[str]] = [[] for _ in self.objectives]
+        self.values: list[Tensor | None] = [None for _ in self.objectives]
+
+    def add(self, terms: Sequence[tuple[Tensor, dict[str, Any]]]) -> None:
+        """Add one call's ``(weighted loss, logs)`` per objective."""
+        if not terms:
+            return
+        self.totals += torch.stack([t.detach().reshape(()) for t, _ in terms]).double()
+        for i, (_, log) in enumerate(terms):
+            if not log:
+                continue
+            keys = list(log)
+            if keys != self.names[i]:
+                self._extend(i, keys)
+            current = self.values[i]
+            assert current is not None
+            vals = list(log.values())
+            if keys == self.names[i]:
+                current += (torch.stack(vals) if isinstance(vals[0], Tensor)
+                            else torch.tensor(vals)).to(current)
+            else:  # a subset or a reordering of the known keys: the rare slow path
+                pos = {k: j for j, k in enumerate(self.names[i])}
+                for k, v in log.items():
+                    current[pos[k]] += torch.as_tensor(v).to(current)
+
+    def _extend(self, i: int, keys: list[str]) -> None:
+        new = [k for k in keys if k not in set(self.names[i])]
+        grown = torch.zeros(len(self.names[i]) + len(new), dtype=torch.float64,
+                            device=self.device)
+        old = self.values[i]
+        if old is not None:
+            grown[: old.numel()] = old
+        self.names[i] = self.names[i] + new
+        self.values[i] = grown
+
+    def state(self) -> tuple[dict[str, Tensor], list[list[str]]]:
+        """The sums as tensors and the log names, for a checkpoint of the logging window."""
+        tensors = {"totals": self.totals}
+        tensors.update({f"values.{i}": v for i, v in enumerate(self.values) if v is not None})
+        return tensors, [list(n) for n in self.names]
+
+    def load(self, tensors: dict[str, Tensor], names: list[list[str]]) -> None:
+        """Restore what ``state`` returned (the same objectives, in the same order)."""
+        self.totals = tensors["totals"].to(self.device, torch.float64)
+        self.names = [list(n) for n in names]
+        self.values = [tensors[f"values.{i}"].to(self.device, torch.float64)
+                       if f"values.{i}" in tensors else None for i in range(len(names))]
+
+    def record(self, ctx: DistContext, n: int) -> dict[str, Any]:
+        """``{name: {"loss", "weight", "heads"}}``: means over ``n`` calls, averaged over ranks.
+
+        Every rank calls this (one all-reduce when distributed; key order is the objectives'
+        own, the same on every rank).
+        """
+        parts = [self.totals] + [v for v in self.values if v is not None]
+        flat = torch.cat(parts) if len(parts) > 1 else self.totals
+        if ctx.enabled:
+            flat = ctx.all_reduce_sum(flat) / ctx.world_size
+        host = (flat / max(n, 1)).tolist()  # the one host read
+        out, pos = {}, len(self.objectives)
+        for i, obj in enumerate(self.objectives):
+            heads = {}
+            if self.values[i] is not None:
+                heads = dict(zip(self.names[i], host[pos:pos + len(self.names[i])],
+                                 strict=True))
+                pos += len(self.names[i])
+            out[obj.name] = {"loss": host[i], "weight": float(obj.weight), "heads": heads}
+        return out
+
+
+@dataclass
+class LogWindow:
+    """The sums since the last ``"train"`` line, on the device: read only at log points.
+
+    Attributes:
+        stats: (n_tasks, 5) float64 per-task statistics (``task_loss``).
+        loss_sum: float64 sum of the steps' total losses.
+        sums: the objectives' running sums.
+        steps: steps added since the last line.
+    """
+
+    stats: Tensor
+    loss_sum: Tensor
+    sums: ObjectiveSums
+    steps: int = 0
+
+    @classmethod
+    def empty(cls, objectives: Sequence[Any], n_tasks: int, device: torch.device) -> LogWindow:
+        """A window with nothing added yet."""
+        return cls(torch.zeros(n_tasks, 5, dtype=torch.float64, device=device),
+                   torch.zeros((), dtype=torch.float64, device=device),
+                   ObjectiveSums(objectives, device))
+
+    def add(self, stats: Tensor, total: Tensor,
+            terms: Sequence[tuple[Tensor, dict[str, Any]]]) -> None:
+        """Add one step: its task statistics, total loss and objective terms (no host read)."""
+        self.stats += stats
+        self.loss_sum += total.detach().double()
+        self.sums.add(terms)
+        self.steps += 1
+
+    def record(self, ctx: DistContext, step: int, lr: float, names: list[str],
+               grad_norm: Tensor | None, t0: float) -> dict[str, Any]:
+        """The ``"train"`` metrics line, summed over ranks (every rank calls this)."""
+        stats = ctx.all_reduce_sum(self.stats)
+        loss = float(ctx.all_reduce_sum(self.loss_sum))
+        record: dict[str, Any] = {
+            "kind": "train", "step": step, "lr": lr,
+            "loss": loss / ctx.world_size / max(self.steps, 1),
+            "task_loss": overall_loss(stats), "tasks": summarise(stats, names),
+            "objectives": self.sums.record(ctx, self.steps),
+            "elapsed_s": time.perf_counter() - t0}
+        if grad_norm is not None:
+            record["grad_norm"] = float(grad_norm)
+        return record
 
 
 class MetricsWriter:

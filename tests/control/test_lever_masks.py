@@ -129,6 +129,33 @@ def test_task_masks_override_per_example_and_combine_with_padding() -> None:
     assert torch.equal(p[1, :, 4:], torch.zeros(6, 2))  # padding keys never attended
 
 
+def test_task_mask_table_per_example_without_a_host_read() -> None:
+    """Each example gets its task's table (ids with no specs, and ids above every task with
+    specs, get the default), built from the rules; Dynamo traces the lookup without a break
+    (no host read of the task ids)."""
+    import torch._dynamo as dynamo
+
+    model = make()
+    apply_masks(model, {"L0.H0": previous_token()},
+                task_masks={1: {"L0.H0": self_only()}, 3: {"L0.H1": first_token()}})
+    layer_mask = model.blocks[0].attn.head_mask
+    ids = torch.tensor([0, 1, 2, 3, 4, 9])
+    out = layer_mask(T, ids, torch.device("cpu"))  # (B, H, T, T)
+    prev, own, first = (rule(lambda i, j: j == i - 1), rule(lambda i, j: j == i),
+                        rule(lambda i, j: j == 0))
+    full = torch.ones(T, T, dtype=torch.bool)
+    expected = {0: (prev, full), 1: (own, full), 2: (prev, full), 3: (prev, first),
+                4: (prev, full), 9: (prev, full)}
+    for b, t in enumerate(ids.tolist()):
+        assert torch.equal(out[b, 0], expected[t][0]), t
+        assert torch.equal(out[b, 1], expected[t][1]), t
+        assert torch.equal(out[b, 2:], full.expand(2, T, T)), t
+    dynamo.reset()
+    explained = dynamo.explain(lambda i: layer_mask(T, i, torch.device("cpu")))(ids)
+    dynamo.reset()
+    assert explained.graph_break_count == 0
+
+
 def test_remove_restores_outputs_bitwise() -> None:
     model = make()
     tokens = torch.randint(0, 23, (2, 8))

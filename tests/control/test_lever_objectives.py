@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ from headwise.control import (
     Objective,
     PatternObjective,
 )
-from headwise.control.objectives import row_loss
+from headwise.control.objectives import RoleBound, row_loss
 from headwise.hooks import Hook
 
 from .conftest import make
@@ -120,6 +122,42 @@ def test_only_supervised_heads_leave_the_fused_path_and_get_gradient() -> None:
     assert model.blocks[1].attn.q_proj.weight.grad is None
 
 
+@pytest.mark.parametrize("make_obj", [
+    lambda m, heads: PatternObjective(m, heads, "previous_token", kind="kl"),
+    lambda m, heads: PatternObjective(m, heads, torch.ones(12, 12).tril(), kind="mse"),
+    lambda m, heads: RoleBound(m, heads, "first_token", min=0.6, max=0.9),
+])
+def test_heads_at_once_equal_each_head_alone_across_shapes_and_extra_hooks(make_obj) -> None:  # type: ignore[no-untyped-def]
+    """One objective over heads in two layers = the mean of one-head objectives; the target
+    made once per batch shape follows a change of shape and of padding; another hook that
+    widens the explicit heads changes nothing."""
+    model = make()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.q_proj.weight.mul_(5.0)
+    heads = ["L0.H1", "L0.H3", "L1.H0"]
+    together = make_obj(model, ",".join(heads))
+    alone = [make_obj(model, h) for h in heads]
+    widen = Hook("blocks.0.attn.hook_pattern", lambda x, ctx: None)  # every L0 head explicit
+    for T, padded in ((8, False), (10, False), (10, True), (8, False)):
+        tokens = torch.randint(0, 23, (3, T))
+        mask = torch.ones_like(tokens)
+        mask[1, -2:] = 0
+        mask = mask if padded else None
+        for extra in ([], [widen]):
+            hooks = [h for o in (together, *alone) for h in o.hooks()]
+            with model.hooks(*hooks, *extra):
+                model(tokens, attention_mask=mask)
+            term, logs = together.loss(tokens, mask)
+            parts = [o.loss(tokens, mask) for o in alone]
+            expected = torch.stack([t for t, _ in parts]).mean()
+            torch.testing.assert_close(term, expected, rtol=1e-6, atol=1e-7)
+            assert list(logs) == [k for _, lg in parts for k in lg]
+            for _, lg in parts:
+                for k, v in lg.items():
+                    torch.testing.assert_close(logs[k], v, rtol=1e-6, atol=1e-7)
+
+
 def test_entropy_bound_by_hand() -> None:
     model = uniform_layer0()
     tokens = torch.tensor([[1, 2, 3, 4]])
@@ -203,3 +241,17 @@ def test_every_objective_follows_the_protocol() -> None:
         term, logs = obj.loss(tokens)
         assert term.dim() == 0 and term.requires_grad and logs
         assert all(k.startswith(obj.name + "/") for k in logs)
+
+
+def test_regularizers_do_not_import_objectives() -> None:
+    """No cycle: ``objectives`` re-exports the regularisers, so ``regularizers`` must not import
+    ``objectives`` (module level or inside a function)."""
+    import headwise.control.regularizers as reg
+
+    tree = ast.parse(Path(reg.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "headwise.control.objectives" not in imported
+    assert "headwise.control.regularizers" in {
+        n.module for n in ast.walk(ast.parse(Path(reg.__file__).with_name(
+            "objectives.py").read_text())) if isinstance(n, ast.ImportFrom)}
