@@ -204,7 +204,9 @@ def load_runs(seeds: list[int], key: str) -> list[dict]:
     return runs
 
 
-Rows = list[tuple[str, str, str]]  # (configuration, final role, forecast) per head
+# per head: (configuration, final role, forecast, final top score within NEAR of the threshold)
+Rows = list[tuple[str, str, str, bool]]
+NEAR = 0.05
 Predictor = Callable[[dict, float], list[str]]
 
 
@@ -322,10 +324,19 @@ def baseline(r: dict, frac: float) -> list[str]:
     return linear_forecast(r["traj"], n_early(len(r["traj"].steps), frac), r["total_steps"])
 
 
+def near_threshold(r: dict) -> list[bool]:
+    """Per head of run ``r``: whether its final top score is within ``NEAR`` of the threshold."""
+    from headwise.analysis.forecast import _candidate_values
+
+    top = torch.nan_to_num(_candidate_values(r["traj"])[-1], nan=0.0).max(1).values  # (N,)
+    return [abs(float(v) - SHOWN_MIN_SCORE) < NEAR for v in top]
+
+
 def score(predictor: Predictor, rs: list[dict]) -> dict[float, Rows]:
     """The predictor's forecasts for every head of runs ``rs`` at every fraction."""
-    return {frac: [(r["config"], t, p) for r in rs
-                   for t, p in zip(truth(r), predictor(r, frac), strict=True)]
+    return {frac: [(r["config"], t, p, near) for r in rs
+                   for t, p, near in zip(truth(r), predictor(r, frac), near_threshold(r),
+                                         strict=True)]
             for frac in FRACTIONS}
 
 
@@ -351,7 +362,7 @@ def cross_validate(runs: list[dict], seeds: list[int], ablation: bool) -> dict[s
 
 def acc(rows: Rows, config: str | None = None) -> tuple[float, int]:
     """Accuracy and head count of ``rows`` (of one configuration, or all)."""
-    sel = [(t, p) for c, t, p in rows if config is None or c == config]
+    sel = [(t, p) for c, t, p, _ in rows if config is None or c == config]
     return sum(t == p for t, p in sel) / max(1, len(sel)), len(sel)
 
 
@@ -378,9 +389,24 @@ def print_confusion(rows: Rows, title: str) -> None:
     print("| final \\ forecast | " + " | ".join(CLASSES) + " |")
     print("|---|" + "---|" * len(CLASSES))
     for t in CLASSES:
-        counts = [sum(1 for _, tt, pp in rows if tt == t and pp == p) for p in CLASSES]
+        counts = [sum(1 for _, tt, pp, _ in rows if tt == t and pp == p) for p in CLASSES]
         if sum(counts):
             print(f"| {t} | " + " | ".join(str(c) for c in counts) + " |")
+
+
+def print_near(preds: dict[str, dict[float, Rows]]) -> None:
+    """How many heads end within ``NEAR`` of the threshold, and the errors among them (20%)."""
+    rows = preds["baseline"][0.2]
+    n_near = sum(1 for *_, near in rows if near)
+    print(f"\n{n_near} of {len(rows)} heads end with a top score within {NEAR} of "
+          f"{SHOWN_MIN_SCORE}; errors at 20% among them / among the others:")
+    for scheme in ("baseline", "held-out seeds", "held-out configs"):
+        if scheme in preds:
+            r = preds[scheme][0.2]
+            near = sum(1 for _, t, p, n in r if n and t != p)
+            far = sum(1 for _, t, p, n in r if not n and t != p)
+            print(f"- {scheme}: {near} / {far} (accuracy on the others "
+                  f"{1 - far / max(1, len(r) - n_near):.1%})")
 
 
 def save(model: Any, preds: dict, confirm: dict, runs: list[dict], confirm_runs: list[dict],
@@ -428,6 +454,7 @@ def main() -> int:
     for scheme in ("held-out configs", "held-out seeds", "baseline"):
         if scheme in preds:
             print_confusion(preds[scheme][0.2], scheme)
+    print_near(preds)
     final = fitted(runs, VERSION)
     confirm_runs = load_runs(args.confirm, key)
     confirm = {"baseline": score(baseline, confirm_runs),
