@@ -150,10 +150,8 @@ def run_one(name: str, seed: int, key: str) -> dict:
 
 
 def with_signals(rec: dict, key: str) -> dict:
-    """``rec`` with training signals in its trajectory: read from the record, or computed from
-    the run's checkpoints (``gradient_signals`` on the held-out mixture) and cached."""
-    if "loss" in rec["trajectory"]:
-        return rec
+    """``rec`` with training signals in its trajectory, computed from the run's checkpoints
+    (``gradient_signals`` on the held-out mixture, with the run's objectives) and cached."""
     from headwise.analysis.forecast_signals import gradient_signals
     from headwise.pipeline.run import load_run, verify_data
     from headwise.training.checkpoint import list_checkpoints

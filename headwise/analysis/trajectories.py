@@ -9,7 +9,8 @@ again. Forecasts of final roles from early checkpoints live in ``headwise.analys
 
 A trajectory may also carry per-checkpoint training ``Signals`` (the loss on a held-out batch and
 each head's gradient alignment with each top-role candidate, computed by
-``headwise.analysis.forecast_signals``), which the forecaster reads besides the scores.
+``headwise.analysis.forecast_signals``); the forecast benchmark scores them as candidate
+features.
 """
 
 from __future__ import annotations
@@ -44,11 +45,12 @@ class Trajectory:
     Args:
         tables: ``(step, RoleTable)`` pairs, any order (sorted by step); every table must score
             the same heads. Roles missing from some table are dropped.
-        signals: ``{step: Signals}``; kept (as ``loss`` (C,) and ``alignment`` (C, N, R)) only
-            when every checkpoint has them, else both are ``None``.
+        signals: ``{step: Signals}``; kept (as ``loss`` (C,), ``alignment`` and
+            ``param_alignment`` (C, N, len(TOP_ROLE_CANDIDATES))) only when every checkpoint
+            has them, else all three are ``None``.
 
     Raises:
-        ValueError: no tables, or tables over different heads.
+        ValueError: no tables, tables over different heads, or signals of another shape.
     """
 
     def __init__(self, tables: Sequence[tuple[int, RoleTable]],
@@ -74,6 +76,12 @@ class Trajectory:
         self.param_alignment: Tensor | None = None
         if self.signals is not None:
             sig = [self.signals[s] for s in self.steps]
+            shape = (len(self.heads), len(TOP_ROLE_CANDIDATES))
+            for step, x in zip(self.steps, sig, strict=True):
+                if x.alignment.shape != shape or x.param_alignment.shape != shape:
+                    raise ValueError(f"signals: checkpoint {step} has alignments of shape "
+                                     f"{tuple(x.alignment.shape)}, "
+                                     f"{tuple(x.param_alignment.shape)}, expected {shape}")
             self.loss = torch.tensor([x.loss for x in sig], dtype=torch.float64)  # (C,)
             self.alignment = torch.stack([x.alignment.double() for x in sig])  # (C, N, R)
             self.param_alignment = torch.stack([x.param_alignment.double() for x in sig])

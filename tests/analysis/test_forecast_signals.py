@@ -11,7 +11,7 @@ from headwise import Head, ModelConfig, build_model
 from headwise.analysis.forecast_signals import gradient_signals
 from headwise.analysis.role_table import TOP_ROLE_CANDIDATES, RoleTable
 from headwise.analysis.roles import role_scores
-from headwise.analysis.trajectories import Signals, Trajectory
+from headwise.analysis.trajectories import Signals, Trajectory, score_checkpoints
 from headwise.control.objectives import PatternObjective
 from headwise.data.batch import Batch
 from headwise.hooks.hook_point import Hook
@@ -164,3 +164,22 @@ def test_trajectory_keeps_signals_through_json_and_prefixes() -> None:
     assert first.alignment is not None and first.alignment.shape == (2, 2, len(roles))
     # signals for only some checkpoints are not kept
     assert Trajectory(tables, {10: Signals(1.0, align[10], align[10])}).alignment is None
+
+
+def test_score_checkpoints_records_the_signals_of_each_model() -> None:
+    model, batch = _model(), _batch()
+    other = build_model(ModelConfig(n_layers=1, n_heads=3, d_model=24, vocab_size=11,
+                                    max_seq_len=9), seed=1).double().eval()
+    traj = score_checkpoints(
+        [(20, other), (10, model)],
+        lambda m: role_scores(m, batch.tokens, roles=list(TOP_ROLE_CANDIDATES)),
+        lambda m: gradient_signals(m, batch))
+    assert traj.steps == [10, 20] and traj.loss is not None and traj.alignment is not None
+    assert traj.loss.tolist() == [gradient_signals(model, batch).loss,
+                                  gradient_signals(other, batch).loss]
+    assert torch.allclose(traj.alignment[1], gradient_signals(other, batch).alignment,
+                          equal_nan=True)
+    heads = [Head(0, 0)]
+    tables = [(1, RoleTable(heads, ["self"], torch.zeros(1, 1, dtype=torch.float64)))]
+    with pytest.raises(ValueError, match="signals"):
+        Trajectory(tables, {1: Signals(1.0, torch.zeros(2, 6), torch.zeros(2, 6))})
