@@ -36,10 +36,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.analysis._model import as_any, config
 from headwise.analysis.role_table import TOP_ROLE_CANDIDATES
 from headwise.analysis.trajectories import Signals
 from headwise.hooks.hook_point import Hook, HookContext
+from headwise.model.eval_mode import eval_mode
 from headwise.patterns import allowed_keys, role_target
 from headwise.training.evaluate import forward
 from headwise.training.metrics import task_loss
@@ -50,7 +50,8 @@ MAX_EXAMPLES = 64  # examples of the batch used (the signal is a direction, not 
 def _patterns(model: nn.Module, batch: Any, objectives: Sequence[Any]
               ) -> tuple[Tensor, list[Tensor]]:
     """The training loss on ``batch`` (with gradient) and every layer's pattern (B, H, T, T)."""
-    n_layers = config(model).n_layers
+    m: Any = model  # nn.Module.__getattr__ hides the Transformer's attributes from mypy
+    n_layers = m.config.n_layers
     store: dict[str, Tensor] = {}
 
     def keep(x: Tensor, ctx: HookContext) -> None:
@@ -58,7 +59,7 @@ def _patterns(model: nn.Module, batch: Any, objectives: Sequence[Any]
 
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers)]
     device = next(model.parameters()).device
-    with as_any(model).hooks(*[Hook(n, keep) for n in names]):
+    with m.hooks(*[Hook(n, keep) for n in names]):
         logits, terms = forward(model, model, batch, objectives, False, device)
     n_tasks = int(batch.task_ids.max()) + 1 if batch.task_ids is not None else 1
     loss, _ = task_loss(logits, batch, n_tasks)
@@ -91,7 +92,8 @@ def _qk_params(model: nn.Module) -> list[Tensor] | None:
     """Every layer's query and key weights, ``[q_0, k_0, q_1, k_1, ...]`` (a wrapped projection's
     ``base_layer``); ``None`` when some are frozen (no gradient to compare)."""
     out = []
-    for block in as_any(model).blocks:
+    m: Any = model
+    for block in m.blocks:
         for proj in (block.attn.q_proj, block.attn.k_proj):
             out.append(getattr(proj, "base_layer", proj).weight)
     return out if all(p.requires_grad for p in out) else None
@@ -112,7 +114,8 @@ def _head_rows(grads: Sequence[Tensor | None], n_heads: int, n_kv: int) -> Tenso
 
 def _param_alignment(model: nn.Module, b: Any, loss: Tensor) -> Tensor:
     """(N, R) parameter alignment of every head with every role (see module)."""
-    cfg = config(model)
+    m: Any = model
+    cfg = m.config
     out = torch.full((cfg.n_layers * cfg.n_heads, len(TOP_ROLE_CANDIDATES)), math.nan,
                      dtype=torch.float64)
     params = _qk_params(model)
@@ -132,7 +135,7 @@ def _param_alignment(model: nn.Module, b: Any, loss: Tensor) -> Tensor:
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(cfg.n_layers)]
     hooks = [Hook(n, keep) for n in names] + [
         Hook(f"blocks.{layer}.hook_resid_pre", cut) for layer in range(cfg.n_layers)]
-    with as_any(model).hooks(*hooks):
+    with m.hooks(*hooks):
         model(b.tokens, attention_mask=b.attention_mask, task_ids=b.task_ids)
     for j, role in enumerate(TOP_ROLE_CANDIDATES):
         tgt = role_target(role, b.tokens, b.attention_mask, bool(cfg.causal))
@@ -166,16 +169,12 @@ def gradient_signals(model: nn.Module, batch: Any, objectives: Sequence[Any] = (
     b = type(batch)(*(None if v is None else v[:MAX_EXAMPLES]
                       for v in (batch.tokens, batch.targets, batch.attention_mask,
                                 batch.task_ids)))
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.enable_grad():
-            loss, pats = _patterns(model, b, objectives)
-            grads = torch.autograd.grad(loss, pats, allow_unused=True, retain_graph=True)
-            param = _param_alignment(model, b, loss)
-    finally:
-        model.train(was_training)
-    causal = bool(config(model).causal)
+    with eval_mode(model), torch.enable_grad():
+        loss, pats = _patterns(model, b, objectives)
+        grads = torch.autograd.grad(loss, pats, allow_unused=True, retain_graph=True)
+        param = _param_alignment(model, b, loss)
+    m: Any = model
+    causal = bool(m.config.causal)
     tokens = b.tokens.cpu()
     mask = None if b.attention_mask is None else b.attention_mask.cpu()
     allowed = allowed_keys(tokens, mask, causal)[:, None]  # (B, 1, T, T)
