@@ -13,11 +13,17 @@ forecaster:
 
 It prints markdown tables (accuracy per configuration and overall, and the confusion tables
 at 20%). Then it fits the forecaster on every run of ``--seeds`` and scores it, with the
-baseline, on runs of fresh seeds (``--confirm``, never used while the features were designed).
-With ``--save`` it writes that forecaster to ``headwise/data/forecaster_v1.json`` with the
-measured accuracies.
+baseline, on runs of fresh seeds (``--confirm``). With ``--save`` it writes that forecaster to
+``headwise/data/forecaster_v2.json`` with the measured accuracies.
 
-    .venv/bin/python bench/bench_forecast.py [--save] [--seeds 0 1 2]
+``--ablation`` adds rows for forecasters fit with candidate features besides the score ones
+(``ABLATION``: commitment, gradient alignment in pattern and in parameter space, the loss
+curve), scored the same way. The training signals they need are computed from each run's
+checkpoints by ``headwise.analysis.forecast_signals.gradient_signals`` on the held-out mixture
+and cached next to the trajectories (keyed by that module's code).
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_forecast.py [--save] [--ablation]
+        [--seeds 0 1 2] [--confirm 5 6 7]
 """
 
 from __future__ import annotations
@@ -25,18 +31,24 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import Tensor
+
+from headwise.analysis.forecast import NONE_FEATURES, ROLE_FEATURES
+from headwise.analysis.role_table import SHOWN_MIN_SCORE, TOP_ROLE_CANDIDATES
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "bench" / ".cache" / "forecast"
-OUT = ROOT / "headwise" / "data" / "forecaster_v1.json"
+OUT = ROOT / "headwise" / "data" / "forecaster_v2.json"
 FRACTIONS = (0.1, 0.2, 0.4)
 CHECKPOINTS = 20  # checkpoints per run (checkpoint_every = steps / 20)
-COMMAND = "OMP_NUM_THREADS=1 .venv/bin/python bench/bench_forecast.py --save"  # seeds 0-4, 5-7
+COMMAND = ("OMP_NUM_THREADS=1 .venv/bin/python bench/bench_forecast.py --save --ablation"
+           )  # seeds 0-4, fresh seeds 5-7
 
 # Four configurations of the issue: an induction circuit on random periods, a multi-task model
 # with task gates, pattern objectives and masks on some heads, a bidirectional model.
@@ -92,15 +104,24 @@ train: {steps: 400, batch_size: 32, lr: 3.0e-3, warmup_steps: 20, checkpoint_eve
 
 def code_key() -> str:
     """A hash of the package code that shapes a run's trajectory (training, model, data, role
-    scores, probes) and of the configurations: cached runs are reused only while it holds."""
+    scores, probes) and of the configurations: cached runs are reused only while it holds.
+    Forecast code, reports, the CLI and the trajectory container are left out (they do not
+    change what a run's checkpoints score)."""
     h = hashlib.sha256()
     for path in sorted((ROOT / "headwise").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith("headwise/cli/") or "/forecast" in rel or "/report" in rel:
+        if (rel.startswith("headwise/cli/") or "/forecast" in rel or "/report" in rel
+                or rel == "headwise/analysis/trajectories.py"):
             continue
         h.update(rel.encode() + path.read_bytes())
     h.update(json.dumps(CONFIGS, sort_keys=True).encode())
     return h.hexdigest()[:12]
+
+
+def signals_key() -> str:
+    """A hash of the training signals' code (their files sit next to the runs' trajectories)."""
+    code = (ROOT / "headwise" / "analysis" / "forecast_signals.py").read_bytes()
+    return hashlib.sha256(code).hexdigest()[:12]
 
 
 def run_one(name: str, seed: int, key: str) -> dict:
@@ -128,157 +149,324 @@ def run_one(name: str, seed: int, key: str) -> dict:
     return record
 
 
+def with_signals(rec: dict, key: str) -> dict:
+    """``rec`` with training signals in its trajectory, computed from the run's checkpoints
+    (``gradient_signals`` on the held-out mixture, with the run's objectives) and cached."""
+    from headwise.analysis.forecast_signals import gradient_signals
+    from headwise.pipeline.run import load_run, verify_data
+    from headwise.training.checkpoint import list_checkpoints
+    from headwise.training.safetensors_io import load_weights
+
+    name, seed = rec["config"], rec["seed"]
+    path = CACHE / key / f"{name}_s{seed}.signals_{signals_key()}.json"
+    if not path.is_file():
+        run_dir = CACHE / "runs" / f"{name}_s{seed}"
+        compiled = load_run(run_dir)
+        data, t0 = verify_data(compiled), time.perf_counter()
+        out: dict[str, Any] = {"steps": [], "loss": [], "alignment": [], "param_alignment": []}
+        for step, ckpt in list_checkpoints(run_dir):
+            load_weights(compiled.model, ckpt / "model.safetensors")
+            sig = gradient_signals(compiled.model, data.probes["default"], compiled.objectives)
+            out["steps"].append(step)
+            out["loss"].append(sig.loss)
+            out["alignment"].append(sig.alignment.tolist())
+            out["param_alignment"].append(sig.param_alignment.tolist())
+        out["seconds"] = time.perf_counter() - t0
+        path.write_text(json.dumps(out))
+    sig = json.loads(path.read_text())
+    traj = rec["trajectory"]
+    if sig["steps"] != traj["steps"]:
+        raise SystemExit(f"{path}: checkpoint steps differ from the cached trajectory's; delete "
+                         f"{CACHE / 'runs' / f'{name}_s{seed}'} and its cache files to retrain")
+    def series(key: str, i: int) -> dict[str, list[float | None]]:
+        return {r: [sig[key][c][i][j] for c in range(len(sig["steps"]))]
+                for j, r in enumerate(TOP_ROLE_CANDIDATES)}
+
+    heads = [{**h, "alignment": series("alignment", i),
+              "param_alignment": series("param_alignment", i)}
+             for i, h in enumerate(traj["heads"])]
+    return {**rec, "signal_seconds": sig["seconds"],
+            "trajectory": {**traj, "loss": sig["loss"], "heads": heads}}
+
+
+def load_runs(seeds: list[int], key: str) -> list[dict]:
+    """Every configuration's run for ``seeds`` (seeds outermost: an interrupted benchmark has
+    every configuration of the seeds it finished), with its ``Trajectory`` as ``traj``."""
+    from headwise.analysis.trajectories import Trajectory
+
+    runs = []
+    for seed in seeds:
+        for name in CONFIGS:
+            rec = with_signals(run_one(name, seed, key), key)
+            runs.append({**rec, "traj": Trajectory.from_dict(rec["trajectory"])})
+    return runs
+
+
+# per head: (configuration, final role, forecast, final top score within NEAR of the threshold)
+Rows = list[tuple[str, str, str, bool]]
+NEAR = 0.05
+Predictor = Callable[[dict, float], list[str]]
+
+
+def truth(r: dict) -> list[str]:
+    """The final role of every head of run ``r``."""
+    return [r["traj"].final_role(h) for h in r["traj"].heads]
+
+
+def train_rows(rs: list[dict], extended: bool = False) -> tuple[Any, list[str]]:
+    """Features at every prefix of >= 2 checkpoints (forecasts during training may come at any
+    point of a run), with the final roles (``extended``: with ``EXTRA_ROLE``/``EXTRA_NONE``)."""
+    from headwise.analysis.forecast import EarlyFeatures
+
+    feats, labels = [], []
+    for r in rs:
+        for n in range(2, len(r["traj"].steps) + 1):
+            feats.append(features_of(r, n, extended))
+            labels += truth(r)
+    return EarlyFeatures.cat(feats), labels
+
+
+# Candidate features scored with --ablation besides forecast.ROLE_FEATURES / NONE_FEATURES:
+# commitment (share of early checkpoints with the role / ``none`` as top role), the gradient
+# alignment in pattern space (``align_*``) and parameter space (``reach_*``): latest, mean over
+# the early checkpoints, lead over the best other role, whether it is the best; the loss curve
+# (loss now / first loss, the latest relative drop carried to the end).
+EXTRA_ROLE = ["persist", "align_last", "align_mean", "lead_align", "align_best", "reach_last",
+              "reach_mean", "lead_reach", "reach_best"]
+EXTRA_NONE = ["persist_none", "align_top", "reach_top", "loss_ratio", "loss_recent"]
+
+
+def _extra(traj: Any, n: int, x: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+    """The ``EXTRA_ROLE`` (each (N, R)) and ``EXTRA_NONE`` (each (N,)) features."""
+    from headwise.analysis.forecast import _candidate_values, _top, lead, onehot
+
+    y = _candidate_values(traj)[:n]
+    tops = [_top(y[c], SHOWN_MIN_SCORE) for c in range(n)]
+    roles = [torch.stack([onehot(t) for t in tops]).mean(0)]
+    none = [torch.tensor([[float(r == "none") for r in t] for t in tops],
+                         dtype=torch.float64).mean(0)]
+    for series in (traj.alignment, traj.param_alignment):
+        al = torch.nan_to_num(series[:n])  # (n, N, R)
+        mean = al.mean(0)
+        roles += [al[-1], mean, lead(mean),
+                  (mean >= mean.max(1, keepdim=True).values).to(torch.float64)]
+        none.append(mean.max(1).values)
+    loss, first = traj.loss[:n], max(float(traj.loss[0]), 1e-12)
+    drop = ((float(loss[-2]) - float(loss[-1])) / first / float(x[-1] - x[-2])
+            * (1 - float(x[-1])) if n >= 2 else 0.0)
+    N = y.shape[1]
+    none += [torch.full((N,), min(2.0, float(loss[-1]) / first), dtype=torch.float64),
+             torch.full((N,), max(-1.0, min(1.0, drop)), dtype=torch.float64)]
+    return roles, none
+
+
+def features_of(r: dict, n: int, extended: bool = False) -> Any:
+    """``early_features`` of run ``r`` from ``n`` checkpoints, with the extra ones appended
+    (``extended``; cached on the run)."""
+    from headwise.analysis.forecast import EarlyFeatures, early_features
+
+    cache = r.setdefault("_features", {})
+    if (n, extended) not in cache:
+        f = early_features(r["traj"], n, r["total_steps"])
+        if extended:
+            x = torch.tensor(r["traj"].steps[:n], dtype=torch.float64) / r["total_steps"]
+            roles, none = _extra(r["traj"], n, x)
+            f = EarlyFeatures(torch.cat([f.roles, torch.stack(roles, -1)], -1),
+                              torch.cat([f.none, torch.stack(none, -1)], -1))
+        cache[n, extended] = f
+    return cache[n, extended]
+
+
+# Feature sets scored side by side with --ablation (the packaged forecaster: the first).
+SCORES = (list(ROLE_FEATURES), list(NONE_FEATURES))
+ABLATION = {
+    "scores + commitment": (SCORES[0] + EXTRA_ROLE[:1], SCORES[1] + EXTRA_NONE[:1]),
+    "scores + pattern alignment": (SCORES[0] + EXTRA_ROLE[1:5], SCORES[1] + EXTRA_NONE[1:2]),
+    "scores + parameter alignment": (SCORES[0] + EXTRA_ROLE[5:], SCORES[1] + EXTRA_NONE[2:3]),
+    "scores + loss curve": (SCORES[0], SCORES[1] + EXTRA_NONE[3:]),
+    "all of these": (SCORES[0] + EXTRA_ROLE, SCORES[1] + EXTRA_NONE),
+}
+
+
+def fitted(rs: list[dict], version: str,
+           features: tuple[list[str], list[str]] | None = None) -> Predictor:
+    """A predictor fit on runs ``rs`` (``features``: names from the score and extra features;
+    default: the packaged forecaster's)."""
+    from headwise.analysis.forecast import CLASSES, EarlyFeatures, Forecaster, n_early
+
+    names = (SCORES[0] + EXTRA_ROLE, SCORES[1] + EXTRA_NONE)
+
+    def cut(f: EarlyFeatures) -> EarlyFeatures:
+        if features is None:
+            return f
+        ri = [names[0].index(x) for x in features[0]]
+        ni = [names[1].index(x) for x in features[1]]
+        return EarlyFeatures(f.roles[..., ri], f.none[:, ni])
+
+    feats, labels = train_rows(rs, features is not None)
+    model = Forecaster.fit(cut(feats), labels, version=version)
+
+    def predict(r: dict, frac: float) -> list[str]:
+        n = n_early(len(r["traj"].steps), frac)
+        p = model.probabilities(cut(features_of(r, n, features is not None)))
+        return [CLASSES[int(i)] for i in p.argmax(1)]
+
+    predict.model = model  # type: ignore[attr-defined]
+    return predict
+
+
+def baseline(r: dict, frac: float) -> list[str]:
+    """The linear-extrapolation baseline's forecast for run ``r``."""
+    from headwise.analysis.forecast import linear_forecast, n_early
+
+    return linear_forecast(r["traj"], n_early(len(r["traj"].steps), frac), r["total_steps"])
+
+
+def near_threshold(r: dict) -> list[bool]:
+    """Per head of run ``r``: whether its final top score is within ``NEAR`` of the threshold."""
+    from headwise.analysis.forecast import _candidate_values
+
+    top = torch.nan_to_num(_candidate_values(r["traj"])[-1], nan=0.0).max(1).values  # (N,)
+    return [abs(float(v) - SHOWN_MIN_SCORE) < NEAR for v in top]
+
+
+def score(predictor: Predictor, rs: list[dict]) -> dict[float, Rows]:
+    """The predictor's forecasts for every head of runs ``rs`` at every fraction."""
+    return {frac: [(r["config"], t, p, near) for r in rs
+                   for t, p, near in zip(truth(r), predictor(r, frac), near_threshold(r),
+                                         strict=True)]
+            for frac in FRACTIONS}
+
+
+def cross_validate(runs: list[dict], seeds: list[int], ablation: bool) -> dict[str, dict]:
+    """Baseline and fitted forecasters on held-out seeds and held-out configurations."""
+    variants = {"": None, **({f" ({k})": v for k, v in ABLATION.items()} if ablation else {})}
+    preds: dict[str, dict[float, Rows]] = {"baseline": score(baseline, runs)}
+    for label, features in variants.items():
+        for scheme, groups in (("held-out seeds", [("seed", s) for s in seeds]),
+                               ("held-out configs", [("config", c) for c in CONFIGS])):
+            if scheme == "held-out seeds" and len(seeds) < 2:
+                continue
+            rows: dict[float, Rows] = {f: [] for f in FRACTIONS}
+            for field, value in groups:
+                fit_on = [r for r in runs if r[field] != value]
+                test = [r for r in runs if r[field] == value]
+                got = score(fitted(fit_on, "cv", features), test)
+                for f in FRACTIONS:
+                    rows[f] += got[f]
+            preds[scheme + label] = rows
+    return preds
+
+
+def acc(rows: Rows, config: str | None = None) -> tuple[float, int]:
+    """Accuracy and head count of ``rows`` (of one configuration, or all)."""
+    sel = [(t, p) for c, t, p, _ in rows if config is None or c == config]
+    return sum(t == p for t, p in sel) / max(1, len(sel)), len(sel)
+
+
+def print_accuracy(preds: dict[str, dict[float, Rows]]) -> None:
+    """The accuracy table: per fraction and forecaster, per configuration and overall."""
+    print("| checkpoints seen | forecaster | " + " | ".join(CONFIGS) + " | overall |")
+    print("|---|---|" + "---|" * (len(CONFIGS) + 1))
+    for frac in FRACTIONS:
+        for scheme, by_frac in preds.items():
+            cells = []
+            for name in CONFIGS:
+                a, n = acc(by_frac[frac], name)
+                cells.append(f"{a:.1%} ({n})")
+            a, n = acc(by_frac[frac])
+            print(f"| first {frac:.0%} | {scheme} | " + " | ".join(cells)
+                  + f" | **{a:.1%}** ({n}) |")
+
+
+def print_confusion(rows: Rows, title: str) -> None:
+    """Rows: final role; columns: forecast."""
+    from headwise.analysis.forecast import CLASSES
+
+    print(f"\nConfusion at 20% ({title}; rows: final role, columns: forecast)\n")
+    print("| final \\ forecast | " + " | ".join(CLASSES) + " |")
+    print("|---|" + "---|" * len(CLASSES))
+    for t in CLASSES:
+        counts = [sum(1 for _, tt, pp, _ in rows if tt == t and pp == p) for p in CLASSES]
+        if sum(counts):
+            print(f"| {t} | " + " | ".join(str(c) for c in counts) + " |")
+
+
+def print_near(preds: dict[str, dict[float, Rows]]) -> None:
+    """How many heads end within ``NEAR`` of the threshold, and the errors among them (20%)."""
+    rows = preds["baseline"][0.2]
+    n_near = sum(1 for *_, near in rows if near)
+    print(f"\n{n_near} of {len(rows)} heads end with a top score within {NEAR} of "
+          f"{SHOWN_MIN_SCORE}; errors at 20% among them / among the others:")
+    for scheme in ("baseline", "held-out seeds", "held-out configs"):
+        if scheme in preds:
+            r = preds[scheme][0.2]
+            near = sum(1 for _, t, p, n in r if n and t != p)
+            far = sum(1 for _, t, p, n in r if not n and t != p)
+            print(f"- {scheme}: {near} / {far} (accuracy on the others "
+                  f"{1 - far / max(1, len(r) - n_near):.1%})")
+
+
+def save(model: Any, preds: dict, confirm: dict, runs: list[dict], confirm_runs: list[dict],
+         seeds: list[int], fresh: list[int]) -> None:
+    """Write the packaged forecaster with what the benchmark measured (20% of checkpoints)."""
+    from headwise.training.safetensors_io import write_bytes_atomic
+
+    model.measured = {
+        "fraction": 0.2, "n_runs": len(runs), "configs": list(CONFIGS), "seeds": seeds,
+        "held_out_seeds_accuracy": round(acc(preds["held-out seeds"][0.2])[0], 4),
+        "held_out_configs_accuracy": round(acc(preds["held-out configs"][0.2])[0], 4),
+        "baseline_accuracy": round(acc(preds["baseline"][0.2])[0], 4),
+        "n_heads": acc(preds["baseline"][0.2])[1], "command": COMMAND,
+        "fresh_seeds": fresh, "fresh_runs": len(confirm_runs),
+        "fresh_accuracy": round(acc(confirm[f"forecaster v{model.version}"][0.2])[0], 4),
+        "fresh_baseline_accuracy": round(acc(confirm["baseline"][0.2])[0], 4),
+        "doc": "docs/benchmarks.md#forecasting-final-roles-issue-14"}
+    write_bytes_atomic(OUT, model.to_json().encode())
+    print(f"written: {OUT.relative_to(ROOT)} ({model.measured})")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--confirm", type=int, nargs="*", default=[5, 6, 7],
-                   help="fresh seeds, never used while designing the features: the forecaster "
-                        "fit on every --seeds run predicts them (the packaged one's test)")
-    p.add_argument("--save", action="store_true", help="write headwise/data/forecaster_v1.json")
+                   help="fresh seeds: the forecaster fit on every --seeds run predicts them "
+                        "(the packaged one's test)")
+    p.add_argument("--save", action="store_true", help=f"write {OUT.relative_to(ROOT)}")
+    p.add_argument("--ablation", action="store_true",
+                   help="also score forecasters fit on subsets of the features (ABLATION)")
     args = p.parse_args()
     torch.set_num_threads(1)
-    sys.path.insert(0, str(ROOT))
-    from headwise.analysis.forecast import (
-        CLASSES,
-        EarlyFeatures,
-        Forecaster,
-        early_features,
-        linear_forecast,
-        n_early,
-    )
-    from headwise.analysis.trajectories import Trajectory
+    from headwise.analysis.forecast import VERSION
 
     key = code_key()
     print(f"code key {key}; cache {CACHE.relative_to(ROOT)}/{key}", flush=True)
     t0 = time.perf_counter()
-    runs = []
-    for seed in args.seeds:  # seeds outermost: an interrupted benchmark has every config
-        for name in CONFIGS:
-            rec = run_one(name, seed, key)
-            runs.append({**rec, "traj": Trajectory.from_dict(rec["trajectory"])})
-    train_seconds = sum(r["seconds"] for r in runs)
-
-    def truth(r: dict) -> list[str]:
-        return [r["traj"].final_role(h) for h in r["traj"].heads]
-
-    def train_rows(rs: list[dict]) -> tuple[EarlyFeatures, list[str]]:
-        """Features at every prefix of >= 2 checkpoints (forecasts during training may come at
-        any point of a run), with the final roles."""
-        feats, labels = [], []
-        for r in rs:
-            for n in range(2, len(r["traj"].steps) + 1):
-                feats.append(early_features(r["traj"], n, r["total_steps"]))
-                labels += truth(r)
-        return EarlyFeatures.cat(feats), labels
-
-    def predict(f: Forecaster, r: dict, frac: float) -> list[str]:
-        n = n_early(len(r["traj"].steps), frac)
-        return [c for c, _ in f.predict(r["traj"], n, r["total_steps"])]
-
-    def baseline(r: dict, frac: float) -> list[str]:
-        return linear_forecast(r["traj"], n_early(len(r["traj"].steps), frac), r["total_steps"])
-
-    # predictions[scheme][frac] = list of (config, truth, predicted) per head
-    preds: dict[str, dict[float, list[tuple[str, str, str]]]] = {
-        s: {f: [] for f in FRACTIONS} for s in ("baseline", "held-out seeds", "held-out configs")}
-    for r in runs:
-        for frac in FRACTIONS:
-            preds["baseline"][frac] += [(r["config"], t, p)
-                                        for t, p in zip(truth(r), baseline(r, frac), strict=True)]
-    for seed in args.seeds if len(args.seeds) > 1 else ():
-        fit_on = [r for r in runs if r["seed"] != seed]
-        f = Forecaster.fit(*train_rows(fit_on), version="cv")
-        for r in (r for r in runs if r["seed"] == seed):
-            for frac in FRACTIONS:
-                preds["held-out seeds"][frac] += [
-                    (r["config"], t, p) for t, p in zip(truth(r), predict(f, r, frac),
-                                                        strict=True)]
-    for name in CONFIGS:
-        fit_on = [r for r in runs if r["config"] != name]
-        f = Forecaster.fit(*train_rows(fit_on), version="cv")
-        for r in (r for r in runs if r["config"] == name):
-            for frac in FRACTIONS:
-                preds["held-out configs"][frac] += [
-                    (r["config"], t, p) for t, p in zip(truth(r), predict(f, r, frac),
-                                                        strict=True)]
-
-    def acc(rows: list[tuple[str, str, str]], config: str | None = None) -> tuple[float, int]:
-        sel = [(t, p) for c, t, p in rows if config is None or c == config]
-        return sum(t == p for t, p in sel) / max(1, len(sel)), len(sel)
-
-    print(f"\n{len(runs)} runs ({len(CONFIGS)} configurations x seeds {args.seeds}), "
-          f"training + scoring {train_seconds / 60:.1f} min, total {time.perf_counter() - t0:.0f}"
-          f" s (this invocation)\n")
-    print("| checkpoints seen | forecaster | " + " | ".join(CONFIGS) + " | overall |")
-    print("|---|---|" + "---|" * (len(CONFIGS) + 1))
-    for frac in FRACTIONS:
-        for scheme in preds:
-            cells = []
-            for name in CONFIGS:
-                a, n = acc(preds[scheme][frac], name)
-                if not n:
-                    continue
-                cells.append(f"{a:.1%} ({n})")
-            a, n = acc(preds[scheme][frac])
-            print(f"| first {frac:.0%} | {scheme} | " + " | ".join(cells) + f" | **{a:.1%}** "
-                  f"({n}) |")
-    for scheme in ("held-out configs", "baseline"):
-        print(f"\nConfusion at 20% ({scheme}; rows: final role, columns: forecast)\n")
-        print("| final \\ forecast | " + " | ".join(CLASSES) + " |")
-        print("|---|" + "---|" * len(CLASSES))
-        rows = preds[scheme][0.2]
-        for t in CLASSES:
-            counts = [sum(1 for _, tt, pp in rows if tt == t and pp == p) for p in CLASSES]
-            if sum(counts):
-                print(f"| {t} | " + " | ".join(str(c) for c in counts) + " |")
-    final = Forecaster.fit(*train_rows(runs), version="1")
-    confirm_runs = []
-    for seed in args.confirm:
-        for name in CONFIGS:
-            rec = run_one(name, seed, key)
-            confirm_runs.append({**rec, "traj": Trajectory.from_dict(rec["trajectory"])})
-    confirm: dict[str, dict[float, list[tuple[str, str, str]]]] = {
-        s: {f: [] for f in FRACTIONS} for s in ("baseline", "forecaster (fit on all)")}
-    for r in confirm_runs:
-        for frac in FRACTIONS:
-            confirm["baseline"][frac] += [(r["config"], t, p) for t, p in
-                                          zip(truth(r), baseline(r, frac), strict=True)]
-            confirm["forecaster (fit on all)"][frac] += [
-                (r["config"], t, p) for t, p in zip(truth(r), predict(final, r, frac),
-                                                    strict=True)]
+    runs = load_runs(args.seeds, key)
+    preds = cross_validate(runs, args.seeds, args.ablation)
+    print(f"\n{len(runs)} runs ({len(CONFIGS)} configurations x seeds {args.seeds}), training "
+          f"+ scoring {sum(r['seconds'] for r in runs) / 60:.1f} min, training signals "
+          f"{sum(r['signal_seconds'] for r in runs if 'signal_seconds' in r):.0f} s, total "
+          f"{time.perf_counter() - t0:.0f} s (this invocation)\n")
+    print_accuracy(preds)
+    for scheme in ("held-out configs", "held-out seeds", "baseline"):
+        if scheme in preds:
+            print_confusion(preds[scheme][0.2], scheme)
+    print_near(preds)
+    final = fitted(runs, VERSION)
+    confirm_runs = load_runs(args.confirm, key)
+    confirm = {"baseline": score(baseline, confirm_runs),
+               f"forecaster v{VERSION}": score(final, confirm_runs)}
     if confirm_runs:
         print(f"\nConfirmation on fresh seeds {args.confirm} ({len(confirm_runs)} runs), "
               f"forecaster fit on every run of seeds {args.seeds}\n")
-        print("| checkpoints seen | forecaster | " + " | ".join(CONFIGS) + " | overall |")
-        print("|---|---|" + "---|" * (len(CONFIGS) + 1))
-        for frac in FRACTIONS:
-            for scheme in confirm:
-                cells = []
-                for name in CONFIGS:
-                    a, n = acc(confirm[scheme][frac], name)
-                    cells.append(f"{a:.1%} ({n})")
-                a, n = acc(confirm[scheme][frac])
-                print(f"| first {frac:.0%} | {scheme} | " + " | ".join(cells)
-                      + f" | **{a:.1%}** ({n}) |")
-    dist = {c: sum(1 for r in runs for t in truth(r) if t == c) for c in CLASSES}
+        print_accuracy(confirm)
+    dist = {c: sum(1 for r in runs for t in truth(r) if t == c) for c in
+            {t for r in runs for t in truth(r)}}
     print(f"\nfinal roles over all heads: {dist}")
     if args.save:
-        measured = {
-            "fraction": 0.2, "n_runs": len(runs), "configs": list(CONFIGS), "seeds": args.seeds,
-            "held_out_seeds_accuracy": round(acc(preds["held-out seeds"][0.2])[0], 4),
-            "held_out_configs_accuracy": round(acc(preds["held-out configs"][0.2])[0], 4),
-            "baseline_accuracy": round(acc(preds["baseline"][0.2])[0], 4),
-            "n_heads": acc(preds["baseline"][0.2])[1], "command": COMMAND,
-            "fresh_seeds": args.confirm, "fresh_runs": len(confirm_runs),
-            "fresh_accuracy": round(acc(confirm["forecaster (fit on all)"][0.2])[0], 4),
-            "fresh_baseline_accuracy": round(acc(confirm["baseline"][0.2])[0], 4),
-            "doc": "docs/benchmarks.md#forecasting-final-roles-issue-14"}
-        f = final
-        f.measured = measured
-        from headwise.training.safetensors_io import write_bytes_atomic
-
-        write_bytes_atomic(OUT, f.to_json().encode())
-        print(f"written: {OUT.relative_to(ROOT)} ({measured})")
+        save(final.model, preds, confirm, runs, confirm_runs,  # type: ignore[attr-defined]
+             args.seeds, args.confirm)
     return 0
 
 

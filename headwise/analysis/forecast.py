@@ -11,9 +11,14 @@ predict each head's final top role among ``CLASSES`` (the table's top-role candi
   shared by the roles, no per-role bias) on early signals (``early_features``: each role's
   latest score, its change, its slope projected to the end, its linear extrapolation, whether
   it leads now or in the extrapolation and by how much, and the share of training seen). Its
-  weights are small versioned JSON in the package (``headwise/data/forecaster_v1.json``,
+  weights are small versioned JSON in the package (``headwise/data/forecaster_v2.json``,
   written by ``bench/bench_forecast.py``) together with the accuracy the benchmark measured on
   held-out runs; loading never unpickles.
+
+Training signals (``headwise.analysis.forecast_signals``: the loss curve and each head's
+gradient alignment with each role, in pattern and in parameter space) and commitment were
+scored as extra features by the benchmark (``--ablation``) and did not improve held-out
+accuracy, so the packaged forecaster does not read them (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -34,7 +39,10 @@ from headwise.analysis.trajectories import Trajectory
 from headwise.heads import Head
 
 CLASSES = (*TOP_ROLE_CANDIDATES, "none")
-FORECASTER_FILE = "forecaster_v1.json"
+# The packaged forecaster's version; files of other versions are refused. v2 has v1's features,
+# refit on the benchmark's runs scored with the unified role definitions (v1's runs predate them).
+VERSION = "2"
+FORECASTER_FILE = f"forecaster_v{VERSION}.json"
 FORMAT = "headwise-forecaster"
 
 
@@ -121,6 +129,19 @@ class EarlyFeatures:
                              torch.cat([p.none for p in parts]))
 
 
+def onehot(tops: list[str]) -> Tensor:
+    """(N, R) 1 where the candidate role is the head's top role."""
+    return torch.tensor([[float(t == r) for r in TOP_ROLE_CANDIDATES] for t in tops],
+                        dtype=torch.float64)
+
+
+def lead(v: Tensor) -> Tensor:
+    """(N, R) each role's margin over the best other role of ``v`` (N, R)."""
+    two = v.topk(2, dim=1).values
+    best_other = torch.where(v >= two[:, :1], two[:, 1:2], two[:, :1])
+    return v - best_other
+
+
 def early_features(traj: Trajectory, n: int, total_steps: int | None = None,
                    min_score: float = SHOWN_MIN_SCORE) -> EarlyFeatures:
     """Early signals of every head from the first ``n`` checkpoints.
@@ -129,12 +150,11 @@ def early_features(traj: Trajectory, n: int, total_steps: int | None = None,
     different lengths share one scale. Per candidate role (``ROLE_FEATURES``): the ``last``
     score, its ``change`` since the first checkpoint, ``gain`` (slope x remaining fraction,
     clipped to [-1, 1]), ``linear`` (the baseline's clipped extrapolation), ``recent`` (the
-    slope of the last two checkpoints extrapolated, clipped), whether the role is
-    the top role now / of the extrapolation (``top_now``, ``top_linear``), its lead over the
-    best other role now and extrapolated (``lead_last``, ``lead_linear``, ``lead_recent``) and
-    whether it is defined. For ``none`` (``NONE_FEATURES``): the best score now and
-    extrapolated, whether the head shows ``none`` now / in the extrapolation, and the share of
-    training ``seen``.
+    slope of the last two checkpoints extrapolated, clipped), whether the role is the top role
+    now / of the extrapolation (``top_now``, ``top_linear``), its lead over the best other role
+    now and extrapolated (``lead_last``, ``lead_linear``, ``lead_recent``) and whether it is
+    defined. For ``none`` (``NONE_FEATURES``): the best score now and extrapolated, whether the
+    head shows ``none`` now / in the extrapolation, and the share of training ``seen``.
     Undefined scores read 0.
     """
     n = max(1, min(n, len(traj.steps)))
@@ -147,16 +167,6 @@ def early_features(traj: Trajectory, n: int, total_steps: int | None = None,
     last = z(y[-1])
     linear = z((a + b).clamp(0.0, 1.0))
     top_now, top_lin = _top(y[-1], min_score), _top(a + b, min_score)
-
-    def onehot(tops: list[str]) -> Tensor:  # (N, R) 1 where the role is the top role
-        return torch.tensor([[float(t == r) for r in TOP_ROLE_CANDIDATES] for t in tops],
-                            dtype=torch.float64)
-
-    def lead(v: Tensor) -> Tensor:  # (N, R) margin over the best other role
-        two = v.topk(2, dim=1).values
-        best_other = torch.where(v >= two[:, :1], two[:, 1:2], two[:, :1])
-        return v - best_other
-
     # the latest slope (last two checkpoints) carried to the end: saturating curves flatten
     step_slope = (y[-1] - y[-2]) / (x[-1] - x[-2]) if n >= 2 else torch.zeros_like(y[-1])
     recent = z((y[-1] + step_slope * (1.0 - seen)).clamp(0.0, 1.0))
@@ -219,8 +229,9 @@ class Forecaster:
                 feats.none.mean(0), feats.none.std(0).clamp_min(1e-6), torch.empty(0),
                 torch.empty(0), dict(measured or {}))
         dt = torch.float64
-        w = torch.zeros(len(ROLE_FEATURES), dtype=dt, requires_grad=True)
-        v = torch.zeros(len(NONE_FEATURES), dtype=dt, requires_grad=True)
+        # sized by the features given, so the benchmark can fit on other feature sets too
+        w = torch.zeros(feats.roles.shape[-1], dtype=dt, requires_grad=True)
+        v = torch.zeros(feats.none.shape[-1], dtype=dt, requires_grad=True)
         c = torch.zeros(1, dtype=dt, requires_grad=True)
         opt = torch.optim.LBFGS([w, v, c], max_iter=500, line_search_fn="strong_wolfe")
 
@@ -253,7 +264,8 @@ def load_forecaster(path: str | Path | None = None) -> Forecaster:
     """Read a forecaster from JSON (default: the one packaged with headwise). Plain JSON only.
 
     Raises:
-        ValueError: not a forecaster file, or one made for other classes or features.
+        ValueError: not a forecaster file, one of another version, or one made for other
+            classes or features, or with mis-shaped weights.
     """
     if path is None:
         text = resources.files("headwise.data").joinpath(FORECASTER_FILE).read_text("utf-8")
@@ -263,19 +275,26 @@ def load_forecaster(path: str | Path | None = None) -> Forecaster:
     d = json.loads(text)
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise ValueError(f"{where}: format: expected {FORMAT!r}")
+    if str(d.get("version")) != VERSION:
+        raise ValueError(f"{where}: version: got {d.get('version')!r}, expected {VERSION!r} "
+                         f"(the forecaster this headwise was benchmarked with)")
     if (d.get("classes") != list(CLASSES) or d.get("role_features") != list(ROLE_FEATURES)
             or d.get("none_features") != list(NONE_FEATURES)):
         raise ValueError(f"{where}: classes/role_features/none_features: expected "
                          f"{list(CLASSES)}, {list(ROLE_FEATURES)}, {list(NONE_FEATURES)}")
-    t = {k: torch.tensor(d[k], dtype=torch.float64) for k in _TENSORS}
-    shapes = {"role_mean": (len(ROLE_FEATURES),), "role_std": (len(ROLE_FEATURES),),
-              "role_weight": (len(ROLE_FEATURES),),
-              "none_mean": (len(NONE_FEATURES),), "none_std": (len(NONE_FEATURES),),
-              "none_weight": (len(NONE_FEATURES),), "none_bias": (1,)}
+    fr, fn = len(ROLE_FEATURES), len(NONE_FEATURES)
+    shapes = {"role_mean": (fr,), "role_std": (fr,), "role_weight": (fr,), "none_mean": (fn,),
+              "none_std": (fn,), "none_weight": (fn,), "none_bias": (1,)}
+    t = {}
     for k, shape in shapes.items():
-        if tuple(t[k].shape) != shape:
-            raise ValueError(f"{where}: {k}: got shape {tuple(t[k].shape)}, expected {shape}")
-    return Forecaster(str(d["version"]), **t, measured=dict(d.get("measured") or {}))
+        try:
+            t[k] = torch.tensor(d[k], dtype=torch.float64)
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{where}: {k}: expected a list of {shape[0]} numbers") from None
+        if tuple(t[k].shape) != shape or not bool(torch.isfinite(t[k]).all()):
+            raise ValueError(f"{where}: {k}: got shape {tuple(t[k].shape)}, expected {shape} "
+                             f"finite numbers")
+    return Forecaster(VERSION, **t, measured=dict(d.get("measured") or {}))
 
 
 @dataclass(frozen=True)

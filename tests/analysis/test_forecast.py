@@ -50,9 +50,9 @@ def test_packaged_forecaster_loads_without_pickle(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(pickle, "loads", refuse)
     monkeypatch.setattr(torch, "load", refuse)
     f = load_forecaster()
-    raw = json.loads(resources.files("headwise.data").joinpath("forecaster_v1.json")
+    raw = json.loads(resources.files("headwise.data").joinpath("forecaster_v2.json")
                      .read_text("utf-8"))
-    assert raw["format"] == "headwise-forecaster" and raw["version"] == f.version == "1"
+    assert raw["format"] == "headwise-forecaster" and raw["version"] == f.version == "2"
     assert f.role_weight.shape == (len(ROLE_FEATURES),)
     assert f.none_weight.shape == (len(NONE_FEATURES),)
     # the accuracy the report quotes comes from the benchmark's held-out runs
@@ -70,6 +70,16 @@ def test_load_rejects_other_files(tmp_path: pytest.TempPathFactory) -> None:
     good["role_weight"] = good["role_weight"][:-1]
     path.write_text(json.dumps(good))
     with pytest.raises(ValueError, match="role_weight"):
+        load_forecaster(path)
+    good = json.loads(load_forecaster().to_json())
+    good["none_bias"] = [float("nan")]
+    path.write_text(json.dumps(good))
+    with pytest.raises(ValueError, match="none_bias"):
+        load_forecaster(path)
+    good = json.loads(load_forecaster().to_json())
+    good["version"] = "1"  # v1 was fit on runs scored before the role definitions were unified
+    path.write_text(json.dumps(good))
+    with pytest.raises(ValueError, match="version"):
         load_forecaster(path)
 
 

@@ -85,7 +85,7 @@ def test_report_quotes_the_benchmark_not_the_run(run: Run) -> None:
     traj = run.report["trajectories"]
     assert "forecast_accuracy" not in traj
     f = traj["forecast"]
-    assert f["forecaster_version"] == "1" and f["measured"]["n_runs"] >= 12
+    assert f["forecaster_version"] == "2" and f["measured"]["n_runs"] >= 12
     assert [c["verdict"] for c in f["clauses"]][1] in ("fail", "pass")
     html = (run.outcome.run_dir / "report.html").read_text()
     assert "benchmark accuracy from the first 20% of checkpoints on held-out runs" in html
@@ -96,7 +96,7 @@ def test_analyze_forecast_cli(run: Run, tmp_path: Path,
     out = tmp_path / "a.json"
     assert main(["analyze", str(run.outcome.run_dir), "--forecast", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "forecast (forecaster v1)" in text and "held-out" in text
+    assert "forecast (forecaster v2)" in text and "held-out" in text
     result = json.loads(out.read_text())
     assert [h["head"] for h in result["forecast"]["heads"]] == ["L0.H0", "L0.H1"]
     assert main(["analyze", "--hf", str(tmp_path), "--forecast"]) == 2
