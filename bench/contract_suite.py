@@ -30,11 +30,13 @@ from typing import Any
 SUITE = Path(__file__).resolve().parent.parent / "headwise" / "examples" / "suite"
 
 
-def run_one(spec: Path, enforce: bool, out: Path, constants: dict[str, float]) -> dict[str, Any]:
+def run_one(spec: Path, enforce: bool, out: Path,
+            constants: dict[str, float | str]) -> dict[str, Any]:
     """Train ``spec`` once (in this process) and return what the table needs.
 
     ``constants`` overrides constants at the top of ``headwise.enforce`` (``ETA``,
-    ``LAMBDA_MAX``, ``P_MAX``, ``ABLATION_SCALE``, ``MARGIN``) for this run, to measure them.
+    ``LAMBDA_MAX``, ``P_MAX``, ``ABLATION_SCALE``, ``MARGIN``, ``DROP_LEVER``) for this run,
+    to measure them.
     """
     import torch
 
@@ -81,6 +83,14 @@ def run_one(spec: Path, enforce: bool, out: Path, constants: dict[str, float]) -
         "multipliers": (outcome.enforcement or {}).get("clauses") and {
             str(c["index"]): c["multiplier"] for c in outcome.enforcement["clauses"]},
     }
+
+
+def _value(text: str) -> float | str:
+    """A ``--set`` value: a number, or a word (``DROP_LEVER=iit``)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def spawn(spec: Path, enforce: bool, tmp: Path, sets: list[str]) -> dict[str, Any]:
@@ -148,7 +158,7 @@ def main() -> None:
     parser.add_argument("--enforce", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        constants = {k: float(v) for k, v in (item.split("=", 1) for item in args.set)}
+        constants = {k: _value(v) for k, v in (item.split("=", 1) for item in args.set)}
         print(json.dumps(run_one(Path(args.worker[0]), args.enforce, Path(args.worker[1]),
                                  constants)))
         return
