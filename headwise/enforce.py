@@ -81,10 +81,12 @@ P_MAX = 0.5  # highest stochastic-ablation probability
 ABLATION_SCALE = 0.15  # ablation probability per unit of multiplier
 MARGIN = 0.05  # bounds levers aim past, so held-out data holds too
 # The lever of "H carries T" (``drop_at_least``), chosen by measurement (docs/benchmarks.md):
-# "others+margin": the other heads of H's layers stochastically ablated (H sufficient) and the
-# ablated-H hinge (H necessary); "others", "margin" or "iit" (interchange) alone.
-DROP_LEVER = "others+margin"
-DROP_LEVERS = ("others", "margin", "others+margin", "iit")
+# "others>margin": the other heads of H's layers stochastically ablated (H sufficient), then,
+# once that probability has reached P_MAX, the ablated-H hinge (H necessary) weighted by the
+# multiplier's excess; "others+margin" both from the start; "others", "margin" or "iit"
+# (interchange intervention) alone.
+DROP_LEVER = "others>margin"
+DROP_LEVERS = ("others", "margin", "others+margin", "others>margin", "iit")
 
 
 @dataclass
@@ -94,7 +96,7 @@ class Lever:
     ``per_head`` (``any_of`` score clauses) maps each head to its own objective; only the head
     chosen at the first evaluation point is driven. ``loss_weighted``: objectives among
     ``objectives`` that are loss terms in an ablation lever (whose ``scale``/``cap`` turn the
-    multiplier into a probability): their weight is the multiplier itself.
+    multiplier into a probability): their weight is ``max(0, multiplier - loss_from)``.
     """
 
     kind: str
@@ -104,6 +106,7 @@ class Lever:
     cap: float | None = None
     per_head: dict[str, Any] = field(default_factory=dict)
     loss_weighted: list[Any] = field(default_factory=list)
+    loss_from: float = 0.0
 
 
 def _masked(compiled: Compiled) -> set[Head]:
@@ -184,7 +187,7 @@ def _carry_parts(clause: Clause, ids: list[int], n_heads: int,
     parts: list[tuple[str, list[Head], list[int]]] = []
     if "others" in drop_lever and others:
         parts.append(("others", others, ids))
-    if "margin" in drop_lever or (drop_lever == "others" and not others):
+    if "margin" in drop_lever:
         parts.append(("margin", list(clause.heads), ids))
     if drop_lever == "iit":
         parts.append(("iit", list(clause.heads), ids))
@@ -211,9 +214,11 @@ def _ablation_levers(compiled: Compiled, clause: Clause, hs: Any) -> Lever | Non
         parts.append(("self", list(clause.heads), ids))
     if not parts:
         return None
+    staged = DROP_LEVER == "others>margin" and parts[0][0] == "others"
     lever = Lever("ablation", "; ".join(
         _LEVER_WORDS[what].format(_names(heads), [names[i] for i in tasks])
-        for what, heads, tasks in parts), scale=ABLATION_SCALE, cap=P_MAX)
+        for what, heads, tasks in parts), scale=ABLATION_SCALE, cap=P_MAX,
+        loss_from=P_MAX / ABLATION_SCALE if staged else 0.0)  # after p saturates
     for what, heads, tasks in parts:
         name = f"enforce:{'ablate-' if what in ('others', 'self') else ''}{what}" \
                f"[{_names(heads)}][{clause.path}]"
@@ -362,7 +367,8 @@ class Enforcer:
             pick = chosen.setdefault(key, result.decided_by or next(iter(lever.per_head)))
             targets = [lever.per_head[pick]] if pick in lever.per_head else targets
         for obj in targets:
-            obj.weight = lam if any(obj is o for o in lever.loss_weighted) else weight
+            loss_term = any(obj is o for o in lever.loss_weighted)
+            obj.weight = max(0.0, lam - lever.loss_from) if loss_term else weight
 
 
 def _track(entry: dict[str, Any], passed: bool, step: int) -> None:

@@ -17,7 +17,7 @@ from headwise.control.task_levers import (
     OnProbeData,
     StochasticAblation,
 )
-from headwise.enforce import ETA, Enforcer, plan
+from headwise.enforce import ABLATION_SCALE, ETA, P_MAX, Enforcer, plan
 from headwise.pipeline import compile_spec
 from headwise.pipeline.run import contract_of, probe_sampler, verify_data
 from headwise.runspec import load_spec
@@ -131,6 +131,8 @@ contract:
     assert [str(h) for h in carry.heads] == ["L1.H0", "L1.H2", "L1.H3"] and carry.task_ids == [0]
     assert [str(h) for h in need.heads] == ["L1.H1"] and need.task_ids == [0]
     assert levers[5].loss_weighted == [need]  # type: ignore[union-attr]
+    # The hinge starts once the others' ablation probability is at its cap.
+    assert levers[5].loss_from == pytest.approx(P_MAX / ABLATION_SCALE)  # type: ignore[union-attr]
     (spare,) = levers[6].objectives  # type: ignore[union-attr]
     assert [str(h) for h in spare.heads] == ["L1.H2"] and spare.task_ids == [1]
     others, need_h3, only = levers[7].objectives  # type: ignore[union-attr]

@@ -75,3 +75,30 @@ def test_role_bound_penalises_the_role_mass_above_the_bound() -> None:
     rows = target.rows
     assert float(term.detach()) == pytest.approx(float(torch.relu(s - 0.1)[rows].mean()), rel=1e-5)
     assert logs["bound:self/L0.H1"] == pytest.approx(float(s[rows].mean()), rel=1e-5)
+
+
+def test_raising_every_tasks_loss_weight_together_barely_moves_adamw() -> None:
+    """Under Adam(W) a common scale of the loss cancels (m / sqrt(v)), so TaskLossWeight on
+    every task of a mixture at once changes little, while the same weight on one task trades
+    the other away (docs/levers.md, "Task floors")."""
+    from headwise.pipeline import compile_spec
+    from headwise.runspec import load_spec
+    from headwise.training import train
+
+    spec = load_spec("""
+model: {n_layers: 1, n_heads: 2, d_model: 32, vocab_size: 14, max_seq_len: 11}
+data: {tasks: {copy: {length: 4}, sort: {length: 4}}}
+train: {steps: 150, batch_size: 32, lr: 3.0e-3, eval_every: 0, seed: 0, grad_clip: 0}
+""")
+
+    def params_after(weights: dict[int, float]) -> torch.Tensor:
+        c = compile_spec(spec)
+        objs = [TaskLossWeight(c.model, t, w, name=f"w{t}") for t, w in weights.items()]
+        train(c.model, c.data, spec.train, objectives=objs, progress=False)
+        return torch.cat([p.detach().flatten() for p in c.model.parameters()])
+
+    plain = params_after({})
+    def moved(weights: dict[int, float]) -> float:
+        return float((params_after(weights) - plain).norm() / plain.norm())
+    both, copy_only, sort_only = moved({0: 8.0, 1: 8.0}), moved({0: 8.0}), moved({1: 8.0})
+    assert both < 0.5 * min(copy_only, sort_only)
