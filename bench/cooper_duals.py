@@ -108,16 +108,27 @@ def spawn(spec: Path, dual: str, tmp: Path) -> dict[str, Any]:
     return result
 
 
+def _gap(rows: list[dict[str, Any]], dual: str) -> float:
+    """Largest |final multiplier - own's| over the suite's clauses (specs with both runs)."""
+    own = {r["spec"]: r["multipliers"] or {} for r in rows if r["dual"] == "own"}
+    gaps = [abs(v - own[r["spec"]][k]) for r in rows if r["dual"] == dual and r["spec"] in own
+            for k, v in (r["multipliers"] or {}).items()
+            if v is not None and own[r["spec"]].get(k) is not None]
+    return max(gaps, default=float("nan"))
+
+
 def summarise(rows: list[dict[str, Any]], duals: list[str]) -> list[str]:
-    lines = ["| dual update | clauses held | contracts held | steps (sum) | wall s (sum) |",
-             "|---|---|---|---|---|"]
+    lines = ["| dual update | clauses held | contracts held | steps (sum) | wall s (sum) "
+             "| in the Enforcer, s (sum) | max final multiplier gap to own |",
+             "|---|---|---|---|---|---|---|"]
     for dual in duals:
         mine = [r for r in rows if r["dual"] == dual]
         held = sum(r["held"] for r in mine)
         total = sum(r["n_clauses"] for r in mine)
         whole = sum(r["held"] == r["n_clauses"] for r in mine)
         lines.append(f"| {dual} | {held}/{total} | {whole}/{len(mine)} | "
-                     f"{sum(r['steps'] for r in mine)} | {sum(r['wall_s'] for r in mine):.1f} |")
+                     f"{sum(r['steps'] for r in mine)} | {sum(r['wall_s'] for r in mine):.1f} | "
+                     f"{sum(r['verify_s'] for r in mine):.1f} | {_gap(rows, dual):.2g} |")
     return lines
 
 

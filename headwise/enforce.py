@@ -23,14 +23,20 @@ score ``at_least``          the role's pattern objective (``headwise.patterns``)
                             first evaluation point; ``entropy``: a ``RoleBound`` lower bound
 score ``at_most``           ``RoleBound``: a penalty on the role's per-row score above the bound
 ablation ``drop_at_least``  ``StochasticAblation`` of the *other* heads of the set's layers on
-                            the task's examples (the task learns to depend on the set)
+                            the task's examples (the set becomes sufficient), then, once that
+                            probability is at ``P_MAX``, ``AblatedMargin``: a hinge on the
+                            set-ablated model's logits (the task needs the set); see
+                            ``DROP_LEVER`` and docs/contracts.md
 ablation ``drop_at_most``   ``StochasticAblation`` of the set on the task's examples
-exclusive                   both: the others ablated on the listed tasks, the set on the rest
+exclusive                   both: the ``drop_at_least`` lever on the listed tasks, the set
+                            ablated on the rest
 task ``at_least`` (floor)   ``TaskLossWeight``: extra weight on the task's loss (``loss``
                             metric: ``at_most``)
 ==========================  ====================================================================
 
-A lever's weight is ``lambda * scale`` (an ablation probability is capped at ``P_MAX``). The
+A lever's weight is ``lambda * scale`` (an ablation probability is capped at ``P_MAX``; the
+hinge's weight is ``max(0, lambda - P_MAX / ABLATION_SCALE)``). ``Enforcer.dual_step`` is the
+multiplier update (``bench/cooper_duals.py`` swaps in ``cooper-optim``'s, for comparison). The
 multipliers and the whole history live in ``TrainState.extra["enforce"]``, so they are saved in
 checkpoints and ``--resume`` continues exactly. Training stops at the first evaluation point
 where the whole contract holds.
