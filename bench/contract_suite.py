@@ -27,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from headwise.analysis.numbers import fixed
+
 SUITE = Path(__file__).resolve().parent.parent / "headwise" / "examples" / "suite"
 
 
@@ -134,7 +136,7 @@ def table(results: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
             f"({enf['evaluations']} evals) |")
         for c in enf["clauses"]:
             if not c["passed"]:
-                measured = "-" if c["measured"] is None else f"{c['measured']:.3f}"
+                measured = "-" if c["measured"] is None else fixed(c["measured"])
                 misses.append(f"- {enf['spec']} contract[{c['index']}] ({c['name']}, "
                               f"{c['threshold']}): measured {measured}, final multiplier "
                               f"{(enf['multipliers'] or {}).get(str(c['index']))}")

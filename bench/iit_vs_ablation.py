@@ -31,6 +31,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from contract_suite import SUITE, spawn  # noqa: E402
 
+from headwise.analysis.numbers import fixed  # noqa: E402
+
 LEVERS = ("others", "margin", "others+margin", "others>margin", "iit")
 
 
@@ -42,7 +44,7 @@ def carrier_specs() -> list[Path]:
 def row(res: dict[str, Any], lever: str) -> str:
     drops = [c for c in res["clauses"] if c["kind"] in ("ablation", "exclusive")
              and ">=" in c["threshold"]]
-    drop = ", ".join(f"{c['measured']:.3f} {'held' if c['passed'] else 'MISS'}"
+    drop = ", ".join(f"{fixed(c['measured'])} {'held' if c['passed'] else 'MISS'}"
                      for c in drops)
     exact = "; ".join(f"{t} {v['exact']:.3f}" for t, v in res["tasks"].items())
     return (f"| {res['spec']} | {lever} | {drop} | {res['held']}/{res['n_clauses']} | "

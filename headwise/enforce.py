@@ -188,7 +188,13 @@ def _on(compiled: Compiled, lever: Any, name: str,
 
 def _carry_parts(clause: Clause, ids: list[int], n_heads: int,
                  drop_lever: str) -> list[tuple[str, list[Head], list[int]]]:
-    """The parts of a ``drop_at_least`` lever: (what, heads, tasks) per ``drop_lever``."""
+    """The parts of a ``drop_at_least`` lever: (what, heads, tasks) per ``drop_lever``.
+
+    Raises:
+        ValueError: ``drop_lever`` is not one of ``DROP_LEVERS``.
+    """
+    if drop_lever not in DROP_LEVERS:
+        raise ValueError(f"DROP_LEVER: got {drop_lever!r}, expected one of {DROP_LEVERS}")
     others = _others(clause, n_heads)
     parts: list[tuple[str, list[Head], list[int]]] = []
     if "others" in drop_lever and others:
