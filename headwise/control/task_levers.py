@@ -71,8 +71,12 @@ def row_uniforms(tokens: Tensor, salt: int) -> Tensor:
 
 
 def _rows_of(task_ids: Tensor, tasks: list[int]) -> Tensor:
-    """(B,) bool: the rows whose task is one of ``tasks`` (on task_ids' device)."""
-    return torch.isin(task_ids, torch.tensor(tasks, device=task_ids.device))
+    """(B,) bool: the rows whose task is one of ``tasks`` (on task_ids' device; comparisons with
+    Python ints, so no tensor is copied from the host)."""
+    mine = torch.zeros_like(task_ids, dtype=torch.bool)
+    for t in tasks:
+        mine |= task_ids == t
+    return mine
 
 
 def _zero_hooks(heads: Any, keep: Tensor | None = None) -> list[Hook]:
