@@ -27,14 +27,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from headwise.analysis.numbers import fixed
+
 SUITE = Path(__file__).resolve().parent.parent / "headwise" / "examples" / "suite"
 
 
-def run_one(spec: Path, enforce: bool, out: Path, constants: dict[str, float]) -> dict[str, Any]:
+def run_one(spec: Path, enforce: bool, out: Path,
+            constants: dict[str, float | str]) -> dict[str, Any]:
     """Train ``spec`` once (in this process) and return what the table needs.
 
     ``constants`` overrides constants at the top of ``headwise.enforce`` (``ETA``,
-    ``LAMBDA_MAX``, ``P_MAX``, ``ABLATION_SCALE``, ``MARGIN``) for this run, to measure them.
+    ``LAMBDA_MAX``, ``P_MAX``, ``ABLATION_SCALE``, ``MARGIN``, ``DROP_LEVER``) for this run,
+    to measure them.
     """
     import torch
 
@@ -83,6 +87,14 @@ def run_one(spec: Path, enforce: bool, out: Path, constants: dict[str, float]) -
     }
 
 
+def _value(text: str) -> float | str:
+    """A ``--set`` value: a number, or a word (``DROP_LEVER=iit``)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def spawn(spec: Path, enforce: bool, tmp: Path, sets: list[str]) -> dict[str, Any]:
     """``run_one`` in a fresh subprocess (one thread, nothing shared between runs)."""
     out = tmp / f"{spec.stem}-{'enf' if enforce else 'plain'}"
@@ -124,7 +136,7 @@ def table(results: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
             f"({enf['evaluations']} evals) |")
         for c in enf["clauses"]:
             if not c["passed"]:
-                measured = "-" if c["measured"] is None else f"{c['measured']:.3f}"
+                measured = "-" if c["measured"] is None else fixed(c["measured"])
                 misses.append(f"- {enf['spec']} contract[{c['index']}] ({c['name']}, "
                               f"{c['threshold']}): measured {measured}, final multiplier "
                               f"{(enf['multipliers'] or {}).get(str(c['index']))}")
@@ -148,7 +160,7 @@ def main() -> None:
     parser.add_argument("--enforce", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        constants = {k: float(v) for k, v in (item.split("=", 1) for item in args.set)}
+        constants = {k: _value(v) for k, v in (item.split("=", 1) for item in args.set)}
         print(json.dumps(run_one(Path(args.worker[0]), args.enforce, Path(args.worker[1]),
                                  constants)))
         return

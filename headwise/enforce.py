@@ -23,14 +23,20 @@ score ``at_least``          the role's pattern objective (``headwise.patterns``)
                             first evaluation point; ``entropy``: a ``RoleBound`` lower bound
 score ``at_most``           ``RoleBound``: a penalty on the role's per-row score above the bound
 ablation ``drop_at_least``  ``StochasticAblation`` of the *other* heads of the set's layers on
-                            the task's examples (the task learns to depend on the set)
+                            the task's examples (the set becomes sufficient), then, once that
+                            probability is at ``P_MAX``, ``AblatedMargin``: a hinge on the
+                            set-ablated model's logits (the task needs the set); see
+                            ``DROP_LEVER`` and docs/contracts.md
 ablation ``drop_at_most``   ``StochasticAblation`` of the set on the task's examples
-exclusive                   both: the others ablated on the listed tasks, the set on the rest
+exclusive                   both: the ``drop_at_least`` lever on the listed tasks, the set
+                            ablated on the rest
 task ``at_least`` (floor)   ``TaskLossWeight``: extra weight on the task's loss (``loss``
                             metric: ``at_most``)
 ==========================  ====================================================================
 
-A lever's weight is ``lambda * scale`` (an ablation probability is capped at ``P_MAX``). The
+A lever's weight is ``lambda * scale`` (an ablation probability is capped at ``P_MAX``; the
+hinge's weight is ``max(0, lambda - P_MAX / ABLATION_SCALE)``). ``Enforcer.dual_step`` is the
+multiplier update (``bench/cooper_duals.py`` swaps in ``cooper-optim``'s, for comparison). The
 multipliers and the whole history live in ``TrainState.extra["enforce"]``, so they are saved in
 checkpoints and ``--resume`` continues exactly. Training stops at the first evaluation point
 where the whole contract holds.
@@ -38,24 +44,39 @@ where the whole contract holds.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import Any, Protocol
 
 from headwise.analysis.contract import Clause, Contract
 from headwise.analysis.verify import ClauseResult, ContractResult, VerifyData, verify
 from headwise.control.objectives import PatternObjective, RoleBound
-from headwise.control.task_levers import OnProbeData, StochasticAblation, TaskLossWeight
+from headwise.control.task_levers import (
+    AblatedMargin,
+    Interchange,
+    OnProbeData,
+    StochasticAblation,
+    TaskLossWeight,
+)
 from headwise.data import Batch
 from headwise.heads import Head, HeadSet
 from headwise.patterns import ROLE_NAMES, TARGET_ROLES
-from headwise.pipeline.compile import Compiled
-from headwise.pipeline.probes import declared_probe, repeated_probe
-from headwise.runspec.probes import default_half_len
 from headwise.training import TrainState
+
+ProbeSampler = Callable[[str, int, int], Batch]
+"""``fn(probe name, n, seed) -> Batch``: ``n`` examples drawn like a named probe (the
+pipeline passes ``headwise.pipeline.run.probe_sampler(spec)``)."""
+
+
+class Compiled(Protocol):
+    """What ``plan`` reads of a compiled spec (``headwise.pipeline.compile.Compiled``)."""
+
+    spec: Any
+    model: Any
+    objectives: list[Any]
+
+    @property
+    def task_names(self) -> tuple[str, ...]: ...
 
 # Role scores whose lever is another role's (TransformerLens variants measure the same role).
 ROLE_OF_SCORE = {**{r: r for r in ROLE_NAMES}, "previous_token_tl": "previous_token",
@@ -65,14 +86,23 @@ LAMBDA_MAX = 16.0
 P_MAX = 0.5  # highest stochastic-ablation probability
 ABLATION_SCALE = 0.15  # ablation probability per unit of multiplier
 MARGIN = 0.05  # bounds levers aim past, so held-out data holds too
+# The lever of "H carries T" (``drop_at_least``), chosen by measurement (docs/benchmarks.md):
+# "others>margin": the other heads of H's layers stochastically ablated (H sufficient), then,
+# once that probability has reached P_MAX, the ablated-H hinge (H necessary) weighted by the
+# multiplier's excess; "others+margin" both from the start; "others", "margin" or "iit"
+# (interchange intervention) alone.
+DROP_LEVER = "others>margin"
+DROP_LEVERS = ("others", "margin", "others+margin", "others>margin", "iit")
 
 
 @dataclass
 class Lever:
-    """A clause's lever: ``objectives`` whose weight is ``multiplier * scale``.
+    """A clause's lever: ``objectives`` whose weight is ``multiplier * scale`` (at most ``cap``).
 
     ``per_head`` (``any_of`` score clauses) maps each head to its own objective; only the head
-    chosen at the first evaluation point is driven.
+    chosen at the first evaluation point is driven. ``loss_weighted``: objectives among
+    ``objectives`` that are loss terms in an ablation lever (whose ``scale``/``cap`` turn the
+    multiplier into a probability): their weight is ``max(0, multiplier - loss_from)``.
     """
 
     kind: str
@@ -81,6 +111,8 @@ class Lever:
     scale: float = 1.0
     cap: float | None = None
     per_head: dict[str, Any] = field(default_factory=dict)
+    loss_weighted: list[Any] = field(default_factory=list)
+    loss_from: float = 0.0
 
 
 def _masked(compiled: Compiled) -> set[Head]:
@@ -101,7 +133,8 @@ def _others(clause: Clause, n_heads: int) -> list[Head]:
             if Head(l, h) not in mine]
 
 
-def _score_lever(compiled: Compiled, clause: Clause, hs: Any) -> Lever | None:
+def _score_lever(compiled: Compiled, clause: Clause, hs: Any,
+                 probes: ProbeSampler | None) -> Lever | None:
     role = ROLE_OF_SCORE.get(clause.score or "")
     heads = [h for h in clause.heads if h not in _masked(compiled)]
     if not heads:  # a structural mask fixes every head's pattern: nothing to drive
@@ -109,14 +142,14 @@ def _score_lever(compiled: Compiled, clause: Clause, hs: Any) -> Lever | None:
     if role is None:
         return None
     tag = f"[{clause.path}]"
-    on = _probe_sampler(compiled, clause)
+    on = _probe_sampler(compiled, clause, probes)
     where = f" on {clause.on}-like batches" if on is not None else ""
     if clause.at_least is not None and role in TARGET_ROLES:
         lever = Lever("pattern", f"pattern objective ({role}, ce) on {_names(heads)}{where}")
         for h in heads:
+            name = f"enforce:{role}[{h}]{tag}"
             obj = _add(compiled, _on(compiled, PatternObjective(
-                compiled.model, hs(h), role, kind="ce"), f"enforce:{role}[{h}]{tag}", on),
-                f"enforce:{role}[{h}]{tag}")
+                compiled.model, hs(h), role, kind="ce"), name, on), name)
             lever.per_head[str(h)] = obj
             lever.objectives.append(obj)
         return lever
@@ -130,50 +163,81 @@ def _score_lever(compiled: Compiled, clause: Clause, hs: Any) -> Lever | None:
     return Lever("bound", f"row-wise {role} bound {bounds} on {_names(heads)}{where}", [obj])
 
 
-def _probe_sampler(compiled: Compiled, clause: Clause) -> Callable[[int], Batch] | None:
-    """Draws batches like the clause's probe (``None``: the clause is measured on held-out
-    task data, so the training batches are already drawn like it)."""
-    spec = compiled.spec
+def _probe_sampler(compiled: Compiled, clause: Clause,
+                   probes: ProbeSampler | None) -> Callable[[int, int], Batch] | None:
+    """Draws examples like the clause's probe (``None``: the clause is measured on held-out
+    task data, so the training batches are already drawn like it).
+
+    Raises:
+        ValueError: the clause is measured on a probe and no ``probes`` sampler was given.
+    """
     if clause.on is None or clause.on == "default" or clause.on in compiled.task_names:
         return None
-    n = spec.train.batch_size
-    declared = {p.name: p for p in spec.probes}
-    if clause.on in declared:
-        probe = dataclasses.replace(declared[clause.on], examples=n)
-        return lambda seed: declared_probe(spec, probe, torch.Generator().manual_seed(seed))
-    half = default_half_len(spec.data)
-    return lambda seed: repeated_probe(spec, half, n, torch.Generator().manual_seed(seed))
+    if probes is None:
+        raise ValueError(f"plan: {clause.path} is measured on probe {clause.on!r}; pass "
+                         "probes= (headwise.pipeline.run.probe_sampler)")
+    on = clause.on
+    return lambda n, seed: probes(on, n, seed)
 
 
 def _on(compiled: Compiled, lever: Any, name: str,
-        sample: Callable[[int], Batch] | None) -> Any:
+        sample: Callable[[int, int], Batch] | None) -> Any:
     lever.name = name
     return lever if sample is None else OnProbeData(compiled.model, lever, sample)
 
 
+def _carry_parts(clause: Clause, ids: list[int], n_heads: int,
+                 drop_lever: str) -> list[tuple[str, list[Head], list[int]]]:
+    """The parts of a ``drop_at_least`` lever: (what, heads, tasks) per ``drop_lever``.
+
+    Raises:
+        ValueError: ``drop_lever`` is not one of ``DROP_LEVERS``.
+    """
+    if drop_lever not in DROP_LEVERS:
+        raise ValueError(f"DROP_LEVER: got {drop_lever!r}, expected one of {DROP_LEVERS}")
+    others = _others(clause, n_heads)
+    parts: list[tuple[str, list[Head], list[int]]] = []
+    if "others" in drop_lever and others:
+        parts.append(("others", others, ids))
+    if "margin" in drop_lever:
+        parts.append(("margin", list(clause.heads), ids))
+    if drop_lever == "iit":
+        parts.append(("iit", list(clause.heads), ids))
+    return parts
+
+
+_LEVER_CLASS = {"others": StochasticAblation, "self": StochasticAblation,
+                "margin": AblatedMargin, "iit": Interchange}
+_LEVER_WORDS = {"others": "ablate {} on {} examples", "self": "ablate {} on {} examples",
+                "margin": "hinge on {}-ablated {} examples", "iit": "interchange {} on {} examples"}
+
+
 def _ablation_levers(compiled: Compiled, clause: Clause, hs: Any) -> Lever | None:
     names = list(compiled.task_names)
-    tag = f"[{clause.path}]"
-    parts: list[tuple[list[Head], list[int], str]] = []
     listed = list(clause.tasks) if clause.kind == "exclusive" else [clause.task or ""]
     ids = [names.index(t) for t in listed]
-    others = _others(clause, compiled.spec.n_heads)
-    if clause.at_least is not None and others:  # the tasks must depend on the clause's heads
-        parts.append((others, ids, "others"))
+    parts: list[tuple[str, list[Head], list[int]]] = []
+    if clause.at_least is not None:  # the tasks must depend on the clause's heads
+        parts += _carry_parts(clause, ids, compiled.spec.n_heads, DROP_LEVER)
     rest = [i for i in range(len(names)) if i not in ids]
     if clause.kind == "exclusive" and rest:  # the other tasks must not need them
-        parts.append((list(clause.heads), rest, "self"))
+        parts.append(("self", list(clause.heads), rest))
     if clause.kind == "ablation" and clause.at_most is not None:
-        parts.append((list(clause.heads), ids, "self"))
+        parts.append(("self", list(clause.heads), ids))
     if not parts:
         return None
+    staged = DROP_LEVER == "others>margin" and parts[0][0] == "others"
     lever = Lever("ablation", "; ".join(
-        f"ablate {_names(heads)} on {[names[i] for i in tasks]} examples"
-        for heads, tasks, _ in parts), scale=ABLATION_SCALE, cap=P_MAX)
-    for heads, tasks, which in parts:
-        lever.objectives.append(_add(compiled, StochasticAblation(compiled.model, hs(heads),
-                                                                  tasks), f"enforce:ablate-"
-                                     f"{which}[{_names(heads)}]{tag}"))
+        _LEVER_WORDS[what].format(_names(heads), [names[i] for i in tasks])
+        for what, heads, tasks in parts), scale=ABLATION_SCALE, cap=P_MAX,
+        loss_from=P_MAX / ABLATION_SCALE if staged else 0.0)  # after p saturates
+    for what, heads, tasks in parts:
+        name = f"enforce:{'ablate-' if what in ('others', 'self') else ''}{what}" \
+               f"[{_names(heads)}][{clause.path}]"
+        obj = _add(compiled, _LEVER_CLASS[what](compiled.model, hs(heads), tasks), name)
+        if what in ("margin", "iit"):
+            lever.loss_weighted.append(obj)  # a loss term: weight = multiplier, not a probability
+        lever.objectives.append(obj)
     return lever
 
 
@@ -192,9 +256,17 @@ def _names(heads: Any) -> str:
     return ",".join(str(h) for h in heads)
 
 
-def plan(compiled: Compiled, contract: Contract) -> dict[int, Lever | None]:
+def plan(compiled: Compiled, contract: Contract,
+         probes: ProbeSampler | None = None) -> dict[int, Lever | None]:
     """Each clause's lever (``None``: no lever can move it), adding the lever objectives to
-    ``compiled.objectives`` at weight 0. Call before ``train()``."""
+    ``compiled.objectives`` at weight 0. Call before ``train()``.
+
+    Args:
+        compiled: the compiled spec (its model, objectives, task names).
+        contract: the contract to plan for.
+        probes: draws examples like a named probe, for score clauses measured ``on`` one
+            (needed only when a clause is).
+    """
     def hs(heads: Any) -> HeadSet:
         items = [heads] if isinstance(heads, Head) else list(heads)
         return HeadSet(items, contract.n_layers, contract.n_heads)
@@ -202,7 +274,7 @@ def plan(compiled: Compiled, contract: Contract) -> dict[int, Lever | None]:
     out: dict[int, Lever | None] = {}
     for clause in contract:
         if clause.kind == "score":
-            out[clause.index] = _score_lever(compiled, clause, hs)
+            out[clause.index] = _score_lever(compiled, clause, hs, probes)
         elif clause.kind in ("ablation", "exclusive"):
             out[clause.index] = _ablation_levers(compiled, clause, hs)
         else:
@@ -257,38 +329,45 @@ class Enforcer:
     levers: dict[int, Lever | None]
     eta: float = ETA
     lambda_max: float = LAMBDA_MAX
-    last_result: ContractResult | None = field(default=None, repr=False)
 
     def __call__(self, state: TrainState) -> None:
         record = state.extra.setdefault("enforce", {"history": [], "multipliers": {},
                                                     "chosen": {}, "clauses": {}})
         result = verify(state.model, self.contract, self.data)
-        self.last_result = result
         lambdas = record["multipliers"]
         floors_fail = any(not r.passed and r.clause.kind == "task" for r in result.results)
+        violations = {str(r.clause.index): violation(r) for r in result.results}
+        levered = [r for r in result.results if self.levers.get(r.clause.index) is not None]
+        self.dual_step(lambdas, {str(r.clause.index): violations[str(r.clause.index)]
+                                 for r in levered},
+                       {str(r.clause.index) for r in levered if r.clause.kind == "task"},
+                       floors_fail)
+        for r in levered:
+            key = str(r.clause.index)
+            self._apply(self.levers[r.clause.index], lambdas[key], r,  # type: ignore[arg-type]
+                        record["chosen"], key)
         point: dict[str, Any] = {"step": state.step, "passed": result.passed, "clauses": {}}
         for r in result.results:
             key = str(r.clause.index)
-            v = violation(r)
-            lam = float(lambdas.get(key, 0.0))
-            lever = self.levers.get(r.clause.index)
-            if lever is not None:
-                if floors_fail and r.clause.kind != "task":
-                    lam *= 0.5  # task floors first: the other levers back off
-                lam = min(max(lam + self.eta * v, 0.0), self.lambda_max)
-                lambdas[key] = lam
-                self._apply(lever, lam, r, record["chosen"], key)
-            entry = record["clauses"].setdefault(key, _entry(r.clause, lever))
-            entry["held_at"] = (entry["held_at"] or state.step) if r.passed else None
-            if not r.passed:
-                entry["failed_evals"] += 1
-                entry["first_failed_at"] = entry["first_failed_at"] or state.step
-            point["clauses"][key] = {"measured": r.measured, "violation": v,
+            _track(record["clauses"].setdefault(key, _entry(r.clause, self.levers.get(
+                r.clause.index))), r.passed, state.step)
+            point["clauses"][key] = {"measured": r.measured, "violation": violations[key],
                                      "multiplier": lambdas.get(key), "passed": r.passed}
         record["history"].append(point)
         if result.passed:
             record["held_at"] = state.step
             state.stop = True
+
+    def dual_step(self, lambdas: dict[str, float], violations: dict[str, float],
+                  floors: set[str], floors_fail: bool) -> None:
+        """Projected dual ascent, in place: ``lambdas[k] <- clip(lambda_k + eta v_k, 0, max)``
+        for each levered clause ``k``; while a floor fails, the non-floor multipliers are
+        halved first (the other levers back off)."""
+        for key, v in violations.items():
+            lam = float(lambdas.get(key, 0.0))
+            if floors_fail and key not in floors:
+                lam *= 0.5  # task floors first: the other levers back off
+            lambdas[key] = min(max(lam + self.eta * v, 0.0), self.lambda_max)
 
     def _apply(self, lever: Lever, lam: float, result: ClauseResult,
                chosen: dict[str, str], key: str) -> None:
@@ -300,7 +379,16 @@ class Enforcer:
             pick = chosen.setdefault(key, result.decided_by or next(iter(lever.per_head)))
             targets = [lever.per_head[pick]] if pick in lever.per_head else targets
         for obj in targets:
-            obj.weight = weight
+            loss_term = any(obj is o for o in lever.loss_weighted)
+            obj.weight = max(0.0, lam - lever.loss_from) if loss_term else weight
+
+
+def _track(entry: dict[str, Any], passed: bool, step: int) -> None:
+    """Update a clause's entry: the step from which it holds, its failures."""
+    entry["held_at"] = (entry["held_at"] or step) if passed else None
+    if not passed:
+        entry["failed_evals"] += 1
+        entry["first_failed_at"] = entry["first_failed_at"] or step
 
 
 def _entry(clause: Clause, lever: Lever | None) -> dict[str, Any]:

@@ -52,6 +52,7 @@ CASES = [
     ("copy_prev_token", 0, "score at_least (previous_token)"),
     ("bracket_one_counter", 1, "score at_most (entropy)"),
     ("reverse_split", 1, "ablation drop_at_least"),
+    ("copy_carrier", 0, "ablation drop_at_least (a redundant pair)"),
     ("copy_sort_spare", 1, "ablation drop_at_most"),
     ("copy_sort_exclusive", 0, "exclusive"),
     ("sort_copy_floors", 0, "task floor (accuracy)"),

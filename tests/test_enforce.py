@@ -11,10 +11,15 @@ import torch
 
 from headwise.cli import main
 from headwise.control.objectives import PatternObjective, RoleBound
-from headwise.control.task_levers import OnProbeData, StochasticAblation
-from headwise.enforce import ETA, Enforcer, plan
+from headwise.control.task_levers import (
+    PROBE_POOL,
+    AblatedMargin,
+    OnProbeData,
+    StochasticAblation,
+)
+from headwise.enforce import ABLATION_SCALE, ETA, P_MAX, Enforcer, plan
 from headwise.pipeline import compile_spec
-from headwise.pipeline.run import contract_of, verify_data
+from headwise.pipeline.run import contract_of, probe_sampler, verify_data
 from headwise.runspec import load_spec
 
 # One layer, two heads, the copy task. Nothing asks L0.H1 to be a previous-token head, so a
@@ -121,14 +126,18 @@ contract:
     assert set(levers[1].per_head) == {"L1.H0", "L1.H1", "L1.H2", "L1.H3"}  # type: ignore[union-attr]
     (bound,) = levers[2].objectives  # type: ignore[union-attr]
     assert isinstance(bound, RoleBound) and (bound.role, bound.max) == ("self", 0.25)
-    (carry,) = levers[5].objectives  # type: ignore[union-attr]
-    assert isinstance(carry, StochasticAblation)
+    carry, need = levers[5].objectives  # type: ignore[union-attr]
+    assert isinstance(carry, StochasticAblation) and isinstance(need, AblatedMargin)
     assert [str(h) for h in carry.heads] == ["L1.H0", "L1.H2", "L1.H3"] and carry.task_ids == [0]
+    assert [str(h) for h in need.heads] == ["L1.H1"] and need.task_ids == [0]
+    assert levers[5].loss_weighted == [need]  # type: ignore[union-attr]
+    # The hinge starts once the others' ablation probability is at its cap.
+    assert levers[5].loss_from == pytest.approx(P_MAX / ABLATION_SCALE)  # type: ignore[union-attr]
     (spare,) = levers[6].objectives  # type: ignore[union-attr]
     assert [str(h) for h in spare.heads] == ["L1.H2"] and spare.task_ids == [1]
-    others, only = levers[7].objectives  # type: ignore[union-attr]
-    assert (others.task_ids, [str(h) for h in only.heads], only.task_ids) == (
-        [1], ["L1.H3"], [0])
+    others, need_h3, only = levers[7].objectives  # type: ignore[union-attr]
+    assert (others.task_ids, need_h3.task_ids, [str(h) for h in only.heads], only.task_ids) == (
+        [1], [1], ["L1.H3"], [0])
     assert all(o.weight == 0.0 and o in compiled.objectives
                for lv in levers.values() if lv is not None for o in lv.objectives)
 
@@ -195,7 +204,7 @@ contract:
   - {any_of: L1.*, score: induction, at_least: 0.5, "on": induction}
 """)
     compiled = compile_spec(spec)
-    levers = plan(compiled, contract_of(spec))
+    levers = plan(compiled, contract_of(spec), probe_sampler(spec))
     on_probe = levers[0].per_head["L1.H0"]  # type: ignore[union-attr]
     on_task = levers[1].per_head["L1.H0"]  # type: ignore[union-attr]
     assert isinstance(on_probe, OnProbeData) and isinstance(on_task, PatternObjective)
@@ -206,14 +215,19 @@ contract:
     on_probe.weight = 1.0
     seen = []
     inner = on_probe.sample
-    on_probe.sample = lambda seed: seen.append(inner(seed)) or seen[-1]  # type: ignore[method-assign]
+    on_probe.sample = lambda n, seed: seen.append(inner(n, seed)) or seen[-1]  # type: ignore[method-assign]
     on_probe.prepare(batch)
     term, logs = on_probe.loss(batch.tokens)
-    (probe,) = seen
-    content = probe.tokens[:, 1:]  # [BOS, period-9 content]: the probe's generator
-    assert probe.tokens.shape == (8, 20) and all(
+    (pool,) = seen  # drawn once: PROBE_POOL batches of the probe's generator
+    content = pool.tokens[:, 1:]  # [BOS, period-9 content]
+    assert pool.tokens.shape == (PROBE_POOL * 8, 20) and all(
         torch.equal(r[9:], r[:-9]) for r in content)
     assert float(term.detach()) > 0
     assert list(logs) == ["enforce:induction[L1.H0][contract[0]]/L1.H0"]
+    # The rows used are rows of the pool picked by hashing the training rows: the same batch
+    # picks the same rows (the same term), and no second pool is drawn.
     on_probe.prepare(batch)
-    assert torch.equal(seen[1].tokens, probe.tokens)  # seeded by the training batch
+    again, _ = on_probe.loss(batch.tokens)
+    assert len(seen) == 1 and torch.equal(again.detach(), term.detach())
+    rows = on_probe._rows(batch)
+    assert all(any(torch.equal(r, p) for p in pool.tokens) for r in rows.tokens)

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from headwise.enforce import measured_on, plan
     from headwise.pipeline import compile_spec
-    from headwise.pipeline.run import contract_of
+    from headwise.pipeline.run import contract_of, probe_sampler
     from headwise.runspec import SpecError, load_spec
 
     spec = load_spec(args.spec)
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("contract: missing; expected a list of clauses to plan for")
     compiled = compile_spec(spec)
     contract = contract_of(spec)
-    levers = plan(compiled, contract)
+    levers = plan(compiled, contract, probe_sampler(spec))
     table = Table(title=f"enforcement plan: {args.spec}")
     for col in ("#", "clause", "kind", "bound", "measured on", "lever", "start weight"):
         table.add_column(col)

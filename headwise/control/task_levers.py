@@ -1,4 +1,4 @@
-"""Levers that act per task: stochastic head ablation on a task's examples, and task loss weight.
+"""Levers that act per task: head ablation on a task's examples, interchange, task loss weight.
 
 These are the differentiable levers behind a contract's task-level clauses
 (``headwise.enforce``); they follow the trainer's ``Objective`` protocol, plus ``prepare(batch)``
@@ -8,18 +8,30 @@ which the trainer calls before each forward so a lever knows each example's task
   independently with probability ``weight`` (= p), the heads' outputs (``hook_z``) are zeroed for
   that forward. Training under this noise makes the tasks *not need* those heads ("T does not
   need H", an ablation ``drop_at_most`` clause); ablating the *other* heads of H's layer makes
-  the tasks depend on H ("H carries T", ``drop_at_least``): dropout on heads, by task.
+  H *sufficient* for the tasks: dropout on heads, by task.
+- ``AblatedMargin(model, heads, tasks)``: makes the tasks *need* the heads ("H carries T", a
+  ``drop_at_least`` clause): a second forward with the heads zeroed, and a multiclass hinge on
+  its logits, ``relu(delta + z_target - max_{j != target} z_j)`` per scored position, which is
+  zero exactly where the ablated model predicts a wrong token by a margin ``delta``. The clause
+  measures the ablated accuracy, the share of positions with ``z_target > max_j z_j``; the hinge
+  is its convex surrogate, and unlike ``-CE`` its gradient does not vanish when the ablated
+  model is confidently right.
+- ``Interchange(model, heads, tasks)``: interchange-intervention training (IIT, Geiger et al.
+  2022): a second forward where the heads' outputs come from another example of the same task
+  (the previous row of the batch), trained to predict *that* example's targets. Measured
+  against the two above on the suite (docs/benchmarks.md) and not used by ``headwise.enforce``.
 - ``TaskLossWeight(model, task, weight)``: adds ``weight x`` the mean cross-entropy of one
   task's examples in the batch, raising that task's share of the loss (the lever of a task
   floor: the task is never traded away for another clause).
 
-The random draws are a pure function of the batch's tokens (hashed), so training stays
-bitwise reproducible and an interrupted run resumes exactly. Both return a zero loss term when a
-batch has none of their task's examples.
+The random draws are a pure function of each example's tokens, hashed on the tokens' device
+(``row_uniforms``), so training stays bitwise reproducible, an interrupted run resumes exactly,
+and no lever reads a value back to the host during a training step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any
 
@@ -31,13 +43,55 @@ from headwise.control._common import as_headset
 from headwise.hooks.hook_point import Hook, HookContext
 
 IGNORE = -100
+_PRIME = 2_147_483_629  # below 2**31: every product of two residues fits in int64
+MARGIN_DELTA = 1.0  # AblatedMargin: logit margin by which the ablated prediction must be wrong
+PROBE_POOL = 64  # OnProbeData: batches drawn once, rows picked per step by hash
 
 
-def _batch_seed(tokens: Tensor, salt: str) -> int:
-    """A seed derived from the batch's tokens (and the lever's name): same batch, same draw."""
-    digest = hashlib.blake2b(tokens.detach().cpu().numpy().tobytes(), digest_size=8,
-                             key=salt.encode()[:64]).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+def salt_of(name: str) -> int:
+    """A lever's salt (an int below the hash prime) from its name, computed once on the host."""
+    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % _PRIME
+
+
+def row_uniforms(tokens: Tensor, salt: int) -> Tensor:
+    """(B,) numbers in [0, 1): a pure function of each row of ``tokens`` (B, T) and ``salt``.
+
+    A polynomial hash of the row modulo a prime below 2**31, then two multiply-add-xorshift
+    rounds; all in int64 on the tokens' device, so no value returns to the host.
+    """
+    T = tokens.shape[1]
+    pos = torch.arange(1, T + 1, device=tokens.device, dtype=torch.int64)
+    w = (pos * 2_654_435_761 + salt) % _PRIME  # (T,) per-position weights
+    h = ((tokens.long() % _PRIME) * w % _PRIME).sum(1) % _PRIME  # (B,)
+    for a, c in ((1_103_515_245, 12_345), (69_069, salt)):
+        h = (h * a + c) % _PRIME
+        h = h ^ (h >> 7)
+    return (h % _PRIME).to(torch.float32) / _PRIME
+
+
+def _rows_of(task_ids: Tensor, tasks: list[int]) -> Tensor:
+    """(B,) bool: the rows whose task is one of ``tasks`` (on task_ids' device; comparisons with
+    Python ints, so no tensor is copied from the host)."""
+    mine = torch.zeros_like(task_ids, dtype=torch.bool)
+    for t in tasks:
+        mine |= task_ids == t
+    return mine
+
+
+def _zero_hooks(heads: Any, keep: Tensor | None = None) -> list[Hook]:
+    """Hooks zeroing ``heads``' outputs: on every row, or where ``keep`` (B,) is 0."""
+    def fn(z: Tensor, ctx: HookContext) -> Tensor:
+        if keep is None:
+            return torch.zeros_like(z)
+        return z * keep.to(dtype=z.dtype)[:, None, None, None]  # z: (B, T, h, Dh)
+    return [Hook(f"blocks.{l}.attn.hook_z", fn, heads.in_layer(l)) for l in heads.layers]
+
+
+def _check(what: str, heads: Any, task_ids: list[int]) -> list[int]:
+    if not len(heads) or not task_ids:
+        raise ValueError(f"{what}: expected at least one head and one task")
+    return sorted(set(task_ids))
 
 
 class StochasticAblation:
@@ -48,7 +102,7 @@ class StochasticAblation:
         heads: the heads ablated together (selector / HeadSet).
         task_ids: task indices whose examples are ablated.
         weight: the ablation probability per example, in [0, 1].
-        name: the lever's name (checkpoints store weights by name).
+        name: the lever's name (checkpoints store weights by name; it salts the draws).
 
     Raises:
         ValueError: an empty head set or task list, or ``weight`` outside [0, 1].
@@ -57,50 +111,159 @@ class StochasticAblation:
     def __init__(self, model: nn.Module, heads: Any, task_ids: list[int], weight: float = 0.0,
                  name: str = "ablate") -> None:
         self.heads = as_headset(model, heads, "heads")
-        if not len(self.heads) or not task_ids:
-            raise ValueError("StochasticAblation: expected at least one head and one task")
+        self.task_ids = _check("StochasticAblation", self.heads, task_ids)
         if not 0.0 <= weight <= 1.0:
             raise ValueError(f"StochasticAblation: weight got {weight}, expected a probability "
                              "in [0, 1]")
-        self.task_ids = sorted(set(task_ids))
         self.weight = float(weight)
         self.name = name
         self._keep: Tensor | None = None
 
     def prepare(self, batch: Any) -> None:
-        """Draw which examples of the batch are ablated in the coming forward."""
-        B = batch.tokens.shape[0]
+        """Draw which examples of the batch are ablated in the coming forward (on its device)."""
         p = min(max(self.weight, 0.0), 1.0)
         if p <= 0.0:
             self._keep = None
             return
-        gen = torch.Generator().manual_seed(_batch_seed(batch.tokens, self.name))
-        draw = torch.rand(B, generator=gen) < p
-        ids = batch.task_ids.detach().cpu()
-        mine = torch.zeros(B, dtype=torch.bool)
-        for t in self.task_ids:
-            mine |= ids == t
-        self._keep = (~(draw & mine)).to(torch.float32)  # (B,)
+        draw = row_uniforms(batch.tokens, salt_of(self.name)) < p  # (B,)
+        self._keep = (~(draw & _rows_of(batch.task_ids, self.task_ids))).to(torch.float32)
 
     def hooks(self) -> list[Hook]:
         def fn(z: Tensor, ctx: HookContext) -> Tensor:
             if self._keep is None:
                 return z
-            keep = self._keep.to(device=z.device, dtype=z.dtype)
-            return z * keep[:, None, None, None]  # z: (B, T, h, Dh)
+            return z * self._keep.to(dtype=z.dtype)[:, None, None, None]  # z: (B, T, h, Dh)
         return [Hook(f"blocks.{l}.attn.hook_z", fn, self.heads.in_layer(l))
                 for l in self.heads.layers]
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
         """No loss term of its own (it acts on the forward); logs the share ablated."""
-        share = torch.zeros(()) if self._keep is None else 1.0 - self._keep.mean()  # CPU draw
+        zero = torch.zeros((), device=tokens.device)
+        share = zero if self._keep is None else 1.0 - self._keep.mean()
         self._keep = None
-        return torch.zeros((), device=tokens.device), {f"{self.name}/ablated": share}
+        return zero, {f"{self.name}/ablated": share}
+
+
+class _SecondForward:
+    """Shared by the levers that run the model a second time on the training batch."""
+
+    def __init__(self, what: str, model: nn.Module, heads: Any, task_ids: list[int],
+                 weight: float, name: str) -> None:
+        self.model = model
+        self.heads = as_headset(model, heads, "heads")
+        self.task_ids = _check(what, self.heads, task_ids)
+        self.weight = float(weight)
+        self.name = name
+        self._batch: Any = None
+
+    def prepare(self, batch: Any) -> None:
+        self._batch = batch if self.weight > 0.0 else None  # no second forward at weight 0
+
+    def _run(self, batch: Any, hooks: list[Hook]) -> Tensor:
+        with self.model.hooks(*hooks):  # type: ignore[operator]
+            out: Tensor = self.model(batch.tokens, attention_mask=batch.attention_mask,
+                                     task_ids=batch.task_ids)
+        return out  # (B, T, V)
+
+    def _idle(self, tokens: Tensor, key: str) -> tuple[Tensor, dict[str, Tensor]]:
+        zero = torch.zeros((), device=tokens.device)
+        return zero, {f"{self.name}/{key}": zero}
+
+
+class AblatedMargin(_SecondForward):
+    """``weight x`` the mean hinge ``relu(delta + z_y - max_{j != y} z_j)`` of the model with
+    ``heads`` zeroed, over the scored positions of ``tasks``' examples (see module docstring).
+
+    Args:
+        model: a headwise Transformer.
+        heads: the heads the tasks must need (zeroed together in the second forward).
+        task_ids: task indices whose examples are scored.
+        weight: the term's weight (0: no second forward).
+        name: the lever's name.
+        delta: the logit margin.
+    """
+
+    def __init__(self, model: nn.Module, heads: Any, task_ids: list[int], weight: float = 0.0,
+                 name: str = "ablated-margin", delta: float = MARGIN_DELTA) -> None:
+        super().__init__("AblatedMargin", model, heads, task_ids, weight, name)
+        self.delta = float(delta)
+
+    def hooks(self) -> list[Hook]:
+        return []
+
+    def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
+             ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The weighted hinge; logs the ablated accuracy on the scored positions."""
+        batch, self._batch = self._batch, None
+        if batch is None:
+            return self._idle(tokens, "ablated_accuracy")
+        logits = self._run(batch, _zero_hooks(self.heads)).float()  # (B, T, V)
+        valid = (batch.targets != IGNORE) & _rows_of(batch.task_ids, self.task_ids)[:, None]
+        y = batch.targets.clamp_min(0)[..., None]  # (B, T, 1)
+        z_y = logits.gather(-1, y)[..., 0]  # (B, T)
+        best_other = logits.scatter(-1, y, float("-inf")).amax(-1)  # (B, T)
+        n = valid.sum().clamp_min(1)
+        hinge = (torch.relu(self.delta + z_y - best_other) * valid).sum() / n
+        right = ((z_y > best_other) & valid).sum() / n
+        return self.weight * hinge, {f"{self.name}/ablated_accuracy": right.detach()}
+
+
+class Interchange(_SecondForward):
+    """IIT (Geiger et al. 2022): ``heads``' outputs taken from the previous row of the batch,
+    ``weight x`` the cross-entropy against *that* row's targets, on ``tasks``' rows whose
+    previous row is of the same task and on positions both rows score.
+
+    Args:
+        model: a headwise Transformer.
+        heads: the heads whose outputs are interchanged (together).
+        task_ids: task indices whose examples are trained this way.
+        weight: the term's weight (0: no second forward).
+        name: the lever's name.
+    """
+
+    def __init__(self, model: nn.Module, heads: Any, task_ids: list[int], weight: float = 0.0,
+                 name: str = "interchange") -> None:
+        super().__init__("Interchange", model, heads, task_ids, weight, name)
+        self._z: dict[int, Tensor] = {}
+
+    def hooks(self) -> list[Hook]:
+        def grab(layer: int) -> Any:
+            def fn(z: Tensor, ctx: HookContext) -> None:
+                if self._batch is not None:
+                    self._z[layer] = z  # (B, T, h, Dh), with gradient: the source run
+            return fn
+        return [Hook(f"blocks.{l}.attn.hook_z", grab(l), self.heads.in_layer(l))
+                for l in self.heads.layers]
+
+    def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
+             ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The weighted interchange cross-entropy; logs the interchange accuracy."""
+        batch, self._batch = self._batch, None
+        sources, self._z = self._z, {}
+        if batch is None or not sources:
+            return self._idle(tokens, "interchange_accuracy")
+        def put(layer: int) -> Any:
+            return lambda z, ctx: sources[layer].roll(1, 0)  # row b gets row b-1's outputs
+        logits = self._run(batch, [Hook(f"blocks.{l}.attn.hook_z", put(l),
+                                        self.heads.in_layer(l)) for l in self.heads.layers])
+        ids = batch.task_ids
+        same = (ids.roll(1, 0) == ids) & _rows_of(ids, self.task_ids)  # (B,)
+        src = batch.targets.roll(1, 0)
+        valid = (src != IGNORE) & (batch.targets != IGNORE) & same[:, None]
+        n = valid.sum().clamp_min(1)
+        ce = F.cross_entropy(logits.float().transpose(1, 2), src.masked_fill(~valid, IGNORE),
+                             ignore_index=IGNORE, reduction="sum") / n
+        right = ((logits.argmax(-1) == src) & valid).sum() / n
+        return self.weight * ce, {f"{self.name}/interchange_accuracy": right.detach()}
 
 
 class TaskLossWeight:
     """``weight x`` mean cross-entropy of one task's examples: extra weight on that task.
+
+    Under Adam the update is nearly invariant to a common scale of the whole loss, so raising
+    *every* task's weight together changes little by itself; what it does change is the task
+    loss's share against the other levers' terms (see docs/levers.md, "Task floors").
 
     Args:
         model: a headwise Transformer (its ``hook_logits`` is read).
@@ -135,27 +298,28 @@ class TaskLossWeight:
                                "`with model.hooks(*lever.hooks())` first")
         rows = batch.task_ids.to(logits.device) == self.task_id  # (B,)
         targets = batch.targets.to(logits.device).masked_fill(~rows[:, None], IGNORE)
-        valid = targets != IGNORE
-        if not bool(valid.any()):
-            return logits.sum() * 0.0, {f"{self.name}/loss": torch.zeros((), device=logits.device)}
+        n = (targets != IGNORE).sum().clamp_min(1)  # no branch on the count: no host sync
         ce = F.cross_entropy(logits.float().transpose(1, 2), targets, ignore_index=IGNORE,
-                             reduction="sum") / valid.sum()
+                             reduction="sum") / n
         return self.weight * ce, {f"{self.name}/loss": ce.detach()}
 
 
 class OnProbeData:
-    """Run a pattern lever on its own batches, drawn like a probe, instead of the training batch.
+    """Run a pattern lever on batches drawn like a probe, instead of the training batch.
 
     A score clause measured ``on`` a probe (``repeated``, or a declared one) is enforced on data
-    drawn by that probe's generator: before each training forward, ``prepare`` draws a fresh
-    batch (seeded from the training batch's tokens, so never the verification examples, and
-    reproducible on resume), runs the model on it with only the inner lever's hooks, and keeps
-    the inner lever's loss; ``loss`` returns it. No forward runs while ``weight`` is 0.
+    drawn by that probe's generator: at the first step where ``weight`` > 0, ``sample(n, seed)``
+    draws a pool of ``PROBE_POOL x B`` examples (seeded from the lever's name: never the
+    verification examples, and the same pool after a resume) onto the training device; before
+    each training forward, ``prepare`` picks B rows of the pool by hashing the training batch's
+    rows (``row_uniforms``, on the device), runs the model on them with only the inner lever's
+    hooks and keeps the inner lever's loss; ``loss`` returns it. No forward runs while
+    ``weight`` is 0.
 
     Args:
         model: a headwise Transformer.
         inner: a pattern lever (``PatternObjective``, ``RoleBound``) on the clause's heads.
-        sample: ``fn(seed) -> Batch`` drawing the probe-like batch.
+        sample: ``fn(n, seed) -> Batch`` drawing ``n`` probe-like examples.
     """
 
     def __init__(self, model: nn.Module, inner: Any, sample: Any) -> None:
@@ -164,6 +328,7 @@ class OnProbeData:
         self.sample = sample
         self.name = inner.name
         self._term: tuple[Tensor, dict[str, Tensor]] | None = None
+        self._pool: Any = None
 
     @property
     def weight(self) -> float:
@@ -173,13 +338,23 @@ class OnProbeData:
     def weight(self, value: float) -> None:
         self.inner.weight = float(value)
 
+    def _rows(self, batch: Any) -> Any:
+        B = batch.tokens.shape[0]
+        if self._pool is None or self._pool.tokens.shape[0] != PROBE_POOL * B:
+            device = batch.tokens.device
+            self._pool = self.sample(PROBE_POOL * B, salt_of(self.name)).to(device)
+        n = self._pool.tokens.shape[0]
+        idx = (row_uniforms(batch.tokens, salt_of(self.name)) * n).long().clamp_max(n - 1)
+        pool = self._pool
+        mask = None if pool.attention_mask is None else pool.attention_mask[idx]
+        return dataclasses.replace(pool, tokens=pool.tokens[idx], targets=pool.targets[idx],
+                                   attention_mask=mask, task_ids=pool.task_ids[idx])
+
     def prepare(self, batch: Any) -> None:
         self._term = None
         if self.weight <= 0.0:
             return
-        probe = self.sample(_batch_seed(batch.tokens, self.name))
-        device = next(self.model.parameters()).device
-        probe = probe.to(device)
+        probe = self._rows(batch)
         with self.model.hooks(*self.inner.hooks()):  # type: ignore[operator]
             self.model(probe.tokens, attention_mask=probe.attention_mask,
                        task_ids=probe.task_ids)

@@ -24,15 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from headwise.analysis.contract import Contract
 from headwise.analysis.verify import ContractResult, VerifyData, verify
 from headwise.data import Batch
 from headwise.errors import CheckpointError, SpecError
 from headwise.memory import check_memory, training_bytes
 from headwise.pipeline.compile import Compiled, compile_spec
-from headwise.pipeline.probes import spec_probes
+from headwise.pipeline.probes import declared_probe, repeated_probe, spec_probes
 from headwise.runspec import Spec, load_spec, spec_from_dict
 from headwise.runspec.clauses import contract_from_list
+from headwise.runspec.probes import default_half_len
 from headwise.runspec.yaml_io import parse_yaml, read_spec_text
 from headwise.training import TrainResult, clean_checkpoints, list_checkpoints, train
 from headwise.training.device import check_device_name, model_device, place, resolve_device
@@ -62,6 +65,18 @@ def contract_of(spec: Spec) -> Contract:
     """The spec's contract as a ``Contract`` (already validated by ``load_spec``)."""
     return contract_from_list(list(spec.contract), spec.n_layers, spec.n_heads,
                               list(spec.data.names))
+
+
+def probe_sampler(spec: Spec) -> Callable[[str, int, int], Batch]:
+    """``fn(probe, n, seed)``: ``n`` examples drawn like a named probe (``repeated`` or a
+    declared one) from ``seed``: the data of a lever for a score clause measured on a probe."""
+    def sample(name: str, n: int, seed: int) -> Batch:
+        gen = torch.Generator().manual_seed(seed)
+        declared = {p.name: p for p in spec.probes}
+        if name in declared:
+            return declared_probe(spec, dataclasses.replace(declared[name], examples=n), gen)
+        return repeated_probe(spec, default_half_len(spec.data), n, gen)
+    return sample
 
 
 def verify_data(compiled: Compiled) -> VerifyData:
@@ -247,7 +262,7 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     data = verify_data(compiled)  # on the training device: enforcement verifies mid-run
     callbacks: list[Callable[[Any], None]] = []
     if enforce:
-        levers = plan(compiled, contract)
+        levers = plan(compiled, contract, probe_sampler(spec))
         missing = [c for c in contract if levers.get(c.index) is None]
         if missing and not allow_unenforced:
             c = missing[0]

@@ -7,9 +7,16 @@ import torch
 import torch.nn.functional as F
 
 from headwise.control.objectives import RoleBound
-from headwise.control.task_levers import StochasticAblation, TaskLossWeight
+from headwise.control.task_levers import (
+    AblatedMargin,
+    Interchange,
+    OnProbeData,
+    StochasticAblation,
+    TaskLossWeight,
+    row_uniforms,
+)
 from headwise.data import Batch
-from headwise.hooks import ablate
+from headwise.hooks import ablate, patch
 from headwise.patterns import role_target, row_scores
 from tests.control.conftest import make
 
@@ -75,3 +82,131 @@ def test_role_bound_penalises_the_role_mass_above_the_bound() -> None:
     rows = target.rows
     assert float(term.detach()) == pytest.approx(float(torch.relu(s - 0.1)[rows].mean()), rel=1e-5)
     assert logs["bound:self/L0.H1"] == pytest.approx(float(s[rows].mean()), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_raising_every_tasks_loss_weight_together_barely_moves_adamw() -> None:
+    """Under Adam(W) a common scale of the loss cancels (m / sqrt(v)), so TaskLossWeight on
+    every task of a mixture at once changes little, while the same weight on one task trades
+    the other away (docs/levers.md, "Task floors")."""
+    from headwise.pipeline import compile_spec
+    from headwise.runspec import load_spec
+    from headwise.training import train
+
+    spec = load_spec("""
+model: {n_layers: 1, n_heads: 2, d_model: 32, vocab_size: 14, max_seq_len: 11}
+data: {tasks: {copy: {length: 4}, sort: {length: 4}}}
+train: {steps: 150, batch_size: 32, lr: 3.0e-3, eval_every: 0, seed: 0, grad_clip: 0}
+""")
+
+    def params_after(weights: dict[int, float]) -> torch.Tensor:
+        c = compile_spec(spec)
+        objs = [TaskLossWeight(c.model, t, w, name=f"w{t}") for t, w in weights.items()]
+        train(c.model, c.data, spec.train, objectives=objs, progress=False)
+        return torch.cat([p.detach().flatten() for p in c.model.parameters()])
+
+    plain = params_after({})
+    def moved(weights: dict[int, float]) -> float:
+        return float((params_after(weights) - plain).norm() / plain.norm())
+    both, copy_only, sort_only = moved({0: 8.0, 1: 8.0}), moved({0: 8.0}), moved({1: 8.0})
+    assert both < 0.5 * min(copy_only, sort_only)
+
+
+def test_ablated_margin_is_the_multiclass_hinge_of_the_model_with_the_heads_zeroed() -> None:
+    model, batch = make(), _batch()
+    lever = AblatedMargin(model, "L0.H1,L1.H3", task_ids=[0, 2], weight=2.0, delta=0.5)
+    _, (term, logs) = _forward(model, lever, batch)
+    with model.hooks(ablate(model, "L0.H1,L1.H3")):
+        ref = model(batch.tokens, task_ids=batch.task_ids)
+    hinges, right = [], []
+    for b in range(12):  # explicit loops: the clause's positions, one by one
+        if int(batch.task_ids[b]) not in (0, 2):
+            continue
+        for t in range(9):
+            y = int(batch.targets[b, t])
+            if y < 0:
+                continue
+            row = ref[b, t].detach()
+            other = max(float(row[j]) for j in range(23) if j != y)
+            hinges.append(max(0.0, 0.5 + float(row[y]) - other))
+            right.append(float(row[y]) > other)
+    assert float(term.detach()) == pytest.approx(2.0 * sum(hinges) / len(hinges), rel=1e-5)
+    assert float(logs["ablated-margin/ablated_accuracy"]) == pytest.approx(
+        sum(right) / len(right))
+    term.backward()  # the gradient reaches the other heads, never the zeroed ones
+    q = model.blocks[1].attn.o_proj.weight.grad  # (D, H*Dh): input columns per head
+    assert q is not None and float(q[:, 3 * 6:].abs().sum()) == 0.0
+    assert float(q[:, :3 * 6].abs().sum()) > 0.0
+    lever.weight = 0.0  # no second forward, a zero term
+    _, (off, _) = _forward(model, lever, batch)
+    assert float(off) == 0.0
+
+
+def test_interchange_is_patching_the_heads_from_the_previous_row() -> None:
+    model, batch = make(), _batch()
+    lever = Interchange(model, "L0.H2,L1.H0", task_ids=[0, 1, 2], weight=1.0)
+    _, (term, _) = _forward(model, lever, batch)
+    src_tokens = batch.tokens.roll(1, 0)
+    names = ["blocks.0.attn.hook_z", "blocks.1.attn.hook_z"]
+    _, cache = model.run_with_cache(src_tokens, names, heads="L0.H2,L1.H0",
+                                    task_ids=batch.task_ids.roll(1, 0))
+    with model.hooks(patch(model, cache, "L0.H2,L1.H0")):
+        ref = model(batch.tokens, task_ids=batch.task_ids)
+    same = batch.task_ids.roll(1, 0) == batch.task_ids  # (B,): rows of one task (none here)
+    assert not bool(same.any())  # task ids 0,1,2,0,...: no row follows one of its own task
+    assert float(term.detach()) == 0.0
+    ids = torch.zeros(12, dtype=torch.long)  # one task: every row's source is of its task
+    one = type(batch)(batch.tokens, batch.targets, None, ids)
+    _, (term, _) = _forward(model, lever, one)
+    _, cache = model.run_with_cache(src_tokens, names, heads="L0.H2,L1.H0", task_ids=ids)
+    with model.hooks(patch(model, cache, "L0.H2,L1.H0")):
+        ref = model(batch.tokens, task_ids=ids)
+    src = batch.targets.roll(1, 0)
+    valid = (src != -100) & (batch.targets != -100)
+    expect = F.cross_entropy(ref[valid], src[valid])
+    assert float(term.detach()) == pytest.approx(float(expect.detach()), rel=1e-5)
+
+
+def test_row_uniforms_are_a_function_of_each_row_and_the_salt() -> None:
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 50, (4000, 7), generator=g)
+    u = row_uniforms(tokens, 17)
+    assert u.shape == (4000,) and float(u.min()) >= 0.0 and float(u.max()) < 1.0
+    assert torch.equal(row_uniforms(tokens.flip(0), 17), u.flip(0))  # per row
+    assert not torch.equal(row_uniforms(tokens, 18), u)
+    counts = torch.histc(u, bins=10, min=0.0, max=1.0)  # roughly uniform: 400 +- 5 sigma
+    assert float((counts - 400).abs().max()) < 5 * 400 ** 0.5
+
+
+def test_a_lever_step_reads_nothing_back_to_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """prepare, forward, loss and backward of every lever at a positive weight, with every
+    Tensor -> Python conversion raising (on a GPU each would synchronise with the host)."""
+    model, batch = make(), _batch()
+    probe = _batch()
+    levers = [StochasticAblation(model, "L1.H0", [1], 0.5, name="s"),
+              AblatedMargin(model, "L1.H1", [0], 1.0), Interchange(model, "L0.H0", [2], 1.0),
+              TaskLossWeight(model, 1, 2.0),
+              OnProbeData(model, RoleBound(model, "L0.H3", "self", max=0.2),
+                          lambda n, seed: type(probe)(*(x.repeat(n // 12, *[1] * (x.dim() - 1))
+                                                        for x in (probe.tokens, probe.targets)),
+                                                      None, probe.task_ids.repeat(n // 12)))]
+    levers[-1].weight = 1.0
+    for lever in levers:  # the probe pool is drawn on the host once, before the first step
+        if isinstance(lever, OnProbeData):
+            lever._rows(batch)
+
+    def host(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a lever read a tensor back to the host")
+    for name in ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__"):
+        monkeypatch.setattr(torch.Tensor, name, host)
+    for lever in levers:
+        lever.prepare(batch)
+    hooks = [h for lever in levers for h in lever.hooks()]
+    with model.hooks(*hooks):
+        logits = model(batch.tokens, task_ids=batch.task_ids)
+    total = logits.float().mean()
+    for lever in levers:
+        total = total + lever.loss(batch.tokens)[0]
+    total.backward()
+    monkeypatch.undo()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

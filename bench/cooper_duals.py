@@ -1,0 +1,162 @@
+"""Issue 10: the multiplier update by ``cooper-optim`` against headwise's own dual ascent.
+
+Every suite spec is trained with ``--enforce`` once per dual update, each run in its own
+subprocess with one torch thread, same seeds and budget. The primal side is the same in every
+run (the trainer minimises the task loss plus ``sum_c weight_c x lever_c``, the proxy-Lagrangian
+of Cotter et al. 2019: the lever loss is the differentiable surrogate); only the multiplier
+update at evaluation points differs, driven by the *measured* violation (cooper's
+``ConstraintState(violation, strict_violation)``: the dual Lagrangian uses the strict one):
+
+- ``own``: ``Enforcer.dual_step``, ``lambda <- clip(lambda + ETA v, 0, LAMBDA_MAX)`` in Python
+  floats;
+- ``cooper-sgd``: a cooper ``ConstrainedMinimizationProblem`` with one inequality
+  ``Constraint`` (``Lagrangian`` formulation, ``DenseMultiplier``) per levered clause, the dual
+  Lagrangian's gradient and ``torch.optim.SGD(lr=ETA, maximize=True)``, then cooper's
+  projection (``post_step_``) -- the same algorithm through the library;
+- ``cooper-nupi``: the same with cooper's ``nuPI`` controller (Sohrabi et al. 2024) as the dual
+  optimiser (``Ki=1``, ``Kp=KP``: ``lambda += ETA (v_t + Kp (v_t - v_{t-1}))``), what the
+  library adds over plain ascent.
+
+The floor rule (non-floor multipliers halved while a floor fails) and the cap ``LAMBDA_MAX`` are
+applied around cooper's step in both cooper variants. Needs the ``bench`` extra:
+``pip install -c constraints.txt -e ".[bench]"`` (cooper-optim; the torch pin holds).
+
+    python bench/cooper_duals.py [--duals own cooper-sgd cooper-nupi] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from contract_suite import SUITE, run_one  # noqa: E402
+
+DUALS = ("own", "cooper-sgd", "cooper-nupi")
+KP = 1.0
+
+
+def cooper_enforcer(base: Any, dual: str) -> Any:
+    """A subclass of ``headwise.enforce.Enforcer`` whose ``dual_step`` is cooper's."""
+    import cooper
+    import torch
+
+    class _ContractCMP(cooper.ConstrainedMinimizationProblem):
+        def __init__(self, keys: list[str]) -> None:
+            super().__init__()
+            for key in keys:
+                setattr(self, f"clause{key}", cooper.Constraint(
+                    constraint_type=cooper.ConstraintType.INEQUALITY,
+                    formulation_type=cooper.formulations.Lagrangian,
+                    multiplier=cooper.multipliers.DenseMultiplier(num_constraints=1)))
+
+        def compute_cmp_state(self, violations: dict[str, float]) -> cooper.CMPState:
+            return cooper.CMPState(loss=torch.zeros(()), observed_constraints={
+                getattr(self, f"clause{k}"): cooper.ConstraintState(
+                    violation=torch.tensor([v]), strict_violation=torch.tensor([v]))
+                for k, v in violations.items()})
+
+    class CooperEnforcer(base):  # type: ignore[misc, valid-type]
+        def dual_step(self, lambdas: dict[str, float], violations: dict[str, float],
+                      floors: set[str], floors_fail: bool) -> None:
+            if getattr(self, "_cmp", None) is None:
+                self._cmp = _ContractCMP(sorted(violations))
+                params = list(self._cmp.dual_parameters())
+                self._opt = (torch.optim.SGD(params, lr=self.eta, maximize=True)
+                             if dual == "cooper-sgd" else
+                             cooper.optim.nuPI(params, lr=self.eta, Kp=KP, Ki=1.0,
+                                               maximize=True))
+            named = {k: getattr(self._cmp, f"clause{k}").multiplier for k in violations}
+            with torch.no_grad():
+                for key, mult in named.items():
+                    if floors_fail and key not in floors:
+                        mult.weight.mul_(0.5)  # task floors first, as in ``own``
+            self._opt.zero_grad()
+            self._cmp.compute_cmp_state(violations).compute_dual_lagrangian().backward()
+            self._opt.step()
+            with torch.no_grad():
+                for key, mult in named.items():
+                    mult.post_step_()  # cooper's projection onto lambda >= 0
+                    mult.weight.clamp_(max=self.lambda_max)
+                    lambdas[key] = float(mult.weight[0])
+
+    return CooperEnforcer
+
+
+def worker(spec: Path, out: Path, dual: str) -> dict[str, Any]:
+    import headwise.enforce as enforce_mod
+
+    if dual != "own":
+        enforce_mod.Enforcer = cooper_enforcer(enforce_mod.Enforcer, dual)  # type: ignore[misc]
+    return run_one(spec, True, out, {})
+
+
+def spawn(spec: Path, dual: str, tmp: Path) -> dict[str, Any]:
+    out = tmp / f"{spec.stem}-{dual}"
+    cmd = [sys.executable, __file__, "--worker", str(spec), str(out), dual]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{spec.stem} ({dual}) failed:\n{proc.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _gap(rows: list[dict[str, Any]], dual: str) -> float:
+    """Largest |final multiplier - own's| over the suite's clauses (specs with both runs)."""
+    own = {r["spec"]: r["multipliers"] or {} for r in rows if r["dual"] == "own"}
+    gaps = [abs(v - own[r["spec"]][k]) for r in rows if r["dual"] == dual and r["spec"] in own
+            for k, v in (r["multipliers"] or {}).items()
+            if v is not None and own[r["spec"]].get(k) is not None]
+    return max(gaps, default=float("nan"))
+
+
+def summarise(rows: list[dict[str, Any]], duals: list[str]) -> list[str]:
+    lines = ["| dual update | clauses held | contracts held | steps (sum) | wall s (sum) "
+             "| in the Enforcer, s (sum) | max final multiplier gap to own |",
+             "|---|---|---|---|---|---|---|"]
+    for dual in duals:
+        mine = [r for r in rows if r["dual"] == dual]
+        held = sum(r["held"] for r in mine)
+        total = sum(r["n_clauses"] for r in mine)
+        whole = sum(r["held"] == r["n_clauses"] for r in mine)
+        lines.append(f"| {dual} | {held}/{total} | {whole}/{len(mine)} | "
+                     f"{sum(r['steps'] for r in mine)} | {sum(r['wall_s'] for r in mine):.1f} | "
+                     f"{sum(r['verify_s'] for r in mine):.1f} | {_gap(rows, dual):.2g} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duals", nargs="+", default=list(DUALS), choices=DUALS)
+    parser.add_argument("--only", nargs="+", default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(Path(args.worker[0]), Path(args.worker[1]), args.worker[2])))
+        return
+    specs = [s for s in sorted(SUITE.glob("*.yaml")) if not args.only or s.stem in args.only]
+    rows = []
+    lines = ["| spec | dual update | clauses held | steps (of) | wall s |", "|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for spec in specs:
+            for dual in args.duals:  # interleaved
+                res = {"dual": dual, **spawn(spec, dual, Path(tmp))}
+                rows.append(res)
+                lines.append(f"| {spec.stem} | {dual} | {res['held']}/{res['n_clauses']} | "
+                             f"{res['steps']} ({res['max_steps']}) | {res['wall_s']:.1f} |")
+                print(lines[-1], file=sys.stderr, flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    print("\n".join(lines + [""] + summarise(rows, args.duals)))
+
+
+if __name__ == "__main__":
+    main()
