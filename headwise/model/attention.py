@@ -9,9 +9,11 @@ Per head h (Vaswani et al. 2017)::
 
 The module picks its path itself: heads whose scores or pattern some attached hook asks for are
 computed explicitly (and exposed at ``hook_attn_scores`` / ``hook_pattern``); every other head
-runs through ``torch.nn.functional.scaled_dot_product_attention``. The fused call always covers
-all heads, so the outputs of heads that stay fused are the very same numbers whatever is
-requested; explicit heads then overwrite their slice.
+runs through ``torch.nn.functional.scaled_dot_product_attention``. With some heads explicit,
+q/k/v are gathered once into (fused heads, explicit heads) order, the fused kernel runs on the
+first group only and the explicit path on the second (no head is computed twice); the kernel
+computes each (example, head) on its own, so the outputs of heads that stay fused are the very
+same numbers whatever is requested (tested bit for bit).
 
 Optional slots installed by ``headwise.control`` (never set by the builder):
 ``head_mask`` (structural masks) and ``head_gate`` (task gates).
@@ -61,7 +63,9 @@ class Attention(nn.Module):
         self.head_mask: HeadMaskFn | None = None
         # (head mask, combined mask, rows with a key, SDPA mask) of the last padding-free call
         self._memo: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
-        self._index_memo: dict[tuple[tuple[int, ...], torch.device], tuple[Tensor, Tensor]] = {}
+        self._index_memo: dict[tuple[tuple[int, ...], torch.device],
+                               tuple[Tensor, Tensor, Tensor, Tensor]] = {}
+        self._rest_memo: tuple[Tensor, Tensor, Tensor, Tensor, tuple[int, ...]] | None = None
         self._explicit_memo: tuple[Any, Tensor | None, Tensor | None] | None = None
         self.head_gate: nn.Module | None = None
         self.hook_q = HookPoint(head_axis=2)  # (B, T, H, Dh)
@@ -129,14 +133,12 @@ class Attention(nn.Module):
 
         allowed = self._allowed(B, T, key_padding, task_ids, x.device)  # (B|1, H|1, T, T)|None
         explicit = self.explicit_heads()
-        z = None
-        if len(explicit) < H:
+        if not explicit:
             z = self._fused(q, k, v, allowed)  # (B, H, T, Dh)
-        if explicit:
-            z_exp = self._explicit(q, k, v, allowed, explicit)  # (B, h, T, Dh)
-            idx = self._head_index(explicit, x.device)[0]
-            z = z_exp if z is None else z.index_copy(1, idx, z_exp)
-        assert z is not None
+        elif len(explicit) == H:
+            z = self._explicit(q, *gqa_kv(k, v, self.group, masked=True)[:2], allowed, explicit)
+        else:
+            z = self._split(q, k, v, allowed, explicit)
         z = self.hook_z(z.transpose(1, 2))  # (B, T, H, Dh)
         if self.head_gate is not None:
             z = self.head_gate(z, task_ids)
@@ -169,15 +171,18 @@ class Attention(nn.Module):
                 self._memo = (head, allowed, row_ok, allowed | ~row_ok)
         return allowed
 
-    def _fused(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:
+    def _fused(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None,
+               group: int | None = None) -> Tensor:
         p = self.dropout if self.training else 0.0
-        k, v, gqa = gqa_kv(k, v, self.group, masked=allowed is not None)
+        k, v, gqa = gqa_kv(k, v, group or self.group, masked=allowed is not None)
         if allowed is None:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal,
                                                   enable_gqa=gqa)
         # A row with no allowed key would give NaN: let it attend everywhere, then zero it.
         if self._memo is not None and allowed is self._memo[1]:  # a fixed per-head mask:
             row_ok, sdpa_mask = self._memo[2], self._memo[3]  # computed once, not every step
+        elif self._rest_memo is not None and allowed is self._rest_memo[1]:
+            row_ok, sdpa_mask = self._rest_memo[2], self._rest_memo[3]
         else:
             row_ok = allowed.any(-1, keepdim=True)  # (B|1, H|1, T, 1)
             sdpa_mask = allowed | ~row_ok
@@ -185,15 +190,41 @@ class Attention(nn.Module):
                                            enable_gqa=gqa)
         return z * row_ok
 
-    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None,
+    def _split(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None,
+               explicit: tuple[int, ...]) -> Tensor:
+        """(B, H, T, Dh): the fused kernel on the heads not in ``explicit``, the explicit path on
+        those, in one gather of q/k/v into (fused heads, explicit heads) order and one gather
+        back. Each fused head's numbers are those of a fused call over all heads (the kernel
+        computes every (example, head) on its own; tested bit for bit)."""
+        order, kv_order, back, _ = self._head_index(explicit, q.device)
+        n = self.n_heads - len(explicit)
+        q, k, v = q.index_select(1, order), k.index_select(1, kv_order), v.index_select(1, kv_order)
+        rest = allowed
+        if allowed is not None and allowed.shape[1] > 1:
+            rest = self._rest_mask(allowed, explicit, order[:n])
+        z_fused = self._fused(q[:, :n], k[:, :n], v[:, :n], rest, group=1)
+        z_exp = self._explicit(q[:, n:], k[:, n:], v[:, n:], allowed, explicit)
+        return torch.cat([z_fused, z_exp], 1).index_select(1, back)
+
+    def _rest_mask(self, allowed: Tensor, explicit: tuple[int, ...], heads: Tensor) -> Tensor:
+        """``allowed`` (B|1, H, T, T) at ``heads`` (those not in ``explicit``); made once for a
+        fixed per-head mask, with the kernel's row mask and SDPA mask (see ``_fused``)."""
+        if (self._rest_memo is not None and self._rest_memo[0] is allowed
+                and self._rest_memo[4] == explicit):
+            return self._rest_memo[1]
+        rest = allowed.index_select(1, heads)
+        if self._memo is not None and allowed is self._memo[1]:
+            row_ok = rest.any(-1, keepdim=True)
+            self._rest_memo = (allowed, rest, row_ok, rest | ~row_ok, explicit)
+        return rest
+
+    def _explicit(self, qh: Tensor, kh: Tensor, vh: Tensor, allowed: Tensor | None,
                   heads: tuple[int, ...]) -> Tensor:
-        idx, kv_idx = self._head_index(heads, q.device)
-        qh = q.index_select(1, idx)  # (B, h, T, Dh)
-        kh = k.index_select(1, kv_idx)  # (B, h, T, Dh)
-        vh = v.index_select(1, kv_idx)
+        """(B, h, T, Dh) of ``heads`` from their q and their kv heads' k/v (B, h, T, Dh)."""
+        idx = self._head_index(heads, qh.device)[3]
         # Scale q, not the (T, T) scores, and mask in place: each pass over (B, h, T, T) counts.
         scores = (qh * (1.0 / math.sqrt(self.d_head))) @ kh.transpose(-1, -2)  # (B, h, T, T)
-        blocked, no_key = self._explicit_masks(allowed, heads, idx, q.shape[2], q.device)
+        blocked, no_key = self._explicit_masks(allowed, heads, idx, qh.shape[2], qh.device)
         if blocked is not None:
             scores = scores.masked_fill_(blocked, float("-inf"))
         scores = self.hook_attn_scores(scores, heads)
@@ -207,12 +238,17 @@ class Attention(nn.Module):
             pattern = F.dropout(pattern, self.dropout, True)
         return pattern @ vh  # (B, h, T, Dh)
 
-    def _head_index(self, heads: tuple[int, ...], device: torch.device) -> tuple[Tensor, Tensor]:
-        """Index tensors of the explicit heads and their kv heads (made once per heads/device)."""
+    def _head_index(self, heads: tuple[int, ...],
+                    device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Index tensors for explicit ``heads`` (made once per heads/device): the head order
+        (other heads, then ``heads``), its kv heads, the inverse order, and ``heads``."""
         key = (heads, device)
         if key not in self._index_memo:
-            idx = torch.tensor(heads, device=device)
-            self._index_memo[key] = (idx, idx // self.group)
+            order = [h for h in range(self.n_heads) if h not in heads] + list(heads)
+            back = [order.index(h) for h in range(self.n_heads)]
+            idx = torch.tensor(order, device=device)
+            self._index_memo[key] = (idx, idx // self.group, torch.tensor(back, device=device),
+                                     torch.tensor(heads, device=device))
         return self._index_memo[key]
 
     def _explicit_masks(self, allowed: Tensor | None, heads: tuple[int, ...], idx: Tensor,
