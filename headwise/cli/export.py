@@ -36,11 +36,11 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Export and print a one-line summary; errors propagate as ``HeadwiseError`` (exit 2)."""
-    from headwise.interop.export import export_hf
     from headwise.interop.load import TOKENIZER_FILES
+    from headwise.pipeline.export import export_run
 
-    out = export_hf(args.run, args.hf, tokenizer=args.tokenizer, overwrite=args.overwrite,
-                    peft=args.peft)
+    out = export_run(args.run, args.hf, tokenizer=args.tokenizer, overwrite=args.overwrite,
+                     peft=args.peft)
     config = json.loads((out / "config.json").read_text(encoding="utf-8"))
     auto = "AutoModel" if config["model_type"] == "bert" else "AutoModelForCausalLM"
     tokenizer = [n for n in TOKENIZER_FILES if (Path(out) / n).is_file()]

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from headwise import export_hf
 from headwise.cli import main
 from headwise.errors import ConfigError
-from headwise.interop import export_hf, load_hf
+from headwise.interop import load_hf
 from headwise.pipeline.run import load_run
 
 transformers = pytest.importorskip("transformers")
