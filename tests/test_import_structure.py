@@ -48,8 +48,6 @@ KNOWN_VIOLATIONS: set[tuple[str, str]] = {
     # issue-10 helper (enforce.py): enforcement takes what it needs from pipeline as values.
     ("headwise.enforce", "headwise.pipeline.compile"),
     ("headwise.enforce", "headwise.pipeline.probes"),
-    # issue-12 helper: control/regularizers.py no longer imports control/objectives.
-    ("headwise.control.regularizers", "headwise.control.objectives"),
     # training/tensorboard.py draws the role heatmap with analysis and pipeline.analyze's
     # DATA_ROLES; the fix is a ``train(..., checkpoint_image=fn)`` parameter in
     # training/loop.py (issue-12 helper's file) that pipeline.run fills.
