@@ -45,9 +45,6 @@ KNOWN_VIOLATIONS: set[tuple[str, str]] = {
     # part B (pipeline/analyze.py): import verify_data from headwise.pipeline.heldout
     # (pipeline.run imports pipeline.analyze lazily for the forecast watch).
     ("headwise.pipeline.analyze", "headwise.pipeline.run"),
-    # issue-10 helper (enforce.py): enforcement takes what it needs from pipeline as values.
-    ("headwise.enforce", "headwise.pipeline.compile"),
-    ("headwise.enforce", "headwise.pipeline.probes"),
     # training/tensorboard.py draws the role heatmap with analysis and pipeline.analyze's
     # DATA_ROLES; the fix is a ``train(..., checkpoint_image=fn)`` parameter in
     # training/loop.py (issue-12 helper's file) that pipeline.run fills.
