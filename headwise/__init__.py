@@ -48,9 +48,9 @@ from headwise.hooks import (
     steer,
 )
 from headwise.interop import convert, export_peft, import_peft, load_hf
-from headwise.interop.export import export_hf
 from headwise.model import Transformer, build_model
 from headwise.pipeline import compile_spec
+from headwise.pipeline.export import export_hf
 from headwise.runspec import Spec, contract_from_list, load_spec
 from headwise.training import TrainConfig
 

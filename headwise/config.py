@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 from headwise.errors import ConfigError, did_you_mean, field_error
+
+T = TypeVar("T")
 
 Norm = Literal["pre", "post"]
 NormType = Literal["layernorm", "rmsnorm"]
@@ -131,12 +134,7 @@ class ModelConfig:
         if unknown:
             extra = did_you_mean(unknown[0], sorted(names))
             raise ConfigError(f"{path}.{unknown[0]}: unknown field{extra}")
-        try:
-            return cls(**data)
-        except ConfigError as e:
-            raise ConfigError(f"{path}.{e}") from None
-        except TypeError as e:  # e.g. comparing a str with an int
-            raise ConfigError(f"{path}: {e}") from None
+        return construct(cls, data, f"{path}.", path)
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
@@ -178,3 +176,24 @@ def preset(name: str) -> ModelConfig:
     if name not in PRESETS:
         raise ConfigError(f"preset: got {name!r}, expected one of {sorted(PRESETS)}")
     return PRESETS[name]
+
+
+
+def construct(cls: Callable[..., T], kwargs: Mapping[str, Any], prefix: str, where: str) -> T:
+    """``cls(**kwargs)`` for a dataclass that validates itself, with errors placed in a spec.
+
+    Args:
+        cls: the dataclass (its ``ConfigError`` messages start with the field name).
+        kwargs: the fields, already checked against the known names.
+        prefix: put before the dataclass's own messages (``"model."``).
+        where: names the whole object when a value has the wrong type (``"model"``).
+
+    Raises:
+        ConfigError: an invalid value, naming its field path.
+    """
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(f"{prefix}{e}") from None
+    except TypeError as e:  # e.g. comparing a str with an int
+        raise ConfigError(f"{where}: {e}") from None

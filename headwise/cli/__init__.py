@@ -15,7 +15,6 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from headwise import __version__
 from headwise.errors import HeadwiseError, TrainingDiverged
 from headwise.training.interrupt import Interrupted
 
@@ -35,6 +34,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every available subcommand."""
+    from headwise import __version__  # the public facade, one layer below the CLI
+
     parser = _Parser(
         prog="headwise",
         description="Train, coordinate and verify the individual heads of Transformers.",

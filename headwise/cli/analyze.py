@@ -7,15 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from headwise.cli.device_arg import add_device_argument
+from headwise.cli.options import add_device_argument, add_hf_arguments, add_subcommand
 from headwise.errors import SpecError
 from headwise.pipeline.output import check_destination, console, write_file
 
 
 def register(subparsers: Any) -> None:
     """Add the ``analyze`` subcommand."""
-    p = subparsers.add_parser(
-        "analyze", help="role scores, ablation importance and gates of every head",
+    p = add_subcommand(
+        subparsers, "analyze", run, help="role scores, ablation importance and gates of every head",
         description="For a run: role scores of every head on the held-out data, the accuracy "
                     "drop when each head is ablated on each task, and the task gates. For a "
                     "HuggingFace checkpoint (--hf DIR, or a model id in the local HF cache): "
@@ -23,10 +23,7 @@ def register(subparsers: Any) -> None:
                     "(--text FILE, one sequence per line, tokenised with DIR/tokenizer.json and "
                     "cut to the model's max_seq_len) or on repeated random tokens.")
     p.add_argument("run", nargs="?", help="a run directory (or use --hf)")
-    p.add_argument("--hf", metavar="DIR|ID", help="a local HuggingFace model directory, or a "
-                                                  "model id in the local HF cache (no network)")
-    p.add_argument("--revision", metavar="REV", help="with --hf ID: branch, tag or commit in "
-                                                     "the cache (default main)")
+    add_hf_arguments(p, required=False)
     p.add_argument("--text", metavar="FILE", help="with --hf: text to score on (one sequence "
                                                   "per non-empty line)")
     p.add_argument("--forecast", action="store_true",
@@ -37,7 +34,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (one record per "
                                                   "head under 'roles')")
     add_device_argument(p, "cpu", "cpu")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

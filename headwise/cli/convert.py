@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from headwise.cli.options import add_hf_arguments, add_subcommand
+
 
 def register(subparsers: Any) -> None:
     """Add the ``convert`` subcommand to the top-level parser's subparsers."""
-    parser = subparsers.add_parser(
-        "convert",
+    parser = add_subcommand(
+        subparsers, "convert", run,
         help="convert a local HuggingFace checkpoint directory (no network access)",
         description="Read config.json and model.safetensors (or pytorch_model.bin, loaded with "
                     "weights_only=True) from --hf and write headwise's config.json and "
@@ -18,14 +20,10 @@ def register(subparsers: Any) -> None:
                     "~/.cache/huggingface/hub). Supported model_type values: bert, gpt2, "
                     "llama, mistral, qwen2.",
     )
-    parser.add_argument("--hf", required=True, metavar="DIR|ID",
-                        help="HuggingFace model directory, or a model id in the local HF cache")
-    parser.add_argument("--revision", metavar="REV",
-                        help="with a model id: branch, tag or commit in the cache (default main)")
+    add_hf_arguments(parser, required=True)
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
     parser.add_argument("--lenient", action="store_true",
                         help="ignore HF keys the converter does not use (e.g. task heads)")
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

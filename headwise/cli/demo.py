@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from headwise.cli.device_arg import add_device_argument
+from headwise.cli.options import add_device_argument, add_run_options, add_subcommand
 from headwise.pipeline.output import console, print_outcome, set_threads
 
 DEMO_SPEC = "demo.yaml"
@@ -21,8 +21,9 @@ def demo_spec_path() -> Path:
 
 def register(subparsers: Any) -> None:
     """Add the ``demo`` subcommand."""
-    p = subparsers.add_parser(
-        "demo", help="train the bundled demo spec, verify its contract, write the report",
+    p = add_subcommand(
+        subparsers, "demo", run,
+        help="train the bundled demo spec, verify its contract, write the report",
         description="One layer, four heads, two tasks: a 1-layer Transformer learns copy and "
                     "reverse at once; one head gets its role from a mask, one from an "
                     "objective, and two are gated to one task each. The contract proves who "
@@ -33,12 +34,9 @@ def register(subparsers: Any) -> None:
                         "replaced)")
     p.add_argument("--steps", type=int, default=None,
                    help="override train.steps (a shorter or longer run)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="CPU threads for torch (default 1: the model is so small that more "
-                        "threads only add synchronisation overhead)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_run_options(p, 1, "1: the model is so small that more threads only add "
+                    "synchronisation overhead")
     add_device_argument(p, None, "the spec's train.device, auto")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

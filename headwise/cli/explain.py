@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from headwise.cli.device_arg import add_device_argument
+from headwise.cli.options import add_device_argument, add_run_argument, add_subcommand
 from headwise.errors import SpecError
 from headwise.pipeline.output import check_destination, console, write_file
 
@@ -18,12 +18,12 @@ _SPECIAL = {0: "<pad>", 1: "<bos>", 2: "<sep>", 3: "<q>"}
 
 def register(subparsers: Any) -> None:
     """Add the ``explain`` subcommand."""
-    p = subparsers.add_parser(
-        "explain", help="walk through one head's computation on one input",
+    p = add_subcommand(
+        subparsers, "explain", run, help="walk through one head's computation on one input",
         description="Print Q, K, V, the scaled and masked scores, the pattern, z and the "
                     "head's contribution to the residual stream for one input, each recomputed "
                     "and cross-checked against the model's hook values.")
-    p.add_argument("run", help="a run directory written by `headwise train` / `headwise demo`")
+    add_run_argument(p)
     p.add_argument("--head", required=True, help="the head, e.g. L0.H2")
     p.add_argument("--input", required=True,
                    help="a task name of the run's spec (its first held-out example), token "
@@ -32,7 +32,6 @@ def register(subparsers: Any) -> None:
                                   "first task)")
     p.add_argument("--html", metavar="PATH", help="also write an HTML page with heatmaps")
     add_device_argument(p, "cpu", "cpu")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

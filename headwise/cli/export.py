@@ -7,11 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from headwise.cli.options import add_run_argument, add_subcommand
+
 
 def register(subparsers: Any) -> None:
     """Add the ``export`` subcommand to the top-level parser's subparsers."""
-    parser = subparsers.add_parser(
-        "export",
+    parser = add_subcommand(
+        subparsers, "export", run,
         help="export a run as a HuggingFace model directory (transformers loads it offline)",
         description="Write RUN's model to --hf OUT as config.json + model.safetensors (and the "
                     "tokenizer files when the run has them) for transformers' "
@@ -21,7 +23,7 @@ def register(subparsers: Any) -> None:
                     "config field, mask or task gate with no HuggingFace equivalent is refused, "
                     "naming it.",
     )
-    parser.add_argument("run", metavar="RUN", help="a run directory written by headwise train")
+    add_run_argument(parser)
     parser.add_argument("--hf", required=True, metavar="OUT", help="output directory")
     parser.add_argument("--tokenizer", metavar="PATH",
                         help="tokenizer directory (or tokenizer.json) to copy; default: the "
@@ -31,16 +33,15 @@ def register(subparsers: Any) -> None:
                              "weights (unmerged) to OUT, instead of merging them")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the HuggingFace files of a non-empty OUT")
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Export and print a one-line summary; errors propagate as ``HeadwiseError`` (exit 2)."""
-    from headwise.interop.export import export_hf
     from headwise.interop.load import TOKENIZER_FILES
+    from headwise.pipeline.export import export_run
 
-    out = export_hf(args.run, args.hf, tokenizer=args.tokenizer, overwrite=args.overwrite,
-                    peft=args.peft)
+    out = export_run(args.run, args.hf, tokenizer=args.tokenizer, overwrite=args.overwrite,
+                     peft=args.peft)
     config = json.loads((out / "config.json").read_text(encoding="utf-8"))
     auto = "AutoModel" if config["model_type"] == "bert" else "AutoModelForCausalLM"
     tokenizer = [n for n in TOKENIZER_FILES if (Path(out) / n).is_file()]

@@ -5,19 +5,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from headwise.cli.options import add_run_argument, add_subcommand
 from headwise.pipeline.output import console
 
 
 def register(subparsers: Any) -> None:
     """Add the ``report`` subcommand."""
-    p = subparsers.add_parser(
-        "report", help="write a run's report.json and report.html",
+    p = add_subcommand(
+        subparsers, "report", run, help="write a run's report.json and report.html",
         description="Analyse a finished run (role scores, ablation importance per task, "
                     "contract verdicts, score trajectories over its checkpoints, expected vs "
                     "observed patterns, walkthroughs of gated heads) and write RUN/report.json "
                     "and a self-contained RUN/report.html.")
-    p.add_argument("run", help="a run directory written by `headwise train` / `headwise demo`")
-    p.set_defaults(func=run)
+    add_run_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:

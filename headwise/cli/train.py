@@ -9,15 +9,15 @@ from typing import Any
 
 from rich.markup import escape
 
-from headwise.cli.device_arg import add_device_argument
+from headwise.cli.options import add_device_argument, add_run_options, add_subcommand
 from headwise.errors import SpecError
 from headwise.pipeline.output import console, print_outcome, set_threads
 
 
 def register(subparsers: Any) -> None:
     """Add the ``train`` subcommand."""
-    p = subparsers.add_parser(
-        "train", help="train a spec, verify its contract and write the report",
+    p = add_subcommand(
+        subparsers, "train", run, help="train a spec, verify its contract and write the report",
         description="Train the model a YAML spec describes (levers, tasks, gates), verify its "
                     "contract on held-out data and write the run directory with report.html. "
                     "Exit code 0: the contract holds; 1: it does not; 2: bad input.")
@@ -37,18 +37,14 @@ def register(subparsers: Any) -> None:
                    help="with --enforce, allow up to F x train.steps (1 to 1.3; default 1)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing run in --out instead of refusing")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for torch (default: torch's choice; 1 is fastest for tiny "
-                        "models)")
     p.add_argument("--steps", type=int, default=None, metavar="N",
                    help="train for N steps instead of the spec's train.steps")
     p.add_argument("--forecast-every", type=int, default=0, metavar="N",
                    help="every N steps (at evaluation points) forecast each head's final role "
                         "and warn about contract clauses forecast to fail (needs "
                         "train.eval_every)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_run_options(p, None, "torch's choice; 1 is fastest for tiny models")
     add_device_argument(p, None, "the spec's train.device, itself auto by default")
-    p.set_defaults(func=run)
 
 
 def default_out(spec_path: str) -> Path:

@@ -6,21 +6,20 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from headwise.cli.device_arg import add_device_argument
+from headwise.cli.options import add_device_argument, add_subcommand
 from headwise.pipeline.output import console
 
 
 def register(subparsers: Any) -> None:
     """Add the ``verify`` subcommand."""
-    p = subparsers.add_parser(
-        "verify", help="verify a trained run against a spec's contract",
+    p = add_subcommand(
+        subparsers, "verify", run, help="verify a trained run against a spec's contract",
         description="Rebuild the run's model with the spec's levers, load its weights, measure "
                     "every contract clause on held-out data and write RUN/contract.json. "
                     "Exit code 0: the contract holds; 1: it does not; 2: bad input.")
     p.add_argument("spec", help="the YAML spec whose contract to check")
     p.add_argument("--run", required=True, metavar="RUN", help="the run directory")
     add_device_argument(p, "cpu", "cpu")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import Tensor, nn
 
+from headwise.atomic import write_bytes_atomic
 from headwise.control._common import as_headset, model_shape
 from headwise.control.lora_layer import LoRALinear
 from headwise.errors import CheckpointError
@@ -174,17 +174,6 @@ def lora_state_dict(model: nn.Module) -> dict[str, Tensor]:
     return out
 
 
-def _atomic_write(path: Path, write: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def save_lora(model: nn.Module, path_dir: str | os.PathLike[str]) -> Path:
     """Write the adapters alone: ``adapter.safetensors`` + ``adapter_config.json``.
 
@@ -197,9 +186,9 @@ def save_lora(model: nn.Module, path_dir: str | os.PathLike[str]) -> Path:
     out = Path(path_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.contiguous().cpu() for k, v in lora_state_dict(model).items()}
-    _atomic_write(out / WEIGHTS, lambda p: save_file(tensors, p, metadata={"format": "pt"}))
+    write_bytes_atomic(out / WEIGHTS, save(tensors, metadata={"format": "pt"}))
     text = json.dumps({"format": "headwise-lora", **config.to_dict()}, indent=2)
-    _atomic_write(out / CONFIG, lambda p: Path(p).write_text(text))
+    write_bytes_atomic(out / CONFIG, text.encode("utf-8"))
     return out
 
 

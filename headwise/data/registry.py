@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, fields
 from typing import Any
 
+from headwise.config import construct
 from headwise.data.algorithmic import BracketDepthTask, KVRetrievalTask, ModularAdditionTask
 from headwise.data.sequences import CopyTask, InductionTask, ReverseTask, SortTask
 from headwise.data.task import Task
@@ -54,12 +55,7 @@ def build_task(name: str, kwargs: Mapping[str, Any] | None = None, path: str = "
                and f.default is MISSING and f.default_factory is MISSING]
     if missing:
         raise ConfigError(f"{prefix}{name}.{missing[0]}: missing, this argument is required")
-    try:
-        return cls(**kwargs)
-    except ConfigError as e:
-        raise ConfigError(f"{prefix}{e}") from None
-    except TypeError as e:  # e.g. comparing a string with an int
-        raise ConfigError(f"{prefix}{name}: {e}") from None
+    return construct(cls, kwargs, prefix, f"{prefix}{name}")
 
 
 def _task_class(name: str, prefix: str = "") -> type[Task]:

@@ -13,8 +13,8 @@ import torch
 from torch import Tensor, nn
 
 from headwise.heads import select_heads
-from headwise.hooks.cache import run_with_cache
-from headwise.hooks.hook_point import Hook, HookContext
+from headwise.model.cache import run_with_cache
+from headwise.model.hook_point import Hook, HookContext
 
 AblationMode = Literal["zero", "mean", "resample"]
 _POINTS = ("q", "k", "v", "z", "pattern", "attn_scores", "result")

@@ -1,5 +1,5 @@
 """Interop with HuggingFace: load GPT-2, BERT and Llama-family checkpoints offline (from a
-directory or a model id in the local HF cache), convert them, export headwise models and runs
+directory or a model id in the local HF cache), convert them, export headwise models
 back to HF, and exchange LoRA adapters with PEFT."""
 
 from headwise.interop.analyze import analyze_hf

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from headwise.config import ModelConfig
 from headwise.errors import ConfigError
+from headwise.interop.converter import Converter, Rule
 from headwise.interop.hf_config import (
     activation,
     expect,
@@ -27,7 +28,6 @@ from headwise.interop.hf_config import (
     refuse_common,
     require,
 )
-from headwise.interop.registry import Converter, Rule, register
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
@@ -128,7 +128,7 @@ PEFT_MODULES: dict[str, tuple[str, ...]] = {
 
 POOLER_KEYS = ("pooler.dense.weight", "pooler.dense.bias")
 
-CONVERTER = register(Converter(
+CONVERTER = Converter(
     model_type=("bert",),
     config_from_hf=config_from_hf,
     global_keys=GLOBAL_KEYS,
@@ -140,7 +140,7 @@ CONVERTER = register(Converter(
     peft_modules=PEFT_MODULES,
     peft_model_class="BertModel",
     config_to_hf=config_to_hf,
-))
+)
 
 
 class BertPooler(nn.Module):

@@ -1,7 +1,7 @@
-"""Export a headwise model or run as a HuggingFace directory that ``transformers`` loads offline.
+"""Export a headwise model as a HuggingFace directory that ``transformers`` loads offline.
 
-``export_hf(run_or_model, out)`` writes ``config.json``, ``model.safetensors`` and, when the
-run has them, the tokenizer files, so that ``AutoModelForCausalLM.from_pretrained(out)``
+``export_hf(model, out)`` writes ``config.json``, ``model.safetensors`` and, when given, the
+tokenizer files, so that ``AutoModelForCausalLM.from_pretrained(out)``
 (decoders) or ``AutoModel.from_pretrained(out)`` (BERT-shaped encoders) gives the same outputs.
 The family follows from the config: RoPE -> Llama (Qwen2 when the bias is on q/k/v only),
 another causal model -> GPT-2, an encoder -> BERT. Every weight goes through the family's
@@ -10,13 +10,14 @@ bitwise the same weights. A config field, lever or installed mask/gate with no H
 refused with a ``ConfigError`` naming it; nothing is approximated. LoRA adapters are merged
 into their base weights (``W + B A * alpha / r``), or, with ``peft=DIR``, the base weights go to
 ``out`` and the adapters to ``DIR`` in PEFT's format (``headwise.interop.export_peft``).
+Exporting a run directory (its levers rebuilt from ``spec.yaml``) is
+``headwise.pipeline.export.export_run``, a layer above; ``headwise.export_hf`` takes either.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -24,14 +25,12 @@ from torch import Tensor, nn
 from headwise.config import ModelConfig
 from headwise.control.lora import lora_modules
 from headwise.errors import CheckpointError, ConfigError
+from headwise.interop.converter import Converter, Rule
 from headwise.interop.load import TOKENIZER_FILES
 from headwise.interop.peft_export import export_peft
-from headwise.interop.registry import Converter, Rule, get_converter
+from headwise.interop.registry import get_converter
 from headwise.interop.weights import PICKLE, PICKLE_INDEX, SAFETENSORS, SAFETENSORS_INDEX
 from headwise.training.safetensors_io import save_tensors, write_bytes_atomic
-
-if TYPE_CHECKING:
-    from headwise.runspec import Spec
 
 # Files an earlier export (or HF checkpoint) in ``out`` may hold; replaced or removed on
 # ``overwrite`` so that no stale weights or tokenizer survive next to the new ones.
@@ -111,18 +110,16 @@ def check_exportable(model: nn.Module) -> ModelConfig:
     return config
 
 
-def export_hf(source: str | Path | nn.Module, out: str | Path, *,
-              tokenizer: str | Path | None = None, overwrite: bool = False,
-              peft: str | Path | None = None) -> Path:
-    """Write ``source`` (a run directory or a headwise ``Transformer``) as an HF directory.
+def export_hf(model: nn.Module, out: str | Path, *, tokenizer: str | Path | None = None,
+              overwrite: bool = False, peft: str | Path | None = None) -> Path:
+    """Write ``model`` (a headwise ``Transformer``) as an HF directory.
 
     Args:
-        source: a finished run (``headwise train``'s ``--out``; its levers are rebuilt from its
-            ``spec.yaml``) or a model.
+        model: the model (a run directory: ``headwise.export_hf`` or
+            ``headwise.pipeline.export.export_run``).
         out: the directory to write (created if missing).
         tokenizer: a directory holding HF tokenizer files (``tokenizer.json``, ...) or a
-            ``tokenizer.json`` to copy; default for a run: its pretrained checkpoint's, else its
-            text tasks' tokenizer, if any.
+            ``tokenizer.json`` to copy; ``None``: no tokenizer files.
         overwrite: replace the HF files of a non-empty ``out``.
         peft: instead of merging the LoRA adapters, write the base weights to ``out`` and the
             adapters to this directory as a PEFT adapter (``export_peft``) for that base.
@@ -131,33 +128,20 @@ def export_hf(source: str | Path | nn.Module, out: str | Path, *,
         ``out`` as a Path.
 
     Raises:
-        ConfigError: a config field, spec lever or installed mask/gate with no HF equivalent
-            (named), ``out`` not empty without ``overwrite``, or ``out`` is the run itself.
-        CheckpointError: not a finished run, or the tokenizer path holds no tokenizer file.
-        SpecError: the run's spec is invalid.
+        ConfigError: a config field or installed mask/gate with no HF equivalent (named), a
+            run directory instead of a model, or ``out`` not empty without ``overwrite``.
+        CheckpointError: the tokenizer path holds no tokenizer file.
     """
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model: got {model!r}, expected a headwise Transformer (export a run "
+                          "directory with headwise.export_hf or headwise export RUN)")
     out = Path(out)
-    tokenizer_files: list[Path] = []
-    if isinstance(source, nn.Module):
-        model = source
-    else:
-        run = Path(source)
-        if out.resolve() == run.resolve():
-            raise ConfigError(f"out: {out} is the run directory itself; expected another "
-                              "directory (the run's own config.json would be overwritten)")
-        model, default_tokenizer = _load_run(run)
-        tokenizer = tokenizer if tokenizer is not None else default_tokenizer
-    if tokenizer is not None:
-        tokenizer_files = _tokenizer_files(Path(tokenizer))
+    tokenizer_files = _tokenizer_files(Path(tokenizer)) if tokenizer is not None else []
     config = check_exportable(model)
     converter = get_converter(export_model_type(config))
-    assert converter.config_to_hf is not None  # every registered family can export
+    assert converter.config_to_hf is not None  # every listed family can export
     hf_config = converter.config_to_hf(config)
-    adapters = lora_modules(model)
-    if peft is not None and not adapters:
-        raise ConfigError("peft: the model has no LoRA adapters to export; leave it unset")
-    if peft is not None and any(a.merged for a in adapters.values()):
-        raise ConfigError("peft: the adapters are merged into the weights; unmerge_lora first")
+    _check_peft(model, peft)
     tensors = hf_state_dict(converter, config, merged_state_dict(model, merge=peft is None))
     copies = {src.name: src.read_bytes() for src in tokenizer_files}  # before out is cleared
     _prepare(out, overwrite)
@@ -175,33 +159,15 @@ def export_hf(source: str | Path | nn.Module, out: str | Path, *,
     return out
 
 
-def _load_run(run: Path) -> tuple[nn.Module, Path | None]:
-    """The run's model with its levers, after refusing spec levers HF cannot express; and the
-    run's tokenizer source, if any."""
-    from headwise.pipeline.run import load_run
-
-    compiled = load_run(run)
-    spec = compiled.spec
-    if spec.gates is not None:
-        raise ConfigError("gates: the run routes tasks through task gates; a HuggingFace model "
-                          "has no equivalent (export a run without gates)")
-    for rule in spec.heads:
-        if rule.mask is not None:
-            raise ConfigError(f"heads.{rule.selector}.mask: {rule.mask.name!r} is a structural "
-                              "mask; a HuggingFace model has no per-head masks (export a run "
-                              "without masks)")
-    return compiled.model, _run_tokenizer(spec)
-
-
-def _run_tokenizer(spec: Spec) -> Path | None:
-    if spec.model.pretrained is not None:
-        path = Path(spec.model.pretrained.path)
-        if any((path / name).is_file() for name in TOKENIZER_FILES):
-            return path
-    for task in spec.data.tasks:
-        if task.kwargs.get("tokenizer"):
-            return Path(str(task.kwargs["tokenizer"]))
-    return None
+def _check_peft(model: nn.Module, peft: str | Path | None) -> None:
+    """Refuse ``peft`` for a model without adapters or with merged ones."""
+    if peft is None:
+        return
+    adapters = lora_modules(model)
+    if not adapters:
+        raise ConfigError("peft: the model has no LoRA adapters to export; leave it unset")
+    if any(a.merged for a in adapters.values()):
+        raise ConfigError("peft: the adapters are merged into the weights; unmerge_lora first")
 
 
 def _tokenizer_files(path: Path) -> list[Path]:

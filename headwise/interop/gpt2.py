@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from headwise.config import ModelConfig
+from headwise.interop.converter import Converter, Rule
 from headwise.interop.hf_config import (
     activation,
     expect,
@@ -21,7 +22,6 @@ from headwise.interop.hf_config import (
     refuse_common,
     require,
 )
-from headwise.interop.registry import Converter, Rule, register
 
 
 def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
@@ -107,7 +107,7 @@ PEFT_MODULES: dict[str, tuple[str, ...]] = {
     "transformer.h.{i}.mlp.c_proj": ("blocks.{i}.mlp.down_proj",),
 }
 
-CONVERTER = register(Converter(
+CONVERTER = Converter(
     model_type=("gpt2",),
     config_from_hf=config_from_hf,
     global_keys=GLOBAL_KEYS,
@@ -122,4 +122,4 @@ CONVERTER = register(Converter(
     config_to_hf=config_to_hf,
     export_prefix="transformer.",
     head_keys=("lm_head.weight",),
-))
+)

@@ -16,8 +16,8 @@ from typing import Any
 
 from headwise.config import Bias, ModelConfig
 from headwise.errors import CheckpointError
+from headwise.interop.converter import Converter, Rule
 from headwise.interop.hf_config import expect, expect_decoder, refuse, refuse_common, require
-from headwise.interop.registry import Converter, Rule, register
 
 
 def _rope_base(hf: dict[str, Any]) -> float:
@@ -133,7 +133,7 @@ PEFT_MODULES: dict[str, tuple[str, ...]] = {
        for p in ("gate_proj", "up_proj", "down_proj")},
 }
 
-CONVERTER = register(Converter(
+CONVERTER = Converter(
     model_type=("llama", "mistral", "qwen2"),
     config_from_hf=config_from_hf,
     global_keys=GLOBAL_KEYS,
@@ -147,4 +147,4 @@ CONVERTER = register(Converter(
     config_to_hf=config_to_hf,
     export_prefix="model.",
     head_keys=("lm_head.weight",),
-))
+)

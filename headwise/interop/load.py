@@ -8,23 +8,21 @@ returns a ``Transformer`` in eval mode. Nothing here touches the network.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor
 
 from headwise.config import ModelConfig
 from headwise.errors import CheckpointError, ConfigError
 from headwise.interop.bert import POOLER_KEYS, BertPooler
+from headwise.interop.converter import Converter
 from headwise.interop.hf_config import check_types
 from headwise.interop.hub_cache import resolve_model
-from headwise.interop.registry import Converter, get_converter
+from headwise.interop.registry import get_converter
 from headwise.interop.weights import SAFETENSORS, read_json, read_safetensors, read_state_dict
 from headwise.model import Transformer, build_model
+from headwise.training.safetensors_io import save_tensors, write_bytes_atomic
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.txt", "merges.txt", "vocab.json")
@@ -142,7 +140,8 @@ def convert(hf_dir: str | Path, out_dir: str | Path, *, strict: bool = True,
     format in ``out_dir``.
 
     Writes ``config.json`` (``ModelConfig.to_dict``) and ``model.safetensors`` atomically
-    (temporary file + ``os.replace``), and copies the tokenizer files that exist.
+    (``write_bytes_atomic``: temporary file, fsync, ``os.replace``), and copies the tokenizer
+    files that exist.
 
     Returns:
         ``out_dir`` as a Path.
@@ -154,13 +153,13 @@ def convert(hf_dir: str | Path, out_dir: str | Path, *, strict: bool = True,
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_embeddings:
         del state["unembed.weight"]  # safetensors refuses shared tensors; rebuilt on load
-    _atomic(out / SAFETENSORS, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    save_tensors(state, out / SAFETENSORS, {"format": "pt"})
     text = json.dumps(model.config.to_dict(), indent=2) + "\n"
-    _atomic(out / "config.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    write_bytes_atomic(out / "config.json", text.encode("utf-8"))
     for name in TOKENIZER_FILES:
         src = Path(hf_dir) / name
         if src.is_file():
-            _atomic(out / name, lambda tmp, s=src: shutil.copyfile(s, tmp))
+            write_bytes_atomic(out / name, src.read_bytes())
     return out
 
 
@@ -208,17 +207,6 @@ def _strip(converter: Converter, hf_state: dict[str, Tensor], source: str) -> di
                                   f"the prefixes {list(converter.prefixes)}")
         out[new] = value
     return out
-
-
-def _atomic(target: Path, write: object) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)  # type: ignore[operator]
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def load_pooler(path: str | Path) -> BertPooler | None:

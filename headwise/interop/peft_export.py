@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from headwise.control.lora import LoRAConfig, apply_lora, lora_modules
 from headwise.control.lora_layer import LoRALinear
 from headwise.errors import CheckpointError
-from headwise.interop.load import _atomic
-from headwise.interop.registry import Converter, get_converter
+from headwise.interop.converter import Converter
+from headwise.interop.registry import get_converter
 from headwise.interop.weights import read_json, read_pickle, read_safetensors
+from headwise.training.safetensors_io import save_tensors, write_bytes_atomic
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -57,6 +57,23 @@ def export_peft(model: nn.Module, out_dir: str | Path, model_type: str, *,
     adapters = lora_modules(model)
     if not adapters:
         raise ValueError("export_peft: the model has no LoRA adapters (apply_lora first)")
+    tensors, shapes = _peft_tensors(model, converter, adapters, model_type)
+    config = _peft_config(model, converter, shapes, base_model_name_or_path)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_tensors(tensors, out / ADAPTER_WEIGHTS, {"format": "pt"})
+    text = json.dumps(config, indent=2) + "\n"
+    write_bytes_atomic(out / ADAPTER_CONFIG, text.encode("utf-8"))
+    return out
+
+
+def _peft_tensors(model: nn.Module, converter: Converter, adapters: dict[str, LoRALinear],
+                  model_type: str) -> tuple[dict[str, Tensor], dict[str, tuple[int, float]]]:
+    """PEFT's ``lora_A`` / ``lora_B`` tensors by key, and each HF module's ``(r, alpha)``.
+
+    Raises:
+        ValueError: an adapter on a module the family has no PEFT target for.
+    """
     owner = {ours: (hf, k) for hf, parts in converter.peft_modules.items()
              for k, ours in enumerate(parts)}
     groups: dict[tuple[str, int], dict[int, LoRALinear]] = {}
@@ -77,10 +94,16 @@ def export_peft(model: nn.Module, out_dir: str | Path, model_type: str, *,
         tensors[f"{PREFIX}{hf_name}.lora_A.weight"] = A.detach().contiguous().cpu()
         tensors[f"{PREFIX}{hf_name}.lora_B.weight"] = B.detach().contiguous().cpu()
         shapes[hf_name] = (r, alpha)
-    counts = Counter(shapes.values())  # the commonest (r, alpha) is global; ties: smallest
+    return tensors, shapes
+
+
+def _peft_config(model: nn.Module, converter: Converter, shapes: dict[str, tuple[int, float]],
+                 base_model_name_or_path: str | None) -> dict[str, Any]:
+    """``adapter_config.json``: the commonest ``(r, alpha)`` global, the others as patterns."""
+    counts = Counter(shapes.values())  # ties: the smallest
     r0, alpha0 = min(counts, key=lambda ra: (-counts[ra], ra))
     lora_config = getattr(model, "lora_config", None)
-    config = {
+    return {
         "peft_type": "LORA", "task_type": converter.peft_task_type,
         "base_model_name_or_path": base_model_name_or_path, "inference_mode": True,
         "r": r0, "lora_alpha": alpha0,
@@ -92,12 +115,6 @@ def export_peft(model: nn.Module, out_dir: str | Path, model_type: str, *,
         "use_rslora": False, "use_dora": False, "init_lora_weights": True,
         "modules_to_save": None, "layers_to_transform": None,
     }
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    _atomic(out / ADAPTER_WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
-    text = json.dumps(config, indent=2) + "\n"
-    _atomic(out / ADAPTER_CONFIG, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    return out
 
 
 def _fuse(parts: dict[int, LoRALinear], sizes: list[int]) -> tuple[Tensor, Tensor, int, float]:
@@ -145,14 +162,47 @@ def import_peft(model: nn.Module, adapter_dir: str | Path, model_type: str) -> L
             key for a module headwise cannot map, a missing A/B, or a wrong shape.
     """
     converter = get_converter(model_type)
-    d = Path(adapter_dir)
+    cfg, raw, source = _read_adapter(Path(adapter_dir))
+    loaded = _loaded_factors(model, converter, cfg, _pairs(raw, source), source)
+    rank = max(A.shape[0] for A, _, _ in loaded.values())
+    common = loaded[sorted(loaded)[0]][2]
+    targets = sorted({n.rsplit(".", 1)[1] for n in loaded})
+    layers = sorted({_template(n)[1] for n in loaded})
+    config = apply_lora(model, targets, layers=layers, rank=rank, alpha=common * rank,
+                        dropout=float(cfg.get("lora_dropout") or 0.0))
+    with torch.no_grad():
+        for name, mod in lora_modules(model).items():
+            if name not in loaded:
+                mod.lora_B.zero_()
+                continue
+            A, B, scaling = loaded[name]
+            r = A.shape[0]
+            mod.lora_A.zero_()
+            mod.lora_A[:r] = A
+            mod.lora_B.zero_()
+            mod.lora_B[:, :r] = B if scaling == common else B * (scaling / common)
+    return config
+
+
+def _read_adapter(d: Path) -> tuple[dict[str, Any], dict[str, Tensor], Path]:
+    """A PEFT adapter directory's checked config, its raw tensors and the file they came from."""
     cfg = read_json(d / ADAPTER_CONFIG)
     _check_config(cfg, d / ADAPTER_CONFIG)
     source = d / ADAPTER_WEIGHTS if (d / ADAPTER_WEIGHTS).is_file() else d / ADAPTER_BIN
     if not source.is_file():
         raise CheckpointError(f"{d}: no {ADAPTER_WEIGHTS} or {ADAPTER_BIN} found")
     raw = read_safetensors(source) if source.suffix == ".safetensors" else read_pickle(source)
-    factors = _pairs(raw, source)
+    return cfg, raw, source
+
+
+def _loaded_factors(model: nn.Module, converter: Converter, cfg: dict[str, Any],
+                    factors: dict[str, tuple[Tensor, Tensor]],
+                    source: Path) -> dict[str, tuple[Tensor, Tensor, float]]:
+    """``our module -> (A, B part, scaling)`` for every PEFT module, shapes checked.
+
+    Raises:
+        CheckpointError: a module headwise cannot map, or a wrong shape (naming the key).
+    """
     loaded: dict[str, tuple[Tensor, Tensor, float]] = {}
     for hf_name, (A, B) in sorted(factors.items()):
         hf_template, layer = _match_module(converter, hf_name, source)
@@ -171,25 +221,7 @@ def import_peft(model: nn.Module, adapter_dir: str | Path, model_type: str) -> L
                                   f"{tuple(A.shape)}, expected {(r, bases[0].in_features)}")
         for name, B_part in zip(ours, B.split(sizes, 0), strict=True):
             loaded[name] = (A.float(), B_part.float(), scaling)
-    rank = max(A.shape[0] for A, _, _ in loaded.values())
-    first = sorted(loaded)[0]
-    common = loaded[first][2]
-    targets = sorted({n.rsplit(".", 1)[1] for n in loaded})
-    layers = sorted({_template(n)[1] for n in loaded})
-    config = apply_lora(model, targets, layers=layers, rank=rank, alpha=common * rank,
-                        dropout=float(cfg.get("lora_dropout") or 0.0))
-    with torch.no_grad():
-        for name, mod in lora_modules(model).items():
-            if name not in loaded:
-                mod.lora_B.zero_()
-                continue
-            A, B, scaling = loaded[name]
-            r = A.shape[0]
-            mod.lora_A.zero_()
-            mod.lora_A[:r] = A
-            mod.lora_B.zero_()
-            mod.lora_B[:, :r] = B if scaling == common else B * (scaling / common)
-    return config
+    return loaded
 
 
 def _check_config(cfg: dict[str, Any], path: Path) -> None:

@@ -3,10 +3,11 @@
 from headwise.model.attention import Attention
 from headwise.model.block import PostNormBlock, PreNormBlock
 from headwise.model.build import build_model
+from headwise.model.inputs import check_tokens
 from headwise.model.mlp import MLP, GatedMLP
 from headwise.model.norm import LayerNorm, RMSNorm
 from headwise.model.positional import LearnedPositional, Rotary, SinusoidalPositional
-from headwise.model.transformer import Transformer, check_tokens
+from headwise.model.transformer import Transformer
 
 __all__ = ["MLP", "Attention", "GatedMLP", "LayerNorm", "LearnedPositional", "PostNormBlock",
            "PreNormBlock", "RMSNorm", "Rotary", "SinusoidalPositional", "Transformer",

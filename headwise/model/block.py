@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from headwise.hooks.hook_point import HookPoint
 from headwise.model.attention import Attention
+from headwise.model.hook_point import HookPoint
 
 
 class _Block(nn.Module):

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headwise.hooks.hook_point import HookPoint
+from headwise.model.hook_point import HookPoint
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headwise.hooks.hook_point import HookPoint
+from headwise.model.hook_point import HookPoint
 
 
 class LayerNorm(nn.Module):

@@ -16,11 +16,7 @@ class LearnedPositional(nn.Module):
         self.weight = nn.Parameter(torch.empty(max_seq_len, d_model))
 
     def forward(self, seq_len: int) -> Tensor:  # -> (T, D)
-        if seq_len > self.weight.shape[0]:
-            raise ValueError(
-                f"tokens: sequence length {seq_len} exceeds max_seq_len={self.weight.shape[0]}"
-            )
-        return self.weight[:seq_len]
+        return _first_rows(self.weight, seq_len)
 
 
 class SinusoidalPositional(nn.Module):
@@ -40,11 +36,7 @@ class SinusoidalPositional(nn.Module):
         self.table: Tensor
 
     def forward(self, seq_len: int) -> Tensor:  # -> (T, D)
-        if seq_len > self.table.shape[0]:
-            raise ValueError(
-                f"tokens: sequence length {seq_len} exceeds max_seq_len={self.table.shape[0]}"
-            )
-        return self.table[:seq_len]
+        return _first_rows(self.table, seq_len)
 
 
 class Rotary(nn.Module):
@@ -66,10 +58,19 @@ class Rotary(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, H, Dh) -> (B, T, H, Dh)
         T = x.shape[1]
-        if T > self.cos.shape[0]:
-            raise ValueError(f"tokens: sequence length {T} exceeds max_seq_len={self.cos.shape[0]}")
-        cos = self.cos[:T, None, :].to(x.dtype)  # (T, 1, Dh)
+        cos = _first_rows(self.cos, T)[:, None, :].to(x.dtype)  # (T, 1, Dh)
         sin = self.sin[:T, None, :].to(x.dtype)
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
+
+
+def _first_rows(table: Tensor, seq_len: int) -> Tensor:
+    """The embeddings of positions ``0..seq_len-1``: rows of a (max_seq_len, D) table.
+
+    Raises:
+        ValueError: ``seq_len`` beyond the table.
+    """
+    if seq_len > table.shape[0]:
+        raise ValueError(f"tokens: sequence length {seq_len} exceeds max_seq_len={table.shape[0]}")
+    return table[:seq_len]

@@ -3,7 +3,7 @@
 ``model(tokens, attention_mask=None, token_type_ids=None, task_ids=None) -> logits (B, T, V)``;
 ``model.hidden(...)`` returns the final residual stream (after the final norm, if any).
 Hooks are attached with ``model.hooks(...)`` and activations cached with
-``model.run_with_cache(...)`` (both implemented in ``headwise.hooks``).
+``model.run_with_cache(...)`` (``headwise.model.hook_point``, ``headwise.model.cache``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from headwise.hooks.hook_point import Hook, HookPoint
+from headwise.model.cache import ActivationCache, run_with_cache
+from headwise.model.hook_point import Hook, HookPoint, attach_hooks
+from headwise.model.inputs import check_shapes, check_tokens
 
 if TYPE_CHECKING:
     from headwise.config import ModelConfig
-    from headwise.hooks.cache import ActivationCache
+
+__all__ = ["Transformer", "check_tokens"]
 
 
 class Transformer(nn.Module):
@@ -75,7 +78,7 @@ class Transformer(nn.Module):
         Raises:
             ValueError: naming the tensor whose shape or dtype is wrong.
         """
-        _check_shapes(tokens, attention_mask, task_ids)
+        check_shapes(tokens, attention_mask, task_ids)
         B, T = tokens.shape
         x = self.hook_embed(self.embed(tokens))  # (B, T, D)
         if self.pos_embed is not None:
@@ -105,62 +108,11 @@ class Transformer(nn.Module):
 
     def hooks(self, *hooks: Hook | tuple[Any, ...] | Iterable[Hook]
               ) -> AbstractContextManager[None]:
-        """Attach hooks for the duration of a ``with`` block (see ``headwise.hooks.hooks``)."""
-        from headwise.hooks.cache import attach_hooks
-
+        """Attach hooks for the duration of a ``with`` block (``attach_hooks``)."""
         return attach_hooks(self, *hooks)
 
     def run_with_cache(self, tokens: Tensor, names: Iterable[str] | Callable[[str], bool],
                        heads: Any = None, detach: bool = True,
                        **kwargs: Any) -> tuple[Tensor, ActivationCache]:
-        """Run forward and cache only the named points (see ``headwise.hooks.run_with_cache``)."""
-        from headwise.hooks.cache import run_with_cache
-
+        """Run forward and cache only the named points (see ``headwise.model.cache``)."""
         return run_with_cache(self, tokens, names, heads=heads, detach=detach, **kwargs)
-
-
-def check_tokens(tokens: Tensor, vocab_size: int, attention_mask: Tensor | None = None,
-                 task_ids: Tensor | None = None, n_tasks: int | None = None) -> None:
-    """Check model inputs where they enter: shapes, dtype, token ids and task ids ranges.
-
-    Reads the ids' minima and maxima on the host (one synchronisation): call it once per
-    batch of outside data, not inside a training step.
-
-    Args:
-        n_tasks: check ``task_ids`` against ``[0, n_tasks)`` (models with task gates).
-
-    Raises:
-        ValueError: naming the tensor whose shape, dtype or range is wrong.
-    """
-    _check_shapes(tokens, attention_mask, task_ids)
-    if tokens.numel():
-        low, high = torch.stack([tokens.min(), tokens.max()]).tolist()
-        if low < 0 or high >= vocab_size:
-            raise ValueError(f"tokens: ids must lie in [0, {vocab_size}), got range "
-                             f"[{low}, {high}]")
-    if n_tasks is not None and task_ids is not None and task_ids.numel():
-        low, high = torch.stack([task_ids.min(), task_ids.max()]).tolist()
-        if low < 0 or high >= n_tasks:
-            raise ValueError(f"task_ids: got range [{low}, {high}], expected ids in "
-                             f"[0, {n_tasks})")
-
-
-def gate_tasks(model: nn.Module) -> int | None:
-    """The number of tasks the model's installed head gates take (``None``: no gates)."""
-    gates = [getattr(m, "head_gate", None) for m in model.modules()]
-    counts = [int(getattr(g, "n_tasks", 1)) for g in gates if isinstance(g, nn.Module)]
-    return max(counts) if counts else None
-
-
-def _check_shapes(tokens: Tensor, attention_mask: Tensor | None,
-                  task_ids: Tensor | None) -> None:
-    if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
-        got = (f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, Tensor)
-               else type(tokens).__name__)
-        raise ValueError(f"tokens: expected a (B, T) long tensor, got {got}")
-    if attention_mask is not None and attention_mask.shape != tokens.shape:
-        raise ValueError(f"attention_mask: expected shape {tuple(tokens.shape)} like tokens, "
-                         f"got {tuple(attention_mask.shape)}")
-    if task_ids is not None and task_ids.shape != tokens.shape[:1]:
-        raise ValueError(f"task_ids: expected shape ({tokens.shape[0]},), "
-                         f"got {tuple(task_ids.shape)}")

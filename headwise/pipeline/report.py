@@ -27,7 +27,8 @@ from headwise.data.batch import token_labels
 from headwise.patterns import DEFAULT_WINDOW
 from headwise.pipeline.analyze import analyse_run, metrics_curve, run_role_table
 from headwise.pipeline.compile import Compiled
-from headwise.pipeline.run import load_run, verify_data
+from headwise.pipeline.heldout import contract_of, verify_data
+from headwise.pipeline.run import load_run
 from headwise.training import list_checkpoints, load_weights
 from headwise.training.manifest import verify_manifest
 
@@ -160,7 +161,6 @@ def _forecast(traj: Trajectory | None, compiled: Compiled) -> dict[str, Any] | N
     """The packaged forecaster's view from the first 20% of checkpoints (with the contract)."""
     from headwise.analysis.forecast import load_forecaster
     from headwise.analysis.forecast_contract import forecast_summary
-    from headwise.pipeline.run import contract_of
 
     if traj is None or len(traj.steps) < 2:
         return None

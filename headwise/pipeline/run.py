@@ -24,20 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from headwise.analysis.contract import Contract
 from headwise.analysis.verify import ContractResult, VerifyData, verify
-from headwise.data import Batch
 from headwise.errors import CheckpointError, SpecError
 from headwise.memory import check_memory, training_bytes
 from headwise.pipeline.compile import Compiled, compile_spec
-from headwise.pipeline.probes import declared_probe, repeated_probe, spec_probes
+from headwise.pipeline.heldout import contract_of, probe_sampler, verify_data
 from headwise.runspec import Spec, load_spec, spec_from_dict
-from headwise.runspec.clauses import contract_from_list
-from headwise.runspec.probes import default_half_len
 from headwise.runspec.yaml_io import parse_yaml, read_spec_text
-from headwise.training import TrainResult, clean_checkpoints, list_checkpoints, train
+from headwise.training import TrainConfig, TrainResult, clean_checkpoints, list_checkpoints, train
 from headwise.training.device import check_device_name, model_device, place, resolve_device
 from headwise.training.manifest import MANIFEST, verify_manifest, write_manifest
 from headwise.training.safetensors_io import write_bytes_atomic
@@ -59,54 +54,6 @@ class RunOutcome:
     train: TrainResult
     contract: ContractResult | None
     enforcement: dict[str, Any] | None
-
-
-def contract_of(spec: Spec) -> Contract:
-    """The spec's contract as a ``Contract`` (already validated by ``load_spec``)."""
-    return contract_from_list(list(spec.contract), spec.n_layers, spec.n_heads,
-                              list(spec.data.names))
-
-
-def probe_sampler(spec: Spec) -> Callable[[str, int, int], Batch]:
-    """``fn(probe, n, seed)``: ``n`` examples drawn like a named probe (``repeated`` or a
-    declared one) from ``seed``: the data of a lever for a score clause measured on a probe."""
-    def sample(name: str, n: int, seed: int) -> Batch:
-        gen = torch.Generator().manual_seed(seed)
-        declared = {p.name: p for p in spec.probes}
-        if name in declared:
-            return declared_probe(spec, dataclasses.replace(declared[name], examples=n), gen)
-        return repeated_probe(spec, default_half_len(spec.data), n, gen)
-    return sample
-
-
-def verify_data(compiled: Compiled) -> VerifyData:
-    """Held-out data for verification: one batch per task, and probes for role scores.
-
-    Probes: ``default`` (the held-out mixture), each task's name (its part of it),
-    ``repeated`` (random halves repeated once, sized by the training data) and the spec's
-    declared probes (``headwise.pipeline.probes``). The
-    batches are drawn on the CPU (seeded) and placed on the model's device.
-    """
-    data = _verify_data_cpu(compiled)
-    device = model_device(compiled.model)
-    if device.type == "cpu":
-        return data
-    return VerifyData(tasks={k: b.to(device) for k, b in data.tasks.items()},
-                      probes={k: b.to(device) for k, b in data.probes.items()},
-                      n_boot=data.n_boot)
-
-
-def _verify_data_cpu(compiled: Compiled) -> VerifyData:
-    batch = compiled.eval_batch
-    tasks: dict[str, Batch] = {}
-    for i, name in enumerate(compiled.task_names):
-        rows = (batch.task_ids == i).nonzero().flatten()
-        if rows.numel():
-            mask = batch.attention_mask[rows] if batch.attention_mask is not None else None
-            tasks[name] = Batch(batch.tokens[rows], batch.targets[rows], mask,
-                                batch.task_ids[rows])
-    probes: dict[str, Any] = {"default": batch, **tasks, **spec_probes(compiled.spec)}
-    return VerifyData(tasks=tasks, probes=probes)
 
 
 def holds_work(out: Path) -> bool:
@@ -218,9 +165,8 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
 
     With ``enforce``, training stops at the first evaluation point where the contract holds and
     never runs past ``train.steps x enforce_budget`` (1 to 1.3; the schedule spans the budget).
-    ``device`` overrides the spec's ``train.device`` (``--device``).
-
-    ``steps`` overrides ``train.steps`` (``headwise train --steps N``).
+    ``device`` overrides the spec's ``train.device`` (``--device``), ``steps`` its
+    ``train.steps`` (``headwise train --steps N``).
 
     With ``forecast_every``, every that many steps (at evaluation points) the packaged
     forecaster predicts final roles and ``warn`` gets a line per contract clause forecast to
@@ -235,7 +181,53 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     """
     from headwise.enforce import Enforcer, plan, summary
 
-    spec = load_spec(spec_source)
+    spec = _run_spec(load_spec(spec_source), enforce=enforce, enforce_budget=enforce_budget,
+                     steps=steps, device=device, forecast_every=forecast_every)
+    out = Path(out)
+    compiled = compile_spec(spec)
+    place(compiled.model, spec.train.device, "--device" if device is not None else "train.device")
+    contract = contract_of(spec)
+    data = verify_data(compiled)  # on the training device: enforcement verifies mid-run
+    callbacks: list[Callable[[Any], None]] = []
+    if enforce:
+        levers = plan(compiled, contract, probe_sampler(spec))
+        missing = [c for c in contract if levers.get(c.index) is None]
+        if missing and not allow_unenforced:
+            c = missing[0]
+            raise SpecError(f"{c.path}: no lever can move this clause ({c.describe()}, "
+                            f"{c.threshold_text()}); see `headwise plan`, or pass "
+                            "--allow-unenforced to enforce the others")
+        callbacks.append(Enforcer(contract, data, levers))
+    config = _budgeted(spec.train, enforce_budget)
+    if forecast_every:
+        callbacks.append(_forecast_watch(compiled, data, contract, forecast_every, warn,
+                                         config.steps))
+    main = is_main_process()
+    if main:
+        _prepare(out, spec, spec_source, resume, overwrite, enforce)
+    result = train(compiled.model, compiled.data, config, out_dir=out,
+                   objectives=compiled.objectives, callbacks=callbacks,
+                   optimizer_hooks=compiled.optimizer_hooks, resume=resume,
+                   eval_data=compiled.eval_data, progress=progress)
+    verdict = _verify_trained(compiled, contract, data)
+    enforcement = (summary(result.extra, verdict, result.step)
+                   if enforce and verdict is not None else None)
+    if main:
+        _write_outcome(out, verdict, enforcement)
+    return RunOutcome(out, compiled, result, verdict, enforcement)
+
+
+def _run_spec(spec: Spec, *, enforce: bool, enforce_budget: float, steps: int | None,
+              device: str | None, forecast_every: int) -> Spec:
+    """``spec`` with the command line's overrides, after checking the options fit it (and
+    that its training fits in memory).
+
+    Raises:
+        SpecError: a bad ``--enforce-budget``, ``--enforce`` or ``--forecast-every`` without
+            evaluation points, ``--enforce`` without a contract, a bad ``--steps``.
+        ConfigError: an unknown ``--device``.
+        ResourceError: the training step or evaluation set cannot fit in memory.
+    """
     if not (isinstance(enforce_budget, (int, float)) and 1.0 <= enforce_budget <= 1.3):
         raise SpecError(f"--enforce-budget: got {enforce_budget!r}, expected a number in "
                         "[1, 1.3] (a factor on train.steps)")
@@ -254,53 +246,44 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     if forecast_every and spec.train.eval_every == 0:
         raise SpecError("train.eval_every: got 0, expected an integer >= 1 with "
                         "--forecast-every (forecasts are made at evaluation points)")
-    out = Path(out)
     check_training_memory(spec)
-    compiled = compile_spec(spec)
-    place(compiled.model, spec.train.device, "--device" if device is not None else "train.device")
-    contract = contract_of(spec)
-    data = verify_data(compiled)  # on the training device: enforcement verifies mid-run
-    callbacks: list[Callable[[Any], None]] = []
-    if enforce:
-        levers = plan(compiled, contract, probe_sampler(spec))
-        missing = [c for c in contract if levers.get(c.index) is None]
-        if missing and not allow_unenforced:
-            c = missing[0]
-            raise SpecError(f"{c.path}: no lever can move this clause ({c.describe()}, "
-                            f"{c.threshold_text()}); see `headwise plan`, or pass "
-                            "--allow-unenforced to enforce the others")
-        callbacks.append(Enforcer(contract, data, levers))
-    if forecast_every:
-        callbacks.append(_forecast_watch(compiled, data, contract, forecast_every, warn,
-                                         math.ceil(spec.train.steps * enforce_budget)))
-    main = is_main_process()
-    if main:
-        spec_dir = Path(spec_source).parent if isinstance(spec_source, Path) or (
-            "\n" not in spec_source and spec_source.endswith((".yaml", ".yml"))) else None
-        step = prepare_run_dir(out, spec, resume, overwrite, enforce, spec_dir)
-        if step is not None:
-            print(f"resuming from step {step}", flush=True)
-    config = spec.train
-    if enforce_budget != 1.0:
-        config = dataclasses.replace(config, steps=math.ceil(config.steps * enforce_budget))
-    result = train(compiled.model, compiled.data, config, out_dir=out,
-                   objectives=compiled.objectives, callbacks=callbacks,
-                   optimizer_hooks=compiled.optimizer_hooks, resume=resume,
-                   eval_data=compiled.eval_data, progress=progress)
+    return spec
+
+
+def _budgeted(config: TrainConfig, enforce_budget: float) -> TrainConfig:
+    """``config`` with ``steps`` scaled by the enforcement budget (the schedule spans it)."""
+    if enforce_budget == 1.0:
+        return config
+    return dataclasses.replace(config, steps=math.ceil(config.steps * enforce_budget))
+
+
+def _prepare(out: Path, spec: Spec, spec_source: str | Path, resume: bool, overwrite: bool,
+             enforce: bool) -> None:
+    """``prepare_run_dir`` with the spec's directory (for relative paths); says a resume."""
+    spec_dir = Path(spec_source).parent if isinstance(spec_source, Path) or (
+        "\n" not in spec_source and spec_source.endswith((".yaml", ".yml"))) else None
+    step = prepare_run_dir(out, spec, resume, overwrite, enforce, spec_dir)
+    if step is not None:
+        print(f"resuming from step {step}", flush=True)
+
+
+def _verify_trained(compiled: Compiled, contract: Contract,
+                    data: VerifyData) -> ContractResult | None:
+    """The trained model's verdict (``None`` without a contract), measured on the CPU."""
     if model_device(compiled.model).type != "cpu":  # verification and reports run on CPU
         compiled.model.to("cpu")
         data = verify_data(compiled)
-    verdict = verify(compiled.model, contract, data) if spec.contract else None
-    enforcement = None
-    if enforce and verdict is not None:
-        enforcement = summary(result.extra, verdict, result.step)
-    if main:
-        write_manifest(out, MODEL_FILES)
-    if main and verdict is not None:
+    return verify(compiled.model, contract, data) if compiled.spec.contract else None
+
+
+def _write_outcome(out: Path, verdict: ContractResult | None,
+                   enforcement: dict[str, Any] | None) -> None:
+    """The manifest (the run is finished), then ``contract.json`` and ``enforcement.json``."""
+    write_manifest(out, MODEL_FILES)
+    if verdict is not None:
         write_json(out / "contract.json", verdict.to_dict())
-    if main and enforcement is not None:
+    if enforcement is not None:
         write_json(out / "enforcement.json", enforcement)
-    return RunOutcome(out, compiled, result, verdict, enforcement)
 
 
 def with_steps(spec: Spec, steps: int) -> Spec:

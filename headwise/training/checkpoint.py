@@ -32,14 +32,13 @@ import torch
 from torch import Tensor, nn
 
 from headwise.errors import CheckpointError, StorageError
-from headwise.training.manifest import verify_manifest, write_manifest
+from headwise.training.manifest import check_digests, verify_manifest, write_manifest
 from headwise.training.safetensors_io import (
     fsync_dir,
     load_tensors,
     load_weights,
     save_tensors,
     save_weights,
-    sha256_file,
     write_bytes_atomic,
 )
 
@@ -235,13 +234,7 @@ def load_checkpoint(path: Path, model: nn.Module,
             or (named is not None and int(named.group(1)) != step)):
         raise CheckpointError(f"{meta_path}: field 'step' is {str(step)[:40]}, expected the "
                               f"step in the directory name {path.name!r}")
-    for name, digest in meta["sha256"].items():
-        file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"{file}: file not found")
-        if sha256_file(file) != digest:
-            raise CheckpointError(f"{file}: contents do not match the sha256 recorded in "
-                                  f"{meta_path.name} (truncated or corrupt)")
+    check_digests(path, meta["sha256"], meta_path.name)
     load_weights(model, path / "model.safetensors")
     tensors, _ = load_tensors(path / "trainer.safetensors")
     if optimizer is not None:

@@ -76,11 +76,25 @@ def verify_manifest(directory: Path, required: Iterable[str] = ()) -> dict[str, 
         if name not in files:
             raise CheckpointError(f"{directory / MANIFEST}: does not list {name!r}; expected "
                                   "a manifest written by headwise")
-    for name, digest in files.items():
+    check_digests(directory, files, MANIFEST)
+    return files
+
+
+def check_digests(directory: Path, digests: dict[str, str], record: str) -> None:
+    """Refuse a listed file that is missing or whose sha256 differs from the recorded one.
+
+    Args:
+        directory: where the files are.
+        digests: ``file name -> sha256`` hex digest.
+        record: the file the digests come from (named in the messages).
+
+    Raises:
+        CheckpointError: naming the file.
+    """
+    for name, digest in digests.items():
         file = directory / name
         if not file.is_file():
-            raise CheckpointError(f"{file}: file not found (listed in {MANIFEST})")
+            raise CheckpointError(f"{file}: file not found (listed in {record})")
         if sha256_file(file) != digest:
             raise CheckpointError(f"{file}: contents do not match the sha256 recorded in "
-                                  f"{MANIFEST} (truncated or corrupt, or edited)")
-    return files
+                                  f"{record} (truncated or corrupt, or edited)")

@@ -1,5 +1,8 @@
 """Safetensors I/O without pickle: atomic, fsynced writes; validated model-weight loading.
 
+Files are written through ``write_bytes_atomic`` (defined in the foundation module
+``headwise.atomic`` so that every layer can use it, and re-exported here).
+
 Tied weights (``unembed.weight`` sharing ``embed.weight``) are stored once; the file's metadata
 maps every alias to its stored name (``headwise.aliases``), so loading restores the tie.
 Every read error (missing file, truncated or corrupt header) becomes a ``CheckpointError``
@@ -10,56 +13,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
-from typing import BinaryIO
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save
 from torch import Tensor, nn
 
-from headwise.errors import CheckpointError, StorageError
+from headwise.atomic import fsync_dir, write_bytes_atomic
+from headwise.errors import CheckpointError
+
+__all__ = ["ALIASES_KEY", "fsync_dir", "load_tensors", "load_weights", "model_tensors",
+           "save_tensors", "save_weights", "sha256_file", "write_bytes_atomic"]
 
 ALIASES_KEY = "headwise.aliases"
-
-
-def fsync_dir(path: Path) -> None:
-    """Flush a directory entry (after creating or renaming files in it)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file, fsync and ``os.replace``.
-
-    Either the whole new file is in place afterwards or the old one is untouched.
-
-    Raises:
-        StorageError: the file cannot be written (disk full, permissions), naming ``path``;
-            the temporary file is removed.
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            _write_all(f, data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise StorageError(f"{path}: cannot write ({e.strerror or e}); files written "
-                           "before are intact") from None
-
-
-def _write_all(f: BinaryIO, data: bytes) -> None:
-    """``f.write(data)`` (one place for tests to simulate a full disk)."""
-    f.write(data)
 
 
 def save_tensors(tensors: dict[str, Tensor], path: Path,

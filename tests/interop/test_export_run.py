@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from headwise import export_hf
 from headwise.cli import main
 from headwise.errors import ConfigError
-from headwise.interop import export_hf, load_hf
+from headwise.interop import load_hf
+from headwise.interop.export import export_hf as interop_export_hf
 from headwise.pipeline.run import load_run
 
 transformers = pytest.importorskip("transformers")
@@ -155,6 +157,12 @@ def test_plain_run_exports_and_bad_outputs_exit_2(tmp_path, capsys):
     back = load_hf(tmp_path / "hf")
     for key, value in model.state_dict().items():
         assert torch.equal(back.state_dict()[key], value), key
+    # The public export_hf takes the run too; the model-level one in interop refuses a path.
+    from_api = load_hf(export_hf(run, tmp_path / "api"))
+    for key, value in model.state_dict().items():
+        assert torch.equal(from_api.state_dict()[key], value), key
+    with pytest.raises(ConfigError, match="expected a headwise Transformer"):
+        interop_export_hf(run, tmp_path / "o2")  # type: ignore[arg-type]
 
 
 def test_text_task_tokenizer_is_exported(tmp_path, capsys):

@@ -21,8 +21,9 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
+from headwise import atomic
 from headwise.cli import main
-from headwise.training import list_checkpoints, safetensors_io
+from headwise.training import list_checkpoints
 
 SPEC: dict[str, Any] = {
     "model": {"n_layers": 1, "n_heads": 2, "d_model": 8, "d_ff": 12, "vocab_size": 12,
@@ -130,7 +131,7 @@ def test_full_disk_is_one_line_and_keeps_earlier_files(
         f.write(data[: len(data) // 2])  # a partial write, then the disk is full
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(safetensors_io, "_write_all", full)
+    monkeypatch.setattr(atomic, "_write_all", full)
     code, _, err = _cli(capsys, "report", str(run))
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "report.json: cannot write (No space left on device)" in err

@@ -1,0 +1,53 @@
+"""Parser set-up shared by the subcommands: the subparser itself and the options several take.
+
+Each subcommand module's ``register`` builds its parser with ``add_subcommand`` and adds the
+shared options from here, so that ``--device``, ``--hf``/``--revision``, ``--threads``,
+``--quiet`` and a run directory read (and are documented) the same in every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from headwise.training.device import DEVICE_CHOICES
+
+
+def add_subcommand(subparsers: Any, name: str, run: Callable[[argparse.Namespace], int], *,
+                   help: str, description: str) -> argparse.ArgumentParser:
+    """Add the subcommand ``name`` whose ``func`` is ``run(args) -> exit code``."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(name, help=help,
+                                                            description=description)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def add_run_argument(p: argparse.ArgumentParser) -> None:
+    """Add the positional ``RUN``: a run directory."""
+    p.add_argument("run", metavar="RUN",
+                   help="a run directory written by `headwise train` / `headwise demo`")
+
+
+def add_hf_arguments(p: argparse.ArgumentParser, required: bool) -> None:
+    """Add ``--hf DIR|ID`` (a local HuggingFace model) and ``--revision REV``."""
+    p.add_argument("--hf", required=required, metavar="DIR|ID",
+                   help="a local HuggingFace model directory, or a model id in the local HF "
+                        "cache (no network)")
+    p.add_argument("--revision", metavar="REV",
+                   help="with --hf ID: branch, tag or commit in the cache (default main)")
+
+
+def add_run_options(p: argparse.ArgumentParser, threads: int | None, threads_text: str) -> None:
+    """Add ``--threads N`` (torch's CPU threads) and ``--quiet`` (no progress bar)."""
+    p.add_argument("--threads", type=int, default=threads,
+                   help=f"CPU threads for torch (default: {threads_text})")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def add_device_argument(p: argparse.ArgumentParser, default: str | None,
+                        default_text: str) -> None:
+    """Add ``--device auto|cpu|cuda|cuda:N`` (checked when the command places the model)."""
+    p.add_argument("--device", default=default, metavar="DEVICE",
+                   help=f"where the model runs: {DEVICE_CHOICES} (default: {default_text}; "
+                        "auto picks CUDA when available)")

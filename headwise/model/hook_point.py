@@ -1,0 +1,210 @@
+"""HookPoint: an identity module at a named place in the forward pass; ``Hook`` records and
+``attach_hooks`` (the ``with`` block that attaches them).
+
+The model is built from hook points (every component declares its own), so they live in
+``headwise.model``; ``headwise.hooks`` re-exports them with the interventions built on them.
+
+A hook function has the TransformerLens signature ``fn(value, hook) -> Tensor | None``: it may
+read ``value``, return a replacement (same shape) or edit it in place. ``hook`` is a
+``HookContext`` with the point's ``name`` and ``heads`` (the head indices that ``value``'s head
+axis holds, in order; ``None`` when the point has no head axis).
+
+A hook may be restricted to some heads of its layer: it then receives only those heads' slice
+and its replacement is written back into those heads only. Restrictions on ``hook_k``/``hook_v``
+name *query* heads and act on the kv heads they read (GQA: a kv head is shared by its group).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+HookFn = Callable[[Tensor, "HookContext"], "Tensor | None"]
+
+
+@dataclass(frozen=True)
+class HookContext:
+    """What a hook function learns about the value it receives."""
+
+    name: str
+    heads: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class Hook:
+    """A hook to attach: a point ``name`` (or a predicate over names), a function, and options.
+
+    Args:
+        name: full hook-point name (``blocks.0.attn.hook_pattern``) or ``fn(name) -> bool``.
+        fn: the hook function (see module docstring).
+        heads: query-head indices of that layer to restrict to; ``None`` for all heads.
+        direction: ``"fwd"`` for values, ``"bwd"`` for gradients at the point.
+    """
+
+    name: str | Callable[[str], bool]
+    fn: HookFn
+    heads: tuple[int, ...] | None = None
+    direction: str = "fwd"
+
+
+class HookPoint(nn.Module):
+    """Identity unless hooks are attached; its name is its module path.
+
+    Args:
+        head_axis: the axis that indexes heads in this point's value, or ``None``.
+        kv_group: for ``hook_k``/``hook_v``: query heads per kv head (maps restrictions).
+    """
+
+    def __init__(self, head_axis: int | None = None, kv_group: int = 1) -> None:
+        super().__init__()
+        self.name = ""
+        self.head_axis = head_axis
+        self.kv_group = kv_group
+        self._fwd: list[Hook] = []
+        self._bwd: list[Hook] = []
+
+    @property
+    def active(self) -> bool:
+        """Whether any hook is attached (the attention module asks before materialising)."""
+        return bool(self._fwd or self._bwd)
+
+    def requested_heads(self) -> frozenset[int] | None:
+        """Head indices that attached hooks need (``None``: none attached).
+
+        Returns every head (as the sentinel ``frozenset({-1})``) when any hook is unrestricted.
+        """
+        hooks = self._fwd + self._bwd
+        if not hooks:
+            return None
+        out: set[int] = set()
+        for h in hooks:
+            if h.heads is None:
+                return frozenset({-1})
+            out.update(h.heads)
+        return frozenset(out)
+
+    def attach(self, hook: Hook) -> None:
+        """Attach ``hook`` (use ``model.hooks(...)``, which also detaches)."""
+        (self._fwd if hook.direction == "fwd" else self._bwd).append(hook)
+
+    def detach(self, hook: Hook) -> None:
+        """Remove ``hook`` if attached."""
+        for lst in (self._fwd, self._bwd):
+            if hook in lst:
+                lst.remove(hook)
+
+    def forward(self, x: Tensor, heads: tuple[int, ...] | None = None) -> Tensor:
+        """Run attached forward hooks on ``x`` and register backward hooks on it.
+
+        Args:
+            x: the value at this point.
+            heads: which heads ``x``'s head axis holds (``None``: all, in order).
+        """
+        if not self._fwd and not self._bwd:
+            return x
+        for hook in self._fwd:
+            x = self._call(hook, x, heads)
+        if self._bwd and x.requires_grad:
+            x = x.view_as(x)  # a fresh node, so gradient hooks see this point only
+            for hook in self._bwd:
+                x.register_hook(lambda g, hook=hook: self._call(hook, g, heads))
+        return x
+
+    def _call(self, hook: Hook, x: Tensor, heads: tuple[int, ...] | None) -> Tensor:
+        sel = self._positions(hook.heads, heads)
+        if sel is None:
+            out = hook.fn(x, HookContext(self.name, heads))
+            return x if out is None else _checked(out, x, self.name)
+        axis = self.head_axis
+        assert axis is not None
+        idx = torch.tensor(sel, device=x.device)
+        part = x.index_select(axis, idx)
+        local = tuple((heads[i] if heads is not None else i) for i in sel)
+        out = hook.fn(part, HookContext(self.name, local))
+        if out is None:  # the hook may have edited `part` in place: write it back
+            out = part
+        return x.index_copy(axis, idx, _checked(out, part, self.name))
+
+    def _positions(self, wanted: tuple[int, ...] | None,
+                   present: tuple[int, ...] | None) -> list[int] | None:
+        """Positions along the head axis that a restricted hook sees; ``None`` for all."""
+        if wanted is None or self.head_axis is None:
+            return None
+        want = sorted({h // self.kv_group for h in wanted})
+        if present is None:
+            return want
+        return [i for i, h in enumerate(present) if h in want]
+
+
+def _checked(out: object, like: Tensor, name: str) -> Tensor:
+    if not isinstance(out, Tensor) or out.shape != like.shape:
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(
+            f"hook at {name!r} returned {got}, expected a tensor of shape {tuple(like.shape)}"
+        )
+    return out
+
+
+def hook_points(model: nn.Module) -> dict[str, HookPoint]:
+    """Every hook point of ``model`` by its name."""
+    return {m.name: m for m in model.modules() if isinstance(m, HookPoint)}
+
+
+def _as_hooks(items: Iterable[Any]) -> list[Hook]:
+    out: list[Hook] = []
+    for item in items:
+        if isinstance(item, Hook):
+            out.append(item)
+        elif isinstance(item, tuple) and 2 <= len(item) <= 3:  # (name, fn[, heads])
+            out.append(Hook(item[0], item[1], tuple(item[2]) if len(item) == 3 else None))
+        elif isinstance(item, Iterable) and not isinstance(item, (str, bytes)):
+            out.extend(_as_hooks(item))
+        else:
+            raise TypeError(f"hooks: expected Hook or (name, fn[, heads]) tuples, got {item!r}")
+    return out
+
+
+@contextmanager
+def attach_hooks(model: nn.Module, *hooks: Any) -> Iterator[None]:
+    """Attach hooks while the block runs; all are detached on exit, even on error.
+
+    Args:
+        model: a model containing HookPoints.
+        hooks: ``Hook`` objects, ``(name, fn)`` / ``(name, fn, heads)`` tuples, or lists of them.
+
+    Raises:
+        KeyError: a name that is no hook point of the model (with the close matches).
+    """
+    points = hook_points(model)
+    attached: list[tuple[HookPoint, Hook]] = []
+    try:
+        for hook in _as_hooks(hooks):
+            for point in resolve_points(points, hook.name):
+                point.attach(hook)
+                attached.append((point, hook))
+        yield
+    finally:
+        for point, hook in attached:
+            point.detach(hook)
+
+
+def resolve_points(points: dict[str, HookPoint],
+                   name: str | Callable[[str], bool]) -> list[HookPoint]:
+    """The points a hook's ``name`` (or predicate) selects.
+
+    Raises:
+        KeyError: a name that is no hook point (with the close matches).
+    """
+    if callable(name):
+        return [p for n, p in points.items() if name(n)]
+    if name not in points:
+        from difflib import get_close_matches
+
+        close = get_close_matches(name, list(points), n=3)
+        raise KeyError(f"{name!r} is not a hook point of this model; close: {close}")
+    return [points[name]]

@@ -1,0 +1,90 @@
+"""Export a finished run as a HuggingFace directory: the run's model, its levers checked.
+
+``export_run(run, out)`` rebuilds the run's model with its levers from ``spec.yaml``, refuses
+spec levers a HuggingFace model cannot express (task gates, structural masks; named by their
+spec field), picks the run's tokenizer (its pretrained checkpoint's, else its text task's) and
+hands the model to ``headwise.interop.export.export_hf``. ``export_hf`` here is the public
+``headwise.export_hf``: a run directory or a model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from headwise.errors import ConfigError
+from headwise.interop.export import export_hf as export_model
+from headwise.interop.load import TOKENIZER_FILES
+from headwise.pipeline.run import load_run
+from headwise.runspec import Spec
+
+
+def export_hf(source: str | Path | nn.Module, out: str | Path, *,
+              tokenizer: str | Path | None = None, overwrite: bool = False,
+              peft: str | Path | None = None) -> Path:
+    """Write ``source`` (a run directory or a headwise ``Transformer``) as an HF directory.
+
+    A model goes to ``headwise.interop.export.export_hf``; a run to ``export_run`` (same
+    arguments, same errors).
+    """
+    if isinstance(source, nn.Module):
+        return export_model(source, out, tokenizer=tokenizer, overwrite=overwrite, peft=peft)
+    return export_run(source, out, tokenizer=tokenizer, overwrite=overwrite, peft=peft)
+
+
+def export_run(run: str | Path, out: str | Path, *, tokenizer: str | Path | None = None,
+               overwrite: bool = False, peft: str | Path | None = None) -> Path:
+    """Write a finished run's model (levers rebuilt from its ``spec.yaml``) as an HF directory.
+
+    Args:
+        run: a finished run (``headwise train``'s ``--out``).
+        out: the directory to write (created if missing).
+        tokenizer: tokenizer directory or ``tokenizer.json`` to copy; default: the run's
+            pretrained checkpoint's, else its text tasks' tokenizer, if any.
+        overwrite: replace the HF files of a non-empty ``out``.
+        peft: write the LoRA adapters to this directory as a PEFT adapter instead of merging.
+
+    Returns:
+        ``out`` as a Path.
+
+    Raises:
+        ConfigError: a config field, spec lever or installed mask/gate with no HF equivalent
+            (named), ``out`` not empty without ``overwrite``, or ``out`` is the run itself.
+        CheckpointError: not a finished run, or the tokenizer path holds no tokenizer file.
+        SpecError: the run's spec is invalid.
+    """
+    run, out = Path(run), Path(out)
+    if out.resolve() == run.resolve():
+        raise ConfigError(f"out: {out} is the run directory itself; expected another "
+                          "directory (the run's own config.json would be overwritten)")
+    model, default_tokenizer = _load_run(run)
+    return export_model(model, out, tokenizer=tokenizer if tokenizer is not None
+                        else default_tokenizer, overwrite=overwrite, peft=peft)
+
+
+def _load_run(run: Path) -> tuple[nn.Module, Path | None]:
+    """The run's model with its levers, after refusing spec levers HF cannot express; and the
+    run's tokenizer source, if any."""
+    compiled = load_run(run)
+    spec = compiled.spec
+    if spec.gates is not None:
+        raise ConfigError("gates: the run routes tasks through task gates; a HuggingFace model "
+                          "has no equivalent (export a run without gates)")
+    for rule in spec.heads:
+        if rule.mask is not None:
+            raise ConfigError(f"heads.{rule.selector}.mask: {rule.mask.name!r} is a structural "
+                              "mask; a HuggingFace model has no per-head masks (export a run "
+                              "without masks)")
+    return compiled.model, _run_tokenizer(spec)
+
+
+def _run_tokenizer(spec: Spec) -> Path | None:
+    if spec.model.pretrained is not None:
+        path = Path(spec.model.pretrained.path)
+        if any((path / name).is_file() for name in TOKENIZER_FILES):
+            return path
+    for task in spec.data.tasks:
+        if task.kwargs.get("tokenizer"):
+            return Path(str(task.kwargs["tokenizer"]))
+    return None
