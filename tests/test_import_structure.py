@@ -39,26 +39,13 @@ FACADE = 10.5  # ``headwise/__init__.py``
 
 # Edges that other branches of issue 15 remove (in files this branch does not own).
 # The lead deletes each entry once the fix has landed; the test does not fail on stale ones.
-KNOWN_VIOLATIONS: set[tuple[str, str]] = {
-    # part B (model/attention.py): import HookPoint from headwise.model.hook_point.
-    ("headwise.model.attention", "headwise.hooks.hook_point"),
-    # part B (pipeline/analyze.py): import verify_data from headwise.pipeline.heldout
-    # (pipeline.run imports pipeline.analyze lazily for the forecast watch).
-    ("headwise.pipeline.analyze", "headwise.pipeline.run"),
-    # training/tensorboard.py draws the role heatmap with analysis and pipeline.analyze's
-    # DATA_ROLES; the fix is a ``train(..., checkpoint_image=fn)`` parameter in
-    # training/loop.py (issue-12 helper's file) that pipeline.run fills.
-    ("headwise.training.tensorboard", "headwise.analysis.figures"),
-    ("headwise.training.tensorboard", "headwise.analysis.roles"),
-    ("headwise.training.tensorboard", "headwise.pipeline.analyze"),
-}
 
 # Upward imports kept on purpose for a deprecated name, each until the release that drops it.
 DEPRECATED_ALIASES: set[tuple[str, str]] = {
     # Contract.from_list (deprecated in 0.2, removed in 0.3) delegates to contract_from_list.
     ("headwise.analysis.contract", "headwise.runspec.clauses"),
 }
-ALLOWED = KNOWN_VIOLATIONS | DEPRECATED_ALIASES
+ALLOWED = DEPRECATED_ALIASES
 
 
 def _module_name(path: Path) -> str:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headwise.heads import kv_head
-from headwise.hooks.hook_point import HookPoint
+from headwise.model.hook_point import HookPoint
 from headwise.model.positional import Rotary
 
 # head_mask(seq_len, task_ids, device) -> bool mask (H|1, T, T) or (B, H|1, T, T), True = may attend

@@ -8,6 +8,7 @@ ablating each head on each task, and the gate table.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from headwise.analysis.figures import heatmap
 from headwise.analysis.importance import ablation_importance
 from headwise.analysis.importance_matrix import ImportanceMatrix
 from headwise.analysis.role_table import RoleTable
@@ -22,7 +24,7 @@ from headwise.analysis.roles import role_scores
 from headwise.analysis.verify import VerifyData
 from headwise.control.gates import GateTable, gate_table
 from headwise.pipeline.compile import Compiled
-from headwise.pipeline.run import verify_data
+from headwise.pipeline.heldout import verify_data
 
 # Roles shown for every head (the TransformerLens variants are left to the Python API).
 DATA_ROLES = ("previous_token", "duplicate_token", "first_token", "self", "local", "entropy")
@@ -92,3 +94,13 @@ def metrics_curve(run_dir: Path) -> list[dict[str, Any]]:
         if record.get("kind") == "eval":
             out.append(record)
     return out
+
+
+def role_heatmap_png(model: nn.Module, batch: Any) -> bytes:
+    """The report's role-score figure (heads x ``DATA_ROLES``) of ``model`` on ``batch``, as
+    PNG; a pipeline run logs it to TensorBoard at checkpoints (``train(figures=...)``)."""
+    table = role_scores(model, batch.tokens, batch.attention_mask, roles=list(DATA_ROLES),
+                        task_ids=batch.task_ids)
+    values = [[None if math.isnan(v) else v for v in row] for row in table.values.tolist()]
+    return heatmap(values, "role scores (heads x roles)", table.roles,
+                   [str(h) for h in table.heads], vmin=0, vmax=1, annotate=True)

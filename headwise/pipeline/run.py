@@ -28,6 +28,7 @@ from headwise.analysis.contract import Contract
 from headwise.analysis.verify import ContractResult, VerifyData, verify
 from headwise.errors import CheckpointError, SpecError
 from headwise.memory import check_memory, training_bytes
+from headwise.pipeline.analyze import role_heatmap_png, run_role_table
 from headwise.pipeline.compile import Compiled, compile_spec
 from headwise.pipeline.heldout import contract_of, probe_sampler, verify_data
 from headwise.runspec import Spec, load_spec, spec_from_dict
@@ -43,6 +44,7 @@ RUN_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors", MANIFE
 MODEL_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors")
 RUN_FORMAT = "headwise-run/1"
 MAX_STEPS = 10**9
+FIGURES = {"roles/heatmap": role_heatmap_png}  # logged at checkpoints with log: [tensorboard]
 
 
 @dataclass
@@ -208,7 +210,7 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     result = train(compiled.model, compiled.data, config, out_dir=out,
                    objectives=compiled.objectives, callbacks=callbacks,
                    optimizer_hooks=compiled.optimizer_hooks, resume=resume,
-                   eval_data=compiled.eval_data, progress=progress)
+                   eval_data=compiled.eval_data, progress=progress, figures=FIGURES)
     verdict = _verify_trained(compiled, contract, data)
     enforcement = (summary(result.extra, verdict, result.step)
                    if enforce and verdict is not None else None)
@@ -318,7 +320,6 @@ def _forecast_watch(compiled: Compiled, data: VerifyData, contract: Contract, ev
                     warn: Callable[[str], None], total_steps: int) -> Callable[[Any], None]:
     from headwise.analysis.forecast import load_forecaster
     from headwise.analysis.forecast_contract import ForecastWatch
-    from headwise.pipeline.analyze import run_role_table
 
     return ForecastWatch(lambda m: run_role_table(m, data), total_steps, every,
                          contract if contract.clauses else None, load_forecaster(), warn)

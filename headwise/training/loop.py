@@ -40,7 +40,7 @@ from headwise.training.distributed import DistContext, setup, teardown, wrap
 from headwise.training.evaluate import EVAL_SEED_OFFSET, evaluate, forward
 from headwise.training.interrupt import Interrupted, catch_signals
 from headwise.training.metrics import LogWindow, ProgressBar, task_loss
-from headwise.training.run_log import RunLog
+from headwise.training.run_log import Figures, RunLog
 from headwise.training.safetensors_io import save_weights, write_bytes_atomic
 
 # Fields that must match a checkpoint's for an exact resume.
@@ -144,7 +144,7 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
           callbacks: Sequence[Callable[[TrainState], None]] = (),
           optimizer_hooks: Sequence[Callable[[torch.optim.Optimizer], None]] = (),
           resume: bool = False, eval_data: Mixture | None = None,
-          progress: bool = True) -> TrainResult:
+          progress: bool = True, figures: Figures | None = None) -> TrainResult:
     """Train ``model`` on ``data`` (see the module docstring for the step).
 
     Args:
@@ -162,6 +162,9 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
             final weights).
         eval_data: held-out mixture (default: ``data`` with the evaluation seed).
         progress: show a progress bar (rank 0).
+        figures: with ``"tensorboard" in config.log``, images logged at every checkpoint:
+            tag -> ``fn(model, batch) -> PNG bytes`` on the first held-out batch (the pipeline
+            passes the role-score heatmap; ``headwise.pipeline.analyze.role_heatmap_png``).
 
     Raises:
         ConfigError: data that does not fit the model, ``resume`` without ``out_dir``, two
@@ -185,7 +188,8 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
     try:
         run = _start(model, data, eval_data or data, config,
                      Path(out_dir) if out_dir is not None else None,
-                     list(objectives), list(callbacks), list(optimizer_hooks), progress, ctx)
+                     list(objectives), list(callbacks), list(optimizer_hooks), progress, ctx,
+                     dict(figures or {}))
         if resume:
             _restore(run)
         result = _run(run)
@@ -226,7 +230,7 @@ def _start(model: nn.Module, data: Mixture, eval_data: Mixture, config: TrainCon
            out_dir: Path | None, objectives: list[Any],
            callbacks: list[Callable[[TrainState], None]],
            optimizer_hooks: list[Callable[[torch.optim.Optimizer], None]], progress: bool,
-           ctx: DistContext) -> _Run:
+           ctx: DistContext, figures: Figures) -> _Run:
     """The optimizer, the seeded generators and the run log of a fresh run."""
     optimizer = make_optimizer(model, config)
     for hook in optimizer_hooks:
@@ -234,7 +238,7 @@ def _start(model: nn.Module, data: Mixture, eval_data: Mixture, config: TrainCon
     gen = torch.Generator().manual_seed(config.seed)
     # The global RNG drives dropout; a resume overwrites this with the checkpoint's state.
     torch.manual_seed(config.seed + ctx.rank)
-    writer = RunLog(out_dir, ctx.is_main, config, eval_data)
+    writer = RunLog(out_dir, ctx.is_main, config, eval_data, figures)
     return _Run(model, data, eval_data, config, out_dir, objectives,
                 [*callbacks, *writer.callbacks], optimizer, gen, ctx, writer, progress,
                 LogWindow.empty(objectives, len(data.names), ctx.device))

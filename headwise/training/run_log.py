@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from headwise.training.config import TrainConfig
 from headwise.training.metrics import MetricsWriter
 
 TENSORBOARD_DIR = "tensorboard"
+Figures = Mapping[str, Callable[[nn.Module, Any], bytes]]  # tag -> fn(model, batch) -> PNG
 
 
 class RunLog:
@@ -27,11 +28,12 @@ class RunLog:
         out_dir: the run directory (``None``: nothing is written).
         enabled: whether this process writes (rank 0).
         config: the run's config (``log``, and the evaluation seed for the heatmap's batch).
-        eval_data: the held-out mixture the heatmap's role scores are measured on.
+        eval_data: the held-out mixture whose first batch the figures are drawn on.
+        figures: images logged at checkpoints (``train(figures=...)``).
     """
 
     def __init__(self, out_dir: Path | None, enabled: bool, config: TrainConfig,
-                 eval_data: Mixture) -> None:
+                 eval_data: Mixture, figures: Figures) -> None:
         self.jsonl = MetricsWriter(out_dir, enabled)
         self.tensorboard = None
         if out_dir is not None and enabled and "tensorboard" in config.log:
@@ -42,7 +44,7 @@ class RunLog:
                 gen = torch.Generator().manual_seed(config.seed + EVAL_SEED_OFFSET)
                 return eval_data.sample(config.batch_size, gen)
 
-            self.tensorboard = TensorBoardSink(Path(out_dir) / TENSORBOARD_DIR, probe)
+            self.tensorboard = TensorBoardSink(Path(out_dir) / TENSORBOARD_DIR, probe, figures)
 
     @property
     def callbacks(self) -> list[Callable[[Any], None]]:

@@ -1,4 +1,4 @@
-"""TensorBoard sink for ``train.log: [jsonl, tensorboard]``: scalars, constraints, role heatmaps.
+"""TensorBoard sink for ``train.log: [jsonl, tensorboard]``: scalars, constraints, figures.
 
 Event files go to ``out_dir/tensorboard`` (``tensorboard --logdir RUN/tensorboard``). Tags:
 
@@ -11,8 +11,10 @@ Event files go to ``out_dir/tensorboard`` (``tensorboard --logdir RUN/tensorboar
   becomes ``constraints/NAME/FIELD``; the ``--enforce`` callback's latest evaluation point
   (``extra["enforce"]["history"][-1]``) becomes ``constraints/contract[I]/violation``,
   ``.../multiplier`` and ``.../measured`` for each clause I;
-- at every checkpoint, the image ``roles/heatmap``: role scores (heads x ``DATA_ROLES``) on
-  the first held-out evaluation batch, drawn as the report draws them.
+- at every checkpoint, each image ``train(figures=...)`` names, drawn on the first held-out
+  evaluation batch (a run of the pipeline logs ``roles/heatmap``: role scores, heads x
+  ``DATA_ROLES``, drawn as the report draws them). Training sits below analysis, so the
+  figures come in as functions from the caller.
 
 A resumed run purges the events logged after the checkpoint it resumes from (TensorBoard's
 ``purge_step``), as ``metrics.jsonl`` drops those lines.
@@ -85,21 +87,24 @@ def _number(x: object) -> bool:
 
 
 class TensorBoardSink:
-    """Writes the run's scalars and role heatmaps as TensorBoard event files.
+    """Writes the run's scalars and checkpoint figures as TensorBoard event files.
 
     Args:
         log_dir: where the event files go (created on the first write).
-        probe: ``() -> Batch`` returning the batch role scores are measured on at checkpoints
-            (called once, at the first checkpoint); ``None``: no heatmaps.
+        probe: ``() -> Batch`` returning the batch the figures are drawn on (called once, at
+            the first checkpoint with figures).
+        figures: tag -> ``fn(model, batch) -> PNG bytes``, logged at every checkpoint.
 
     Raises:
         ConfigError: TensorBoard is not installed.
     """
 
-    def __init__(self, log_dir: Path, probe: Callable[[], Any] | None = None) -> None:
+    def __init__(self, log_dir: Path, probe: Callable[[], Any],
+                 figures: Mapping[str, Callable[[nn.Module, Any], bytes]]) -> None:
         require_tensorboard()
         self.log_dir = Path(log_dir)
         self._probe_fn = probe
+        self._figures = dict(figures)
         self._probe: Any = None
         self._purge_step: int | None = None
         self._writer: Any = None
@@ -134,15 +139,16 @@ class TensorBoardSink:
 
     @torch.no_grad()
     def checkpoint(self, step: int, model: nn.Module) -> None:
-        """Add the role-score heatmap of ``model`` at ``step`` as the image ``roles/heatmap``."""
-        if self._probe_fn is None:
+        """Add each figure of ``model`` at ``step`` as an image under its tag."""
+        if not self._figures:
             return
-        png = role_heatmap_png(model, self._batch(model))
-        self.writer.add_image("roles/heatmap", _decode_png(png), step, dataformats="HWC")
+        batch = self._batch(model)
+        for tag, figure in self._figures.items():
+            self.writer.add_image(tag, _decode_png(figure(model, batch)), step, dataformats="HWC")
         self.writer.flush()
 
     def _batch(self, model: nn.Module) -> Any:
-        if self._probe is None and self._probe_fn is not None:
+        if self._probe is None:
             self._probe = self._probe_fn()
         return self._probe.to(next(model.parameters()).device)
 
@@ -151,19 +157,6 @@ class TensorBoardSink:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-
-
-def role_heatmap_png(model: nn.Module, batch: Any) -> bytes:
-    """The report's role-score figure (heads x ``DATA_ROLES``) of ``model`` on ``batch``, as PNG."""
-    from headwise.analysis.figures import heatmap
-    from headwise.analysis.roles import role_scores
-    from headwise.pipeline.analyze import DATA_ROLES
-
-    table = role_scores(model, batch.tokens, batch.attention_mask, roles=list(DATA_ROLES),
-                        task_ids=batch.task_ids)
-    values = [[None if math.isnan(v) else v for v in row] for row in table.values.tolist()]
-    return heatmap(values, "role scores (heads x roles)", table.roles,
-                   [str(h) for h in table.heads], vmin=0, vmax=1, annotate=True)
 
 
 def _decode_png(png: bytes) -> Any:

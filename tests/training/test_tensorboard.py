@@ -20,10 +20,11 @@ from headwise.config import ModelConfig
 from headwise.data import CopyTask, Mixture, ModularAdditionTask
 from headwise.errors import ConfigError, SpecError
 from headwise.model import build_model
-from headwise.pipeline.analyze import DATA_ROLES
+from headwise.pipeline.analyze import DATA_ROLES, role_heatmap_png
+from headwise.pipeline.run import FIGURES
 from headwise.training import TrainConfig, TrainState, checkpoint_dir, load_weights, train
 from headwise.training.evaluate import EVAL_SEED_OFFSET
-from headwise.training.tensorboard import constraint_scalars, role_heatmap_png
+from headwise.training.tensorboard import constraint_scalars
 
 event_accumulator = pytest.importorskip(
     "tensorboard.backend.event_processing.event_accumulator")
@@ -73,7 +74,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = TrainConfig(steps=6, batch_size=8, lr=0.05, log_every=2, eval_every=3, eval_batches=1,
                          checkpoint_every=3, log=("jsonl", "tensorboard"))
     train(build_model(CFG, seed=0), _data(), config, out_dir=out, objectives=[_Weighted()],
-          callbacks=[_halve], progress=False)
+          callbacks=[_halve], progress=False, figures=FIGURES)
     return out
 
 
@@ -140,7 +141,7 @@ def test_resume_purges_events_after_the_checkpoint(run: Path, tmp_path: Path) ->
                          checkpoint_every=3, log=("jsonl", "tensorboard"))
     obj = _Weighted()
     train(build_model(CFG, seed=0), _data(), config, out_dir=out, objectives=[obj],
-          callbacks=[_halve], resume=True, progress=False)
+          callbacks=[_halve], resume=True, progress=False, figures=FIGURES)
     before, after = _read(run), _read(out)
     for tag in ("eval/loss", "eval/task/copy/accuracy", "constraints/contract[0]/multiplier"):
         assert _scalars(after, tag) == _scalars(before, tag), tag  # bitwise resume
