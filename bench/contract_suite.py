@@ -103,10 +103,15 @@ def spawn(spec: Path, enforce: bool, tmp: Path, sets: list[str]) -> dict[str, An
         cmd.append("--enforce")
     for item in sets:
         cmd += ["--set", item]
+    return run_worker(cmd, f"{spec.stem} (enforce={enforce})")
+
+
+def run_worker(cmd: list[str], label: str) -> dict[str, Any]:
+    """Run one worker process on one torch thread; its last stdout line is its JSON result."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"{spec.stem} (enforce={enforce}) failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{label} failed:\n{proc.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
 

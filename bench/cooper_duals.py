@@ -28,15 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from contract_suite import SUITE, run_one  # noqa: E402
+from contract_suite import SUITE, run_one, run_worker  # noqa: E402
 
 DUALS = ("own", "cooper-sgd", "cooper-nupi")
 KP = 1.0
@@ -100,12 +98,7 @@ def worker(spec: Path, out: Path, dual: str) -> dict[str, Any]:
 def spawn(spec: Path, dual: str, tmp: Path) -> dict[str, Any]:
     out = tmp / f"{spec.stem}-{dual}"
     cmd = [sys.executable, __file__, "--worker", str(spec), str(out), dual]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{spec.stem} ({dual}) failed:\n{proc.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return run_worker(cmd, f"{spec.stem} ({dual})")
 
 
 def _gap(rows: list[dict[str, Any]], dual: str) -> float:
