@@ -172,6 +172,9 @@ def main() -> None:
     specs = sorted(SUITE.glob("*.yaml"))
     if args.only:
         specs = [s for s in specs if s.stem in args.only]
+        if not specs:
+            parser.error(f"--only: no suite spec named {args.only}; "
+                         f"expected some of {sorted(p.stem for p in SUITE.glob('*.yaml'))}")
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
         jobs = [(s, e) for s in specs for e in (False, True)]  # interleaved plain / enforced
         done = list(pool.map(lambda job: spawn(job[0], job[1], Path(tmp), args.set), jobs))
