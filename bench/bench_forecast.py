@@ -410,7 +410,7 @@ def print_near(preds: dict[str, dict[float, Rows]]) -> None:
 def save(model: Any, preds: dict, confirm: dict, runs: list[dict], confirm_runs: list[dict],
          seeds: list[int], fresh: list[int]) -> None:
     """Write the packaged forecaster with what the benchmark measured (20% of checkpoints)."""
-    from headwise.training.safetensors_io import write_bytes_atomic
+    from headwise.atomic import write_bytes_atomic
 
     model.measured = {
         "fraction": 0.2, "n_runs": len(runs), "configs": list(CONFIGS), "seeds": seeds,

@@ -31,10 +31,10 @@ from headwise.analysis.role_table import SHOWN_MIN_SCORE, RoleTable
 from headwise.analysis.trajectories import Trajectory
 from headwise.analysis.verify import ContractResult
 from headwise.analysis.viewer import report_viewers
+from headwise.atomic import write_bytes_atomic
 from headwise.heads import Head, HeadSet, select_heads
 from headwise.model.eval_mode import in_eval_mode
 from headwise.patterns import DEFAULT_WINDOW, role_target, score_sums, target_similarity_sums
-from headwise.training.safetensors_io import write_bytes_atomic
 
 REPORT_VERSION = 1
 

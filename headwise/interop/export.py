@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from headwise.atomic import write_bytes_atomic
 from headwise.config import ModelConfig
 from headwise.control.lora import lora_modules
 from headwise.errors import CheckpointError, ConfigError
@@ -30,7 +31,7 @@ from headwise.interop.load import TOKENIZER_FILES
 from headwise.interop.peft_export import export_peft
 from headwise.interop.registry import get_converter
 from headwise.interop.weights import PICKLE, PICKLE_INDEX, SAFETENSORS, SAFETENSORS_INDEX
-from headwise.training.safetensors_io import save_tensors, write_bytes_atomic
+from headwise.training.safetensors_io import save_tensors
 
 # Files an earlier export (or HF checkpoint) in ``out`` may hold; replaced or removed on
 # ``overwrite`` so that no stale weights or tokenizer survive next to the new ones.

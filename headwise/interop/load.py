@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from headwise.atomic import write_bytes_atomic
 from headwise.config import ModelConfig
 from headwise.errors import CheckpointError, ConfigError
 from headwise.interop.bert import POOLER_KEYS, BertPooler
@@ -22,7 +23,7 @@ from headwise.interop.hub_cache import resolve_model
 from headwise.interop.registry import get_converter
 from headwise.interop.weights import SAFETENSORS, read_json, read_safetensors, read_state_dict
 from headwise.model import Transformer, build_model
-from headwise.training.safetensors_io import save_tensors, write_bytes_atomic
+from headwise.training.safetensors_io import save_tensors
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.txt", "merges.txt", "vocab.json")

@@ -20,13 +20,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from headwise.atomic import write_bytes_atomic
 from headwise.control.lora import LoRAConfig, apply_lora, lora_modules
 from headwise.control.lora_layer import LoRALinear
 from headwise.errors import CheckpointError
 from headwise.interop.converter import Converter
 from headwise.interop.registry import get_converter
 from headwise.interop.weights import read_json, read_pickle, read_safetensors
-from headwise.training.safetensors_io import save_tensors, write_bytes_atomic
+from headwise.training.safetensors_io import save_tensors
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

@@ -67,8 +67,8 @@ def write_file(path: str, text: str, option: str) -> None:
     Raises:
         SpecError: the file cannot be written (naming the option and the path).
     """
+    from headwise.atomic import write_bytes_atomic
     from headwise.errors import SpecError
-    from headwise.training.safetensors_io import write_bytes_atomic
 
     try:
         write_bytes_atomic(Path(path), text.encode("utf-8"))

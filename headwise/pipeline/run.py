@@ -26,6 +26,7 @@ from typing import Any
 
 from headwise.analysis.contract import Contract
 from headwise.analysis.verify import ContractResult, VerifyData, verify
+from headwise.atomic import write_bytes_atomic
 from headwise.errors import CheckpointError, SpecError
 from headwise.memory import check_memory, training_bytes
 from headwise.pipeline.analyze import role_heatmap_png, run_role_table
@@ -36,7 +37,6 @@ from headwise.runspec.yaml_io import parse_yaml, read_spec_text
 from headwise.training import TrainConfig, TrainResult, clean_checkpoints, list_checkpoints, train
 from headwise.training.device import check_device_name, model_device, place, resolve_device
 from headwise.training.manifest import MANIFEST, verify_manifest, write_manifest
-from headwise.training.safetensors_io import write_bytes_atomic
 
 RUN_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors", MANIFEST,
              "metrics.jsonl", "contract.json", "enforcement.json", "report.json", "report.html")

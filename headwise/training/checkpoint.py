@@ -31,10 +31,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from headwise.atomic import fsync_dir
 from headwise.errors import CheckpointError, StorageError
 from headwise.training.manifest import check_digests, verify_manifest, write_manifest
 from headwise.training.safetensors_io import (
-    fsync_dir,
     load_tensors,
     load_weights,
     save_tensors,

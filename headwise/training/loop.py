@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from headwise.atomic import write_bytes_atomic
 from headwise.data import Mixture
 from headwise.errors import ConfigError, TrainingDiverged
 from headwise.training.checkpoint import (
@@ -41,7 +42,7 @@ from headwise.training.evaluate import EVAL_SEED_OFFSET, evaluate, forward
 from headwise.training.interrupt import Interrupted, catch_signals
 from headwise.training.metrics import LogWindow, ProgressBar, task_loss
 from headwise.training.run_log import Figures, RunLog
-from headwise.training.safetensors_io import save_weights, write_bytes_atomic
+from headwise.training.safetensors_io import save_weights
 
 # Fields that must match a checkpoint's for an exact resume.
 _RESUME_FIELDS = ("batch_size", "lr", "weight_decay", "betas", "warmup_steps", "min_lr_ratio",

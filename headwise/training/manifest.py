@@ -15,8 +15,9 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from headwise.atomic import write_bytes_atomic
 from headwise.errors import CheckpointError
-from headwise.training.safetensors_io import sha256_file, write_bytes_atomic
+from headwise.training.safetensors_io import sha256_file
 
 MANIFEST = "manifest.json"
 FORMAT = "headwise-manifest/1"

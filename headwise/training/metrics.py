@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from headwise.atomic import write_bytes_atomic
 from headwise.data import IGNORE, Batch
 from headwise.errors import StorageError
 from headwise.training.distributed import DistContext
-from headwise.training.safetensors_io import write_bytes_atomic
 
 # Columns of the per-task statistics matrix (n_tasks, 5).
 LOSS_SUM, CORRECT, TARGETS, EXACT, EXAMPLES = range(5)

@@ -1,7 +1,7 @@
 """Safetensors I/O without pickle: atomic, fsynced writes; validated model-weight loading.
 
 Files are written through ``write_bytes_atomic`` (defined in the foundation module
-``headwise.atomic`` so that every layer can use it, and re-exported here).
+``headwise.atomic`` so that every layer can use it; import it from there).
 
 Tied weights (``unembed.weight`` sharing ``embed.weight``) are stored once; the file's metadata
 maps every alias to its stored name (``headwise.aliases``), so loading restores the tie.
@@ -20,11 +20,11 @@ from safetensors import safe_open
 from safetensors.torch import save
 from torch import Tensor, nn
 
-from headwise.atomic import fsync_dir, write_bytes_atomic
+from headwise.atomic import write_bytes_atomic
 from headwise.errors import CheckpointError
 
-__all__ = ["ALIASES_KEY", "fsync_dir", "load_tensors", "load_weights", "model_tensors",
-           "save_tensors", "save_weights", "sha256_file", "write_bytes_atomic"]
+__all__ = ["ALIASES_KEY", "load_tensors", "load_weights", "model_tensors", "save_tensors",
+           "save_weights", "sha256_file"]
 
 ALIASES_KEY = "headwise.aliases"
 
