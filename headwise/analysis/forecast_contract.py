@@ -26,6 +26,7 @@ from headwise.analysis.forecast import CLASSES, Forecaster, HeadForecast, foreca
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.trajectories import Trajectory
 from headwise.heads import Head
+from headwise.model.eval_mode import eval_mode
 
 
 @dataclass(frozen=True)
@@ -104,9 +105,8 @@ class ForecastWatch:
     def __call__(self, state: Any) -> None:
         if state.rank != 0:
             return
-        was_training = state.model.training
-        self.tables.append((int(state.step), self.score(state.model)))
-        state.model.train(was_training)
+        with eval_mode(state.model):
+            self.tables.append((int(state.step), self.score(state.model)))
         if state.step < self.next_at or len(self.tables) < 2:
             return
         while self.next_at <= state.step:

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from headwise.data import Batch, Mixture
+from headwise.model.eval_mode import eval_mode
 from headwise.training.distributed import DistContext
 from headwise.training.metrics import ObjectiveSums, overall_loss, summarise, task_loss
 
@@ -80,19 +81,15 @@ def evaluate(model: nn.Module, data: Mixture, *, batch_size: int, n_batches: int
     """
     ctx = ctx or DistContext()
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     gen = torch.Generator().manual_seed(seed)
     stats = torch.zeros(len(data.names), 5, dtype=torch.float64, device=device)
     sums = ObjectiveSums(objectives, device)
-    try:
+    with eval_mode(model):
         for _ in range(n_batches):
             batch = ctx.shard(data.sample(batch_size, gen)).to(device)
             logits, terms = forward(model, model, batch, objectives, bf16, device)
             stats += task_loss(logits, batch, len(data.names))[1]
             sums.add(terms)
-    finally:
-        model.train(was_training)
     stats = ctx.all_reduce_sum(stats)
     return {"loss": overall_loss(stats), "tasks": summarise(stats, data.names),
             "objectives": sums.record(ctx, n_batches)}
