@@ -38,8 +38,8 @@ from torch import Tensor, nn
 
 from headwise.analysis.role_table import TOP_ROLE_CANDIDATES
 from headwise.analysis.trajectories import Signals
-from headwise.hooks.hook_point import Hook, HookContext
 from headwise.model.eval_mode import eval_mode
+from headwise.model.hook_point import Hook, HookContext
 from headwise.patterns import allowed_keys, role_target
 from headwise.training.evaluate import forward
 from headwise.training.metrics import task_loss

@@ -29,9 +29,9 @@ from headwise.analysis.importance_matrix import (
     bootstrap_value_ci,
 )
 from headwise.heads import HeadSet, select_heads
-from headwise.hooks.hook_point import Hook
 from headwise.hooks.interventions import ablate
 from headwise.model.eval_mode import in_eval_mode
+from headwise.model.hook_point import Hook
 
 IGNORE = -100
 METRICS = ("loss", "accuracy", "exact")

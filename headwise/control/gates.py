@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from headwise.control._common import as_headset, attention, model_shape
 from headwise.heads import Head, HeadSet
-from headwise.hooks.hook_point import Hook
+from headwise.model.hook_point import Hook
 
 
 class HeadGate(nn.Module, ABC):

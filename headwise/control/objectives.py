@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from headwise.control._common import as_headset, masked_mean, masked_means, model_shape
 from headwise.control.regularizers import FFNPenalty, HeadDiversity
-from headwise.hooks.hook_point import Hook, HookContext
+from headwise.model.hook_point import Hook, HookContext
 from headwise.patterns import (
     DEFAULT_WINDOW,
     POSITION_ROLES,

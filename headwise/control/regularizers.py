@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from headwise.control._common import masked_mean, model_shape
-from headwise.hooks.hook_point import Hook, HookContext
+from headwise.model.hook_point import Hook, HookContext
 from headwise.patterns import real_tokens
 
 

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headwise.control._common import as_headset
-from headwise.hooks.hook_point import Hook, HookContext
+from headwise.model.hook_point import Hook, HookContext
 
 IGNORE = -100
 _PRIME = 2_147_483_629  # below 2**31: every product of two residues fits in int64

@@ -14,7 +14,7 @@ from headwise.analysis.roles import role_scores
 from headwise.analysis.trajectories import Signals, Trajectory, score_checkpoints
 from headwise.control.objectives import PatternObjective
 from headwise.data.batch import Batch
-from headwise.hooks.hook_point import Hook
+from headwise.model.hook_point import Hook
 from headwise.patterns import role_target
 
 

@@ -11,8 +11,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from headwise.hooks.hook_point import HookPoint
 from headwise.model import Attention
+from headwise.model.hook_point import HookPoint
 
 
 def rope_reference(x: Tensor, base: float = 10000.0) -> Tensor:
