@@ -101,7 +101,7 @@ class _PatternCapture:
                 assert ctx.heads is not None
                 self._captured[layer] = (ctx.heads, x)
             return fn
-        return [Hook(f"blocks.{l}.attn.hook_pattern", grab(l), hs)
+        return [Hook(f"blocks.{l}.attn.hook_pattern", grab(l), hs, read_only=True)
                 for l, hs in self._want.items()]
 
     def patterns(self) -> Tensor:

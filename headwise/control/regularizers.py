@@ -53,7 +53,8 @@ class HeadDiversity:
         def grab(x: Tensor, ctx: HookContext) -> None:
             self._value = x
         point = "hook_pattern" if self.on == "pattern" else "hook_z"
-        return [Hook(f"blocks.{self.layer}.attn.{point}", grab, tuple(range(self.n_heads)))]
+        return [Hook(f"blocks.{self.layer}.attn.{point}", grab, tuple(range(self.n_heads)),
+                     read_only=True)]
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:

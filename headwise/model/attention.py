@@ -7,13 +7,20 @@ Per head h (Vaswani et al. 2017)::
     pattern_h = softmax(scores_h)     (a row with no allowed key is all zeros)
     z_h = pattern_h v_h;  out = concat_h(z_h) W_O + b_O
 
-The module picks its path itself: heads whose scores or pattern some attached hook asks for are
-computed explicitly (and exposed at ``hook_attn_scores`` / ``hook_pattern``); every other head
-runs through ``torch.nn.functional.scaled_dot_product_attention``. With some heads explicit,
-q/k/v are gathered once into (fused heads, explicit heads) order, the fused kernel runs on the
-first group only and the explicit path on the second (no head is computed twice); the kernel
-computes each (example, head) on its own, so the outputs of heads that stay fused are the very
-same numbers whatever is requested (tested bit for bit).
+The module picks its path itself. Without hooks at ``hook_attn_scores`` / ``hook_pattern`` every
+head runs through ``torch.nn.functional.scaled_dot_product_attention``. When the hooks there are
+all read-only captures (``Hook(read_only=True)``: run_with_cache, pattern objectives), every head
+still runs fused and the requested heads' scores and patterns are computed *beside* it for the
+hooks: the outputs are bit-identical to the no-hook forward, and a loss on a captured pattern
+still trains q and k through it. When a hook may write (or reads a gradient) the requested heads
+are computed explicitly and their pattern is on the output's path: q/k/v are gathered once into
+(fused heads, explicit heads) order, the fused kernel runs on the first group only and the
+explicit path on the second (no head is computed twice); the kernel computes each (example,
+head) on its own, so the outputs of heads that stay fused are the very same numbers whatever is
+requested (tested bit for bit). Exception, on CPU: a sequence of at most ``EXPLICIT_MAX_KEYS``
+(15) tokens with hooks there runs *every* head explicitly, which is cheaper at that length
+(PyTorch's CPU kernels, fused and softmax, are slowest on rows shorter than 16); its outputs
+equal the fused ones to float rounding, not bit for bit.
 
 Optional slots installed by ``headwise.control`` (never set by the builder):
 ``head_mask`` (structural masks) and ``head_gate`` (task gates).
@@ -32,6 +39,11 @@ from torch import Tensor, nn
 from headwise.heads import kv_head
 from headwise.model.hook_point import HookPoint
 from headwise.model.positional import Rotary
+
+# On CPU, when hooks ask for some heads' scores or patterns and the sequence has at most this many
+# tokens, every head runs on the explicit path: one pass there costs less than the fused kernel
+# plus the hooked heads computed beside or split off it (bench/bench_attention_kernel.py).
+EXPLICIT_MAX_KEYS = 15
 
 # head_mask(seq_len, task_ids, device) -> bool mask (H|1, T, T) or (B, H|1, T, T), True = may attend
 HeadMaskFn = Callable[[int, "Tensor | None", torch.device], "Tensor | None"]
@@ -64,7 +76,7 @@ class Attention(nn.Module):
         # (head mask, combined mask, rows with a key, SDPA mask) of the last padding-free call
         self._memo: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
         self._index_memo: dict[tuple[tuple[int, ...], torch.device],
-                               tuple[Tensor, Tensor, Tensor, Tensor]] = {}
+                               tuple[Tensor, Tensor, Tensor, Tensor, Tensor]] = {}
         self._rest_memo: tuple[Tensor, Tensor, Tensor, Tensor, tuple[int, ...]] | None = None
         self._explicit_memo: tuple[Any, Tensor | None, Tensor | None] | None = None
         self.head_gate: nn.Module | None = None
@@ -133,8 +145,14 @@ class Attention(nn.Module):
 
         allowed = self._allowed(B, T, key_padding, task_ids, x.device)  # (B|1, H|1, T, T)|None
         explicit = self.explicit_heads()
-        if not explicit:
+        beside = bool(explicit) and not (self.hook_attn_scores.writes or self.hook_pattern.writes)
+        if explicit and T <= EXPLICIT_MAX_KEYS and x.device.type == "cpu":
+            explicit = tuple(range(H))  # short rows: cheaper than fused + the hooked heads
+            z = self._explicit(q, *gqa_kv(k, v, self.group, masked=True)[:2], allowed, explicit)
+        elif not explicit or beside:
             z = self._fused(q, k, v, allowed)  # (B, H, T, Dh)
+            if beside:
+                self._patterns_beside(q, k, allowed, explicit)
         elif len(explicit) == H:
             z = self._explicit(q, *gqa_kv(k, v, self.group, masked=True)[:2], allowed, explicit)
         else:
@@ -196,7 +214,7 @@ class Attention(nn.Module):
         those, in one gather of q/k/v into (fused heads, explicit heads) order and one gather
         back. Each fused head's numbers are those of a fused call over all heads (the kernel
         computes every (example, head) on its own; tested bit for bit)."""
-        order, kv_order, back, _ = self._head_index(explicit, q.device)
+        order, kv_order, back, _, _ = self._head_index(explicit, q.device)
         n = self.n_heads - len(explicit)
         q, k, v = q.index_select(1, order), k.index_select(1, kv_order), v.index_select(1, kv_order)
         rest = allowed
@@ -221,6 +239,23 @@ class Attention(nn.Module):
     def _explicit(self, qh: Tensor, kh: Tensor, vh: Tensor, allowed: Tensor | None,
                   heads: tuple[int, ...]) -> Tensor:
         """(B, h, T, Dh) of ``heads`` from their q and their kv heads' k/v (B, h, T, Dh)."""
+        pattern = self._pattern(qh, kh, allowed, heads)
+        if self.dropout and self.training:
+            pattern = F.dropout(pattern, self.dropout, True)
+        return pattern @ vh  # (B, h, T, Dh)
+
+    def _patterns_beside(self, q: Tensor, k: Tensor, allowed: Tensor | None,
+                         heads: tuple[int, ...]) -> None:
+        """Scores and patterns of ``heads`` for read-only hooks, off the output's path."""
+        if len(heads) < self.n_heads or self.group > 1:
+            _, _, _, idx, kv_idx = self._head_index(heads, q.device)
+            q, k = q.index_select(1, idx), k.index_select(1, kv_idx)
+        self._pattern(q, k, allowed, heads)
+
+    def _pattern(self, qh: Tensor, kh: Tensor, allowed: Tensor | None,
+                 heads: tuple[int, ...]) -> Tensor:
+        """(B, h, T, T) pattern of ``heads`` from their q and k (B, h, T, Dh); the hooks at
+        ``hook_attn_scores`` and ``hook_pattern`` run on the way."""
         idx = self._head_index(heads, qh.device)[3]
         # Scale q, not the (T, T) scores, and mask in place: each pass over (B, h, T, T) counts.
         scores = (qh * (1.0 / math.sqrt(self.d_head))) @ kh.transpose(-1, -2)  # (B, h, T, T)
@@ -229,26 +264,23 @@ class Attention(nn.Module):
             scores = scores.masked_fill_(blocked, float("-inf"))
         scores = self.hook_attn_scores(scores, heads)
         if no_key is not None:
-            pattern = torch.softmax(scores.masked_fill(no_key, 0.0), dim=-1).masked_fill(
-                no_key, 0.0)
+            pattern = softmax_keys(scores.masked_fill(no_key, 0.0)).masked_fill(no_key, 0.0)
         else:
-            pattern = torch.softmax(scores, dim=-1)
-        pattern = self.hook_pattern(pattern, heads)  # (B, h, T, T)
-        if self.dropout and self.training:
-            pattern = F.dropout(pattern, self.dropout, True)
-        return pattern @ vh  # (B, h, T, Dh)
+            pattern = softmax_keys(scores)
+        return self.hook_pattern(pattern, heads)  # (B, h, T, T)
 
-    def _head_index(self, heads: tuple[int, ...],
-                    device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def _head_index(self, heads: tuple[int, ...], device: torch.device
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """Index tensors for explicit ``heads`` (made once per heads/device): the head order
-        (other heads, then ``heads``), its kv heads, the inverse order, and ``heads``."""
+        (other heads, then ``heads``), its kv heads, the inverse order, ``heads`` and their kv
+        heads."""
         key = (heads, device)
         if key not in self._index_memo:
             order = [h for h in range(self.n_heads) if h not in heads] + list(heads)
             back = [order.index(h) for h in range(self.n_heads)]
-            idx = torch.tensor(order, device=device)
+            idx, wanted = torch.tensor(order, device=device), torch.tensor(heads, device=device)
             self._index_memo[key] = (idx, idx // self.group, torch.tensor(back, device=device),
-                                     torch.tensor(heads, device=device))
+                                     wanted, wanted // self.group)
         return self._index_memo[key]
 
     def _explicit_masks(self, allowed: Tensor | None, heads: tuple[int, ...], idx: Tensor,
@@ -284,6 +316,27 @@ class Attention(nn.Module):
         out = result.sum(2)
         bias = getattr(self.o_proj, "bias", None)
         return out + bias if bias is not None else out
+
+
+# Below this many keys PyTorch's CPU softmax leaves its vectorised kernel for a scalar loop.
+CPU_SOFTMAX_WIDTH = 16
+
+
+def softmax_keys(scores: Tensor) -> Tensor:
+    """``softmax(scores, dim=-1)``, padded on CPU when a row has fewer than 16 keys.
+
+    PyTorch's CPU softmax (forward and backward) falls back to a scalar loop when the softmax
+    axis is shorter than its vector width: at T=14 a (64, 1, 14, 14) softmax takes ~6x as long
+    as a (49, 1, 16, 16) one with more rows (``bench/bench_softmax.py``, docs/benchmarks.md).
+    Padding the row with ``-inf`` keys to 16 puts it back on the vector kernel; the extra keys
+    get exactly 0 and the real keys the same probabilities to float rounding. Longer rows (and
+    other devices) go straight to ``torch.softmax``.
+    """
+    T = scores.shape[-1]
+    if T >= CPU_SOFTMAX_WIDTH or scores.device.type != "cpu":
+        return torch.softmax(scores, dim=-1)
+    padded = F.pad(scores, (0, CPU_SOFTMAX_WIDTH - T), value=float("-inf"))
+    return torch.softmax(padded, dim=-1)[..., :T].contiguous()
 
 
 def gqa_kv(k: Tensor, v: Tensor, group: int, masked: bool) -> tuple[Tensor, Tensor, bool]:

@@ -109,7 +109,7 @@ def run_with_cache(model: nn.Module, tokens: Tensor,
                   axis: int | None = point.head_axis) -> None:
             cache._put(name, x.detach() if detach else x, ctx, axis)
 
-        hooks.append(Hook(name, store, restrict))
+        hooks.append(Hook(name, store, restrict, read_only=detach))
     with attach_hooks(model, hooks):
         logits = model(tokens, **kwargs)
     return logits, cache

@@ -12,6 +12,15 @@ axis holds, in order; ``None`` when the point has no head axis).
 A hook may be restricted to some heads of its layer: it then receives only those heads' slice
 and its replacement is written back into those heads only. Restrictions on ``hook_k``/``hook_v``
 name *query* heads and act on the kv heads they read (GQA: a kv head is shared by its group).
+
+A hook marked ``read_only`` promises to return ``None`` and never edit its value (a capture).
+It gets the value itself when it holds exactly the hook's heads (no copy), and it lets
+attention compute requested scores and patterns *beside* the fused kernel instead of routing
+those heads through the explicit path: with only read-only hooks attached, the forward's
+outputs are bit-identical to the forward without hooks (``headwise.model.attention``). Its
+value is then off the output's path: gradients reach q and k through it (a loss on a captured
+pattern trains them) but a gradient of the output with respect to it is zero, so captures for
+attribution (``run_with_cache(..., detach=False)``) are not read-only.
 """
 
 from __future__ import annotations
@@ -44,12 +53,15 @@ class Hook:
         fn: the hook function (see module docstring).
         heads: query-head indices of that layer to restrict to; ``None`` for all heads.
         direction: ``"fwd"`` for values, ``"bwd"`` for gradients at the point.
+        read_only: the function only reads its value (returns ``None``, edits nothing); see the
+            module docstring. Checked: a read-only hook that returns a value raises.
     """
 
     name: str | Callable[[str], bool]
     fn: HookFn
     heads: tuple[int, ...] | None = None
     direction: str = "fwd"
+    read_only: bool = False
 
 
 class HookPoint(nn.Module):
@@ -72,6 +84,11 @@ class HookPoint(nn.Module):
     def active(self) -> bool:
         """Whether any hook is attached (the attention module asks before materialising)."""
         return bool(self._fwd or self._bwd)
+
+    @property
+    def writes(self) -> bool:
+        """Whether an attached hook may change the value or reads its gradient (not read-only)."""
+        return bool(self._bwd) or any(not h.read_only for h in self._fwd)
 
     def requested_heads(self) -> frozenset[int] | None:
         """Head indices that attached hooks need (``None``: none attached).
@@ -117,6 +134,9 @@ class HookPoint(nn.Module):
 
     def _call(self, hook: Hook, x: Tensor, heads: tuple[int, ...] | None) -> Tensor:
         sel = self._positions(hook.heads, heads)
+        if hook.read_only:
+            self._read(hook, x, heads, sel)
+            return x
         if sel is None:
             out = hook.fn(x, HookContext(self.name, heads))
             return x if out is None else _checked(out, x, self.name)
@@ -124,11 +144,27 @@ class HookPoint(nn.Module):
         assert axis is not None
         idx = torch.tensor(sel, device=x.device)
         part = x.index_select(axis, idx)
-        local = tuple((heads[i] if heads is not None else i) for i in sel)
-        out = hook.fn(part, HookContext(self.name, local))
+        out = hook.fn(part, HookContext(self.name, self._local(sel, heads)))
         if out is None:  # the hook may have edited `part` in place: write it back
             out = part
         return x.index_copy(axis, idx, _checked(out, part, self.name))
+
+    def _read(self, hook: Hook, x: Tensor, heads: tuple[int, ...] | None,
+              sel: list[int] | None) -> None:
+        """Run a read-only hook: on ``x`` itself when it holds exactly the hook's heads."""
+        part, local = x, heads
+        if sel is not None and self.head_axis is not None:
+            local = self._local(sel, heads)
+            if sel != list(range(x.shape[self.head_axis])):
+                part = x.index_select(self.head_axis, torch.tensor(sel, device=x.device))
+        if hook.fn(part, HookContext(self.name, local)) is not None:
+            raise ValueError(f"read-only hook at {self.name!r} returned a value, expected None "
+                             "(attach it without read_only to replace the value)")
+
+    @staticmethod
+    def _local(sel: list[int], heads: tuple[int, ...] | None) -> tuple[int, ...]:
+        """The head indices at positions ``sel`` of a value holding ``heads``."""
+        return tuple((heads[i] if heads is not None else i) for i in sel)
 
     def _positions(self, wanted: tuple[int, ...] | None,
                    present: tuple[int, ...] | None) -> list[int] | None:

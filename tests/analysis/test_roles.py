@@ -240,17 +240,20 @@ def test_role_table_views() -> None:
         t.get("L0.H0", "copying")
 
 
-def test_only_scored_heads_leave_the_fused_path() -> None:
+@pytest.mark.usefixtures("fused_kernel")
+def test_only_scored_heads_patterns_are_computed() -> None:
+    """Every head stays on the fused kernel; the scored head's pattern alone is computed."""
     model = _model()
     seen: list[tuple[int, tuple[int, ...]]] = []
     for layer, block in enumerate(model.blocks):
-        original = block.attn._explicit
+        original = block.attn._pattern
 
-        def record(q, k, v, allowed, heads, layer=layer, original=original):  # type: ignore
+        def record(q, k, allowed, heads, layer=layer, original=original):  # type: ignore
             seen.append((layer, tuple(heads)))
-            return original(q, k, v, allowed, heads)
+            return original(q, k, allowed, heads)
 
-        block.attn._explicit = record  # type: ignore[method-assign]
+        block.attn._pattern = record  # type: ignore[method-assign]
+        block.attn._explicit = None  # type: ignore[assignment]  # never on the explicit path
     role_scores(model, torch.randint(0, 40, (2, 8)), heads="L1.H2",
                 roles=["previous_token"])
     assert seen == [(1, (2,))]

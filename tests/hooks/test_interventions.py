@@ -150,6 +150,7 @@ def test_scale(model: Transformer, tokens: Tensor, factor: float) -> None:
     assert torch.equal(out[Z1][:, :, [0, 2]], base[Z1][:, :, [0, 2]])
 
 
+@pytest.mark.usefixtures("fused_kernel")
 def test_ablate_pattern_point_uses_explicit_head_only(model: Transformer,
                                                       tokens: Tensor) -> None:
     """Ablating L1.H0's pattern makes that head explicit; its z becomes 0 (zero pattern)."""

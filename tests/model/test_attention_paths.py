@@ -1,8 +1,10 @@
 """Fused (SDPA) vs explicit attention: equal outputs, untouched fused heads, empty rows, gradcheck.
 
 The explicit path is forced the way every consumer does it: by attaching a hook to
-``hook_pattern`` (all heads or some). Masks cover causal / padding / per-head (H,T,T) and
-(B,H,T,T), with and without GQA and RoPE.
+``hook_pattern`` (all heads or some). Every test runs twice: with the fused / split machinery
+forced at this short length, and as shipped (a short hooked sequence runs every head
+explicitly). Masks cover causal / padding / per-head (H,T,T) and (B,H,T,T), with and without
+GQA and RoPE.
 """
 
 from __future__ import annotations
@@ -20,6 +22,16 @@ from headwise.model import Transformer, build_model
 
 B, T = 2, 5
 TOL = 1e-5
+
+
+@pytest.fixture(autouse=True, params=["fused", "short"])
+def _kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test twice: with the fused / split machinery at this length (``fused``), and as
+    shipped, where a short masked or hooked sequence runs every head explicitly (``short``)."""
+    if request.param == "fused":
+        import headwise.model.attention as attention
+
+        monkeypatch.setattr(attention, "EXPLICIT_MAX_KEYS", 0)
 
 
 def config(kind: str, causal: bool) -> ModelConfig:
@@ -110,8 +122,13 @@ def test_both_paths_equal_explicit_maths(kind: str, causal: bool, use_padding: b
 
 @pytest.mark.parametrize("kind", ["mha", "gqa_rope"])
 @pytest.mark.parametrize("explicit_heads", [(1,), (0, 2)])
-def test_other_heads_bitwise_equal_when_some_are_explicit(kind: str,
-                                                          explicit_heads: tuple[int, ...]) -> None:
+def test_other_heads_bitwise_equal_when_some_are_explicit(
+        kind: str, explicit_heads: tuple[int, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split path's promise (longer sequences, or off CPU): a short hooked sequence runs
+    every head explicitly instead, so this test forces the split path at this length."""
+    import headwise.model.attention as attention
+
+    monkeypatch.setattr(attention, "EXPLICIT_MAX_KEYS", 0)
     cfg = config(kind, causal=True)
     model = build_model(cfg, seed=0).eval()
     tokens = torch.randint(0, cfg.vocab_size, (B, T))

@@ -19,6 +19,8 @@ from torch import Tensor, nn
 from headwise.hooks import Hook
 from headwise.model import build_model
 
+pytestmark = pytest.mark.usefixtures("fused_kernel")  # the split machinery at this short length
+
 SETS: list[tuple[int, ...]] = [(1,), (0, 2), (3,), (1,), (0, 1, 2)]
 CASES = list(itertools.product(["mha", "rope", "gqa", "gqa_rope"],
                                ["none", "per_head", "per_head_batch"], [False, True]))

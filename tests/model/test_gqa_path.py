@@ -34,6 +34,7 @@ class _Recorder:
         return self.sdpa(q, k, v, **kw)
 
 
+@pytest.mark.usefixtures("fused_kernel")  # the SDPA call a masked short sequence would make
 @pytest.mark.parametrize("dtype, padded, expect_gqa", [
     (torch.float32, False, False),   # float32: flash cannot run it -> expand
     (torch.float32, True, False),    # masked -> expand

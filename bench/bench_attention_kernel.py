@@ -1,0 +1,117 @@
+"""Which attention path is cheaper for short sequences on CPU (issue 12): the evidence for
+``headwise.model.attention.EXPLICIT_MAX_KEYS``.
+
+For each sequence length T it times one ``Attention`` module (forward, and forward + backward),
+the fused path against every head on the explicit path, in three situations:
+
+- ``hooked``: a read-only capture of head 1's pattern (what a pattern objective attaches):
+  the fused kernel on every head with that pattern computed beside it, vs every head
+  explicit. This is the choice the module makes by length (``EXPLICIT_MAX_KEYS``).
+- ``mask``: a per-head mask on head 0 (the demo's previous-token mask), no hook: the masked
+  fused kernel vs every head explicit (forced here). The module keeps the fused kernel: which
+  is cheaper depends on the model's shape (see docs/benchmarks.md).
+- ``plain``: no mask, no hook (causal only): the ``is_causal`` fused kernel vs every head
+  explicit (forced here, for reference).
+
+Each (situation, path) pair runs ``--reps`` rounds of ``--iters`` calls, the two paths
+alternating within a round; figures are medians over rounds, one torch thread, float32.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_attention_kernel.py [--shape demo|gpt2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+import headwise.model.attention as attention_module
+from headwise import ModelConfig, build_model
+from headwise.control import apply_masks, previous_token
+from headwise.model.hook_point import Hook
+
+SHAPES = {"demo": {"n_heads": 4, "d_model": 64, "batch": 64},
+          "gpt2": {"n_heads": 8, "d_model": 256, "batch": 8}}
+FORCE_EXPLICIT = 10**9
+
+
+def _model(shape: str, T: int, situation: str) -> torch.nn.Module:
+    s = SHAPES[shape]
+    cfg = ModelConfig(n_layers=1, d_model=s["d_model"], n_heads=s["n_heads"],
+                      d_ff=4 * s["d_model"], vocab_size=32, max_seq_len=max(T, 8))
+    model = build_model(cfg, seed=0)
+    if situation == "mask":
+        apply_masks(model, {"L0.H0": previous_token()})
+    return model
+
+
+def _time(fn: Callable[[], None], iters: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters
+
+
+def measure(shape: str, T: int, situation: str, reps: int, iters: int
+            ) -> dict[str, tuple[float, float]]:
+    """``{path: (forward s, forward+backward s)}`` for one length and situation."""
+    model = _model(shape, T, situation)
+    attn = model.blocks[0].attn  # type: ignore[index]
+    x = torch.randn(SHAPES[shape]["batch"], T, SHAPES[shape]["d_model"], requires_grad=True)
+    grad = torch.randn_like(x)
+    hooks = []
+    if situation == "hooked":
+        hooks = [Hook("blocks.0.attn.hook_pattern", lambda v, ctx: None, (1,), read_only=True)]
+    paths = {"fused": 0, "explicit": FORCE_EXPLICIT}
+    if situation != "hooked":  # the module's own choice there is fused: force the explicit one
+        paths = {"fused": 0, "explicit (forced)": FORCE_EXPLICIT}
+    out: dict[str, list[tuple[float, float]]] = {p: [] for p in paths}
+    saved = attention_module.EXPLICIT_MAX_KEYS
+    try:
+        with model.hooks(*hooks):  # type: ignore[operator]
+            for r in range(reps):
+                for name in (list(paths) if r % 2 == 0 else list(paths)[::-1]):
+                    limit = paths[name]
+                    attention_module.EXPLICIT_MAX_KEYS = limit
+                    if name.startswith("explicit (forced)"):
+                        attn.hook_pattern.attach(forced := Hook("", lambda v, ctx: None))
+                    with torch.no_grad():
+                        fwd = _time(lambda: attn(x), iters)
+                    both = _time(lambda: attn(x).backward(grad), iters)
+                    if name.startswith("explicit (forced)"):
+                        attn.hook_pattern.detach(forced)
+                    out[name].append((fwd, both))
+    finally:
+        attention_module.EXPLICIT_MAX_KEYS = saved
+    return {p: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v))
+            for p, v in out.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="demo")
+    ap.add_argument("--lengths", default="8,14,16,20,24,28,32,48,64")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--iters", type=int, default=30)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    s = SHAPES[args.shape]
+    print(f"shape={args.shape} (H={s['n_heads']}, d_model={s['d_model']}, B={s['batch']}) "
+          f"reps={args.reps} iters={args.iters} threads=1 torch={torch.__version__} "
+          f"EXPLICIT_MAX_KEYS={attention_module.EXPLICIT_MAX_KEYS}\n")
+    print("| T | situation | fused fwd (us) | explicit fwd (us) | explicit/fused fwd "
+          "| fused fwd+bwd (us) | explicit fwd+bwd (us) | explicit/fused fwd+bwd |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for T in (int(t) for t in args.lengths.split(",")):
+        for situation in ("mask", "hooked", "plain"):
+            m = measure(args.shape, T, situation, args.reps, args.iters)
+            (ff, fb), (ef, eb) = m["fused"], [v for k, v in m.items() if k != "fused"][0]
+            print(f"| {T} | {situation} | {ff * 1e6:.0f} | {ef * 1e6:.0f} | {ef / ff:.2f} "
+                  f"| {fb * 1e6:.0f} | {eb * 1e6:.0f} | {eb / fb:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
