@@ -323,3 +323,33 @@ def test_train_under_torchrun_equals_one_process(tmp_path: Path) -> None:
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("rank, lines", [("0", 1), ("1", 0)])
+@pytest.mark.parametrize("stop", ["signal", "keyboard"])
+def test_interrupt_line_printed_by_rank_0_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str], rank: str,
+                                               lines: int, stop: str) -> None:
+    """Under torchrun every rank stops at the same step: one "interrupted" line, from rank 0;
+    every rank exits 130."""
+    import signal
+
+    import headwise.pipeline.run as pipeline_run
+    from headwise.training.interrupt import Interrupted
+
+    def stopped(*args: Any, **kwargs: Any) -> None:
+        if stop == "signal":
+            raise Interrupted(7, signal.SIGTERM, None)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline_run, "train_run", stopped)
+    monkeypatch.setenv("RANK", rank)
+    spec = tmp_path / "s.yaml"
+    spec.write_text("unused: the training function is replaced\n")
+    code = main(["train", str(spec), "--out", str(tmp_path / "run"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 130
+    assert len(err.strip().splitlines()) == lines, err
+    if lines:
+        assert ("interrupted at step 7; resume with" in err if stop == "signal"
+                else "interrupted before the first checkpoint" in err)

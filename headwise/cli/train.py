@@ -78,14 +78,16 @@ def run(args: argparse.Namespace) -> int:
                             forecast_every=args.forecast_every,
                             warn=lambda line: console().print(f"[yellow]warning:[/yellow] "
                                                               f"{escape(line)}"))
-    except Interrupted as e:
-        print(f"interrupted at step {e.step}; resume with: {resume}", file=sys.stderr)
+    except Interrupted as e:  # under torchrun every rank stops at the same step; one line
+        if is_main_process():
+            print(f"interrupted at step {e.step}; resume with: {resume}", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
-        found = list_checkpoints(out) if is_main_process() else []
-        print(f"interrupted (last checkpoint: step {found[-1][0]}); resume with: {resume}"
-              if found else "interrupted before the first checkpoint; start again with: "
-              f"headwise train {args.spec} --out {out}", file=sys.stderr)
+        if is_main_process():
+            found = list_checkpoints(out)
+            print(f"interrupted (last checkpoint: step {found[-1][0]}); resume with: {resume}"
+                  if found else "interrupted before the first checkpoint; start again with: "
+                  f"headwise train {args.spec} --out {out}", file=sys.stderr)
         return 130
     if is_main_process():  # under torchrun, rank 0 writes the report and prints
         write_run_report(outcome.run_dir, outcome.compiled, outcome.contract,
