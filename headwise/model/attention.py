@@ -112,7 +112,8 @@ class Attention(nn.Module):
         return head_weights(self, head)
 
     def explicit_heads(self) -> tuple[int, ...]:
-        """Heads the attached hooks need explicit scores/patterns for (empty: all fused)."""
+        """Heads whose scores/patterns the attached hooks ask for (empty: none are computed;
+        ``forward`` decides whether they come beside the fused call or on the explicit path)."""
         wanted: set[int] = set()
         for point in (self.hook_attn_scores, self.hook_pattern):
             req = point.requested_heads()
