@@ -16,13 +16,18 @@ at 20%). Then it fits the forecaster on every run of ``--seeds`` and scores it, 
 baseline, on runs of fresh seeds (``--confirm``). With ``--save`` it writes that forecaster to
 ``headwise/data/forecaster_v2.json`` with the measured accuracies.
 
+``--suite`` adds the public contract suite's specs (``headwise/examples/suite/``, contracts
+removed, specs that train identically counted once: 9 configurations) as further
+configurations: fitted on and predicted like the four above (held-out seeds and held-out
+configurations over all 13), reported per configuration and together.
+
 ``--ablation`` adds rows for forecasters fit with candidate features besides the score ones
 (``ABLATION``: commitment, gradient alignment in pattern and in parameter space, the loss
 curve), scored the same way. The training signals they need are computed from each run's
 checkpoints by ``headwise.analysis.forecast_signals.gradient_signals`` on the held-out mixture
 and cached next to the trajectories (keyed by that module's code).
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_forecast.py [--save] [--ablation]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_forecast.py [--save] [--ablation] [--suite]
         [--seeds 0 1 2] [--confirm 5 6 7]
 """
 
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from torch import Tensor
 
 from headwise.analysis.forecast import NONE_FEATURES, ROLE_FEATURES
@@ -48,7 +54,8 @@ OUT = ROOT / "headwise" / "data" / "forecaster_v2.json"
 FRACTIONS = (0.1, 0.2, 0.4)
 CHECKPOINTS = 20  # checkpoints per run (checkpoint_every = steps / 20)
 COMMAND = ("OMP_NUM_THREADS=1 .venv/bin/python bench/bench_forecast.py --save --ablation"
-           )  # seeds 0-4, fresh seeds 5-7
+           " --suite")  # seeds 0-4, fresh seeds 5-7
+SUITE = ROOT / "headwise" / "examples" / "suite"
 
 # Four configurations of the issue: an induction circuit on random periods, a multi-task model
 # with task gates, pattern objectives and masks on some heads, a bidirectional model.
@@ -100,6 +107,29 @@ train: {steps: 400, batch_size: 32, lr: 3.0e-3, warmup_steps: 20, checkpoint_eve
         seed: SEED}
 """,
 }
+
+
+BASE = tuple(CONFIGS)  # the four configurations above; --suite adds "suite-<spec>" ones
+
+
+def suite_configs() -> dict[str, str]:
+    """The contract suite's specs as configurations: contract, name and description removed,
+    ``checkpoint_every = steps / CHECKPOINTS``, the seed a placeholder; a spec that trains
+    exactly like an earlier one (only its contract differs) is left out."""
+    out: dict[str, str] = {}
+    seen: set[str] = set()
+    for path in sorted(SUITE.glob("*.yaml")):
+        spec = yaml.safe_load(path.read_text())
+        for field in ("contract", "name", "description"):
+            spec.pop(field, None)
+        same = yaml.safe_dump(spec, sort_keys=True)
+        if same in seen:
+            continue
+        seen.add(same)
+        spec["train"]["checkpoint_every"] = spec["train"]["steps"] // CHECKPOINTS
+        spec["train"]["seed"] = "SEED"
+        out[f"suite-{path.stem}"] = yaml.safe_dump(spec, sort_keys=False)
+    return out
 
 
 def code_key() -> str:
@@ -358,25 +388,49 @@ def cross_validate(runs: list[dict], seeds: list[int], ablation: bool) -> dict[s
     return preds
 
 
-def acc(rows: Rows, config: str | None = None) -> tuple[float, int]:
-    """Accuracy and head count of ``rows`` (of one configuration, or all)."""
-    sel = [(t, p) for c, t, p, _ in rows if config is None or c == config]
+def acc(rows: Rows, config: str | tuple[str, ...] | None = None) -> tuple[float, int]:
+    """Accuracy and head count of ``rows`` (of one configuration, of several, or all)."""
+    wanted = (config,) if isinstance(config, str) else config
+    sel = [(t, p) for c, t, p, _ in rows if wanted is None or c in wanted]
     return sum(t == p for t, p in sel) / max(1, len(sel)), len(sel)
+
+
+def columns() -> list[tuple[str, str | tuple[str, ...]]]:
+    """Table columns: each base configuration, then the suite's together (with --suite)."""
+    cols: list[tuple[str, str | tuple[str, ...]]] = [(c, c) for c in BASE]
+    suite = tuple(c for c in CONFIGS if c not in BASE)
+    if suite:
+        cols += [(f"suite ({len(suite)} configs)", suite), ("the four above", BASE)]
+    return cols
 
 
 def print_accuracy(preds: dict[str, dict[float, Rows]]) -> None:
     """The accuracy table: per fraction and forecaster, per configuration and overall."""
-    print("| checkpoints seen | forecaster | " + " | ".join(CONFIGS) + " | overall |")
-    print("|---|---|" + "---|" * (len(CONFIGS) + 1))
+    cols = columns()
+    print("| checkpoints seen | forecaster | " + " | ".join(c for c, _ in cols) + " | overall |")
+    print("|---|---|" + "---|" * (len(cols) + 1))
     for frac in FRACTIONS:
         for scheme, by_frac in preds.items():
             cells = []
-            for name in CONFIGS:
-                a, n = acc(by_frac[frac], name)
+            for _, which in cols:
+                a, n = acc(by_frac[frac], which)
                 cells.append(f"{a:.1%} ({n})")
             a, n = acc(by_frac[frac])
             print(f"| first {frac:.0%} | {scheme} | " + " | ".join(cells)
                   + f" | **{a:.1%}** ({n}) |")
+
+
+def print_suite(preds: dict[str, dict[float, Rows]]) -> None:
+    """Accuracy at 20% on each suite configuration (with --suite)."""
+    suite = [c for c in CONFIGS if c not in BASE]
+    if not suite:
+        return
+    print("\nAt 20%, each suite configuration (heads in brackets)\n")
+    print("| forecaster | " + " | ".join(c.removeprefix("suite-") for c in suite) + " |")
+    print("|---|" + "---|" * len(suite))
+    for scheme, by_frac in preds.items():
+        print(f"| {scheme} | " + " | ".join(
+            f"{acc(by_frac[0.2], c)[0]:.0%} ({acc(by_frac[0.2], c)[1]})" for c in suite) + " |")
 
 
 def print_confusion(rows: Rows, title: str) -> None:
@@ -433,12 +487,16 @@ def main() -> int:
                    help="fresh seeds: the forecaster fit on every --seeds run predicts them "
                         "(the packaged one's test)")
     p.add_argument("--save", action="store_true", help=f"write {OUT.relative_to(ROOT)}")
+    p.add_argument("--suite", action="store_true",
+                   help="add the contract suite's specs as configurations (suite_configs)")
     p.add_argument("--ablation", action="store_true",
                    help="also score forecasters fit on subsets of the features (ABLATION)")
     args = p.parse_args()
     torch.set_num_threads(1)
     from headwise.analysis.forecast import VERSION
 
+    if args.suite:
+        CONFIGS.update(suite_configs())
     key = code_key()
     print(f"code key {key}; cache {CACHE.relative_to(ROOT)}/{key}", flush=True)
     t0 = time.perf_counter()
@@ -449,6 +507,7 @@ def main() -> int:
           f"{sum(r['signal_seconds'] for r in runs if 'signal_seconds' in r):.0f} s, total "
           f"{time.perf_counter() - t0:.0f} s (this invocation)\n")
     print_accuracy(preds)
+    print_suite({k: v for k, v in preds.items() if "(" not in k})
     for scheme in ("held-out configs", "held-out seeds", "baseline"):
         if scheme in preds:
             print_confusion(preds[scheme][0.2], scheme)
@@ -461,6 +520,7 @@ def main() -> int:
         print(f"\nConfirmation on fresh seeds {args.confirm} ({len(confirm_runs)} runs), "
               f"forecaster fit on every run of seeds {args.seeds}\n")
         print_accuracy(confirm)
+        print_suite(confirm)
     dist = {c: sum(1 for r in runs for t in truth(r) if t == c) for c in
             {t for r in runs for t in truth(r)}}
     print(f"\nfinal roles over all heads: {dist}")
