@@ -102,7 +102,10 @@ def _forecast(run_dir: str, compiled: Any) -> dict[str, Any]:
     out.print(table)
     for c in summary.get("clauses", []):
         heads = ", ".join(f"{h['head']} forecast {h['role']}" for h in c["heads"])
-        out.print(f"{c['clause']} {c['description']}: forecast {c['verdict']}"
+        verdict = ("not forecast (the forecaster predicts each head's top role on the "
+                   "default probes; this clause asks something else)"
+                   if c["verdict"] == "not forecast" else f"forecast {c['verdict']}")
+        out.print(f"{c['clause']} {c['description']}: {verdict}"
                   + (f" ({heads})" if heads and c["verdict"] == "fail" else ""), markup=False)
     out.print(measured_text(summary["measured"]), markup=False)
     return summary

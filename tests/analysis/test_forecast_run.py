@@ -32,6 +32,7 @@ heads:
 contract:
   - {name: "masked previous-token head", head: L0.H0, score: previous_token, at_least: 0.9}
   - {name: "L0.H1 is a previous-token head", head: L0.H1, score: previous_token, at_least: 0.9}
+  - {name: "copy still learnt", task: copy, metric: accuracy, at_least: 0.5}
 """
 
 
@@ -57,7 +58,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 def test_warning_names_the_clause_that_later_fails(run: Run) -> None:
     assert run.outcome.contract is not None
     verdicts = [c.passed for c in run.outcome.contract.results]
-    assert verdicts == [True, False]  # the clause really fails at the end
+    assert verdicts == [True, False, True]  # the clause really fails at the end
     assert run.warnings, "no forecast warning"
     first = run.warnings[0]
     assert "contract[1]" in first and "L0.H1" in first
@@ -97,6 +98,8 @@ def test_analyze_forecast_cli(run: Run, tmp_path: Path,
     assert main(["analyze", str(run.outcome.run_dir), "--forecast", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "forecast (forecaster v2)" in text and "held-out" in text
+    task_line = next(line for line in text.splitlines() if line.startswith("contract[2]"))
+    assert "not forecast (the forecaster predicts each head's top role" in task_line
     result = json.loads(out.read_text())
     assert [h["head"] for h in result["forecast"]["heads"]] == ["L0.H0", "L0.H1"]
     assert main(["analyze", "--hf", str(tmp_path), "--forecast"]) == 2
