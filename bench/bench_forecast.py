@@ -53,8 +53,7 @@ CACHE = ROOT / "bench" / ".cache" / "forecast"
 OUT = ROOT / "headwise" / "data" / "forecaster_v2.json"
 FRACTIONS = (0.1, 0.2, 0.4)
 CHECKPOINTS = 20  # checkpoints per run (checkpoint_every = steps / 20)
-COMMAND = ("OMP_NUM_THREADS=1 .venv/bin/python bench/bench_forecast.py --save --ablation"
-           " --suite")  # seeds 0-4, fresh seeds 5-7
+COMMAND = "OMP_NUM_THREADS=1 .venv/bin/python bench/bench_forecast.py --save --ablation"
 SUITE = ROOT / "headwise" / "examples" / "suite"
 
 # Four configurations of the issue: an induction circuit on random periods, a multi-task model
@@ -471,7 +470,8 @@ def save(model: Any, preds: dict, confirm: dict, runs: list[dict], confirm_runs:
         "held_out_seeds_accuracy": round(acc(preds["held-out seeds"][0.2])[0], 4),
         "held_out_configs_accuracy": round(acc(preds["held-out configs"][0.2])[0], 4),
         "baseline_accuracy": round(acc(preds["baseline"][0.2])[0], 4),
-        "n_heads": acc(preds["baseline"][0.2])[1], "command": COMMAND,
+        "n_heads": acc(preds["baseline"][0.2])[1],
+        "command": COMMAND + (" --suite" if len(CONFIGS) > len(BASE) else ""),
         "fresh_seeds": fresh, "fresh_runs": len(confirm_runs),
         "fresh_accuracy": round(acc(confirm[f"forecaster v{model.version}"][0.2])[0], 4),
         "fresh_baseline_accuracy": round(acc(confirm["baseline"][0.2])[0], 4),
