@@ -13,10 +13,15 @@ the fused path against every head on the explicit path, in three situations:
 - ``plain``: no mask, no hook (causal only): the ``is_causal`` fused kernel vs every head
   explicit (forced here, for reference).
 
+With ``--softmax`` it times the softmax alone instead, forward + backward on a (B, 1, T, T)
+score tensor (the demo's B=64): ``torch.softmax`` vs ``softmax_keys`` (rows shorter than 16
+keys padded with ``-inf`` to 16), the evidence for ``softmax_keys``.
+
 Each (situation, path) pair runs ``--reps`` rounds of ``--iters`` calls, the two paths
 alternating within a round; figures are medians over rounds, one torch thread, float32.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_attention_kernel.py [--shape demo|gpt2]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_attention_kernel.py --softmax
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 import headwise.model.attention as attention_module
 from headwise import ModelConfig, build_model
 from headwise.control import apply_masks, previous_token
+from headwise.model.attention import softmax_keys
 from headwise.model.hook_point import Hook
 
 SHAPES = {"demo": {"n_heads": 4, "d_model": 64, "batch": 64},
@@ -90,14 +96,45 @@ def measure(shape: str, T: int, situation: str, reps: int, iters: int
             for p, v in out.items()}
 
 
+def measure_softmax(T: int, reps: int, iters: int) -> dict[str, float]:
+    """``{"torch.softmax": s, "softmax_keys": s}``: forward + backward of one (64, 1, T, T)
+    causal-masked score tensor, medians over rounds (the two alternating)."""
+    g = torch.Generator().manual_seed(T)
+    scores = torch.randn(64, 1, T, T, generator=g).masked_fill(
+        ~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    grad = torch.randn(64, 1, T, T, generator=g)
+    fns = {"torch.softmax": lambda x: torch.softmax(x, -1), "softmax_keys": softmax_keys}
+    out: dict[str, list[float]] = {k: [] for k in fns}
+
+    def step(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        fn(scores.detach().requires_grad_()).backward(grad)
+
+    for r in range(reps):
+        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            out[name].append(_time(lambda name=name: step(fns[name]), iters))
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="demo")
     ap.add_argument("--lengths", default="8,14,16,20,24,28,32,48,64")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--softmax", action="store_true",
+                    help="time torch.softmax vs softmax_keys alone (lengths 8-20)")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.softmax:
+        print(f"softmax fwd+bwd, (64, 1, T, T), reps={args.reps} iters={args.iters} threads=1 "
+              f"torch={torch.__version__}\n")
+        print("| T | torch.softmax (us) | softmax_keys (us) | ratio |")
+        print("|---:|---:|---:|---:|")
+        for T in (8, 12, 14, 15, 16, 17, 20):
+            m = measure_softmax(T, args.reps, args.iters * 10)
+            a, b = m["torch.softmax"], m["softmax_keys"]
+            print(f"| {T} | {a * 1e6:.0f} | {b * 1e6:.0f} | {b / a:.2f} |", flush=True)
+        return
     s = SHAPES[args.shape]
     print(f"shape={args.shape} (H={s['n_heads']}, d_model={s['d_model']}, B={s['batch']}) "
           f"reps={args.reps} iters={args.iters} threads=1 torch={torch.__version__} "

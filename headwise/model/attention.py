@@ -300,7 +300,7 @@ class Attention(nn.Module):
         if allowed is None and self.causal:
             blocked = ~torch.ones(T, T, dtype=torch.bool, device=device).tril()[None, None]
         elif allowed is not None:
-            if allowed.shape[1] > 1:
+            if allowed.shape[1] > 1 and len(heads) < self.n_heads:  # all heads: as it is
                 allowed = allowed.index_select(1, idx)
             blocked = ~allowed
             no_key = ~allowed.any(-1, keepdim=True)  # (B|1, h|1, T, 1)
@@ -327,8 +327,9 @@ def softmax_keys(scores: Tensor) -> Tensor:
     """``softmax(scores, dim=-1)``, padded on CPU when a row has fewer than 16 keys.
 
     PyTorch's CPU softmax (forward and backward) falls back to a scalar loop when the softmax
-    axis is shorter than its vector width: at T=14 a (64, 1, 14, 14) softmax takes ~6x as long
-    as a (49, 1, 16, 16) one with more rows (``bench/bench_softmax.py``, docs/benchmarks.md).
+    axis is shorter than its vector width: forward + backward of a (64, 1, 14, 14) softmax takes
+    ~3x as long as this padded one, and ~6x as long as a (64, 1, 16, 16) one
+    (``bench/bench_attention_kernel.py --softmax``, docs/benchmarks.md).
     Padding the row with ``-inf`` keys to 16 puts it back on the vector kernel; the extra keys
     get exactly 0 and the real keys the same probabilities to float rounding. Longer rows (and
     other devices) go straight to ``torch.softmax``.
