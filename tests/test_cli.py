@@ -339,7 +339,7 @@ def test_interrupt_line_printed_by_rank_0_only(tmp_path: Path, monkeypatch: pyte
 
     def stopped(*args: Any, **kwargs: Any) -> None:
         if stop == "signal":
-            raise Interrupted(7, signal.SIGTERM, None)
+            raise Interrupted(7, signal.SIGTERM, tmp_path / "run" / "checkpoints" / "step_7")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(pipeline_run, "train_run", stopped)

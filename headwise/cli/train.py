@@ -80,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
                                                               f"{escape(line)}"))
     except Interrupted as e:  # under torchrun every rank stops at the same step; one line
         if is_main_process():
-            print(f"interrupted at step {e.step}; resume with: {resume}", file=sys.stderr)
+            print(f"interrupted at step {e.step}; resume with: {resume}" if e.checkpoint
+                  else "interrupted before the first checkpoint; start again with: "
+                  f"headwise train {args.spec} --out {out}", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
         if is_main_process():

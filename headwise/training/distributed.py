@@ -158,3 +158,5 @@ def teardown(ctx: DistContext, failed: bool = False) -> None:
             dist.barrier()
         gc.collect()
         dist.destroy_process_group()
+    elif ctx.host_group is not None and dist.is_initialized():  # ours, in the caller's group
+        dist.destroy_process_group(ctx.host_group)

@@ -377,7 +377,8 @@ def _interrupted(run: _Run, signum: int) -> Interrupted:
     if run.out_dir is not None:
         if run.saved != run.done:
             _checkpoint(run)
-        path = list_checkpoints(run.out_dir)[-1][1]
+        found = list_checkpoints(run.out_dir)
+        path = found[-1][1] if found else None  # stopped at step 0 of a fresh run: none yet
     return Interrupted(run.done, signum, path)
 
 

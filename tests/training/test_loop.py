@@ -289,3 +289,24 @@ def test_objective_hooks_are_detached_at_evaluation_points() -> None:
           objectives=[objective], callbacks=[probe], progress=False)
     assert seen == [False, False]
     assert not any(p.active for p in model.hook_points().values())
+
+
+def test_signal_before_the_first_step_is_an_interrupt_without_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signal that arrives before step 1 of a fresh run ends it with ``Interrupted`` naming
+    no checkpoint (there is none to resume from), not an IndexError."""
+    import signal
+    from contextlib import contextmanager
+
+    import headwise.training.loop as loop
+    from headwise.training.interrupt import Interrupted, SignalFlag
+
+    @contextmanager
+    def signalled(*args: Any, **kwargs: Any) -> Any:
+        yield SignalFlag(signal.SIGTERM)
+
+    monkeypatch.setattr(loop, "catch_signals", signalled)
+    with pytest.raises(Interrupted) as e:
+        train(build_model(CFG, seed=0), _copy(), TrainConfig(steps=20, batch_size=8),
+              out_dir=tmp_path, progress=False)
+    assert e.value.step == 0 and e.value.checkpoint is None
