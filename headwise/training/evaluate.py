@@ -48,9 +48,13 @@ def forward(model: Callable[..., Tensor], inner: nn.Module, batch: Batch, object
     if hooks is None:
         hooks = [h for obj in objectives for h in obj.hooks()]
     attached = inner.hooks(*hooks) if hooks else contextlib.nullcontext()  # type: ignore[operator]
-    with autocast(device, bf16), attached:
-        logits = model(batch.tokens, attention_mask=batch.attention_mask,
-                       task_ids=batch.task_ids)
+    with autocast(device, bf16):
+        with attached:
+            logits = model(batch.tokens, attention_mask=batch.attention_mask,
+                           task_ids=batch.task_ids)
+        # Losses after the hooks are detached: a lever whose loss runs a forward of its own
+        # (AblatedMargin) must not fire the other levers' hooks, which would overwrite what
+        # they captured from this forward and leak their ablations into its forward.
         terms = []
         for obj in objectives:
             value, logs = obj.loss(batch.tokens, batch.attention_mask)

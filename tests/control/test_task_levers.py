@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -210,3 +212,30 @@ def test_a_lever_step_reads_nothing_back_to_the_host(monkeypatch: pytest.MonkeyP
     total.backward()
     monkeypatch.undo()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_levers_in_one_step_do_not_depend_on_their_order() -> None:
+    """The trainer's forward (``training.evaluate.forward``) with a task floor, an ablation
+    lever and the ablated-margin lever, whose loss runs a forward of its own: the terms do not
+    depend on the clause order, and the margin's term is the one it has alone (the other
+    levers' hooks stay out of its forward)."""
+    from headwise.training.evaluate import forward
+
+    model, batch = make(), _batch()
+    cpu = torch.device("cpu")
+
+    def levers() -> dict[str, Any]:
+        return {"floor": TaskLossWeight(model, 1, 2.0, name="floor"),
+                "abl": StochasticAblation(model, "L0.H0", task_ids=[0, 1, 2], weight=1.0,
+                                          name="abl"),
+                "margin": AblatedMargin(model, "L1.H1", [0], 1.0, name="margin")}
+
+    def terms(order: list[str]) -> dict[str, float]:
+        made = levers()
+        got = forward(model, model, batch, [made[k] for k in order], False, cpu)[1]
+        return {k: float(t) for k, (t, _) in zip(order, got, strict=True)}
+
+    first, last = terms(["margin", "floor", "abl"]), terms(["floor", "abl", "margin"])
+    assert first == pytest.approx(last, rel=1e-6)
+    alone = terms(["margin"])["margin"]
+    assert first["margin"] == pytest.approx(alone, rel=1e-6) and alone > 0
