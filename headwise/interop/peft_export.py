@@ -165,6 +165,9 @@ def import_peft(model: nn.Module, adapter_dir: str | Path, model_type: str) -> L
     converter = get_converter(model_type)
     cfg, raw, source = _read_adapter(Path(adapter_dir))
     loaded = _loaded_factors(model, converter, cfg, _pairs(raw, source), source)
+    if not loaded:
+        raise CheckpointError(f"{source}: no LoRA weights (lora_A / lora_B) found; expected a "
+                              "PEFT LoRA adapter")
     rank = max(A.shape[0] for A, _, _ in loaded.values())
     common = loaded[sorted(loaded)[0]][2]
     targets = sorted({n.rsplit(".", 1)[1] for n in loaded})

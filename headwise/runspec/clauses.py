@@ -27,6 +27,7 @@ from headwise.analysis.contract import (
 from headwise.analysis.roles import ROLES
 from headwise.errors import SelectorError, SpecError, show
 from headwise.heads import Head, HeadSet
+from headwise.runspec.check import mapping
 
 _COMMON = {"name"}
 _KEYS = {
@@ -117,8 +118,7 @@ def _heads(path: str, key: str, value: Any, n_layers: int, n_heads: int) -> Head
 
 def _parse(i: int, raw: Any, n_layers: int, n_heads: int, tasks: list[str]) -> Clause:
     path = f"contract[{i}]"
-    if not isinstance(raw, dict):
-        raise SpecError(f"{path}: got {raw!r}, expected a mapping (one clause)")
+    raw = mapping(raw, path, "a mapping (one clause)")
     kind = _kind(path, raw)
     if kind == "task":
         return _task_clause(path, i, raw, tasks, HeadSet([], n_layers, n_heads))
@@ -208,13 +208,7 @@ def _exclusive_clause(path: str, raw: dict[str, Any], common: dict[str, Any],
 def _task_clause(path: str, i: int, raw: dict[str, Any], tasks: list[str],
                  no_heads: HeadSet) -> Clause:
     """``{task: T, metric: accuracy|exact|loss, at_least, at_most}``: T's own performance."""
-    allowed = _KEYS["task"]
-    for key in raw:
-        if key not in allowed:
-            raise SpecError(f"{path}.{key}: not allowed in a task clause; allowed keys: "
-                            f"{sorted(allowed)}" if key in _ALL_KEYS else
-                            f"{path}: unknown key {key!r}{_suggest(key, sorted(allowed))} "
-                            f"(allowed keys: {sorted(allowed)})")
+    _check_keys(path, raw, "task")
     task = _task(path, "task", raw.get("task"), tasks)
     metric = _choice(path, raw, "metric", METRICS, "accuracy") or "accuracy"
     lo, hi = _number(path, raw, "at_least"), _number(path, raw, "at_most")

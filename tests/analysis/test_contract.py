@@ -24,6 +24,8 @@ def _c(clauses: list[dict]) -> Contract:
 
 
 @pytest.mark.parametrize("clauses, message", [
+    ([{1: 2}], r"^contract\[0\]: key 1 is a int, expected a string"),
+    (["L0.H0"], r"^contract\[0\]: got 'L0\.H0', expected a mapping \(one clause\)"),
     ([{"ablate": "L1.H1", "task": "copy", "drop_at_least": "x"}],
      r"^contract\[0\]\.drop_at_least: got 'x', expected a finite number"),
     ([{"ablate": "L1.H1", "task": "copy", "drop_at_least": float("nan")}],

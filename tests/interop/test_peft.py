@@ -193,3 +193,15 @@ def test_import_errors(hf_model_dir, tmp_path, config, tensors, message):
     with pytest.raises(CheckpointError, match=message):
         import_peft(model, adapter, "llama")
     assert not lora_modules(model)
+
+
+def test_import_of_an_adapter_without_lora_weights_is_refused(hf_model_dir, tmp_path):
+    _, path = hf_model_dir("llama-gqa")
+    model = load_hf(path)
+    (tmp_path / "adapter_config.json").write_text(json.dumps(BASE_CFG))
+    from safetensors.torch import save_file
+
+    save_file({}, str(tmp_path / "adapter_model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"no LoRA weights \(lora_A / lora_B\) found"):
+        import_peft(model, tmp_path, "llama")
+    assert not lora_modules(model)
