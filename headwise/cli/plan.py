@@ -6,18 +6,18 @@ import argparse
 
 from rich.table import Table
 
+from headwise.cli.options import add_subcommand
 from headwise.pipeline.output import console
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "plan", help="show how --enforce would act on each contract clause",
+    p = add_subcommand(
+        sub, "plan", run, help="show how --enforce would act on each contract clause",
         description="Compile a spec (no training) and print, per contract clause, its kind, "
                     "what it is measured on, the lever --enforce drives and its starting "
                     "weight. Exit code 0: every clause has a lever; 1: some have none; 2: bad "
                     "input.")
     p.add_argument("spec", help="the YAML spec (reference: docs/spec.md)")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

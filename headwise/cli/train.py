@@ -10,7 +10,6 @@ from typing import Any
 from rich.markup import escape
 
 from headwise.cli.options import add_device_argument, add_run_options, add_subcommand
-from headwise.errors import SpecError
 from headwise.pipeline.output import console, print_outcome, set_threads
 
 
@@ -65,9 +64,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads is not None:
         set_threads(args.threads)
-    if args.forecast_every < 0:
-        raise SpecError(f"--forecast-every: got {args.forecast_every}, expected an integer >= 1 "
-                        "(or 0: no forecasts)")
     out = Path(args.out) if args.out else default_out(args.spec)
     resume = f"headwise train {args.spec} --out {out} --resume"
     try:

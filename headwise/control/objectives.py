@@ -119,9 +119,7 @@ class _PatternCapture:
                 raise RuntimeError(f"no attention pattern captured for layer {layer}: run the "
                                    "forward inside `with model.hooks(*objective.hooks())`")
             held, x = self._captured[layer]
-            if held != want:  # another hook widened the explicit set: pick ours
-                pick = torch.tensor([held.index(h) for h in want], device=x.device)
-                x = x.index_select(1, pick)
+            assert held == want, (held, want)  # a read-only hook gets exactly its heads
             parts.append(x)
         self._captured.clear()
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)

@@ -79,12 +79,10 @@ def _rows_of(task_ids: Tensor, tasks: list[int]) -> Tensor:
     return mine
 
 
-def _zero_hooks(heads: Any, keep: Tensor | None = None) -> list[Hook]:
-    """Hooks zeroing ``heads``' outputs: on every row, or where ``keep`` (B,) is 0."""
+def _zero_hooks(heads: Any) -> list[Hook]:
+    """Hooks zeroing ``heads``' outputs on every row."""
     def fn(z: Tensor, ctx: HookContext) -> Tensor:
-        if keep is None:
-            return torch.zeros_like(z)
-        return z * keep.to(dtype=z.dtype)[:, None, None, None]  # z: (B, T, h, Dh)
+        return torch.zeros_like(z)
     return [Hook(f"blocks.{l}.attn.hook_z", fn, heads.in_layer(l)) for l in heads.layers]
 
 

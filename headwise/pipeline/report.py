@@ -86,7 +86,6 @@ def write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult
 def report_existing_run(run_dir: str | Path) -> dict[str, Path]:
     """Rebuild ``report.{json,html}`` of a finished run from its files."""
     from headwise.analysis.verify import verify
-    from headwise.pipeline.run import contract_of
 
     run_dir = Path(run_dir)
     compiled = load_run(run_dir)

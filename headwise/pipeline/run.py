@@ -225,8 +225,9 @@ def _run_spec(spec: Spec, *, enforce: bool, enforce_budget: float, steps: int | 
     that its training fits in memory).
 
     Raises:
-        SpecError: a bad ``--enforce-budget``, ``--enforce`` or ``--forecast-every`` without
-            evaluation points, ``--enforce`` without a contract, a bad ``--steps``.
+        SpecError: a bad ``--enforce-budget`` or ``--forecast-every``, ``--enforce`` or
+            ``--forecast-every`` without evaluation points, ``--enforce`` without a contract, a
+            bad ``--steps``.
         ConfigError: an unknown ``--device``.
         ResourceError: the training step or evaluation set cannot fit in memory.
     """
@@ -245,6 +246,10 @@ def _run_spec(spec: Spec, *, enforce: bool, enforce_budget: float, steps: int | 
                         "(enforcement acts at evaluation points)")
     if enforce and not spec.contract:
         raise SpecError("contract: missing; --enforce needs a contract to enforce")
+    if isinstance(forecast_every, bool) or not isinstance(forecast_every, int) \
+            or forecast_every < 0:
+        raise SpecError(f"--forecast-every: got {forecast_every!r}, expected an integer >= 1 "
+                        "(or 0: no forecasts)")
     if forecast_every and spec.train.eval_every == 0:
         raise SpecError("train.eval_every: got 0, expected an integer >= 1 with "
                         "--forecast-every (forecasts are made at evaluation points)")

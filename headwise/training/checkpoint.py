@@ -31,16 +31,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.atomic import fsync_dir
+from headwise.atomic import fsync_dir, write_bytes_atomic
 from headwise.errors import CheckpointError, StorageError
 from headwise.training.manifest import check_digests, verify_manifest, write_manifest
-from headwise.training.safetensors_io import (
-    load_tensors,
-    load_weights,
-    save_tensors,
-    save_weights,
-    write_bytes_atomic,
-)
+from headwise.training.safetensors_io import load_tensors, load_weights, save_tensors, save_weights
 
 FORMAT = "headwise-trainer/1"
 _STEP_DIR = re.compile(r"^step_(\d{7,})$")

@@ -185,3 +185,8 @@ def test_forecast_every_needs_evaluation_points(tmp_path: pytest.TempPathFactory
     assert "train.eval_every" in capsys.readouterr().err
     assert main(["train", str(spec), "--out", out, "--forecast-every", "-1", "--quiet"]) == 2
     assert "--forecast-every" in capsys.readouterr().err
+    from headwise.errors import SpecError
+    from headwise.pipeline.run import train_run
+
+    with pytest.raises(SpecError, match=r"^--forecast-every: got -3, expected an integer >= 1"):
+        train_run(spec, tmp_path / "lib", forecast_every=-3)  # type: ignore[operator]
