@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from headwise.atomic import fsync_dir, write_bytes_atomic
 from headwise.errors import CheckpointError, StorageError
-from headwise.training.manifest import check_digests, verify_manifest, write_manifest
+from headwise.training.manifest import verify_manifest, write_manifest
 from headwise.training.safetensors_io import load_tensors, load_weights, save_tensors, save_weights
 
 FORMAT = "headwise-trainer/1"
@@ -209,7 +209,7 @@ def load_checkpoint(path: Path, model: nn.Module,
             not match the model or optimizer.
     """
     path = Path(path)
-    verify_manifest(path, CHECKPOINT_FILES)
+    verified = verify_manifest(path, CHECKPOINT_FILES)  # every file hashed once, here
     meta_path = path / "trainer.json"
     try:
         meta = json.loads(meta_path.read_text())
@@ -228,7 +228,12 @@ def load_checkpoint(path: Path, model: nn.Module,
             or (named is not None and int(named.group(1)) != step)):
         raise CheckpointError(f"{meta_path}: field 'step' is {str(step)[:40]}, expected the "
                               f"step in the directory name {path.name!r}")
-    check_digests(path, meta["sha256"], meta_path.name)
+    if not isinstance(meta["sha256"], dict):
+        raise CheckpointError(f"{meta_path}: field 'sha256' is not a mapping of file digests")
+    for name, digest in meta["sha256"].items():  # trainer.json's own record agrees
+        if verified.get(name) != digest:
+            raise CheckpointError(f"{path / name}: contents do not match the sha256 recorded in "
+                                  f"{meta_path.name} (truncated or corrupt, or edited)")
     load_weights(model, path / "model.safetensors")
     tensors, _ = load_tensors(path / "trainer.safetensors")
     if optimizer is not None:
