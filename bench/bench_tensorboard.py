@@ -32,6 +32,7 @@ DEMO = Path(__file__).resolve().parents[1] / "headwise" / "examples" / "demo.yam
 
 
 def _time_train(log: str, out: Path) -> float:
+    from headwise.pipeline.run import FIGURES
     from headwise.training import train
 
     text = DEMO.read_text().replace("  seed: 0\n", f"  seed: 0\n  log: {log}\n", 1)
@@ -40,7 +41,7 @@ def _time_train(log: str, out: Path) -> float:
     t0 = time.perf_counter()
     train(compiled.model, compiled.data, spec.train, out_dir=out,
           objectives=compiled.objectives, optimizer_hooks=compiled.optimizer_hooks,
-          eval_data=compiled.eval_data, progress=False)
+          eval_data=compiled.eval_data, progress=False, figures=FIGURES)  # as train_run
     return time.perf_counter() - t0
 
 
@@ -57,7 +58,9 @@ def _time_sink(out: Path, calls: int) -> tuple[float, float]:
     record = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     gen = torch.Generator().manual_seed(spec.train.seed + EVAL_SEED_OFFSET)
     batch = compiled.eval_data.sample(spec.train.batch_size, gen)  # as RunLog's probe
-    sink = TensorBoardSink(out / "bench-tb", lambda: batch)
+    from headwise.pipeline.run import FIGURES
+
+    sink = TensorBoardSink(out / "bench-tb", lambda: batch, FIGURES)
     writes, images = [], []
     for i in range(calls):
         t0 = time.perf_counter()
