@@ -139,7 +139,8 @@ def code_key() -> str:
     h = hashlib.sha256()
     for path in sorted((ROOT / "headwise").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if (rel.startswith("headwise/cli/") or "/forecast" in rel or "/report" in rel
+        if (rel.startswith("headwise/cli/") or "/forecast" in rel
+                or rel.startswith("headwise/analysis/report")
                 or rel == "headwise/analysis/trajectories.py"):
             continue
         h.update(rel.encode() + path.read_bytes())
@@ -492,6 +493,9 @@ def main() -> int:
     p.add_argument("--ablation", action="store_true",
                    help="also score forecasters fit on subsets of the features (ABLATION)")
     args = p.parse_args()
+    if set(args.confirm) & set(args.seeds):
+        p.error(f"--confirm: seeds {sorted(set(args.confirm) & set(args.seeds))} are also in "
+                "--seeds; the fresh-seed check must use runs the forecaster was not fit on")
     torch.set_num_threads(1)
     from headwise.analysis.forecast import VERSION
 

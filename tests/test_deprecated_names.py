@@ -26,3 +26,5 @@ def test_contract_from_list_warns_and_builds_the_same_contract() -> None:
     with pytest.warns(DeprecationWarning, match="contract_from_list"):
         old = Contract.from_list(clauses, 1, 2, [])
     assert old.to_list() == contract_from_list(clauses, 1, 2, []).to_list()
+    (clause,) = old.clauses  # what the clause says, independently of either code path
+    assert (str(clause.heads), clause.score, clause.at_least) == ("L0.H1", "previous_token", 0.9)

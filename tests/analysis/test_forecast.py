@@ -56,9 +56,15 @@ def test_packaged_forecaster_loads_without_pickle(monkeypatch: pytest.MonkeyPatc
     assert f.role_weight.shape == (len(ROLE_FEATURES),)
     assert f.none_weight.shape == (len(NONE_FEATURES),)
     # the accuracy the report quotes comes from the benchmark's held-out runs
+    m = f.measured
     for key in ("held_out_seeds_accuracy", "held_out_configs_accuracy", "baseline_accuracy",
                 "n_runs", "command"):
-        assert key in f.measured
+        assert key in m
+    # consistent with how it was measured: every configuration x fit seed, fresh seeds unseen
+    assert m["n_runs"] == len(m["configs"]) * len(m["seeds"])
+    assert m["fresh_runs"] == len(m["configs"]) * len(m["fresh_seeds"])
+    assert not set(m["seeds"]) & set(m["fresh_seeds"])
+    assert ("--suite" in m["command"]) == any(c.startswith("suite-") for c in m["configs"])
 
 
 def test_load_rejects_other_files(tmp_path: pytest.TempPathFactory) -> None:

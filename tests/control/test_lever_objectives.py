@@ -144,11 +144,13 @@ def test_heads_at_once_equal_each_head_alone_across_shapes_and_extra_hooks(make_
         mask = torch.ones_like(tokens)
         mask[1, -2:] = 0
         mask = mask if padded else None
+        terms = []
         for extra in ([], [widen]):
             hooks = [h for o in (together, *alone) for h in o.hooks()]
             with model.hooks(*hooks, *extra):
                 model(tokens, attention_mask=mask)
             term, logs = together.loss(tokens, mask)
+            terms.append(term)
             parts = [o.loss(tokens, mask) for o in alone]
             expected = torch.stack([t for t, _ in parts]).mean()
             torch.testing.assert_close(term, expected, rtol=1e-6, atol=1e-7)
@@ -156,6 +158,7 @@ def test_heads_at_once_equal_each_head_alone_across_shapes_and_extra_hooks(make_
             for _, lg in parts:
                 for k, v in lg.items():
                     torch.testing.assert_close(logs[k], v, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(terms[0], terms[1], rtol=1e-6, atol=1e-7)  # widen: no change
 
 
 def test_entropy_bound_by_hand() -> None:
