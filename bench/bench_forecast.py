@@ -27,8 +27,16 @@ curve), scored the same way. The training signals they need are computed from ea
 checkpoints by ``headwise.analysis.forecast_signals.gradient_signals`` on the held-out mixture
 and cached next to the trajectories (keyed by that module's code).
 
+``--within`` adds forecasters fit within each configuration (on its other seeds only): an
+estimate of what the signals can tell once a configuration's behaviour is known.
+
+Per configuration at 20% it prints each forecaster against the baseline head by head (heads
+only one of them gets right, with an exact sign test), and the calibration of the stated
+probabilities.
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_forecast.py [--save] [--ablation] [--suite]
-        [--seeds 0 1 2] [--confirm 5 6 7]
+        [--within]
+        [--seeds 0 1 2] [--confirm 5 6 7]   (default: seeds 0-19, fresh seeds 20-24)
 """
 
 from __future__ import annotations
@@ -36,10 +44,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import yaml
@@ -232,10 +241,23 @@ def load_runs(seeds: list[int], key: str) -> list[dict]:
     return runs
 
 
-# per head: (configuration, final role, forecast, final top score within NEAR of the threshold)
-Rows = list[tuple[str, str, str, bool]]
+class Row(NamedTuple):
+    """One head's forecast: its run and head, final role, forecast, whether its final top score
+    is within ``NEAR`` of the threshold, and the forecast's probability (``None``: baseline)."""
+
+    config: str
+    seed: int
+    head: str
+    truth: str
+    forecast: str
+    near: bool
+    confidence: float | None
+
+
+Rows = list[Row]
 NEAR = 0.05
-Predictor = Callable[[dict, float], list[str]]
+# (run, fraction) -> per head: (forecast, its probability or None)
+Predictor = Callable[[dict, float], list[tuple[str, float | None]]]
 
 
 def truth(r: dict) -> list[str]:
@@ -336,20 +358,22 @@ def fitted(rs: list[dict], version: str,
     feats, labels = train_rows(rs, features is not None)
     model = Forecaster.fit(cut(feats), labels, version=version)
 
-    def predict(r: dict, frac: float) -> list[str]:
+    def predict(r: dict, frac: float) -> list[tuple[str, float | None]]:
         n = n_early(len(r["traj"].steps), frac)
         p = model.probabilities(cut(features_of(r, n, features is not None)))
-        return [CLASSES[int(i)] for i in p.argmax(1)]
+        conf, idx = p.max(dim=1)
+        return [(CLASSES[int(i)], float(c)) for i, c in zip(idx, conf, strict=True)]
 
     predict.model = model  # type: ignore[attr-defined]
     return predict
 
 
-def baseline(r: dict, frac: float) -> list[str]:
-    """The linear-extrapolation baseline's forecast for run ``r``."""
+def baseline(r: dict, frac: float) -> list[tuple[str, float | None]]:
+    """The linear-extrapolation baseline's forecast for run ``r`` (it states no probability)."""
     from headwise.analysis.forecast import linear_forecast, n_early
 
-    return linear_forecast(r["traj"], n_early(len(r["traj"].steps), frac), r["total_steps"])
+    return [(role, None) for role in
+            linear_forecast(r["traj"], n_early(len(r["traj"].steps), frac), r["total_steps"])]
 
 
 def near_threshold(r: dict) -> list[bool]:
@@ -362,14 +386,17 @@ def near_threshold(r: dict) -> list[bool]:
 
 def score(predictor: Predictor, rs: list[dict]) -> dict[float, Rows]:
     """The predictor's forecasts for every head of runs ``rs`` at every fraction."""
-    return {frac: [(r["config"], t, p, near) for r in rs
-                   for t, p, near in zip(truth(r), predictor(r, frac), near_threshold(r),
-                                         strict=True)]
+    return {frac: [Row(r["config"], r["seed"], str(h), t, p, near, conf) for r in rs
+                   for h, t, (p, conf), near in zip(r["traj"].heads, truth(r),
+                                                    predictor(r, frac), near_threshold(r),
+                                                    strict=True)]
             for frac in FRACTIONS}
 
 
-def cross_validate(runs: list[dict], seeds: list[int], ablation: bool) -> dict[str, dict]:
-    """Baseline and fitted forecasters on held-out seeds and held-out configurations."""
+def cross_validate(runs: list[dict], seeds: list[int], ablation: bool,
+                   within: bool = False) -> dict[str, dict]:
+    """Baseline and fitted forecasters on held-out seeds and held-out configurations; with
+    ``within``, also fit within each configuration (``within_configuration``)."""
     variants = {"": None, **({f" ({k})": v for k, v in ABLATION.items()} if ablation else {})}
     preds: dict[str, dict[float, Rows]] = {"baseline": score(baseline, runs)}
     for label, features in variants.items():
@@ -385,14 +412,34 @@ def cross_validate(runs: list[dict], seeds: list[int], ablation: bool) -> dict[s
                 for f in FRACTIONS:
                     rows[f] += got[f]
             preds[scheme + label] = rows
+    if within and len(seeds) >= 2:
+        for label in ("", " (all of these)"):
+            preds["within configuration" + label] = within_configuration(
+                runs, seeds, ABLATION["all of these"] if label else None)
     return preds
+
+
+def within_configuration(runs: list[dict], seeds: list[int],
+                         features: tuple[list[str], list[str]] | None) -> dict[float, Rows]:
+    """Each run forecast by a forecaster fit only on the other seeds of *its own*
+    configuration: what these signals can tell about a configuration whose behaviour the
+    forecaster has seen (an estimate of the attainable, not a forecaster a user gets)."""
+    rows: dict[float, Rows] = {f: [] for f in FRACTIONS}
+    for config in CONFIGS:
+        for seed in seeds:
+            fit_on = [r for r in runs if r["config"] == config and r["seed"] != seed]
+            test = [r for r in runs if r["config"] == config and r["seed"] == seed]
+            got = score(fitted(fit_on, "cv", features), test)
+            for f in FRACTIONS:
+                rows[f] += got[f]
+    return rows
 
 
 def acc(rows: Rows, config: str | tuple[str, ...] | None = None) -> tuple[float, int]:
     """Accuracy and head count of ``rows`` (of one configuration, of several, or all)."""
     wanted = (config,) if isinstance(config, str) else config
-    sel = [(t, p) for c, t, p, _ in rows if wanted is None or c in wanted]
-    return sum(t == p for t, p in sel) / max(1, len(sel)), len(sel)
+    sel = [row for row in rows if wanted is None or row.config in wanted]
+    return sum(row.truth == row.forecast for row in sel) / max(1, len(sel)), len(sel)
 
 
 def columns() -> list[tuple[str, str | tuple[str, ...]]]:
@@ -441,28 +488,82 @@ def print_confusion(rows: Rows, title: str) -> None:
     print("| final \\ forecast | " + " | ".join(CLASSES) + " |")
     print("|---|" + "---|" * len(CLASSES))
     for t in CLASSES:
-        counts = [sum(1 for _, tt, pp, _ in rows if tt == t and pp == p) for p in CLASSES]
+        counts = [sum(1 for row in rows if row.truth == t and row.forecast == p)
+                  for p in CLASSES]
         if sum(counts):
             print(f"| {t} | " + " | ".join(str(c) for c in counts) + " |")
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """Exact two-sided sign test (McNemar's exact test) of ``wins`` vs ``losses``: the chance
+    of a split at least this uneven if either forecaster were as likely to be the right one."""
+    n, k = wins + losses, min(wins, losses)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+
+
+def print_paired(preds: dict[str, dict[float, Rows]], schemes: list[str]) -> None:
+    """Per configuration at 20%: each forecaster against the baseline on the same heads: heads
+    only it gets right (wins), heads only the baseline gets right (losses), the sign test."""
+    base = {(r.config, r.seed, r.head): r.truth == r.forecast for r in preds["baseline"][0.2]}
+    print("\nAt 20%, against the baseline head by head (wins / losses: heads only the "
+          "forecaster / only the baseline gets right; p: exact sign test)\n")
+    print("| configuration | " + " | ".join(f"{s}: wins / losses (p)" for s in schemes) + " |")
+    print("|---|" + "---|" * len(schemes))
+    for config in CONFIGS:
+        cells = []
+        for scheme in schemes:
+            rows = [r for r in preds[scheme][0.2] if r.config == config]
+            right = [(r.truth == r.forecast, base[r.config, r.seed, r.head]) for r in rows]
+            wins = sum(1 for f, b in right if f and not b)
+            losses = sum(1 for f, b in right if b and not f)
+            cells.append(f"{wins} / {losses} ({sign_test(wins, losses):.2g})")
+        print(f"| {config.removeprefix('suite-')} | " + " | ".join(cells) + " |")
+
+
+CONFIDENCE_BINS = (0.0, 0.5, 0.7, 0.9, 1.0)
+
+
+def calibration(rows: Rows) -> list[dict[str, float]]:
+    """Per bin of stated probability (``CONFIDENCE_BINS``): heads in it and the share right."""
+    out = []
+    for lo, hi in zip(CONFIDENCE_BINS[:-1], CONFIDENCE_BINS[1:], strict=True):
+        sel = [r for r in rows if r.confidence is not None and lo <= r.confidence
+               and (r.confidence < hi or hi == CONFIDENCE_BINS[-1])]
+        right = sum(r.truth == r.forecast for r in sel)
+        out.append({"from": lo, "to": hi, "heads": len(sel),
+                    "accuracy": round(right / max(1, len(sel)), 4)})
+    return out
+
+
+def print_calibration(preds: dict[str, dict[float, Rows]], schemes: list[str]) -> None:
+    """At 20%: how often a forecast is right, by the probability it states."""
+    print("\nCalibration at 20%: share of forecasts right (heads), by stated probability\n")
+    bins = calibration([])
+    print("| forecaster | " + " | ".join(f"[{b['from']:.1f}, {b['to']:.1f}"
+                                        f"{']' if b['to'] == 1 else ')'}" for b in bins) + " |")
+    print("|---|" + "---|" * len(bins))
+    for scheme in schemes:
+        print(f"| {scheme} | " + " | ".join(f"{b['accuracy']:.1%} ({b['heads']})"
+                                            for b in calibration(preds[scheme][0.2])) + " |")
 
 
 def print_near(preds: dict[str, dict[float, Rows]]) -> None:
     """How many heads end within ``NEAR`` of the threshold, and the errors among them (20%)."""
     rows = preds["baseline"][0.2]
-    n_near = sum(1 for *_, near in rows if near)
+    n_near = sum(1 for row in rows if row.near)
     print(f"\n{n_near} of {len(rows)} heads end with a top score within {NEAR} of "
           f"{SHOWN_MIN_SCORE}; errors at 20% among them / among the others:")
     for scheme in ("baseline", "held-out seeds", "held-out configs"):
         if scheme in preds:
             r = preds[scheme][0.2]
-            near = sum(1 for _, t, p, n in r if n and t != p)
-            far = sum(1 for _, t, p, n in r if not n and t != p)
+            near = sum(1 for row in r if row.near and row.truth != row.forecast)
+            far = sum(1 for row in r if not row.near and row.truth != row.forecast)
             print(f"- {scheme}: {near} / {far} (accuracy on the others "
                   f"{1 - far / max(1, len(r) - n_near):.1%})")
 
 
 def save(model: Any, preds: dict, confirm: dict, runs: list[dict], confirm_runs: list[dict],
-         seeds: list[int], fresh: list[int]) -> None:
+         seeds: list[int], fresh: list[int], within: bool) -> None:
     """Write the packaged forecaster with what the benchmark measured (20% of checkpoints)."""
     from headwise.atomic import write_bytes_atomic
 
@@ -472,10 +573,12 @@ def save(model: Any, preds: dict, confirm: dict, runs: list[dict], confirm_runs:
         "held_out_configs_accuracy": round(acc(preds["held-out configs"][0.2])[0], 4),
         "baseline_accuracy": round(acc(preds["baseline"][0.2])[0], 4),
         "n_heads": acc(preds["baseline"][0.2])[1],
-        "command": COMMAND + (" --suite" if len(CONFIGS) > len(BASE) else ""),
+        "command": COMMAND + (" --suite" if len(CONFIGS) > len(BASE) else "")
+        + (" --within" if within else ""),
         "fresh_seeds": fresh, "fresh_runs": len(confirm_runs),
         "fresh_accuracy": round(acc(confirm[f"forecaster v{model.version}"][0.2])[0], 4),
         "fresh_baseline_accuracy": round(acc(confirm["baseline"][0.2])[0], 4),
+        "calibration_held_out_seeds": calibration(preds["held-out seeds"][0.2]),
         "doc": "docs/benchmarks.md#forecasting-final-roles-issue-14"}
     write_bytes_atomic(OUT, model.to_json().encode())
     print(f"written: {OUT.relative_to(ROOT)} ({model.measured})")
@@ -483,13 +586,15 @@ def save(model: Any, preds: dict, confirm: dict, runs: list[dict], confirm_runs:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    p.add_argument("--confirm", type=int, nargs="*", default=[5, 6, 7],
+    p.add_argument("--seeds", type=int, nargs="+", default=list(range(20)))
+    p.add_argument("--confirm", type=int, nargs="*", default=[20, 21, 22, 23, 24],
                    help="fresh seeds: the forecaster fit on every --seeds run predicts them "
                         "(the packaged one's test)")
     p.add_argument("--save", action="store_true", help=f"write {OUT.relative_to(ROOT)}")
     p.add_argument("--suite", action="store_true",
                    help="add the contract suite's specs as configurations (suite_configs)")
+    p.add_argument("--within", action="store_true",
+                   help="also fit within each configuration (within_configuration)")
     p.add_argument("--ablation", action="store_true",
                    help="also score forecasters fit on subsets of the features (ABLATION)")
     args = p.parse_args()
@@ -505,7 +610,7 @@ def main() -> int:
     print(f"code key {key}; cache {CACHE.relative_to(ROOT)}/{key}", flush=True)
     t0 = time.perf_counter()
     runs = load_runs(args.seeds, key)
-    preds = cross_validate(runs, args.seeds, args.ablation)
+    preds = cross_validate(runs, args.seeds, args.ablation, args.within)
     print(f"\n{len(runs)} runs ({len(CONFIGS)} configurations x seeds {args.seeds}), training "
           f"+ scoring {sum(r['seconds'] for r in runs) / 60:.1f} min, training signals "
           f"{sum(r['signal_seconds'] for r in runs if 'signal_seconds' in r):.0f} s, total "
@@ -516,6 +621,11 @@ def main() -> int:
         if scheme in preds:
             print_confusion(preds[scheme][0.2], scheme)
     print_near(preds)
+    main_schemes: list[str] = [
+        s for s in ("held-out seeds", "held-out configs", "within configuration",
+                    "within configuration (all of these)") if s in preds]
+    print_paired(preds, main_schemes)
+    print_calibration(preds, main_schemes[:2])
     final = fitted(runs, VERSION)
     confirm_runs = load_runs(args.confirm, key)
     confirm = {"baseline": score(baseline, confirm_runs),
@@ -525,12 +635,14 @@ def main() -> int:
               f"forecaster fit on every run of seeds {args.seeds}\n")
         print_accuracy(confirm)
         print_suite(confirm)
+        print_paired(confirm, [f"forecaster v{VERSION}"])
+        print_calibration(confirm, [f"forecaster v{VERSION}"])
     dist = {c: sum(1 for r in runs for t in truth(r) if t == c) for c in
-            {t for r in runs for t in truth(r)}}
+            sorted({t for r in runs for t in truth(r)})}
     print(f"\nfinal roles over all heads: {dist}")
     if args.save:
         save(final.model, preds, confirm, runs, confirm_runs,  # type: ignore[attr-defined]
-             args.seeds, args.confirm)
+             args.seeds, args.confirm, args.within)
     return 0
 
 

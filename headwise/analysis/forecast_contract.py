@@ -143,14 +143,19 @@ def forecast_summary(traj: Trajectory, forecaster: Forecaster, fraction: float =
 
 
 def measured_text(measured: dict[str, Any]) -> str:
-    """One sentence quoting the benchmark's held-out accuracy of a forecaster."""
+    """One sentence quoting the benchmark's held-out accuracy of a forecaster, and how often
+    its most confident forecasts were right (the calibration the benchmark measured)."""
     if not measured:
         return "no benchmark measurement recorded for this forecaster"
     fresh = (f", {measured['fresh_accuracy']:.1%} on {measured['fresh_runs']} fresh runs "
              f"(baseline {measured['fresh_baseline_accuracy']:.1%})"
              if measured.get("fresh_runs") else "")
+    top = (measured.get("calibration_held_out_seeds") or [None])[-1]
+    confident = (f"; forecasts stated at {top['from']:.0%} or more were right "
+                 f"{top['accuracy']:.1%} of the time ({top['heads']} heads)" if top else "")
     return (f"benchmark accuracy from the first {measured.get('fraction', 0.2):.0%} of "
             f"checkpoints on held-out runs: {measured['held_out_seeds_accuracy']:.1%} (held-out "
             f"seeds), {measured['held_out_configs_accuracy']:.1%} (held-out configurations); "
             f"linear baseline {measured['baseline_accuracy']:.1%}; {measured['n_runs']} runs, "
-            f"{measured['n_heads']} heads{fresh} ({measured.get('doc', 'docs/benchmarks.md')})")
+            f"{measured['n_heads']} heads{fresh}{confident} "
+            f"({measured.get('doc', 'docs/benchmarks.md')})")

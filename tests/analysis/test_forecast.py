@@ -23,7 +23,7 @@ from headwise.analysis.forecast import (
     linear_forecast,
     load_forecaster,
 )
-from headwise.analysis.forecast_contract import forecast_clauses
+from headwise.analysis.forecast_contract import forecast_clauses, measured_text
 from headwise.analysis.role_table import TOP_ROLE_CANDIDATES, RoleTable
 from headwise.analysis.trajectories import Trajectory
 from headwise.runspec import contract_from_list
@@ -65,6 +65,26 @@ def test_packaged_forecaster_loads_without_pickle(monkeypatch: pytest.MonkeyPatc
     assert m["fresh_runs"] == len(m["configs"]) * len(m["fresh_seeds"])
     assert not set(m["seeds"]) & set(m["fresh_seeds"])
     assert ("--suite" in m["command"]) == any(c.startswith("suite-") for c in m["configs"])
+    # the calibration quoted with it covers every held-out head once, in adjacent bins
+    bins = m["calibration_held_out_seeds"]
+    assert sum(b["heads"] for b in bins) == m["n_heads"]
+    assert [b["from"] for b in bins[1:]] == [b["to"] for b in bins[:-1]] and bins[-1]["to"] == 1
+    assert all(0.0 <= b["accuracy"] <= 1.0 for b in bins)
+
+
+def test_measured_text_quotes_the_benchmark_and_its_top_calibration_bin() -> None:
+    measured = {"fraction": 0.2, "held_out_seeds_accuracy": 0.81, "held_out_configs_accuracy":
+                0.803, "baseline_accuracy": 0.61, "n_runs": 65, "n_heads": 310,
+                "calibration_held_out_seeds": [
+                    {"from": 0.0, "to": 0.9, "heads": 139, "accuracy": 0.7},
+                    {"from": 0.9, "to": 1.0, "heads": 171, "accuracy": 0.895}]}
+    text = measured_text(measured)
+    assert "81.0% (held-out seeds), 80.3% (held-out configurations)" in text
+    assert "linear baseline 61.0%; 65 runs, 310 heads" in text
+    assert "forecasts stated at 90% or more were right 89.5% of the time (171 heads)" in text
+    del measured["calibration_held_out_seeds"]
+    assert "stated at" not in measured_text(measured)
+    assert measured_text({}) == "no benchmark measurement recorded for this forecaster"
 
 
 def test_load_rejects_other_files(tmp_path: pytest.TempPathFactory) -> None:
