@@ -562,6 +562,15 @@ def print_near(preds: dict[str, dict[float, Rows]]) -> None:
                   f"{1 - far / max(1, len(r) - n_near):.1%})")
 
 
+def below_baseline(preds: dict[str, dict[float, Rows]]) -> list[str]:
+    """The configurations on which the forecaster, held out by seed or by configuration, is
+    less accurate than the baseline at 20% of checkpoints."""
+    base = preds["baseline"][0.2]
+    return [c for c in CONFIGS
+            if any(acc(preds[s][0.2], c)[0] < acc(base, c)[0]
+                   for s in ("held-out seeds", "held-out configs"))]
+
+
 def save(model: Any, preds: dict, confirm: dict, runs: list[dict], confirm_runs: list[dict],
          seeds: list[int], fresh: list[int], within: bool) -> None:
     """Write the packaged forecaster with what the benchmark measured (20% of checkpoints)."""
@@ -579,6 +588,7 @@ def save(model: Any, preds: dict, confirm: dict, runs: list[dict], confirm_runs:
         "fresh_accuracy": round(acc(confirm[f"forecaster v{model.version}"][0.2])[0], 4),
         "fresh_baseline_accuracy": round(acc(confirm["baseline"][0.2])[0], 4),
         "calibration_held_out_seeds": calibration(preds["held-out seeds"][0.2]),
+        "below_baseline": below_baseline(preds),
         "doc": "docs/benchmarks.md#forecasting-final-roles-issue-14"}
     write_bytes_atomic(OUT, model.to_json().encode())
     print(f"written: {OUT.relative_to(ROOT)} ({model.measured})")

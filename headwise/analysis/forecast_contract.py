@@ -143,8 +143,9 @@ def forecast_summary(traj: Trajectory, forecaster: Forecaster, fraction: float =
 
 
 def measured_text(measured: dict[str, Any]) -> str:
-    """One sentence quoting the benchmark's held-out accuracy of a forecaster, and how often
-    its most confident forecasts were right (the calibration the benchmark measured)."""
+    """One sentence quoting the benchmark's held-out accuracy of a forecaster, how often its
+    most confident forecasts were right (the calibration the benchmark measured), and the
+    benchmark configurations on which it did worse than the linear baseline."""
     if not measured:
         return "no benchmark measurement recorded for this forecaster"
     fresh = (f", {measured['fresh_accuracy']:.1%} on {measured['fresh_runs']} fresh runs "
@@ -152,7 +153,12 @@ def measured_text(measured: dict[str, Any]) -> str:
              if measured.get("fresh_runs") else "")
     top = (measured.get("calibration_held_out_seeds") or [None])[-1]
     confident = (f"; forecasts stated at {top['from']:.0%} or more were right "
-                 f"{top['accuracy']:.1%} of the time ({top['heads']} heads)" if top else "")
+                 f"{top['accuracy']:.1%} of the time ({top['heads']} held-out heads)"
+                 if top else "")
+    below = measured.get("below_baseline")
+    if below is not None and measured.get("configs"):
+        confident += (f"; below the baseline on {len(below)} of {len(measured['configs'])} "
+                      f"benchmark configurations" + (f" ({', '.join(below)})" if below else ""))
     return (f"benchmark accuracy from the first {measured.get('fraction', 0.2):.0%} of "
             f"checkpoints on held-out runs: {measured['held_out_seeds_accuracy']:.1%} (held-out "
             f"seeds), {measured['held_out_configs_accuracy']:.1%} (held-out configurations); "

@@ -70,6 +70,7 @@ def test_packaged_forecaster_loads_without_pickle(monkeypatch: pytest.MonkeyPatc
     assert sum(b["heads"] for b in bins) == m["n_heads"]
     assert [b["from"] for b in bins[1:]] == [b["to"] for b in bins[:-1]] and bins[-1]["to"] == 1
     assert all(0.0 <= b["accuracy"] <= 1.0 for b in bins)
+    assert set(m["below_baseline"]) <= set(m["configs"])
 
 
 def test_measured_text_quotes_the_benchmark_and_its_top_calibration_bin() -> None:
@@ -77,13 +78,20 @@ def test_measured_text_quotes_the_benchmark_and_its_top_calibration_bin() -> Non
                 0.803, "baseline_accuracy": 0.61, "n_runs": 65, "n_heads": 310,
                 "calibration_held_out_seeds": [
                     {"from": 0.0, "to": 0.9, "heads": 139, "accuracy": 0.7},
-                    {"from": 0.9, "to": 1.0, "heads": 171, "accuracy": 0.895}]}
+                    {"from": 0.9, "to": 1.0, "heads": 171, "accuracy": 0.895}],
+                "configs": ["a", "b", "levers"], "below_baseline": ["levers"]}
     text = measured_text(measured)
     assert "81.0% (held-out seeds), 80.3% (held-out configurations)" in text
     assert "linear baseline 61.0%; 65 runs, 310 heads" in text
-    assert "forecasts stated at 90% or more were right 89.5% of the time (171 heads)" in text
-    del measured["calibration_held_out_seeds"]
+    assert ("forecasts stated at 90% or more were right 89.5% of the time (171 held-out "
+            "heads)") in text
+    assert "below the baseline on 1 of 3 benchmark configurations (levers)" in text
+    measured["below_baseline"] = []
+    assert "below the baseline on 0 of 3 benchmark configurations (docs/" in measured_text(
+        measured)
+    del measured["calibration_held_out_seeds"], measured["below_baseline"]
     assert "stated at" not in measured_text(measured)
+    assert "below the baseline" not in measured_text(measured)
     assert measured_text({}) == "no benchmark measurement recorded for this forecaster"
 
 
