@@ -23,9 +23,10 @@ configurations over all 13), reported per configuration and together.
 
 ``--ablation`` adds rows for forecasters fit with candidate features besides the score ones
 (``ABLATION``: commitment, gradient alignment in pattern and in parameter space, the loss
-curve), scored the same way. The training signals they need are computed from each run's
-checkpoints by ``headwise.analysis.forecast_signals.gradient_signals`` on the held-out mixture
-and cached next to the trajectories (keyed by that module's code).
+curve, and the shape of the early score curves), scored the same way. The training signals
+they need are computed from each run's checkpoints by
+``headwise.analysis.forecast_signals.gradient_signals`` on the held-out mixture and cached
+next to the trajectories (keyed by that module's code).
 
 ``--within`` adds forecasters fit within each configuration (on its other seeds only): an
 estimate of what the signals can tell once a configuration's behaviour is known.
@@ -278,13 +279,19 @@ def train_rows(rs: list[dict], extended: bool = False) -> tuple[Any, list[str]]:
     return EarlyFeatures.cat(feats), labels
 
 
-# Candidate features scored with --ablation besides forecast.ROLE_FEATURES / NONE_FEATURES:
-# commitment (share of early checkpoints with the role / ``none`` as top role), the gradient
-# alignment in pattern space (``align_*``) and parameter space (``reach_*``): latest, mean over
-# the early checkpoints, lead over the best other role, whether it is the best; the loss curve
-# (loss now / first loss, the latest relative drop carried to the end).
-EXTRA_ROLE = ["persist", "align_last", "align_mean", "lead_align", "align_best", "reach_last",
-              "reach_mean", "lead_reach", "reach_best"]
+# Candidate features scored with --ablation besides forecast.ROLE_FEATURES / NONE_FEATURES.
+# Training signals: commitment (share of early checkpoints with the role / ``none`` as top
+# role), the gradient alignment in pattern space (``align_*``) and parameter space
+# (``reach_*``): latest, mean over the early checkpoints, lead over the best other role, whether
+# it is the best; the loss curve (loss now / first loss, the latest relative drop carried to the
+# end). Curve shape (session 5): the score at the first checkpoint and the latest and
+# extrapolated scores as multiples of it (``start``, ``rise``, ``linear_rise``), each role's mean
+# projected gain and mean score over the run's heads (``run_gain``, ``run_last``), and the change
+# of slope between the two halves of the early checkpoints carried to the end (``accel``).
+SIGNAL_ROLE = ["persist", "align_last", "align_mean", "lead_align", "align_best", "reach_last",
+               "reach_mean", "lead_reach", "reach_best"]
+SHAPE_ROLE = ["start", "rise", "linear_rise", "run_gain", "run_last", "accel"]
+EXTRA_ROLE = SIGNAL_ROLE + SHAPE_ROLE
 EXTRA_NONE = ["persist_none", "align_top", "reach_top", "loss_ratio", "loss_recent"]
 
 
@@ -309,7 +316,28 @@ def _extra(traj: Any, n: int, x: Tensor) -> tuple[list[Tensor], list[Tensor]]:
     N = y.shape[1]
     none += [torch.full((N,), min(2.0, float(loss[-1]) / first), dtype=torch.float64),
              torch.full((N,), max(-1.0, min(1.0, drop)), dtype=torch.float64)]
-    return roles, none
+    return roles + _shape(y, x), none
+
+
+def _shape(y: Tensor, x: Tensor) -> list[Tensor]:
+    """The ``SHAPE_ROLE`` features (each (N, R)) of early scores ``y`` (n, N, R) at ``x``."""
+    from headwise.analysis.forecast import _fit_lines
+
+    z = torch.nan_to_num(y)
+    seen, n = float(x[-1]), len(x)
+    a, b = _fit_lines(x, y)
+    linear = torch.nan_to_num((a + b).clamp(0.0, 1.0))
+    gain = torch.nan_to_num(b * (1.0 - seen)).clamp(-1.0, 1.0)
+    start = z[0].clamp_min(0.02)
+    accel = torch.zeros_like(gain)
+    if n >= 3:
+        half = n // 2
+        _, b1 = _fit_lines(x[:half + 1], y[:half + 1])
+        _, b2 = _fit_lines(x[half:], y[half:])
+        accel = torch.nan_to_num((b2 - b1) * (1.0 - seen)).clamp(-1.0, 1.0)
+    return [z[0], (z[-1] / start).clamp(0.0, 10.0), (linear / start).clamp(0.0, 10.0),
+            gain.mean(0, keepdim=True).expand_as(gain),
+            z[-1].mean(0, keepdim=True).expand_as(gain), accel]
 
 
 def features_of(r: dict, n: int, extended: bool = False) -> Any:
@@ -332,11 +360,15 @@ def features_of(r: dict, n: int, extended: bool = False) -> Any:
 # Feature sets scored side by side with --ablation (the packaged forecaster: the first).
 SCORES = (list(ROLE_FEATURES), list(NONE_FEATURES))
 ABLATION = {
-    "scores + commitment": (SCORES[0] + EXTRA_ROLE[:1], SCORES[1] + EXTRA_NONE[:1]),
-    "scores + pattern alignment": (SCORES[0] + EXTRA_ROLE[1:5], SCORES[1] + EXTRA_NONE[1:2]),
-    "scores + parameter alignment": (SCORES[0] + EXTRA_ROLE[5:], SCORES[1] + EXTRA_NONE[2:3]),
+    "scores + commitment": (SCORES[0] + SIGNAL_ROLE[:1], SCORES[1] + EXTRA_NONE[:1]),
+    "scores + pattern alignment": (SCORES[0] + SIGNAL_ROLE[1:5], SCORES[1] + EXTRA_NONE[1:2]),
+    "scores + parameter alignment": (SCORES[0] + SIGNAL_ROLE[5:], SCORES[1] + EXTRA_NONE[2:3]),
     "scores + loss curve": (SCORES[0], SCORES[1] + EXTRA_NONE[3:]),
-    "all of these": (SCORES[0] + EXTRA_ROLE, SCORES[1] + EXTRA_NONE),
+    "all training signals": (SCORES[0] + SIGNAL_ROLE, SCORES[1] + EXTRA_NONE),
+    "scores + start level": (SCORES[0] + SHAPE_ROLE[:3], SCORES[1]),
+    "scores + run level": (SCORES[0] + SHAPE_ROLE[3:5], SCORES[1]),
+    "scores + acceleration": (SCORES[0] + SHAPE_ROLE[5:], SCORES[1]),
+    "scores + curve shape": (SCORES[0] + SHAPE_ROLE, SCORES[1]),
 }
 
 
@@ -413,9 +445,9 @@ def cross_validate(runs: list[dict], seeds: list[int], ablation: bool,
                     rows[f] += got[f]
             preds[scheme + label] = rows
     if within and len(seeds) >= 2:
-        for label in ("", " (all of these)"):
+        for label in ("", " (all training signals)"):
             preds["within configuration" + label] = within_configuration(
-                runs, seeds, ABLATION["all of these"] if label else None)
+                runs, seeds, ABLATION["all training signals"] if label else None)
     return preds
 
 
@@ -496,7 +528,10 @@ def print_confusion(rows: Rows, title: str) -> None:
 
 def sign_test(wins: int, losses: int) -> float:
     """Exact two-sided sign test (McNemar's exact test) of ``wins`` vs ``losses``: the chance
-    of a split at least this uneven if either forecaster were as likely to be the right one."""
+    of a split at least this uneven if either forecaster were as likely to be the right one,
+
+        p = min(1, 2 * sum_{i <= min(w, l)} C(w + l, i) / 2^(w + l))   (1 when w + l = 0)
+    """
     n, k = wins + losses, min(wins, losses)
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
 
@@ -564,7 +599,8 @@ def print_near(preds: dict[str, dict[float, Rows]]) -> None:
 
 def below_baseline(preds: dict[str, dict[float, Rows]]) -> list[str]:
     """The configurations on which the forecaster, held out by seed or by configuration, is
-    less accurate than the baseline at 20% of checkpoints."""
+    less accurate than the baseline at 20% of checkpoints (point estimates; the sign tests of
+    ``print_paired`` say which differences are more than chance)."""
     base = preds["baseline"][0.2]
     return [c for c in CONFIGS
             if any(acc(preds[s][0.2], c)[0] < acc(base, c)[0]
@@ -633,7 +669,7 @@ def main() -> int:
     print_near(preds)
     main_schemes: list[str] = [
         s for s in ("held-out seeds", "held-out configs", "within configuration",
-                    "within configuration (all of these)") if s in preds]
+                    "within configuration (all training signals)") if s in preds]
     print_paired(preds, main_schemes)
     print_calibration(preds, main_schemes[:2])
     final = fitted(runs, VERSION)

@@ -155,7 +155,8 @@ def test_missing_spec_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "absent.yaml: no such spec file" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", ["demo", "train", "verify", "analyze", "report", "explain"])
+@pytest.mark.parametrize("command", ["demo", "train", "verify", "analyze", "report", "explain",
+                                     "plan", "convert", "export", "fit-forecaster"])
 def test_help_exits_0(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([command, "--help"]) == 0
     assert "usage: headwise " + command in capsys.readouterr().out

@@ -264,15 +264,18 @@ def load_forecaster(path: str | Path | None = None) -> Forecaster:
     """Read a forecaster from JSON (default: the one packaged with headwise). Plain JSON only.
 
     Raises:
-        ValueError: not a forecaster file, one of another version, or one made for other
-            classes or features, or with mis-shaped weights.
+        ValueError: not JSON, not a forecaster file, one of another version, or one made for
+            other classes or features, or with mis-shaped weights.
     """
     if path is None:
         text = resources.files("headwise.data").joinpath(FORECASTER_FILE).read_text("utf-8")
         where = f"headwise/data/{FORECASTER_FILE}"
     else:
         text, where = Path(path).read_text("utf-8"), str(path)
-    d = json.loads(text)
+    try:
+        d = json.loads(text)
+    except RecursionError:  # hostile nesting; json raises ValueError for other bad text
+        raise ValueError(f"{where}: nested too deeply to be a forecaster file") from None
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise ValueError(f"{where}: format: expected {FORMAT!r}")
     if str(d.get("version")) != VERSION:
@@ -295,6 +298,53 @@ def load_forecaster(path: str | Path | None = None) -> Forecaster:
             raise ValueError(f"{where}: {k}: got shape {tuple(t[k].shape)}, expected {shape} "
                              f"finite numbers")
     return Forecaster(VERSION, **t, measured=dict(d.get("measured") or {}))
+
+
+def fit_forecaster(runs: Sequence[Trajectory], fraction: float = 0.2,
+                   l2: float = 1e-3) -> Forecaster:
+    """A forecaster fit on finished runs of one's own (e.g. other seeds of a spec), measured on
+    them one run at a time.
+
+    Fit like the packaged one: every head's features at every prefix of >= 2 checkpoints, its
+    final role as the label, each run read as finished (its last checkpoint is its end). Its
+    ``measured`` block holds what it can honestly claim: each run forecast from its first
+    ``fraction`` of checkpoints by a forecaster fit on the *other* runs, against the final
+    roles (``held_out_runs_accuracy``), with the linear baseline on the same heads. The
+    benchmark's within-configuration rows measure what this buys on runs of one spec
+    (docs/benchmarks.md).
+
+    Raises:
+        ValueError: fewer than 2 runs, or a run with fewer than 2 checkpoints.
+    """
+    if len(runs) < 2:
+        raise ValueError(f"runs: got {len(runs)}, expected at least 2 (each is measured by a "
+                         "forecaster fit on the others)")
+    for i, traj in enumerate(runs):
+        if len(traj.steps) < 2:
+            raise ValueError(f"runs[{i}]: {len(traj.steps)} checkpoint(s), expected at least 2")
+
+    def fit(trajs: Sequence[Trajectory]) -> Forecaster:
+        feats, labels = [], []
+        for traj in trajs:
+            final = [traj.final_role(h) for h in traj.heads]
+            for n in range(2, len(traj.steps) + 1):
+                feats.append(early_features(traj, n))
+                labels += final
+        return Forecaster.fit(EarlyFeatures.cat(feats), labels, VERSION, l2=l2)
+
+    right = base = heads = 0
+    for i, traj in enumerate(runs):
+        n = n_early(len(traj.steps), fraction)
+        final = [traj.final_role(h) for h in traj.heads]
+        held_out = fit([t for j, t in enumerate(runs) if j != i])
+        right += sum(p == t for (p, _), t in zip(held_out.predict(traj, n), final, strict=True))
+        base += sum(p == t for p, t in zip(linear_forecast(traj, n), final, strict=True))
+        heads += len(final)
+    out = fit(runs)
+    out.measured = {"fraction": fraction, "n_runs": len(runs), "n_heads": heads,
+                    "held_out_runs_accuracy": round(right / heads, 4),
+                    "baseline_accuracy": round(base / heads, 4)}
+    return out
 
 
 @dataclass(frozen=True)

@@ -143,25 +143,31 @@ def forecast_summary(traj: Trajectory, forecaster: Forecaster, fraction: float =
 
 
 def measured_text(measured: dict[str, Any]) -> str:
-    """One sentence quoting the benchmark's held-out accuracy of a forecaster, how often its
-    most confident forecasts were right (the calibration the benchmark measured), and the
-    benchmark configurations on which it did worse than the linear baseline."""
+    """One sentence quoting what a forecaster was measured to do on runs it was not fit on: the
+    benchmark's held-out accuracy, how often its most confident forecasts were right and the
+    benchmark configurations where it did worse than the linear baseline; or, for one fit on
+    a user's own runs (``fit_forecaster``), its leave-one-run-out accuracy."""
     if not measured:
         return "no benchmark measurement recorded for this forecaster"
+    if "held_out_runs_accuracy" in measured:  # fit_forecaster: fit on a user's own runs
+        return (f"fit on {measured['n_runs']} of your runs; each forecast from its first "
+                f"{measured['fraction']:.0%} of checkpoints by a fit on the others: "
+                f"{measured['held_out_runs_accuracy']:.1%} of {measured['n_heads']} heads "
+                f"(linear baseline {measured['baseline_accuracy']:.1%})")
     fresh = (f", {measured['fresh_accuracy']:.1%} on {measured['fresh_runs']} fresh runs "
              f"(baseline {measured['fresh_baseline_accuracy']:.1%})"
              if measured.get("fresh_runs") else "")
     top = (measured.get("calibration_held_out_seeds") or [None])[-1]
-    confident = (f"; forecasts stated at {top['from']:.0%} or more were right "
-                 f"{top['accuracy']:.1%} of the time ({top['heads']} held-out heads)"
-                 if top else "")
+    notes = (f"; forecasts stated at {top['from']:.0%} or more were right "
+             f"{top['accuracy']:.1%} of the time ({top['heads']} held-out heads)"
+             if top and top["heads"] else "")
     below = measured.get("below_baseline")
     if below is not None and measured.get("configs"):
-        confident += (f"; below the baseline on {len(below)} of {len(measured['configs'])} "
-                      f"benchmark configurations" + (f" ({', '.join(below)})" if below else ""))
+        notes += (f"; below the baseline on {len(below)} of {len(measured['configs'])} "
+                  f"benchmark configurations" + (f": {', '.join(below)}" if below else ""))
     return (f"benchmark accuracy from the first {measured.get('fraction', 0.2):.0%} of "
             f"checkpoints on held-out runs: {measured['held_out_seeds_accuracy']:.1%} (held-out "
             f"seeds), {measured['held_out_configs_accuracy']:.1%} (held-out configurations); "
             f"linear baseline {measured['baseline_accuracy']:.1%}; {measured['n_runs']} runs, "
-            f"{measured['n_heads']} heads{fresh}{confident} "
+            f"{measured['n_heads']} heads{fresh}{notes} "
             f"({measured.get('doc', 'docs/benchmarks.md')})")

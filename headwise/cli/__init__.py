@@ -22,7 +22,7 @@ from headwise.training.interrupt import Interrupted
 # parser and sets ``func(args) -> int`` as the default. A module that does not exist yet is
 # skipped, so subcommands land independently.
 COMMANDS = ("demo", "train", "plan", "verify", "analyze", "report", "explain", "convert",
-            "export")
+            "export", "fit_forecaster")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headwise.cli.options import add_device_argument, add_hf_arguments, add_subcommand
 from headwise.errors import SpecError
 from headwise.pipeline.output import check_destination, console, write_file
+
+if TYPE_CHECKING:
+    from headwise.analysis.forecast import Forecaster
 
 
 def register(subparsers: Any) -> None:
@@ -31,6 +34,9 @@ def register(subparsers: Any) -> None:
                         "forecaster predicts it from the first 20%% of checkpoints (with "
                         "confidence and commitment step), the clauses it forecasts to fail, "
                         "and the forecaster's accuracy measured by the benchmark")
+    p.add_argument("--forecaster", metavar="FILE",
+                   help="with --forecast: use this forecaster (JSON from `headwise "
+                        "fit-forecaster`) instead of the packaged one")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (one record per "
                                                   "head under 'roles')")
     add_device_argument(p, "cpu", "cpu")
@@ -47,7 +53,14 @@ def run(args: argparse.Namespace) -> int:
     check_destination(args.json, "--json")
     if args.forecast and not args.run:
         raise SpecError("--forecast: only used with a run directory")
-    result = (_run(args.run, args.device, args.forecast) if args.run
+    if args.forecaster and not args.forecast:
+        raise SpecError("--forecaster: only used with --forecast")
+    forecaster = None
+    if args.forecast:
+        from headwise.pipeline.run import read_forecaster
+
+        forecaster = read_forecaster(args.forecaster)
+    result = (_run(args.run, args.device, forecaster) if args.run
               else _hf(args.hf, args.text, args.revision, args.device))
     if args.json:
         write_file(args.json, json.dumps(result, indent=1), "--json")
@@ -55,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(run_dir: str, device: str, forecast: bool = False) -> dict[str, Any]:
+def _run(run_dir: str, device: str, forecaster: Forecaster | None = None) -> dict[str, Any]:
     from headwise.pipeline.analyze import analyse_run
     from headwise.pipeline.run import load_run
 
@@ -69,16 +82,15 @@ def _run(run_dir: str, device: str, forecast: bool = False) -> dict[str, Any]:
         out.print("task gates (1 = the head serves the task):")
         out.print(str(analysis.gates), markup=False)
     result = {"run": run_dir, **analysis.to_dict()}
-    if forecast:
-        result["forecast"] = _forecast(run_dir, compiled)
+    if forecaster is not None:
+        result["forecast"] = _forecast(run_dir, compiled, forecaster)
     return result
 
 
-def _forecast(run_dir: str, compiled: Any) -> dict[str, Any]:
+def _forecast(run_dir: str, compiled: Any, forecaster: Forecaster) -> dict[str, Any]:
     """Print and return the forecast from the run's first 20% of checkpoints."""
     from rich.table import Table
 
-    from headwise.analysis.forecast import load_forecaster
     from headwise.analysis.forecast_contract import forecast_summary, measured_text
     from headwise.pipeline.report import run_trajectory
     from headwise.pipeline.run import contract_of
@@ -88,7 +100,7 @@ def _forecast(run_dir: str, compiled: Any) -> dict[str, Any]:
         raise SpecError(f"--forecast: {run_dir} has no checkpoints; expected a run trained "
                         "with train.checkpoint_every >= 1")
     spec = compiled.spec
-    summary = forecast_summary(traj, load_forecaster(), 0.2, None,
+    summary = forecast_summary(traj, forecaster, 0.2, None,
                                contract_of(spec) if spec.contract else None)
     out = console()
     table = Table(title=f"forecast (forecaster v{summary['forecaster_version']}) from steps "

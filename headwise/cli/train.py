@@ -42,6 +42,9 @@ def register(subparsers: Any) -> None:
                    help="every N steps (at evaluation points) forecast each head's final role "
                         "and warn about contract clauses forecast to fail (needs "
                         "train.eval_every)")
+    p.add_argument("--forecaster", metavar="FILE",
+                   help="with --forecast-every: forecast with this forecaster (JSON from "
+                        "`headwise fit-forecaster`) instead of the packaged one")
     add_run_options(p, None, "torch's choice; 1 is fastest for tiny models")
     add_device_argument(p, None, "the spec's train.device, itself auto by default")
 
@@ -71,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                             overwrite=args.overwrite, progress=not args.quiet,
                             steps=args.steps, allow_unenforced=args.allow_unenforced,
                             enforce_budget=args.enforce_budget, device=args.device,
-                            forecast_every=args.forecast_every,
+                            forecast_every=args.forecast_every, forecaster=args.forecaster,
                             warn=lambda line: console().print(f"[yellow]warning:[/yellow] "
                                                               f"{escape(line)}"))
     except Interrupted as e:  # under torchrun every rank stops at the same step; one line

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from headwise.analysis.contract import Contract
+from headwise.analysis.forecast import Forecaster, load_forecaster
 from headwise.analysis.verify import ContractResult, VerifyData, verify
 from headwise.atomic import write_bytes_atomic
 from headwise.errors import CheckpointError, SpecError
@@ -162,6 +163,7 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
               progress: bool = True, allow_unenforced: bool = False,
               enforce_budget: float = 1.0, steps: int | None = None,
               device: str | None = None, forecast_every: int = 0,
+              forecaster: str | Path | None = None,
               warn: Callable[[str], None] = print) -> RunOutcome:
     """Train a spec into ``out``, verify its contract and write the report.
 
@@ -171,13 +173,14 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     ``train.steps`` (``headwise train --steps N``).
 
     With ``forecast_every``, every that many steps (at evaluation points) the packaged
-    forecaster predicts final roles and ``warn`` gets a line per contract clause forecast to
-    fail (``headwise.analysis.forecast_contract``).
+    forecaster (or the one in the JSON file ``forecaster``, e.g. from
+    ``headwise fit-forecaster``) predicts final roles and ``warn`` gets a line per contract
+    clause forecast to fail (``headwise.analysis.forecast_contract``).
 
     Raises:
         SpecError: an invalid spec, ``--enforce`` or ``forecast_every`` without evaluation
-            points, or (unless ``allow_unenforced``) a clause no lever can move under
-            ``--enforce``.
+            points, ``forecaster`` without ``forecast_every`` or not a forecaster file, or
+            (unless ``allow_unenforced``) a clause no lever can move under ``--enforce``.
         ConfigError: an unknown or unavailable device.
         CheckpointError: ``resume`` from a corrupt checkpoint.
     """
@@ -185,6 +188,9 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
 
     spec = _run_spec(load_spec(spec_source), enforce=enforce, enforce_budget=enforce_budget,
                      steps=steps, device=device, forecast_every=forecast_every)
+    if forecaster is not None and not forecast_every:
+        raise SpecError("--forecaster: only used with --forecast-every")
+    watch_with = read_forecaster(forecaster) if forecast_every else None
     out = Path(out)
     compiled = compile_spec(spec)
     place(compiled.model, spec.train.device, "--device" if device is not None else "train.device")
@@ -201,9 +207,9 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
                             "--allow-unenforced to enforce the others")
         callbacks.append(Enforcer(contract, data, levers))
     config = _budgeted(spec.train, enforce_budget)
-    if forecast_every:
+    if watch_with is not None:
         callbacks.append(_forecast_watch(compiled, data, contract, forecast_every, warn,
-                                         config.steps))
+                                         config.steps, watch_with))
     main = is_main_process()
     if main:
         _prepare(out, spec, spec_source, resume, overwrite, enforce)
@@ -322,12 +328,28 @@ def check_training_memory(spec: Spec) -> None:
 
 
 def _forecast_watch(compiled: Compiled, data: VerifyData, contract: Contract, every: int,
-                    warn: Callable[[str], None], total_steps: int) -> Callable[[Any], None]:
-    from headwise.analysis.forecast import load_forecaster
+                    warn: Callable[[str], None], total_steps: int,
+                    forecaster: Forecaster) -> Callable[[Any], None]:
     from headwise.analysis.forecast_contract import ForecastWatch
 
     return ForecastWatch(lambda m: run_role_table(m, data), total_steps, every,
-                         contract if contract.clauses else None, load_forecaster(), warn)
+                         contract if contract.clauses else None, forecaster, warn)
+
+
+def read_forecaster(path: str | Path | None, option: str = "--forecaster") -> Forecaster:
+    """The forecaster in the JSON file ``path`` (``None``: the packaged one).
+
+    Raises:
+        SpecError: the file cannot be read or is not a forecaster of this version (naming
+            ``option`` and what was expected).
+    """
+    try:
+        return load_forecaster(path)
+    except OSError as e:
+        raise SpecError(f"{option}: cannot read {path} ({e.strerror or e})") from None
+    except ValueError as e:  # not JSON, or not a forecaster of this version
+        raise SpecError(f"{option}: {e}" if str(path) in str(e) else
+                        f"{option}: {path}: expected a forecaster JSON file ({e})") from None
 
 
 def is_main_process() -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 from importlib import resources
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from headwise.analysis.forecast import (
     Forecaster,
     HeadForecast,
     early_features,
+    fit_forecaster,
     forecast_heads,
     linear_forecast,
     load_forecaster,
@@ -69,7 +71,9 @@ def test_packaged_forecaster_loads_without_pickle(monkeypatch: pytest.MonkeyPatc
     bins = m["calibration_held_out_seeds"]
     assert sum(b["heads"] for b in bins) == m["n_heads"]
     assert [b["from"] for b in bins[1:]] == [b["to"] for b in bins[:-1]] and bins[-1]["to"] == 1
-    assert all(0.0 <= b["accuracy"] <= 1.0 for b in bins)
+    # and agrees with the quoted accuracy: the bins' right forecasts add up to it
+    right = sum(b["accuracy"] * b["heads"] for b in bins)
+    assert right == pytest.approx(m["held_out_seeds_accuracy"] * m["n_heads"], abs=0.5)
     assert set(m["below_baseline"]) <= set(m["configs"])
 
 
@@ -85,7 +89,7 @@ def test_measured_text_quotes_the_benchmark_and_its_top_calibration_bin() -> Non
     assert "linear baseline 61.0%; 65 runs, 310 heads" in text
     assert ("forecasts stated at 90% or more were right 89.5% of the time (171 held-out "
             "heads)") in text
-    assert "below the baseline on 1 of 3 benchmark configurations (levers)" in text
+    assert "below the baseline on 1 of 3 benchmark configurations: levers (docs/" in text
     measured["below_baseline"] = []
     assert "below the baseline on 0 of 3 benchmark configurations (docs/" in measured_text(
         measured)
@@ -149,37 +153,81 @@ def test_packaged_forecaster_predicts_known_outcomes() -> None:
     assert [p.committed_at for p in pred] == [50, 100, 50]
 
 
+def _rule_run(gen: torch.Generator, stalls: bool = True) -> tuple[Trajectory, list[str]]:
+    """A synthetic run of 8 heads whose final role is the role whose early score is *largest*,
+    though another role's early slope is steeper (it later saturates): a linear extrapolation
+    follows the slope, a fitted model can learn the rule from other runs. ``stalls=False``:
+    the same early curves, but the steep role keeps climbing and ends on top."""
+    curves, labels = [], []
+    for _ in range(8):
+        win, fast = torch.randperm(len(ROLES), generator=gen)[:2].tolist()
+        hi = 0.3 + 0.3 * float(torch.rand((), generator=gen))
+        cap = hi - 0.05 if stalls else 1.0
+        curves.append({ROLES[win]: [hi + 0.4 * c / 20 for c in range(20)],
+                       # climbs 0.06 per checkpoint over the first four, then stalls (or not)
+                       ROLES[fast]: [min(hi - 0.25 + 0.06 * c, cap) for c in range(20)]})
+        labels.append(ROLES[win] if stalls else ROLES[fast])
+    return _traj(curves, STEPS), labels
+
+
 def test_fit_learns_a_rule_the_baseline_cannot_see() -> None:
-    # Synthetic runs: each head's final role is the role whose early score is *largest*, even
-    # when another role's early slope is steeper (it later saturates). A linear extrapolation
-    # follows the slope; the fitted model learns the rule from other runs.
     gen = torch.Generator().manual_seed(0)
-
-    def run() -> tuple[Trajectory, list[str]]:
-        curves, labels = [], []
-        for _ in range(8):
-            win, fast = torch.randperm(len(ROLES), generator=gen)[:2].tolist()
-            hi = 0.3 + 0.3 * float(torch.rand((), generator=gen))
-            curves.append({ROLES[win]: [hi + 0.4 * c / 20 for c in range(20)],
-                           # climbs 0.06 per checkpoint over the first four, then stalls
-                           ROLES[fast]: [min(hi - 0.25 + 0.06 * c, hi - 0.05)
-                                         for c in range(20)]})
-            labels.append(ROLES[win])
-        return _traj(curves, STEPS), labels
-
-    fit_runs = [run() for _ in range(10)]
+    fit_runs = [_rule_run(gen) for _ in range(10)]
     assert all(t.final_role(h) == lab for t, ls in fit_runs
                for h, lab in zip(t.heads, ls, strict=True))
     feats = EarlyFeatures.cat([early_features(t, 4) for t, _ in fit_runs])
     labels = [lab for _, ls in fit_runs for lab in ls]
     f = Forecaster.fit(feats, labels, version="test")
-    test_runs = [run() for _ in range(5)]
+    test_runs = [_rule_run(gen) for _ in range(5)]
     hits = [p == lab for t, ls in test_runs
             for p, lab in zip([r for r, _ in f.predict(t, 4)], ls, strict=True)]
     base = [p == lab for t, ls in test_runs
             for p, lab in zip(linear_forecast(t, 4), ls, strict=True)]
     assert sum(hits) / len(hits) >= 0.95
     assert sum(base) / len(base) < 0.5
+
+
+def test_fit_forecaster_is_measured_on_runs_it_was_not_fit_on(tmp_path: Path) -> None:
+    gen = torch.Generator().manual_seed(1)
+    runs = [_rule_run(gen)[0] for _ in range(5)]
+    f = fit_forecaster(runs)
+    m = f.measured
+    assert (m["n_runs"], m["n_heads"], m["fraction"]) == (5, 40, 0.2)
+
+    def fit_on(trajs: list[Trajectory]) -> Forecaster:  # every prefix of >= 2 checkpoints
+        feats = [early_features(t, n) for t in trajs for n in range(2, len(STEPS) + 1)]
+        labels = [t.final_role(h) for t in trajs for _ in range(2, len(STEPS) + 1)
+                  for h in t.heads]
+        return Forecaster.fit(EarlyFeatures.cat(feats), labels, version="2")
+
+    # each run is forecast (from its first 4 of 20 checkpoints) by a fit on the other four
+    right = sum(p == t.final_role(h)
+                for i, t in enumerate(runs)
+                for (p, _), h in zip(fit_on(runs[:i] + runs[i + 1:]).predict(t, 4), t.heads,
+                                     strict=True))
+    base = sum(p == t.final_role(h) for t in runs
+               for p, h in zip(linear_forecast(t, 4), t.heads, strict=True))
+    assert m["held_out_runs_accuracy"] == round(right / 40, 4) >= 0.9
+    assert m["baseline_accuracy"] == round(base / 40, 4) < 0.5
+    # the forecaster itself is fit on every run, and survives a JSON round trip
+    x = early_features(runs[0], 4)
+    assert torch.allclose(f.probabilities(x), fit_on(runs).probabilities(x))
+    path = tmp_path / "mine.json"
+    path.write_text(f.to_json())
+    back = load_forecaster(path)
+    assert back.measured == m and torch.allclose(back.probabilities(x), f.probabilities(x))
+    assert measured_text(m) == (f"fit on 5 of your runs; each forecast from its first 20% of "
+                                f"checkpoints by a fit on the others: "
+                                f"{m['held_out_runs_accuracy']:.1%} of 40 heads (linear "
+                                f"baseline {m['baseline_accuracy']:.1%})")
+    with pytest.raises(ValueError, match="at least 2"):
+        fit_forecaster(runs[:1])
+    # the measurement never grades a run with a fit that saw it: two runs whose identical-looking
+    # early curves end opposite ways are each forecast by the other's rule, so all are wrong
+    # (a fit on both would get some right), while the extrapolation gets the second run right
+    pair = [_rule_run(gen)[0], _rule_run(gen, stalls=False)[0]]
+    pm = fit_forecaster(pair).measured
+    assert (pm["held_out_runs_accuracy"], pm["baseline_accuracy"]) == (0.0, 0.5)
 
 
 def _contract(clauses: list[dict]) -> Contract:
@@ -224,3 +272,28 @@ def test_forecast_every_needs_evaluation_points(tmp_path: pytest.TempPathFactory
 
     with pytest.raises(SpecError, match=r"^--forecast-every: got -3, expected an integer >= 1"):
         train_run(spec, tmp_path / "lib", forecast_every=-3)  # type: ignore[operator]
+
+
+def test_train_forecasts_with_the_forecaster_file_given(tmp_path: Path) -> None:
+    from headwise.errors import SpecError
+    from headwise.pipeline.run import train_run
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text("model: {n_layers: 1, n_heads: 2, d_model: 16, vocab_size: 12, "
+                    "max_seq_len: 10}\ndata: {tasks: {copy: {length: 3}}}\n"
+                    "train: {steps: 4, batch_size: 4, eval_every: 1}\n"
+                    "contract:\n  - {head: L0.H0, score: previous_token, at_least: 0.5}\n")
+    # a forecaster that always says `none` (its none logit dwarfs every role's)
+    d = json.loads(load_forecaster().to_json())
+    d["none_bias"] = [100.0]
+    mine = tmp_path / "always_none.json"
+    mine.write_text(json.dumps(d))
+    warnings: list[str] = []
+    train_run(spec, tmp_path / "run", progress=False, forecast_every=2, forecaster=mine,
+              warn=warnings.append)
+    assert warnings and all("L0.H0 forecast none" in w for w in warnings)
+    with pytest.raises(SpecError, match=r"^--forecaster: only used with --forecast-every"):
+        train_run(spec, tmp_path / "r2", forecaster=mine)
+    with pytest.raises(SpecError, match=r"^--forecaster: cannot read .*missing\.json"):
+        train_run(spec, tmp_path / "r3", forecast_every=2, forecaster=tmp_path / "missing.json")
+    assert not (tmp_path / "r2").exists() and not (tmp_path / "r3").exists()

@@ -105,3 +105,33 @@ def test_analyze_forecast_cli(run: Run, tmp_path: Path,
     result = json.loads(out.read_text())
     assert [h["head"] for h in result["forecast"]["heads"]] == ["L0.H0", "L0.H1"]
     assert main(["analyze", "--hf", str(tmp_path), "--forecast"]) == 2
+
+
+def test_fit_forecaster_cli_and_using_its_file(run: Run, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from headwise.analysis.forecast import fit_forecaster, load_forecaster
+    from headwise.pipeline.report import run_trajectory
+
+    d = str(run.outcome.run_dir)
+    out = tmp_path / "mine.json"
+    # the same run twice: each copy is forecast by a fit on the other
+    assert main(["fit-forecaster", d, d, "--out", str(out)]) == 0
+    assert "fit on 2 of your runs" in capsys.readouterr().out
+    traj = run_trajectory(run.outcome.run_dir, run.outcome.compiled)
+    assert traj is not None
+    assert load_forecaster(out).measured == fit_forecaster([traj, traj]).measured
+    # finished work is not overwritten; bad input is one line, exit 2
+    assert main(["fit-forecaster", d, d, "--out", str(out)]) == 2
+    assert "exists; pass --overwrite" in capsys.readouterr().err
+    assert main(["fit-forecaster", d, "--out", str(tmp_path / "one.json")]) == 2
+    assert "expected at least 2" in capsys.readouterr().err
+    # analyze --forecast --forecaster FILE forecasts with it and quotes its own measurement
+    assert main(["analyze", d, "--forecast", "--forecaster", str(out)]) == 0
+    assert "fit on 2 of your runs" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "something else"}')
+    assert main(["analyze", d, "--forecast", "--forecaster", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "error: --forecaster: " in err[0] and "format: expected" in err[0]
+    assert main(["analyze", d, "--forecaster", str(out)]) == 2
+    assert "only used with --forecast" in capsys.readouterr().err

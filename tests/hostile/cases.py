@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -280,6 +281,41 @@ def cli_cases() -> dict[str, dict[str, Any]]:
         "explain 10^6 token ids": {"argv": ["explain", "$HOSTILE_RUN", "--head", "L0.H0",
                                             "--input", " ".join(["1"] * 10**6)]},
         "demo out is a file": {"argv": ["demo", "--out", "spec.yaml"], "setup": ok},
+        **forecaster_cases(),
+    }
+
+
+def forecaster_cases() -> dict[str, dict[str, Any]]:
+    """``--forecaster FILE`` (analyze, train) and ``fit-forecaster``."""
+    def analyze(text: str | None) -> dict[str, Any]:
+        setup = [] if text is None else [["write", "f.json", text]]
+        return {"argv": ["analyze", "$HOSTILE_RUN", "--forecast", "--forecaster", "f.json"],
+                "setup": setup}
+
+    packaged = json.loads((Path(__file__).resolve().parents[2] / "headwise" / "data"
+                           / "forecaster_v2.json").read_text())
+    nan = {**packaged, "role_weight": ["NaN"] * len(packaged["role_weight"])}
+    return {
+        "forecaster missing": analyze(None),
+        "forecaster not json": analyze("{]"),
+        "forecaster a list": analyze("[1]"),
+        "forecaster nested 10^5 deep": analyze("[" * 100_000 + "]" * 100_000),
+        "forecaster other version": analyze(json.dumps({**packaged, "version": "9"})),
+        "forecaster NaN weights": analyze(json.dumps(nan)),
+        "forecaster is a directory": {"argv": ["analyze", "$HOSTILE_RUN", "--forecast",
+                                               "--forecaster", "d"], "setup": [["mkdir", "d"]]},
+        "forecaster without forecast-every": {
+            "argv": ["train", "spec.yaml", "--out", "r", "--forecaster", "f.json"],
+            "setup": [["write", "spec.yaml", yaml.safe_dump(BASE)],
+                      ["write", "f.json", json.dumps(packaged)]]},
+        "fit-forecaster one run": {"argv": ["fit-forecaster", "$HOSTILE_RUN", "--out", "f.json"]},
+        "fit-forecaster missing run": {"argv": ["fit-forecaster", "$HOSTILE_RUN", "nowhere",
+                                                "--out", "f.json"]},
+        "fit-forecaster out exists": {"argv": ["fit-forecaster", "$HOSTILE_RUN", "$HOSTILE_RUN",
+                                               "--out", "f.json"],
+                                      "setup": [["write", "f.json", "{}"]]},
+        "fit-forecaster out into missing directory": {
+            "argv": ["fit-forecaster", "$HOSTILE_RUN", "$HOSTILE_RUN", "--out", "no/f.json"]},
     }
 
 

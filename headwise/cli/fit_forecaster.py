@@ -1,0 +1,58 @@
+"""``headwise fit-forecaster RUN RUN... --out FILE``: a role forecaster fit on your own runs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from headwise.cli.options import add_subcommand
+from headwise.errors import SpecError
+from headwise.pipeline.output import check_destination, console, write_file
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``fit-forecaster`` subcommand."""
+    p = add_subcommand(
+        subparsers, "fit-forecaster", run,
+        help="fit the role forecaster on your own finished runs",
+        description="Fit the role forecaster (the packaged one's model and features) on "
+                    "finished runs with checkpoints, e.g. other seeds of one spec, and write "
+                    "it as JSON for `analyze RUN --forecast --forecaster FILE` and `train "
+                    "--forecast-every N --forecaster FILE`. Each run is also forecast from its "
+                    "first 20%% of checkpoints by a fit on the other runs; that accuracy (and "
+                    "the linear baseline's) is stored in the file and quoted wherever it is "
+                    "used.")
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="at least two run directories trained with train.checkpoint_every")
+    p.add_argument("--out", required=True, metavar="FILE", help="the forecaster JSON to write")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out file instead of refusing")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fit on the runs' trajectories, write the file, print what it measured."""
+    from headwise.analysis.forecast import fit_forecaster
+    from headwise.analysis.forecast_contract import measured_text
+    from headwise.pipeline.report import run_trajectory
+    from headwise.pipeline.run import load_run
+
+    check_destination(args.out, "--out")
+    if Path(args.out).exists() and not args.overwrite:
+        raise SpecError(f"--out: {args.out} exists; pass --overwrite to replace it")
+    if len(args.runs) < 2:
+        raise SpecError(f"RUN: got {len(args.runs)} run, expected at least 2 (each is "
+                        "measured by a forecaster fit on the others)")
+    trajectories = []
+    for run_dir in args.runs:
+        traj = run_trajectory(Path(run_dir), load_run(run_dir))
+        if traj is None or len(traj.steps) < 2:
+            raise SpecError(f"RUN: {run_dir} has fewer than 2 checkpoints; expected a run "
+                            "trained with train.checkpoint_every >= 1")
+        trajectories.append(traj)
+    forecaster = fit_forecaster(trajectories)
+    write_file(args.out, forecaster.to_json(), "--out")
+    out = console()
+    out.print(measured_text(forecaster.measured), markup=False)
+    out.print(f"written: {args.out}")
+    return 0
