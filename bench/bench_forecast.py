@@ -45,11 +45,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import yaml
@@ -58,10 +58,27 @@ from torch import Tensor
 from headwise.analysis.forecast import NONE_FEATURES, ROLE_FEATURES
 from headwise.analysis.role_table import SHOWN_MIN_SCORE, TOP_ROLE_CANDIDATES
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from forecast_tables import (  # noqa: E402  (a sibling script module)
+    FRACTIONS,
+    NEAR,
+    Preds,
+    Row,
+    Rows,
+    acc,
+    below_baseline,
+    calibration,
+    print_accuracy,
+    print_calibration,
+    print_confusion,
+    print_near,
+    print_paired,
+    print_suite,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "bench" / ".cache" / "forecast"
 OUT = ROOT / "headwise" / "data" / "forecaster_v2.json"
-FRACTIONS = (0.1, 0.2, 0.4)
 CHECKPOINTS = 20  # checkpoints per run (checkpoint_every = steps / 20)
 COMMAND = "OMP_NUM_THREADS=1 .venv/bin/python bench/bench_forecast.py --save --ablation"
 SUITE = ROOT / "headwise" / "examples" / "suite"
@@ -242,21 +259,6 @@ def load_runs(seeds: list[int], key: str) -> list[dict]:
     return runs
 
 
-class Row(NamedTuple):
-    """One head's forecast: its run and head, final role, forecast, whether its final top score
-    is within ``NEAR`` of the threshold, and the forecast's probability (``None``: baseline)."""
-
-    config: str
-    seed: int
-    head: str
-    truth: str
-    forecast: str
-    near: bool
-    confidence: float | None
-
-
-Rows = list[Row]
-NEAR = 0.05
 # (run, fraction) -> per head: (forecast, its probability or None)
 Predictor = Callable[[dict, float], list[tuple[str, float | None]]]
 
@@ -430,7 +432,7 @@ def cross_validate(runs: list[dict], seeds: list[int], ablation: bool,
     """Baseline and fitted forecasters on held-out seeds and held-out configurations; with
     ``within``, also fit within each configuration (``within_configuration``)."""
     variants = {"": None, **({f" ({k})": v for k, v in ABLATION.items()} if ablation else {})}
-    preds: dict[str, dict[float, Rows]] = {"baseline": score(baseline, runs)}
+    preds: Preds = {"baseline": score(baseline, runs)}
     for label, features in variants.items():
         for scheme, groups in (("held-out seeds", [("seed", s) for s in seeds]),
                                ("held-out configs", [("config", c) for c in CONFIGS])):
@@ -467,146 +469,6 @@ def within_configuration(runs: list[dict], seeds: list[int],
     return rows
 
 
-def acc(rows: Rows, config: str | tuple[str, ...] | None = None) -> tuple[float, int]:
-    """Accuracy and head count of ``rows`` (of one configuration, of several, or all)."""
-    wanted = (config,) if isinstance(config, str) else config
-    sel = [row for row in rows if wanted is None or row.config in wanted]
-    return sum(row.truth == row.forecast for row in sel) / max(1, len(sel)), len(sel)
-
-
-def columns() -> list[tuple[str, str | tuple[str, ...]]]:
-    """Table columns: each base configuration, then the suite's together (with --suite)."""
-    cols: list[tuple[str, str | tuple[str, ...]]] = [(c, c) for c in BASE]
-    suite = tuple(c for c in CONFIGS if c not in BASE)
-    if suite:
-        cols += [(f"suite ({len(suite)} configs)", suite), ("the four above", BASE)]
-    return cols
-
-
-def print_accuracy(preds: dict[str, dict[float, Rows]]) -> None:
-    """The accuracy table: per fraction and forecaster, per configuration and overall."""
-    cols = columns()
-    print("| checkpoints seen | forecaster | " + " | ".join(c for c, _ in cols) + " | overall |")
-    print("|---|---|" + "---|" * (len(cols) + 1))
-    for frac in FRACTIONS:
-        for scheme, by_frac in preds.items():
-            cells = []
-            for _, which in cols:
-                a, n = acc(by_frac[frac], which)
-                cells.append(f"{a:.1%} ({n})")
-            a, n = acc(by_frac[frac])
-            print(f"| first {frac:.0%} | {scheme} | " + " | ".join(cells)
-                  + f" | **{a:.1%}** ({n}) |")
-
-
-def print_suite(preds: dict[str, dict[float, Rows]]) -> None:
-    """Accuracy at 20% on each suite configuration (with --suite)."""
-    suite = [c for c in CONFIGS if c not in BASE]
-    if not suite:
-        return
-    print("\nAt 20%, each suite configuration (heads in brackets)\n")
-    print("| forecaster | " + " | ".join(c.removeprefix("suite-") for c in suite) + " |")
-    print("|---|" + "---|" * len(suite))
-    for scheme, by_frac in preds.items():
-        print(f"| {scheme} | " + " | ".join(
-            f"{acc(by_frac[0.2], c)[0]:.0%} ({acc(by_frac[0.2], c)[1]})" for c in suite) + " |")
-
-
-def print_confusion(rows: Rows, title: str) -> None:
-    """Rows: final role; columns: forecast."""
-    from headwise.analysis.forecast import CLASSES
-
-    print(f"\nConfusion at 20% ({title}; rows: final role, columns: forecast)\n")
-    print("| final \\ forecast | " + " | ".join(CLASSES) + " |")
-    print("|---|" + "---|" * len(CLASSES))
-    for t in CLASSES:
-        counts = [sum(1 for row in rows if row.truth == t and row.forecast == p)
-                  for p in CLASSES]
-        if sum(counts):
-            print(f"| {t} | " + " | ".join(str(c) for c in counts) + " |")
-
-
-def sign_test(wins: int, losses: int) -> float:
-    """Exact two-sided sign test (McNemar's exact test) of ``wins`` vs ``losses``: the chance
-    of a split at least this uneven if either forecaster were as likely to be the right one,
-
-        p = min(1, 2 * sum_{i <= min(w, l)} C(w + l, i) / 2^(w + l))   (1 when w + l = 0)
-    """
-    n, k = wins + losses, min(wins, losses)
-    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
-
-
-def print_paired(preds: dict[str, dict[float, Rows]], schemes: list[str]) -> None:
-    """Per configuration at 20%: each forecaster against the baseline on the same heads: heads
-    only it gets right (wins), heads only the baseline gets right (losses), the sign test."""
-    base = {(r.config, r.seed, r.head): r.truth == r.forecast for r in preds["baseline"][0.2]}
-    print("\nAt 20%, against the baseline head by head (wins / losses: heads only the "
-          "forecaster / only the baseline gets right; p: exact sign test)\n")
-    print("| configuration | " + " | ".join(f"{s}: wins / losses (p)" for s in schemes) + " |")
-    print("|---|" + "---|" * len(schemes))
-    for config in CONFIGS:
-        cells = []
-        for scheme in schemes:
-            rows = [r for r in preds[scheme][0.2] if r.config == config]
-            right = [(r.truth == r.forecast, base[r.config, r.seed, r.head]) for r in rows]
-            wins = sum(1 for f, b in right if f and not b)
-            losses = sum(1 for f, b in right if b and not f)
-            cells.append(f"{wins} / {losses} ({sign_test(wins, losses):.2g})")
-        print(f"| {config.removeprefix('suite-')} | " + " | ".join(cells) + " |")
-
-
-CONFIDENCE_BINS = (0.0, 0.5, 0.7, 0.9, 1.0)
-
-
-def calibration(rows: Rows) -> list[dict[str, float]]:
-    """Per bin of stated probability (``CONFIDENCE_BINS``): heads in it and the share right."""
-    out = []
-    for lo, hi in zip(CONFIDENCE_BINS[:-1], CONFIDENCE_BINS[1:], strict=True):
-        sel = [r for r in rows if r.confidence is not None and lo <= r.confidence
-               and (r.confidence < hi or hi == CONFIDENCE_BINS[-1])]
-        right = sum(r.truth == r.forecast for r in sel)
-        out.append({"from": lo, "to": hi, "heads": len(sel),
-                    "accuracy": round(right / max(1, len(sel)), 4)})
-    return out
-
-
-def print_calibration(preds: dict[str, dict[float, Rows]], schemes: list[str]) -> None:
-    """At 20%: how often a forecast is right, by the probability it states."""
-    print("\nCalibration at 20%: share of forecasts right (heads), by stated probability\n")
-    bins = calibration([])
-    print("| forecaster | " + " | ".join(f"[{b['from']:.1f}, {b['to']:.1f}"
-                                        f"{']' if b['to'] == 1 else ')'}" for b in bins) + " |")
-    print("|---|" + "---|" * len(bins))
-    for scheme in schemes:
-        print(f"| {scheme} | " + " | ".join(f"{b['accuracy']:.1%} ({b['heads']})"
-                                            for b in calibration(preds[scheme][0.2])) + " |")
-
-
-def print_near(preds: dict[str, dict[float, Rows]]) -> None:
-    """How many heads end within ``NEAR`` of the threshold, and the errors among them (20%)."""
-    rows = preds["baseline"][0.2]
-    n_near = sum(1 for row in rows if row.near)
-    print(f"\n{n_near} of {len(rows)} heads end with a top score within {NEAR} of "
-          f"{SHOWN_MIN_SCORE}; errors at 20% among them / among the others:")
-    for scheme in ("baseline", "held-out seeds", "held-out configs"):
-        if scheme in preds:
-            r = preds[scheme][0.2]
-            near = sum(1 for row in r if row.near and row.truth != row.forecast)
-            far = sum(1 for row in r if not row.near and row.truth != row.forecast)
-            print(f"- {scheme}: {near} / {far} (accuracy on the others "
-                  f"{1 - far / max(1, len(r) - n_near):.1%})")
-
-
-def below_baseline(preds: dict[str, dict[float, Rows]]) -> list[str]:
-    """The configurations on which the forecaster, held out by seed or by configuration, is
-    less accurate than the baseline at 20% of checkpoints (point estimates; the sign tests of
-    ``print_paired`` say which differences are more than chance)."""
-    base = preds["baseline"][0.2]
-    return [c for c in CONFIGS
-            if any(acc(preds[s][0.2], c)[0] < acc(base, c)[0]
-                   for s in ("held-out seeds", "held-out configs"))]
-
-
 def save(model: Any, preds: dict, confirm: dict, runs: list[dict], confirm_runs: list[dict],
          seeds: list[int], fresh: list[int], within: bool) -> None:
     """Write the packaged forecaster with what the benchmark measured (20% of checkpoints)."""
@@ -624,7 +486,7 @@ def save(model: Any, preds: dict, confirm: dict, runs: list[dict], confirm_runs:
         "fresh_accuracy": round(acc(confirm[f"forecaster v{model.version}"][0.2])[0], 4),
         "fresh_baseline_accuracy": round(acc(confirm["baseline"][0.2])[0], 4),
         "calibration_held_out_seeds": calibration(preds["held-out seeds"][0.2]),
-        "below_baseline": below_baseline(preds),
+        "below_baseline": below_baseline(preds, list(CONFIGS)),
         "doc": "docs/benchmarks.md#forecasting-final-roles-issue-14"}
     write_bytes_atomic(OUT, model.to_json().encode())
     print(f"written: {OUT.relative_to(ROOT)} ({model.measured})")
@@ -661,8 +523,8 @@ def main() -> int:
           f"+ scoring {sum(r['seconds'] for r in runs) / 60:.1f} min, training signals "
           f"{sum(r['signal_seconds'] for r in runs if 'signal_seconds' in r):.0f} s, total "
           f"{time.perf_counter() - t0:.0f} s (this invocation)\n")
-    print_accuracy(preds)
-    print_suite({k: v for k, v in preds.items() if "(" not in k})
+    print_accuracy(preds, list(CONFIGS), BASE)
+    print_suite({k: v for k, v in preds.items() if "(" not in k}, list(CONFIGS), BASE)
     for scheme in ("held-out configs", "held-out seeds", "baseline"):
         if scheme in preds:
             print_confusion(preds[scheme][0.2], scheme)
@@ -670,7 +532,7 @@ def main() -> int:
     main_schemes: list[str] = [
         s for s in ("held-out seeds", "held-out configs", "within configuration",
                     "within configuration (all training signals)") if s in preds]
-    print_paired(preds, main_schemes)
+    print_paired(preds, main_schemes, list(CONFIGS))
     print_calibration(preds, main_schemes[:2])
     final = fitted(runs, VERSION)
     confirm_runs = load_runs(args.confirm, key)
@@ -679,9 +541,9 @@ def main() -> int:
     if confirm_runs:
         print(f"\nConfirmation on fresh seeds {args.confirm} ({len(confirm_runs)} runs), "
               f"forecaster fit on every run of seeds {args.seeds}\n")
-        print_accuracy(confirm)
-        print_suite(confirm)
-        print_paired(confirm, [f"forecaster v{VERSION}"])
+        print_accuracy(confirm, list(CONFIGS), BASE)
+        print_suite(confirm, list(CONFIGS), BASE)
+        print_paired(confirm, [f"forecaster v{VERSION}"], list(CONFIGS))
         print_calibration(confirm, [f"forecaster v{VERSION}"])
     dist = {c: sum(1 for r in runs for t in truth(r) if t == c) for c in
             sorted({t for r in runs for t in truth(r)})}
