@@ -20,7 +20,7 @@ def register(subparsers: Any) -> None:
                     "finished runs with checkpoints, e.g. other seeds of one spec, and write "
                     "it as JSON for `analyze RUN --forecast --forecaster FILE` and `train "
                     "--forecast-every N --forecaster FILE`. Each run is also forecast from its "
-                    "first 20%% of checkpoints by a fit on the other runs; that accuracy (and "
+                    "first 20% of checkpoints by a fit on the other runs; that accuracy (and "
                     "the linear baseline's) is stored in the file and quoted wherever it is "
                     "used.")
     p.add_argument("runs", nargs="+", metavar="RUN",
