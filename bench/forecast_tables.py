@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from headwise.analysis.forecast import calibration as forecast_calibration
 from headwise.analysis.role_table import SHOWN_MIN_SCORE
 
 FRACTIONS = (0.1, 0.2, 0.4)  # shares of a run's checkpoints a forecast may read
@@ -125,19 +126,11 @@ def print_paired(preds: Preds, schemes: list[str], configs: Sequence[str]) -> No
         print(f"| {config.removeprefix('suite-')} | " + " | ".join(cells) + " |")
 
 
-CONFIDENCE_BINS = (0.0, 0.5, 0.7, 0.9, 1.0)
-
-
 def calibration(rows: Rows) -> list[dict[str, float]]:
-    """Per bin of stated probability (``CONFIDENCE_BINS``): heads in it and the share right."""
-    out = []
-    for lo, hi in zip(CONFIDENCE_BINS[:-1], CONFIDENCE_BINS[1:], strict=True):
-        sel = [r for r in rows if r.confidence is not None and lo <= r.confidence
-               and (r.confidence < hi or hi == CONFIDENCE_BINS[-1])]
-        right = sum(r.truth == r.forecast for r in sel)
-        out.append({"from": lo, "to": hi, "heads": len(sel),
-                    "accuracy": round(right / max(1, len(sel)), 4)})
-    return out
+    """The forecaster's calibration over ``rows`` (``headwise.analysis.forecast.calibration``;
+    rows without a stated probability, the baseline's, are left out)."""
+    return forecast_calibration([(r.confidence, r.truth == r.forecast) for r in rows
+                                 if r.confidence is not None])
 
 
 def print_calibration(preds: Preds, schemes: list[str]) -> None:

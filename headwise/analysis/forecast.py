@@ -300,6 +300,22 @@ def load_forecaster(path: str | Path | None = None) -> Forecaster:
     return Forecaster(VERSION, **t, measured=dict(d.get("measured") or {}))
 
 
+CONFIDENCE_BINS = (0.0, 0.5, 0.7, 0.9, 1.0)
+
+
+def calibration(forecasts: Sequence[tuple[float, bool]]) -> list[dict[str, float]]:
+    """How often forecasts were right by the probability they stated: per bin of
+    ``CONFIDENCE_BINS`` (half-open, the last one closed) the number of forecasts in it and the
+    share right. ``forecasts``: (stated probability, whether the forecast was right)."""
+    out = []
+    for lo, hi in zip(CONFIDENCE_BINS[:-1], CONFIDENCE_BINS[1:], strict=True):
+        sel = [right for p, right in forecasts
+               if lo <= p and (p < hi or hi == CONFIDENCE_BINS[-1])]
+        out.append({"from": lo, "to": hi, "heads": len(sel),
+                    "accuracy": round(sum(sel) / max(1, len(sel)), 4)})
+    return out
+
+
 def fit_forecaster(runs: Sequence[Trajectory], fraction: float = 0.2,
                    l2: float = 1e-3) -> Forecaster:
     """A forecaster fit on finished runs of one's own (e.g. other seeds of a spec), measured on
@@ -309,7 +325,9 @@ def fit_forecaster(runs: Sequence[Trajectory], fraction: float = 0.2,
     final role as the label, each run read as finished (its last checkpoint is its end). Its
     ``measured`` block holds what it can honestly claim: each run forecast from its first
     ``fraction`` of checkpoints by a forecaster fit on the *other* runs, against the final
-    roles (``held_out_runs_accuracy``), with the linear baseline on the same heads. The
+    roles (``held_out_runs_accuracy``, and by stated probability: ``calibration``; a fit on a
+    few runs states probabilities near 1 that it does not earn), with the linear baseline on
+    the same heads. The
     benchmark's within-configuration rows measure what this buys on runs of one spec
     (docs/benchmarks.md).
 
@@ -332,18 +350,21 @@ def fit_forecaster(runs: Sequence[Trajectory], fraction: float = 0.2,
                 labels += final
         return Forecaster.fit(EarlyFeatures.cat(feats), labels, VERSION, l2=l2)
 
-    right = base = heads = 0
+    held_out: list[tuple[float, bool]] = []  # (stated probability, right) per head
+    base = 0
     for i, traj in enumerate(runs):
         n = n_early(len(traj.steps), fraction)
         final = [traj.final_role(h) for h in traj.heads]
-        held_out = fit([t for j, t in enumerate(runs) if j != i])
-        right += sum(p == t for (p, _), t in zip(held_out.predict(traj, n), final, strict=True))
+        others = fit([t for j, t in enumerate(runs) if j != i])
+        held_out += [(c, p == t) for (p, c), t in zip(others.predict(traj, n), final,
+                                                      strict=True)]
         base += sum(p == t for p, t in zip(linear_forecast(traj, n), final, strict=True))
-        heads += len(final)
     out = fit(runs)
+    heads = len(held_out)
     out.measured = {"fraction": fraction, "n_runs": len(runs), "n_heads": heads,
-                    "held_out_runs_accuracy": round(right / heads, 4),
-                    "baseline_accuracy": round(base / heads, 4)}
+                    "held_out_runs_accuracy": round(sum(r for _, r in held_out) / heads, 4),
+                    "baseline_accuracy": round(base / heads, 4),
+                    "calibration_held_out_runs": calibration(held_out)}
     return out
 
 

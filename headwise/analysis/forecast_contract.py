@@ -153,14 +153,12 @@ def measured_text(measured: dict[str, Any]) -> str:
         return (f"fit on {measured['n_runs']} of your runs; each forecast from its first "
                 f"{measured['fraction']:.0%} of checkpoints by a fit on the others: "
                 f"{measured['held_out_runs_accuracy']:.1%} of {measured['n_heads']} heads "
-                f"(linear baseline {measured['baseline_accuracy']:.1%})")
+                f"(linear baseline {measured['baseline_accuracy']:.1%})"
+                + _top_bin(measured.get("calibration_held_out_runs")))
     fresh = (f", {measured['fresh_accuracy']:.1%} on {measured['fresh_runs']} fresh runs "
              f"(baseline {measured['fresh_baseline_accuracy']:.1%})"
              if measured.get("fresh_runs") else "")
-    top = (measured.get("calibration_held_out_seeds") or [None])[-1]
-    notes = (f"; forecasts stated at {top['from']:.0%} or more were right "
-             f"{top['accuracy']:.1%} of the time ({top['heads']} held-out heads)"
-             if top and top["heads"] else "")
+    notes = _top_bin(measured.get("calibration_held_out_seeds"))
     below = measured.get("below_baseline")
     if below is not None and measured.get("configs"):
         notes += (f"; below the baseline on {len(below)} of {len(measured['configs'])} "
@@ -171,3 +169,12 @@ def measured_text(measured: dict[str, Any]) -> str:
             f"linear baseline {measured['baseline_accuracy']:.1%}; {measured['n_runs']} runs, "
             f"{measured['n_heads']} heads{fresh}{notes} "
             f"({measured.get('doc', 'docs/benchmarks.md')})")
+
+
+def _top_bin(bins: list[dict[str, Any]] | None) -> str:
+    """"; forecasts stated at 90% or more were right ..." from a calibration's last bin."""
+    if not bins or not bins[-1]["heads"]:
+        return ""
+    top = bins[-1]
+    return (f"; forecasts stated at {top['from']:.0%} or more were right "
+            f"{top['accuracy']:.1%} of the time ({top['heads']} held-out heads)")

@@ -19,6 +19,7 @@ from headwise.analysis.forecast import (
     EarlyFeatures,
     Forecaster,
     HeadForecast,
+    calibration,
     early_features,
     fit_forecaster,
     forecast_heads,
@@ -201,14 +202,17 @@ def test_fit_forecaster_is_measured_on_runs_it_was_not_fit_on(tmp_path: Path) ->
         return Forecaster.fit(EarlyFeatures.cat(feats), labels, version="2")
 
     # each run is forecast (from its first 4 of 20 checkpoints) by a fit on the other four
-    right = sum(p == t.final_role(h)
+    held_out = [(c, p == t.final_role(h))
                 for i, t in enumerate(runs)
-                for (p, _), h in zip(fit_on(runs[:i] + runs[i + 1:]).predict(t, 4), t.heads,
-                                     strict=True))
+                for (p, c), h in zip(fit_on(runs[:i] + runs[i + 1:]).predict(t, 4), t.heads,
+                                     strict=True)]
+    right = sum(r for _, r in held_out)
     base = sum(p == t.final_role(h) for t in runs
                for p, h in zip(linear_forecast(t, 4), t.heads, strict=True))
     assert m["held_out_runs_accuracy"] == round(right / 40, 4) >= 0.9
     assert m["baseline_accuracy"] == round(base / 40, 4) < 0.5
+    assert m["calibration_held_out_runs"] == calibration(held_out)
+    top = m["calibration_held_out_runs"][-1]
     # the forecaster itself is fit on every run, and survives a JSON round trip
     x = early_features(runs[0], 4)
     assert torch.allclose(f.probabilities(x), fit_on(runs).probabilities(x))
@@ -219,7 +223,9 @@ def test_fit_forecaster_is_measured_on_runs_it_was_not_fit_on(tmp_path: Path) ->
     assert measured_text(m) == (f"fit on 5 of your runs; each forecast from its first 20% of "
                                 f"checkpoints by a fit on the others: "
                                 f"{m['held_out_runs_accuracy']:.1%} of 40 heads (linear "
-                                f"baseline {m['baseline_accuracy']:.1%})")
+                                f"baseline {m['baseline_accuracy']:.1%}); forecasts stated at "
+                                f"90% or more were right {top['accuracy']:.1%} of the time "
+                                f"({top['heads']} held-out heads)")
     with pytest.raises(ValueError, match="at least 2"):
         fit_forecaster(runs[:1])
     # the measurement never grades a run with a fit that saw it: two runs whose identical-looking
