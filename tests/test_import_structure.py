@@ -3,7 +3,7 @@
 Layers (docs/architecture.md, "Layers"), lowest first; a module may import only from its own
 layer or lower ones, at module level, inside a function or under ``TYPE_CHECKING`` alike:
 
-1 foundation (errors, config, heads, patterns, memory, atomic)  2 model  3 hooks
+1 foundation (errors, config, heads, patterns, memory, atomic, jsonfile)  2 model  3 hooks
 4 data, control (no cycle between them)  5 training  6 analysis  7 interop  8 runspec
 9 enforce  10 pipeline  10.5 the public facade (``headwise/__init__``, the deprecated aliases
 ``headwise.spec`` / ``headwise.train``)  11 cli.
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "headwise"
 
 LAYERS: dict[str, float] = {
-    "errors": 1, "config": 1, "heads": 1, "patterns": 1, "memory": 1, "atomic": 1,
+    "errors": 1, "config": 1, "heads": 1, "patterns": 1, "memory": 1, "atomic": 1, "jsonfile": 1,
     "model": 2, "hooks": 3, "data": 4, "control": 4, "training": 5, "analysis": 6,
     "interop": 7, "runspec": 8, "enforce": 9, "pipeline": 10,
     "spec": 10.5, "train": 10.5,  # deprecated aliases, part of the public facade

@@ -37,6 +37,7 @@ from torch import Tensor
 from headwise.analysis.role_table import SHOWN_MIN_SCORE, TOP_ROLE_CANDIDATES
 from headwise.analysis.trajectories import Trajectory
 from headwise.heads import Head
+from headwise.jsonfile import read_json_object
 
 CLASSES = (*TOP_ROLE_CANDIDATES, "none")
 # The packaged forecaster's version; files of other versions are refused. v2 has v1's features,
@@ -44,6 +45,7 @@ CLASSES = (*TOP_ROLE_CANDIDATES, "none")
 VERSION = "2"
 FORECASTER_FILE = f"forecaster_v{VERSION}.json"
 FORMAT = "headwise-forecaster"
+MAX_FORECASTER_BYTES = 1 << 20  # the packaged file is a few kilobytes
 
 
 def n_early(n_checkpoints: int, fraction: float) -> int:
@@ -264,19 +266,19 @@ def load_forecaster(path: str | Path | None = None) -> Forecaster:
     """Read a forecaster from JSON (default: the one packaged with headwise). Plain JSON only.
 
     Raises:
-        ValueError: not JSON, not a forecaster file, one of another version, or one made for
-            other classes or features, or with mis-shaped weights.
+        ValueError: not a regular file of at most ``MAX_FORECASTER_BYTES`` holding a JSON
+            object, not a forecaster file, one of another version, or one made for other
+            classes or features, with mis-shaped, non-finite or zero-scale weights, or whose
+            ``measured`` is not an object (every message starts with the file).
     """
     if path is None:
         text = resources.files("headwise.data").joinpath(FORECASTER_FILE).read_text("utf-8")
         where = f"headwise/data/{FORECASTER_FILE}"
-    else:
-        text, where = Path(path).read_text("utf-8"), str(path)
-    try:
         d = json.loads(text)
-    except RecursionError:  # hostile nesting; json raises ValueError for other bad text
-        raise ValueError(f"{where}: nested too deeply to be a forecaster file") from None
-    if not isinstance(d, dict) or d.get("format") != FORMAT:
+    else:
+        where = str(path)
+        d = read_json_object(Path(path), ValueError, MAX_FORECASTER_BYTES)
+    if d.get("format") != FORMAT:
         raise ValueError(f"{where}: format: expected {FORMAT!r}")
     if str(d.get("version")) != VERSION:
         raise ValueError(f"{where}: version: got {d.get('version')!r}, expected {VERSION!r} "
@@ -294,10 +296,17 @@ def load_forecaster(path: str | Path | None = None) -> Forecaster:
             t[k] = torch.tensor(d[k], dtype=torch.float64)
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{where}: {k}: expected a list of {shape[0]} numbers") from None
-        if tuple(t[k].shape) != shape or not bool(torch.isfinite(t[k]).all()):
-            raise ValueError(f"{where}: {k}: got shape {tuple(t[k].shape)}, expected {shape} "
-                             f"finite numbers")
-    return Forecaster(VERSION, **t, measured=dict(d.get("measured") or {}))
+        if tuple(t[k].shape) != shape:
+            raise ValueError(f"{where}: {k}: got shape {tuple(t[k].shape)}, expected {shape}")
+        if not bool(torch.isfinite(t[k]).all()):
+            raise ValueError(f"{where}: {k}: has values that are not finite numbers")
+        if k.endswith("_std") and not bool((t[k] > 0).all()):
+            raise ValueError(f"{where}: {k}: expected scales > 0")
+    measured = d.get("measured", {})
+    if not isinstance(measured, dict):
+        raise ValueError(f"{where}: measured: got {type(measured).__name__}, expected an "
+                         "object")
+    return Forecaster(VERSION, **t, measured=measured)
 
 
 CONFIDENCE_BINS = (0.0, 0.5, 0.7, 0.9, 1.0)
@@ -325,21 +334,31 @@ def fit_forecaster(runs: Sequence[Trajectory], fraction: float = 0.2,
     final role as the label, each run read as finished (its last checkpoint is its end). Its
     ``measured`` block holds what it can honestly claim: each run forecast from its first
     ``fraction`` of checkpoints by a forecaster fit on the *other* runs, against the final
-    roles (``held_out_runs_accuracy``, and by stated probability: ``calibration``; a fit on a
-    few runs states probabilities near 1 that it does not earn), with the linear baseline on
-    the same heads. The
-    benchmark's within-configuration rows measure what this buys on runs of one spec
-    (docs/benchmarks.md).
+    roles (``held_out_runs_accuracy``; by stated probability, ``calibration_held_out_runs``: a
+    fit on a few runs states probabilities near 1 that it does not earn), with the linear
+    baseline on the same heads. The benchmark's within-configuration rows measure what this
+    buys on runs of one spec (docs/benchmarks.md).
 
     Raises:
-        ValueError: fewer than 2 runs, or a run with fewer than 2 checkpoints.
+        ValueError: fewer than 2 runs, the same run twice, a run whose first ``fraction`` of
+            checkpoints is all of them, or a negative or non-finite ``l2``.
     """
     if len(runs) < 2:
         raise ValueError(f"runs: got {len(runs)}, expected at least 2 (each is measured by a "
                          "forecaster fit on the others)")
+    if not (math.isfinite(l2) and l2 >= 0):
+        raise ValueError(f"l2: got {l2}, expected a finite number >= 0")
+    seen: dict[str, int] = {}
     for i, traj in enumerate(runs):
-        if len(traj.steps) < 2:
-            raise ValueError(f"runs[{i}]: {len(traj.steps)} checkpoint(s), expected at least 2")
+        n = n_early(len(traj.steps), fraction)
+        if n >= len(traj.steps):
+            raise ValueError(f"runs[{i}]: {len(traj.steps)} checkpoint(s), so its first "
+                             f"{fraction:.0%} is all of them; expected more checkpoints")
+        key = json.dumps(traj.to_dict(), sort_keys=True)
+        if key in seen:  # a run measured by a fit on itself would grade its own training data
+            raise ValueError(f"runs[{i}]: the same trajectory as runs[{seen[key]}], expected "
+                             "distinct runs")
+        seen[key] = i
 
     def fit(trajs: Sequence[Trajectory]) -> Forecaster:
         feats, labels = [], []

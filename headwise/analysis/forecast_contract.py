@@ -172,7 +172,8 @@ def measured_text(measured: dict[str, Any]) -> str:
 
 
 def _top_bin(bins: list[dict[str, Any]] | None) -> str:
-    """"; forecasts stated at 90% or more were right ..." from a calibration's last bin."""
+    """The clause "; forecasts stated at 90% or more were right ..." (a calibration's last
+    bin; empty without one or when it holds no forecast)."""
     if not bins or not bins[-1]["heads"]:
         return ""
     top = bins[-1]

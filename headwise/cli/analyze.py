@@ -33,7 +33,8 @@ def register(subparsers: Any) -> None:
                    help="for a run with checkpoints: each head's final role as the packaged "
                         "forecaster predicts it from the first 20%% of checkpoints (with "
                         "confidence and commitment step), the clauses it forecasts to fail, "
-                        "and the forecaster's accuracy measured by the benchmark")
+                        "and the forecaster's accuracy measured on runs it was not fit on "
+                        "(by the benchmark, or by fit-forecaster for --forecaster FILE)")
     p.add_argument("--forecaster", metavar="FILE",
                    help="with --forecast: use this forecaster (JSON from `headwise "
                         "fit-forecaster`) instead of the packaged one")

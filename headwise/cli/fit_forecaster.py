@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +44,25 @@ def run(args: argparse.Namespace) -> int:
     if len(args.runs) < 2:
         raise SpecError(f"RUN: got {len(args.runs)} run, expected at least 2 (each is "
                         "measured by a forecaster fit on the others)")
+    resolved = [Path(r).resolve() for r in args.runs]
+    for i, r in enumerate(resolved):
+        if r in resolved[:i]:
+            raise SpecError(f"RUN: {args.runs[i]} is given twice; expected distinct runs (a "
+                            "run measured by a fit on itself would grade its training data)")
     trajectories = []
     for run_dir in args.runs:
         traj = run_trajectory(Path(run_dir), load_run(run_dir))
-        if traj is None or len(traj.steps) < 2:
-            raise SpecError(f"RUN: {run_dir} has fewer than 2 checkpoints; expected a run "
-                            "trained with train.checkpoint_every >= 1")
+        if traj is None:
+            raise SpecError(f"RUN: {run_dir} has no checkpoints; expected a run trained with "
+                            "train.checkpoint_every >= 1")
         trajectories.append(traj)
-    forecaster = fit_forecaster(trajectories)
+    try:
+        forecaster = fit_forecaster(trajectories)
+    except ValueError as e:  # "runs[k]: why" names the k-th RUN
+        m = re.fullmatch(r"runs\[(\d+)\]: (.*)", str(e), re.DOTALL)
+        raise SpecError(f"RUN: {args.runs[int(m[1])]}: {m[2]}" if m else f"RUN: {e}") from None
+    if Path(args.out).exists() and not args.overwrite:  # again: fitting takes a while
+        raise SpecError(f"--out: {args.out} exists; pass --overwrite to replace it")
     write_file(args.out, forecaster.to_json(), "--out")
     out = console()
     out.print(measured_text(forecaster.measured), markup=False)

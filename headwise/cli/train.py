@@ -43,8 +43,9 @@ def register(subparsers: Any) -> None:
                         "and warn about contract clauses forecast to fail (needs "
                         "train.eval_every)")
     p.add_argument("--forecaster", metavar="FILE",
-                   help="with --forecast-every: forecast with this forecaster (JSON from "
-                        "`headwise fit-forecaster`) instead of the packaged one")
+                   help="with --forecast-every: warn from this forecaster (JSON from "
+                        "`headwise fit-forecaster`) instead of the packaged one (the report "
+                        "still quotes the packaged one)")
     add_run_options(p, None, "torch's choice; 1 is fastest for tiny models")
     add_device_argument(p, None, "the spec's train.device, itself auto by default")
 

@@ -7,7 +7,6 @@ names is called. Every failure is a ``CheckpointError`` naming the file (and key
 
 from __future__ import annotations
 
-import json
 import pickle
 from pathlib import Path
 
@@ -17,33 +16,21 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from headwise.errors import CheckpointError
+from headwise.jsonfile import read_json_object
 
 SAFETENSORS = "model.safetensors"
-MAX_JSON_BYTES = 64 << 20  # config.json / index files: kilobytes in practice
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE = "pytorch_model.bin"
 PICKLE_INDEX = "pytorch_model.bin.index.json"
 
 
 def read_json(path: Path) -> dict:
-    """A JSON object from ``path``.
+    """A JSON object from ``path`` (``headwise.jsonfile.read_json_object``).
 
     Raises:
-        CheckpointError: missing, unreadable or not a JSON object.
+        CheckpointError: missing, unreadable, too large or not a JSON object.
     """
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file not found")
-    if path.stat().st_size > MAX_JSON_BYTES:
-        raise CheckpointError(f"{path}: {path.stat().st_size} bytes, expected a JSON file of "
-                              f"at most {MAX_JSON_BYTES} bytes")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        # ValueError covers JSONDecodeError and integers over Python's 4300-digit limit
-        raise CheckpointError(f"{path}: not valid JSON ({str(e)[:200]})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: got {type(data).__name__}, expected a JSON object")
-    return data
+    return read_json_object(path, CheckpointError)
 
 
 def read_state_dict(directory: str | Path) -> dict[str, Tensor]:

@@ -116,6 +116,22 @@ def test_load_rejects_other_files(tmp_path: pytest.TempPathFactory) -> None:
     with pytest.raises(ValueError, match="none_bias"):
         load_forecaster(path)
     good = json.loads(load_forecaster().to_json())
+    good["role_std"] = [0.0] * len(good["role_std"])
+    path.write_text(json.dumps(good))
+    with pytest.raises(ValueError, match="role_std: expected scales > 0"):
+        load_forecaster(path)
+    good = json.loads(load_forecaster().to_json())
+    good["measured"] = 5
+    path.write_text(json.dumps(good))
+    with pytest.raises(ValueError, match="measured: got int, expected an object"):
+        load_forecaster(path)
+    for not_a_file in (tmp_path, path.with_name("absent.json")):  # type: ignore[attr-defined]
+        with pytest.raises(ValueError, match=f"^{not_a_file}: "):
+            load_forecaster(not_a_file)
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match=f"^{path}: not valid JSON"):
+        load_forecaster(path)
+    good = json.loads(load_forecaster().to_json())
     good["version"] = "1"  # v1 was fit on runs scored before the role definitions were unified
     path.write_text(json.dumps(good))
     with pytest.raises(ValueError, match="version"):
@@ -228,6 +244,12 @@ def test_fit_forecaster_is_measured_on_runs_it_was_not_fit_on(tmp_path: Path) ->
                                 f"({top['heads']} held-out heads)")
     with pytest.raises(ValueError, match="at least 2"):
         fit_forecaster(runs[:1])
+    with pytest.raises(ValueError, match=r"runs\[2\]: the same trajectory as runs\[0\]"):
+        fit_forecaster([runs[0], runs[1], runs[0]])
+    with pytest.raises(ValueError, match=r"runs\[1\]: 2 checkpoint\(s\), so its first 20% is all"):
+        fit_forecaster([runs[0], runs[1].upto(2)])
+    with pytest.raises(ValueError, match="l2: got -1"):
+        fit_forecaster(runs[:2], l2=-1.0)
     # the measurement never grades a run with a fit that saw it: two runs whose identical-looking
     # early curves end opposite ways are each forecast by the other's rule, so all are wrong
     # (a fit on both would get some right), while the extrapolation gets the second run right
@@ -300,6 +322,6 @@ def test_train_forecasts_with_the_forecaster_file_given(tmp_path: Path) -> None:
     assert warnings and all("L0.H0 forecast none" in w for w in warnings)
     with pytest.raises(SpecError, match=r"^--forecaster: only used with --forecast-every"):
         train_run(spec, tmp_path / "r2", forecaster=mine)
-    with pytest.raises(SpecError, match=r"^--forecaster: cannot read .*missing\.json"):
+    with pytest.raises(SpecError, match=r"^--forecaster: .*missing\.json: file not found"):
         train_run(spec, tmp_path / "r3", forecast_every=2, forecaster=tmp_path / "missing.json")
     assert not (tmp_path / "r2").exists() and not (tmp_path / "r3").exists()

@@ -112,16 +112,21 @@ def test_fit_forecaster_cli_and_using_its_file(run: Run, tmp_path: Path,
     from headwise.analysis.forecast import fit_forecaster, load_forecaster
     from headwise.pipeline.report import run_trajectory
 
-    d = str(run.outcome.run_dir)
+    spec = tmp_path / "seed1.yaml"
+    spec.write_text(SPEC.replace("seed: 0", "seed: 1"))
+    other = train_run(spec, tmp_path / "seed1", progress=False)
+    d, d1 = str(run.outcome.run_dir), str(other.run_dir)
     out = tmp_path / "mine.json"
-    # the same run twice: each copy is forecast by a fit on the other
-    assert main(["fit-forecaster", d, d, "--out", str(out)]) == 0
-    assert "fit on 2 of your runs" in capsys.readouterr().out
-    traj = run_trajectory(run.outcome.run_dir, run.outcome.compiled)
-    assert traj is not None
-    assert load_forecaster(out).measured == fit_forecaster([traj, traj]).measured
-    # finished work is not overwritten; bad input is one line, exit 2
+    # the same run twice would grade a fit on its own training data
     assert main(["fit-forecaster", d, d, "--out", str(out)]) == 2
+    assert "given twice; expected distinct runs" in capsys.readouterr().err
+    assert main(["fit-forecaster", d, d1, "--out", str(out)]) == 0
+    assert "fit on 2 of your runs" in capsys.readouterr().out
+    trajs = [run_trajectory(r.run_dir, r.compiled) for r in (run.outcome, other)]
+    assert all(t is not None for t in trajs)
+    assert load_forecaster(out).measured == fit_forecaster(trajs).measured  # type: ignore[arg-type]
+    # finished work is not overwritten; bad input is one line, exit 2
+    assert main(["fit-forecaster", d, d1, "--out", str(out)]) == 2
     assert "exists; pass --overwrite" in capsys.readouterr().err
     assert main(["fit-forecaster", d, "--out", str(tmp_path / "one.json")]) == 2
     assert "expected at least 2" in capsys.readouterr().err
@@ -132,6 +137,6 @@ def test_fit_forecaster_cli_and_using_its_file(run: Run, tmp_path: Path,
     bad.write_text('{"format": "something else"}')
     assert main(["analyze", d, "--forecast", "--forecaster", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "error: --forecaster: " in err[0] and "format: expected" in err[0]
+    assert len(err) == 1 and f"error: --forecaster: {bad}: format: expected" in err[0]
     assert main(["analyze", d, "--forecaster", str(out)]) == 2
     assert "only used with --forecast" in capsys.readouterr().err

@@ -294,7 +294,8 @@ def forecaster_cases() -> dict[str, dict[str, Any]]:
 
     packaged = json.loads((Path(__file__).resolve().parents[2] / "headwise" / "data"
                            / "forecaster_v2.json").read_text())
-    nan = {**packaged, "role_weight": ["NaN"] * len(packaged["role_weight"])}
+    nan = {**packaged, "role_weight": [float("nan")] * len(packaged["role_weight"])}
+    flat = {**packaged, "role_std": [0.0] * len(packaged["role_std"])}
     return {
         "forecaster missing": analyze(None),
         "forecaster not json": analyze("{]"),
@@ -302,6 +303,13 @@ def forecaster_cases() -> dict[str, dict[str, Any]]:
         "forecaster nested 10^5 deep": analyze("[" * 100_000 + "]" * 100_000),
         "forecaster other version": analyze(json.dumps({**packaged, "version": "9"})),
         "forecaster NaN weights": analyze(json.dumps(nan)),
+        "forecaster zero scales": analyze(json.dumps(flat)),
+        "forecaster measured not an object": analyze(json.dumps({**packaged, "measured": 5})),
+        "forecaster 2 MB": analyze(json.dumps({**packaged, "pad": "x" * (2 << 20)})),
+        "forecaster is /dev/zero": {"argv": ["analyze", "$HOSTILE_RUN", "--forecast",
+                                             "--forecaster", "/dev/zero"]},
+        "fit-forecaster same run twice": {"argv": ["fit-forecaster", "$HOSTILE_RUN",
+                                                   "$HOSTILE_RUN", "--out", "f.json"]},
         "forecaster is a directory": {"argv": ["analyze", "$HOSTILE_RUN", "--forecast",
                                                "--forecaster", "d"], "setup": [["mkdir", "d"]]},
         "forecaster without forecast-every": {
@@ -311,11 +319,14 @@ def forecaster_cases() -> dict[str, dict[str, Any]]:
         "fit-forecaster one run": {"argv": ["fit-forecaster", "$HOSTILE_RUN", "--out", "f.json"]},
         "fit-forecaster missing run": {"argv": ["fit-forecaster", "$HOSTILE_RUN", "nowhere",
                                                 "--out", "f.json"]},
-        "fit-forecaster out exists": {"argv": ["fit-forecaster", "$HOSTILE_RUN", "$HOSTILE_RUN",
+        "fit-forecaster out exists": {"argv": ["fit-forecaster", "$HOSTILE_RUN", "run2",
                                                "--out", "f.json"],
                                       "setup": [["write", "f.json", "{}"]]},
         "fit-forecaster out into missing directory": {
-            "argv": ["fit-forecaster", "$HOSTILE_RUN", "$HOSTILE_RUN", "--out", "no/f.json"]},
+            "argv": ["fit-forecaster", "$HOSTILE_RUN", "run2", "--out", "no/f.json"]},
+        "fit-forecaster run with 2 checkpoints": {
+            "argv": ["fit-forecaster", "$HOSTILE_RUN", "run2", "--out", "f.json"],
+            "setup": [["copytree", "$HOSTILE_RUN", "run2"]]},
     }
 
 

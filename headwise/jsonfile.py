@@ -1,0 +1,39 @@
+"""Bounded JSON reading: the one way headwise reads a JSON object from a file it was handed.
+
+A JSON file from a user or a downloaded checkpoint (an HF ``config.json``, an adapter config, a
+forecaster) must be a regular file of bounded size holding one JSON object; anything else
+(a directory, ``/dev/zero``, a 2 GB file, invalid UTF-8, 100000-deep nesting, a list) is
+refused with one line naming the file, in the caller's error type.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+MAX_JSON_BYTES = 64 << 20  # configs and index files are kilobytes in practice
+
+
+def read_json_object(path: Path, error: type[Exception] = ValueError,
+                     max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
+    """The JSON object in ``path``.
+
+    Raises:
+        error: ``path`` is missing or not a regular file, larger than ``max_bytes``, not
+            UTF-8 JSON (or nested too deeply to parse), or not an object.
+    """
+    if not path.is_file():
+        raise error(f"{path}: file not found" if not path.exists()
+                    else f"{path}: not a regular file")
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise error(f"{path}: {size} bytes, expected a JSON file of at most {max_bytes} bytes")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        # ValueError covers JSONDecodeError and integers over Python's 4300-digit limit
+        raise error(f"{path}: not valid JSON ({str(e)[:200]})") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: got {type(data).__name__}, expected a JSON object")
+    return data
