@@ -269,7 +269,8 @@ def load_forecaster(path: str | Path | None = None) -> Forecaster:
         ValueError: not a regular file of at most ``MAX_FORECASTER_BYTES`` holding a JSON
             object, not a forecaster file, one of another version, or one made for other
             classes or features, with mis-shaped, non-finite or zero-scale weights, or whose
-            ``measured`` is not an object (every message starts with the file).
+            ``measured`` record lacks what ``measured_text`` quotes (every message starts with
+            the file).
     """
     if path is None:
         text = resources.files("headwise.data").joinpath(FORECASTER_FILE).read_text("utf-8")
@@ -303,10 +304,53 @@ def load_forecaster(path: str | Path | None = None) -> Forecaster:
         if k.endswith("_std") and not bool((t[k] > 0).all()):
             raise ValueError(f"{where}: {k}: expected scales > 0")
     measured = d.get("measured", {})
-    if not isinstance(measured, dict):
-        raise ValueError(f"{where}: measured: got {type(measured).__name__}, expected an "
-                         "object")
+    try:  # the record must hold what reports quote from it
+        if not isinstance(measured, dict):
+            raise TypeError(f"got {type(measured).__name__}")
+        measured_text(measured)
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{where}: measured: expected an object with the benchmark's or "
+                         f"fit_forecaster's numbers ({type(e).__name__}: {e})") from None
     return Forecaster(VERSION, **t, measured=measured)
+
+
+def measured_text(measured: dict[str, Any]) -> str:
+    """One sentence quoting what a forecaster was measured to do on runs it was not fit on: the
+    benchmark's held-out accuracy, how often its most confident forecasts were right and the
+    benchmark configurations where it did worse than the linear baseline; or, for one fit on
+    a user's own runs (``fit_forecaster``), its leave-one-run-out accuracy."""
+    if not measured:
+        return "no benchmark measurement recorded for this forecaster"
+    if "held_out_runs_accuracy" in measured:  # fit_forecaster: fit on a user's own runs
+        return (f"fit on {measured['n_runs']} of your runs; each forecast from its first "
+                f"{measured['fraction']:.0%} of checkpoints by a fit on the others: "
+                f"{measured['held_out_runs_accuracy']:.1%} of {measured['n_heads']} heads "
+                f"(linear baseline {measured['baseline_accuracy']:.1%})"
+                + _top_bin(measured.get("calibration_held_out_runs")))
+    fresh = (f", {measured['fresh_accuracy']:.1%} on {measured['fresh_runs']} fresh runs "
+             f"(baseline {measured['fresh_baseline_accuracy']:.1%})"
+             if measured.get("fresh_runs") else "")
+    notes = _top_bin(measured.get("calibration_held_out_seeds"))
+    below = measured.get("below_baseline")
+    if below is not None and measured.get("configs"):
+        notes += (f"; below the baseline on {len(below)} of {len(measured['configs'])} "
+                  f"benchmark configurations" + (f": {', '.join(below)}" if below else ""))
+    return (f"benchmark accuracy from the first {measured.get('fraction', 0.2):.0%} of "
+            f"checkpoints on held-out runs: {measured['held_out_seeds_accuracy']:.1%} (held-out "
+            f"seeds), {measured['held_out_configs_accuracy']:.1%} (held-out configurations); "
+            f"linear baseline {measured['baseline_accuracy']:.1%}; {measured['n_runs']} runs, "
+            f"{measured['n_heads']} heads{fresh}{notes} "
+            f"({measured.get('doc', 'docs/benchmarks.md')})")
+
+
+def _top_bin(bins: list[dict[str, Any]] | None) -> str:
+    """The clause "; forecasts stated at 90% or more were right ..." (a calibration's last
+    bin; empty without one or when it holds no forecast)."""
+    if not bins or not bins[-1]["heads"]:
+        return ""
+    top = bins[-1]
+    return (f"; forecasts stated at {top['from']:.0%} or more were right "
+            f"{top['accuracy']:.1%} of the time ({top['heads']} held-out heads)")
 
 
 CONFIDENCE_BINS = (0.0, 0.5, 0.7, 0.9, 1.0)

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 import headwise.analysis.figures as fig
 import headwise.analysis.report_html as H
 from headwise.analysis.explain import Walkthrough, walkthrough_html
-from headwise.analysis.forecast_contract import measured_text
+from headwise.analysis.forecast import measured_text
 from headwise.analysis.importance_matrix import ImportanceMatrix
 from headwise.analysis.role_table import SHOWN_MIN_SCORE, RoleTable
 from headwise.analysis.trajectories import Trajectory

@@ -92,7 +92,8 @@ def _forecast(run_dir: str, compiled: Any, forecaster: Forecaster) -> dict[str, 
     """Print and return the forecast from the run's first 20% of checkpoints."""
     from rich.table import Table
 
-    from headwise.analysis.forecast_contract import forecast_summary, measured_text
+    from headwise.analysis.forecast import measured_text
+    from headwise.analysis.forecast_contract import forecast_summary
     from headwise.pipeline.report import run_trajectory
     from headwise.pipeline.run import contract_of
 

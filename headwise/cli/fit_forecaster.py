@@ -33,8 +33,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Fit on the runs' trajectories, write the file, print what it measured."""
-    from headwise.analysis.forecast import fit_forecaster
-    from headwise.analysis.forecast_contract import measured_text
+    from headwise.analysis.forecast import fit_forecaster, measured_text
     from headwise.pipeline.report import run_trajectory
     from headwise.pipeline.run import load_run
 

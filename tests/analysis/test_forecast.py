@@ -25,8 +25,9 @@ from headwise.analysis.forecast import (
     forecast_heads,
     linear_forecast,
     load_forecaster,
+    measured_text,
 )
-from headwise.analysis.forecast_contract import forecast_clauses, measured_text
+from headwise.analysis.forecast_contract import forecast_clauses
 from headwise.analysis.role_table import TOP_ROLE_CANDIDATES, RoleTable
 from headwise.analysis.trajectories import Trajectory
 from headwise.runspec import contract_from_list
@@ -120,11 +121,13 @@ def test_load_rejects_other_files(tmp_path: pytest.TempPathFactory) -> None:
     path.write_text(json.dumps(good))
     with pytest.raises(ValueError, match="role_std: expected scales > 0"):
         load_forecaster(path)
-    good = json.loads(load_forecaster().to_json())
-    good["measured"] = 5
-    path.write_text(json.dumps(good))
-    with pytest.raises(ValueError, match="measured: got int, expected an object"):
-        load_forecaster(path)
+    for measured in (5, [], {"held_out_runs_accuracy": 0.5},
+                     {**load_forecaster().measured, "calibration_held_out_seeds": [{}]}):
+        good = json.loads(load_forecaster().to_json())
+        good["measured"] = measured  # what reports quote from it must be there
+        path.write_text(json.dumps(good))
+        with pytest.raises(ValueError, match=f"^{path}: measured: expected an object with"):
+            load_forecaster(path)
     for not_a_file in (tmp_path, path.with_name("absent.json")):  # type: ignore[attr-defined]
         with pytest.raises(ValueError, match=f"^{not_a_file}: "):
             load_forecaster(not_a_file)

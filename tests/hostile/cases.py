@@ -305,6 +305,8 @@ def forecaster_cases() -> dict[str, dict[str, Any]]:
         "forecaster NaN weights": analyze(json.dumps(nan)),
         "forecaster zero scales": analyze(json.dumps(flat)),
         "forecaster measured not an object": analyze(json.dumps({**packaged, "measured": 5})),
+        "forecaster measured incomplete": analyze(json.dumps(
+            {**packaged, "measured": {"held_out_runs_accuracy": 0.5}})),
         "forecaster 2 MB": analyze(json.dumps({**packaged, "pad": "x" * (2 << 20)})),
         "forecaster is /dev/zero": {"argv": ["analyze", "$HOSTILE_RUN", "--forecast",
                                              "--forecaster", "/dev/zero"]},
