@@ -1,14 +1,16 @@
-"""Issue 10: the public contract suite, each spec trained plain and with ``--enforce``.
+"""The public contract suite, each spec trained plain and with ``--enforce``.
 
 Every spec in ``headwise/examples/suite/`` is trained twice, each in its own subprocess with one
 torch thread: plainly (``train_run``) and with enforcement (``train_run(enforce=True)``). The
-Enforcer callback is wrapped (a subclass that times each call; ``headwise.enforce`` is not
-modified) to measure the share of the enforced run's wall time spent verifying the contract at
-evaluation points. Prints a markdown table: clauses held plain / enforced, steps used, the
-tasks' held-out accuracy and exact match, wall times, the verification share, then the total
-share of clauses held and every clause that fails with ``--enforce``.
+enforced run's callback is a subclass of ``Enforcer`` that times each call (passed as
+``train_run(enforcer=...)``), to measure the share of its wall time spent verifying the
+contract at evaluation points. ``--set name=value`` sets a field of ``EnforceConfig``
+(``carrier_stages`` as ``others>margin``, ``others+margin``, ``others`` or ``margin``).
+Prints a markdown table: clauses held plain / enforced, steps used, the tasks' held-out
+accuracy and exact match, wall times, the verification share, then the total share of clauses
+held and every clause that fails with ``--enforce``.
 
-    python bench/contract_suite.py [--jobs 1] [--only NAME ...] [--json PATH]
+    python bench/contract_suite.py [--jobs 1] [--only NAME ...] [--json PATH] [--set NAME=VALUE]
 
 ``--jobs 2`` runs two subprocesses at a time (faster on two cores, but each wall time then
 includes contention: compare only ratios measured the same way).
@@ -32,40 +34,31 @@ from headwise.analysis.numbers import fixed
 SUITE = Path(__file__).resolve().parent.parent / "headwise" / "examples" / "suite"
 
 
-def run_one(spec: Path, enforce: bool, out: Path,
-            constants: dict[str, float | str]) -> dict[str, Any]:
+def run_one(spec: Path, enforce: bool, out: Path, config: Any = None,
+            enforcer: Any = None) -> dict[str, Any]:
     """Train ``spec`` once (in this process) and return what the table needs.
 
-    ``constants`` overrides constants at the top of ``headwise.enforce`` (``ETA``,
-    ``LAMBDA_MAX``, ``P_MAX``, ``ABLATION_SCALE``, ``MARGIN``, ``DROP_LEVER``) for this run,
-    to measure them.
+    ``config`` is the ``EnforceConfig`` of the enforced run (default: the library's);
+    ``enforcer`` the ``Enforcer`` subclass to time (default: ``Enforcer``).
     """
     import torch
 
-    import headwise.enforce as enforce_mod
+    from headwise.contract import EnforceConfig, Enforcer
     from headwise.pipeline.run import train_run
     from headwise.training.evaluate import evaluate
 
     torch.set_num_threads(1)
     timings: list[float] = []
-    for name, value in constants.items():
-        if not hasattr(enforce_mod, name):
-            raise SystemExit(f"--set: headwise.enforce has no constant {name}")
-        setattr(enforce_mod, name, value)
 
-    class TimedEnforcer(enforce_mod.Enforcer):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)  # its eta / lambda_max defaults bound at import
-            self.eta, self.lambda_max = enforce_mod.ETA, enforce_mod.LAMBDA_MAX
-
+    class TimedEnforcer(enforcer or Enforcer):  # type: ignore[misc]
         def __call__(self, state: Any) -> None:
             start = time.perf_counter()
             super().__call__(state)
             timings.append(time.perf_counter() - start)
 
-    enforce_mod.Enforcer = TimedEnforcer  # type: ignore[misc]  # train_run imports it per call
     start = time.perf_counter()
-    outcome = train_run(spec, out, enforce=enforce, overwrite=True, progress=False)
+    outcome = train_run(spec, out, enforce=enforce, overwrite=True, progress=False,
+                        enforce_config=config or EnforceConfig(), enforcer=TimedEnforcer)
     wall = time.perf_counter() - start
     compiled = outcome.compiled
     record = evaluate(compiled.model, compiled.eval_data, batch_size=256, n_batches=2,
@@ -77,7 +70,7 @@ def run_one(spec: Path, enforce: bool, out: Path,
         "evaluations": len(timings), "steps": outcome.train.step,
         "max_steps": compiled.spec.train.steps,
         "held": sum(r.passed for r in verdict.results), "n_clauses": len(verdict.results),
-        "clauses": [{"index": r.clause.index, "name": r.clause.name or r.clause.describe(),
+        "clauses": [{"index": r.clause.index, "name": r.clause.label,
                      "kind": r.clause.kind, "threshold": r.clause.threshold_text(),
                      "measured": r.measured, "passed": r.passed} for r in verdict.results],
         "tasks": {t: {"accuracy": v["accuracy"], "exact": v["exact"]}
@@ -87,12 +80,25 @@ def run_one(spec: Path, enforce: bool, out: Path,
     }
 
 
-def _value(text: str) -> float | str:
-    """A ``--set`` value: a number, or a word (``DROP_LEVER=iit``)."""
-    try:
-        return float(text)
-    except ValueError:
-        return text
+STAGES = {"others>margin": (("others",), ("margin",)), "others+margin": (("others", "margin"),),
+          "others": (("others",),), "margin": (("margin",),)}
+
+
+def enforce_config(sets: list[str]) -> Any:
+    """The ``EnforceConfig`` that ``--set NAME=VALUE`` items describe."""
+    import dataclasses
+
+    from headwise.contract import EnforceConfig
+
+    fields = {f.name for f in dataclasses.fields(EnforceConfig)}
+    values: dict[str, Any] = {}
+    for item in sets:
+        name, _, text = item.partition("=")
+        if name not in fields:
+            raise SystemExit(f"--set: EnforceConfig has no field {name!r}; expected one of "
+                             f"{sorted(fields)}")
+        values[name] = STAGES[text] if name == "carrier_stages" else float(text)
+    return EnforceConfig(**values)
 
 
 def spawn(spec: Path, enforce: bool, tmp: Path, sets: list[str]) -> dict[str, Any]:
@@ -160,14 +166,13 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", default=None, help="spec names (file stems)")
     parser.add_argument("--json", type=Path, default=None, help="write the raw results here")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="override a constant of headwise.enforce (repeatable)")
+                        help="set a field of EnforceConfig (repeatable)")
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--enforce", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        constants = {k: _value(v) for k, v in (item.split("=", 1) for item in args.set)}
         print(json.dumps(run_one(Path(args.worker[0]), args.enforce, Path(args.worker[1]),
-                                 constants)))
+                                 enforce_config(args.set))))
         return
     specs = sorted(SUITE.glob("*.yaml"))
     if args.only:

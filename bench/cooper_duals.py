@@ -1,4 +1,4 @@
-"""Issue 10: the multiplier update by ``cooper-optim`` against headwise's own dual ascent.
+"""The multiplier update by ``cooper-optim`` against headwise's own dual ascent.
 
 Every suite spec is trained with ``--enforce`` once per dual update, each run in its own
 subprocess with one torch thread, same seeds and budget. The primal side is the same in every
@@ -7,17 +7,17 @@ of Cotter et al. 2019: the lever loss is the differentiable surrogate); only the
 update at evaluation points differs, driven by the *measured* violation (cooper's
 ``ConstraintState(violation, strict_violation)``: the dual Lagrangian uses the strict one):
 
-- ``own``: ``Enforcer.dual_step``, ``lambda <- clip(lambda + ETA v, 0, LAMBDA_MAX)`` in Python
+- ``own``: ``Enforcer.dual_step``, ``lambda <- clip(lambda + eta v, 0, lambda_max)`` in Python
   floats;
 - ``cooper-sgd``: a cooper ``ConstrainedMinimizationProblem`` with one inequality
   ``Constraint`` (``Lagrangian`` formulation, ``DenseMultiplier``) per levered clause, the dual
-  Lagrangian's gradient and ``torch.optim.SGD(lr=ETA, maximize=True)``, then cooper's
+  Lagrangian's gradient and ``torch.optim.SGD(lr=eta, maximize=True)``, then cooper's
   projection (``post_step_``) -- the same algorithm through the library;
 - ``cooper-nupi``: the same with cooper's ``nuPI`` controller (Sohrabi et al. 2024) as the dual
-  optimiser (``Ki=1``, ``Kp=KP``: ``lambda += ETA (v_t + Kp (v_t - v_{t-1}))``), what the
+  optimiser (``Ki=1``, ``Kp=KP``: ``lambda += eta (v_t + Kp (v_t - v_{t-1}))``), what the
   library adds over plain ascent.
 
-The floor rule (non-floor multipliers halved while a floor fails) and the cap ``LAMBDA_MAX`` are
+The floor rule (non-floor multipliers halved while a floor fails) and the cap ``lambda_max`` are
 applied around cooper's step in both cooper variants. Needs the ``bench`` extra:
 ``pip install -c constraints.txt -e ".[bench]"`` (cooper-optim; the torch pin holds).
 
@@ -41,7 +41,7 @@ KP = 1.0
 
 
 def cooper_enforcer(base: Any, dual: str) -> Any:
-    """A subclass of ``headwise.enforce.Enforcer`` whose ``dual_step`` is cooper's."""
+    """A subclass of ``headwise.contract.Enforcer`` whose ``dual_step`` is cooper's."""
     import cooper
     import torch
 
@@ -66,9 +66,10 @@ def cooper_enforcer(base: Any, dual: str) -> Any:
             if getattr(self, "_cmp", None) is None:
                 self._cmp = _ContractCMP(sorted(violations))
                 params = list(self._cmp.dual_parameters())
-                self._opt = (torch.optim.SGD(params, lr=self.eta, maximize=True)
+                eta = self.config.eta
+                self._opt = (torch.optim.SGD(params, lr=eta, maximize=True)
                              if dual == "cooper-sgd" else
-                             cooper.optim.nuPI(params, lr=self.eta, Kp=KP, Ki=1.0,
+                             cooper.optim.nuPI(params, lr=eta, Kp=KP, Ki=1.0,
                                                maximize=True))
             named = {k: getattr(self._cmp, f"clause{k}").multiplier for k in violations}
             with torch.no_grad():
@@ -81,18 +82,17 @@ def cooper_enforcer(base: Any, dual: str) -> Any:
             with torch.no_grad():
                 for key, mult in named.items():
                     mult.post_step_()  # cooper's projection onto lambda >= 0
-                    mult.weight.clamp_(max=self.lambda_max)
+                    mult.weight.clamp_(max=self.config.lambda_max)
                     lambdas[key] = float(mult.weight[0])
 
     return CooperEnforcer
 
 
 def worker(spec: Path, out: Path, dual: str) -> dict[str, Any]:
-    import headwise.enforce as enforce_mod
+    from headwise.contract import Enforcer
 
-    if dual != "own":
-        enforce_mod.Enforcer = cooper_enforcer(enforce_mod.Enforcer, dual)  # type: ignore[misc]
-    return run_one(spec, True, out, {})
+    return run_one(spec, True, out, enforcer=None if dual == "own" else
+                   cooper_enforcer(Enforcer, dual))
 
 
 def spawn(spec: Path, dual: str, tmp: Path) -> dict[str, Any]:

@@ -1,22 +1,24 @@
-"""Issue 10: which lever makes "H carries T" (``drop_at_least``) hold, measured on the suite.
+"""Which lever makes "H carries T" (``drop_at_least``) hold, measured on the suite.
 
 Runs every suite spec that has a ``drop_at_least`` clause (ablation or exclusive) with
-``--enforce`` once per candidate lever (``headwise.enforce.DROP_LEVER``), each run in its own
+``--enforce`` once per candidate lever (``EnforceConfig.carrier_stages``), each run in its own
 subprocess with one torch thread (``bench/contract_suite.py``'s worker), same seeds and budget:
 
 - ``others``: the other heads of H's layers stochastically ablated on T's examples (H becomes
   *sufficient* for T);
 - ``margin``: ``AblatedMargin``, a hinge on the H-ablated model's logits (T *needs* H);
 - ``others+margin``: both;
-- ``others>margin``: both, the hinge weighted ``max(0, lambda - P_MAX / ABLATION_SCALE)``: it
-  starts only once the others' ablation probability has reached its cap;
-- ``iit``: ``Interchange``, interchange-intervention training (Geiger et al. 2022): H's outputs
-  from another example of T, trained to that example's targets.
+- ``others>margin`` (the default): both, the hinge weighted ``max(0, lambda - p_max /
+  ablation_scale)``: it starts only once the others' ablation probability has reached its cap.
+
+An interchange-intervention lever (IIT, Geiger et al. 2022) was measured beside these and lost
+(docs/benchmarks.md, with the commit whose code ran it); it does not ship.
 
 Prints a markdown table: per spec and lever, the ``drop_at_least`` clause's measured drop and
 verdict, clauses held, steps used, the tasks' held-out exact match, wall time.
 
-    python bench/iit_vs_ablation.py [--levers others margin others+margin iit] [--json PATH]
+    python bench/iit_vs_ablation.py [--levers others margin others+margin others>margin]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -29,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from contract_suite import SUITE, spawn  # noqa: E402
+from contract_suite import STAGES, SUITE, spawn  # noqa: E402
 
 from headwise.analysis.numbers import fixed  # noqa: E402
 
-LEVERS = ("others", "margin", "others+margin", "others>margin", "iit")
+LEVERS = tuple(STAGES)
 
 
 def carrier_specs() -> list[Path]:
@@ -63,7 +65,7 @@ def main() -> None:
         for spec in carrier_specs():
             for lever in args.levers:  # interleaved: one spec's candidates back to back
                 res = spawn(spec, True, Path(tmp) / lever.replace("+", "_"),
-                            [f"DROP_LEVER={lever}"])
+                            [f"carrier_stages={lever}"])
                 raw.append({"lever": lever, **res})
                 lines.append(row(res, lever))
                 print(lines[-1], file=sys.stderr, flush=True)

@@ -1,24 +1,34 @@
 """headwise: train, coordinate and verify the individual heads and layers of Transformers.
 
 The names below are the public API. Each sub-package is also public and holds the rest:
-``headwise.control`` (levers), ``headwise.analysis`` (scores, importance, contracts, reports),
+``headwise.control`` (levers), ``headwise.analysis`` (scores, importance, forecasts),
+``headwise.contract`` (specialization contracts: parsing, verification, enforcement),
 ``headwise.data`` (built-in tasks), ``headwise.training`` (the training loop and checkpoints),
 ``headwise.interop`` (HuggingFace and PEFT), ``headwise.runspec`` and ``headwise.pipeline``
 (YAML specs and runs). Training is ``headwise.training.train(...)``.
 """
 
-from headwise import analysis, control, data, hooks, interop, model, pipeline, runspec, training
+from headwise import (
+    analysis,
+    contract,
+    control,
+    data,
+    hooks,
+    interop,
+    model,
+    pipeline,
+    runspec,
+    training,
+)
 from headwise.analysis import (
-    Contract,
-    ContractResult,
     RoleTable,
     ablation_importance,
     explain_head,
     gradient_importance,
     role_scores,
-    verify,
 )
 from headwise.config import ModelConfig, preset
+from headwise.contract import Contract, ContractResult, EnforceConfig, parse_contract, verify
 from headwise.control import (
     FixedGates,
     LearnedGates,
@@ -51,7 +61,7 @@ from headwise.interop import convert, export_peft, import_peft, load_hf
 from headwise.model import Transformer, build_model
 from headwise.pipeline import compile_spec
 from headwise.pipeline.export import export_hf
-from headwise.runspec import Spec, contract_from_list, load_spec
+from headwise.runspec import Spec, load_spec
 from headwise.training import TrainConfig
 
 __version__ = "0.1.0"
@@ -65,15 +75,16 @@ __all__ = [
     # levers
     "FixedGates", "LearnedGates", "PatternObjective", "apply_lora", "apply_masks", "freeze",
     # verification
-    "Contract", "ContractResult", "contract_from_list", "RoleTable", "ablation_importance",
-    "explain_head", "gradient_importance", "role_scores", "verify",
+    "Contract", "ContractResult", "EnforceConfig", "parse_contract", "RoleTable",
+    "ablation_importance", "explain_head", "gradient_importance", "role_scores", "verify",
     # data, training, specs, interop
     "Batch", "Mixture", "build_task", "TrainConfig", "Spec", "load_spec",
     "compile_spec", "convert", "export_peft", "import_peft", "load_hf",
     # errors
     "CheckpointError", "ConfigError", "HeadwiseError", "SelectorError", "SpecError",
     # sub-packages
-    "analysis", "control", "data", "hooks", "interop", "model", "pipeline", "runspec", "training",
+    "analysis", "contract", "control", "data", "hooks", "interop", "model", "pipeline", "runspec",
+    "training",
     # HuggingFace export
     "export_hf",
 ]

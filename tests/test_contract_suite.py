@@ -27,14 +27,9 @@ def test_suite_covers_every_clause_kind_and_enough_tasks() -> None:
         spec = load_spec(path)
         tasks |= {t.task for t in spec.data.tasks}
         for c in spec.contract:
-            if "exclusive" in c:
-                kinds.add("exclusive")
-            elif "score" in c:
-                kinds.add("score at_least" if "at_least" in c else "score at_most")
-            elif "drop_at_least" in c or "drop_at_most" in c:
-                kinds.add("drop_at_least" if "drop_at_least" in c else "drop_at_most")
-            else:
-                kinds.add(f"task {c.get('metric', 'accuracy')}")
+            bound = "at_least" if c.at_least is not None else "at_most"
+            kinds.add({"exclusive": "exclusive", "score": f"score {bound}",
+                       "ablation": f"drop_{bound}", "task": f"task {c.metric}"}[c.kind])
     assert len(SPECS) >= 12 and len(tasks) >= 5, (len(SPECS), tasks)
     assert kinds == {"score at_least", "score at_most", "drop_at_least", "drop_at_most",
                      "exclusive", "task accuracy", "task exact", "task loss"}

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from headwise.cli import main
+from headwise.contract import EnforceConfig, Enforcer, plan
 from headwise.control.objectives import PatternObjective, RoleBound
 from headwise.control.task_levers import (
     PROBE_POOL,
@@ -17,10 +18,11 @@ from headwise.control.task_levers import (
     OnProbeData,
     StochasticAblation,
 )
-from headwise.enforce import ABLATION_SCALE, ETA, P_MAX, Enforcer, plan
 from headwise.pipeline import compile_spec
-from headwise.pipeline.run import contract_of, probe_sampler, verify_data
+from headwise.pipeline.heldout import probe_sampler, verify_data
 from headwise.runspec import load_spec
+
+DEFAULTS = EnforceConfig()
 
 # One layer, two heads, the copy task. Nothing asks L0.H1 to be a previous-token head, so a
 # plain run leaves it attending elsewhere (copy needs a head looking `length` tokens back).
@@ -61,7 +63,7 @@ def test_enforce_turns_a_failing_contract_into_one_that_holds(
     assert e["held_at_step"] == e["history"][-1]["step"] == clause["held_at"] < 120
     first = e["history"][0]["clauses"]["0"]
     assert first["violation"] == pytest.approx(0.9 - first["measured"])
-    assert first["multiplier"] == pytest.approx(ETA * first["violation"])
+    assert first["multiplier"] == pytest.approx(DEFAULTS.eta * first["violation"])
     report = json.loads((run / "report.json").read_text())
     assert report["enforcement"]["held_at_step"] == e["held_at_step"]
     out = capsys.readouterr().out
@@ -73,7 +75,7 @@ def test_enforce_turns_a_failing_contract_into_one_that_holds(
 def test_multipliers_follow_dual_ascent_and_back_off_for_a_failing_floor() -> None:
     spec = load_spec(SPEC.replace("contract:", "contract:\n  - {task: copy, at_least: 0.99}"))
     compiled = compile_spec(spec)
-    contract = contract_of(spec)
+    contract = spec.contract
     levers = plan(compiled, contract)
     enforcer = Enforcer(contract, verify_data(compiled), levers)
     state = SimpleNamespace(step=20, model=compiled.model, extra={}, stop=False)
@@ -81,8 +83,8 @@ def test_multipliers_follow_dual_ascent_and_back_off_for_a_failing_floor() -> No
     point = state.extra["enforce"]["history"][0]["clauses"]
     floor, score = point["0"], point["1"]
     assert not floor["passed"] and not score["passed"]  # an untrained model fails both
-    assert floor["multiplier"] == pytest.approx(ETA * floor["violation"])
-    assert score["multiplier"] == pytest.approx(ETA * score["violation"])
+    assert floor["multiplier"] == pytest.approx(DEFAULTS.eta * floor["violation"])
+    assert score["multiplier"] == pytest.approx(DEFAULTS.eta * score["violation"])
     # The levers follow: weight = multiplier x scale.
     (weight_lever,) = levers[0].objectives  # type: ignore[union-attr]
     (pattern,) = levers[1].objectives  # type: ignore[union-attr]
@@ -93,9 +95,9 @@ def test_multipliers_follow_dual_ascent_and_back_off_for_a_failing_floor() -> No
     again = state.extra["enforce"]["history"][1]["clauses"]
     # The floor still fails, so the score clause's multiplier was halved before its step.
     assert again["1"]["multiplier"] == pytest.approx(
-        min(score["multiplier"] * 0.5 + ETA * again["1"]["violation"], 16.0))
+        min(score["multiplier"] * 0.5 + DEFAULTS.eta * again["1"]["violation"], 16.0))
     assert again["0"]["multiplier"] == pytest.approx(
-        min(floor["multiplier"] + ETA * again["0"]["violation"], 16.0))
+        min(floor["multiplier"] + DEFAULTS.eta * again["0"]["violation"], 16.0))
     assert not state.stop
 
 
@@ -119,7 +121,7 @@ contract:
   - {task: reverse, metric: accuracy, at_most: 0.99}
 """)
     compiled = compile_spec(spec)
-    levers = plan(compiled, contract_of(spec))
+    levers = plan(compiled, spec.contract)
     kinds = {i: (None if lv is None else lv.kind) for i, lv in levers.items()}
     assert kinds == {0: "structural", 1: "pattern", 2: "bound", 3: "bound", 4: None,
                      5: "ablation", 6: "ablation", 7: "ablation", 8: "task_weight", 9: None}
@@ -130,9 +132,9 @@ contract:
     assert isinstance(carry, StochasticAblation) and isinstance(need, AblatedMargin)
     assert [str(h) for h in carry.heads] == ["L1.H0", "L1.H2", "L1.H3"] and carry.task_ids == [0]
     assert [str(h) for h in need.heads] == ["L1.H1"] and need.task_ids == [0]
-    assert levers[5].loss_weighted == [need]  # type: ignore[union-attr]
+    assert levers[5].loss_terms == [need]  # type: ignore[union-attr]
     # The hinge starts once the others' ablation probability is at its cap.
-    assert levers[5].loss_from == pytest.approx(P_MAX / ABLATION_SCALE)  # type: ignore[union-attr]
+    assert levers[5].loss_from == pytest.approx(DEFAULTS.p_max / DEFAULTS.ablation_scale)  # type: ignore[union-attr]
     (spare,) = levers[6].objectives  # type: ignore[union-attr]
     assert [str(h) for h in spare.heads] == ["L1.H2"] and spare.task_ids == [1]
     others, need_h3, only = levers[7].objectives  # type: ignore[union-attr]
@@ -204,7 +206,7 @@ contract:
   - {any_of: L1.*, score: induction, at_least: 0.5, "on": induction}
 """)
     compiled = compile_spec(spec)
-    levers = plan(compiled, contract_of(spec), probe_sampler(spec))
+    levers = plan(compiled, spec.contract, probe_sampler(spec))
     on_probe = levers[0].per_head["L1.H0"]  # type: ignore[union-attr]
     on_task = levers[1].per_head["L1.H0"]  # type: ignore[union-attr]
     assert isinstance(on_probe, OnProbeData) and isinstance(on_task, PatternObjective)

@@ -1,12 +1,12 @@
-"""The package layering of issue 15: every module imports on its own, no upward import, no cycle.
+"""The package layering: every module imports on its own, no upward import, no cycle, and the
+clause kind is dispatched in ``headwise.contract`` only.
 
 Layers (docs/architecture.md, "Layers"), lowest first; a module may import only from its own
 layer or lower ones, at module level, inside a function or under ``TYPE_CHECKING`` alike:
 
-1 foundation (errors, config, heads, patterns, memory, atomic, jsonfile)  2 model  3 hooks
-4 data, control (no cycle between them)  5 training  6 analysis  7 interop  8 runspec
-9 enforce  10 pipeline  10.5 the public facade (``headwise/__init__``, the deprecated aliases
-``headwise.spec`` / ``headwise.train``)  11 cli.
+1 foundation (errors, config, heads, patterns, memory, atomic, jsonfile, validate)  2 model
+3 hooks  4 data, control (no cycle between them)  5 training  6 analysis  7 interop, report
+8 contract  9 runspec  10 pipeline  10.5 the public facade (``headwise/__init__``)  11 cli.
 
 Module-level and lazy imports between modules must not form a cycle (``TYPE_CHECKING`` ones
 never run and are left out of the cycle check). An edge is a module importing a module: ``from
@@ -30,22 +30,13 @@ PACKAGE = ROOT / "headwise"
 
 LAYERS: dict[str, float] = {
     "errors": 1, "config": 1, "heads": 1, "patterns": 1, "memory": 1, "atomic": 1, "jsonfile": 1,
-    "model": 2, "hooks": 3, "data": 4, "control": 4, "training": 5, "analysis": 6,
-    "interop": 7, "runspec": 8, "enforce": 9, "pipeline": 10,
-    "spec": 10.5, "train": 10.5,  # deprecated aliases, part of the public facade
+    "validate": 1, "model": 2, "hooks": 3, "data": 4, "control": 4, "training": 5,
+    "analysis": 6, "interop": 7, "report": 7, "contract": 8, "runspec": 9, "pipeline": 10,
     "cli": 11,
 }
 FACADE = 10.5  # ``headwise/__init__.py``
 
-# Edges that other branches of issue 15 remove (in files this branch does not own).
-# The lead deletes each entry once the fix has landed; the test does not fail on stale ones.
-
-# Upward imports kept on purpose for a deprecated name, each until the release that drops it.
-DEPRECATED_ALIASES: set[tuple[str, str]] = {
-    # Contract.from_list (deprecated in 0.2, removed in 0.3) delegates to contract_from_list.
-    ("headwise.analysis.contract", "headwise.runspec.clauses"),
-}
-ALLOWED = DEPRECATED_ALIASES
+ALLOWED: set[tuple[str, str]] = set()  # no exception to the layering
 
 
 def _module_name(path: Path) -> str:
@@ -179,10 +170,6 @@ def test_the_cycle_finder_finds_a_lazy_cycle():
     assert _cycles({("x", "y"), ("y", "z"), ("z", "x"), ("z", "w")}) == [["x", "y", "z"]]
 
 
-def test_known_violations_name_real_modules():
-    assert [e for e in ALLOWED if not set(e) <= set(MODULES)] == []
-
-
 # In a fresh interpreter, with ``headwise/__init__`` (the facade, which imports everything in a
 # fixed order) replaced by a bare package so that it cannot hide an order dependence:
 # 1. every module in a shuffled order;
@@ -231,3 +218,55 @@ def test_an_upward_import_is_reported(tmp_path, source, message):
     fake.write_text(source)
     upward = _upward(_edges("headwise.model.block", fake))
     assert len(upward) == 1 and message in upward[0]
+
+
+CLAUSE_KINDS = {"score", "ablation", "exclusive", "task"}
+
+
+def _kind_dispatch(path: Path) -> list[int]:
+    """Lines comparing a ``.kind`` attribute or a ``["kind"]`` item with a clause kind's name."""
+    def is_kind(node: ast.AST) -> bool:
+        return ((isinstance(node, ast.Attribute) and node.attr == "kind")
+                or (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+                    and node.slice.value == "kind"))
+
+    def names_kind(node: ast.AST) -> bool:
+        values = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return any(isinstance(v, ast.Constant) and v.value in CLAUSE_KINDS for v in values)
+
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(is_kind(x) for x in sides) and any(names_kind(x) for x in sides):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Dict) and any(
+                isinstance(k, ast.Constant) and k.value in CLAUSE_KINDS for k in node.keys) \
+                and len(node.keys) >= 2 and all(
+                isinstance(k, ast.Constant) and k.value in CLAUSE_KINDS for k in node.keys):
+            lines.append(node.lineno)  # a dispatch table keyed by kind
+    return lines
+
+
+def test_clause_kinds_are_dispatched_in_the_contract_package_only():
+    outside = {m: _kind_dispatch(p) for m, p in MODULES.items()
+               if not m.startswith("headwise.contract")}
+    assert {m: lines for m, lines in outside.items() if lines} == {}
+
+
+@pytest.mark.parametrize("source", [
+    "if clause.kind == 'score':\n    pass\n",
+    "x = r['kind'] in ('ablation', 'exclusive')\n",
+    "LEVERS = {'score': 1, 'task': 2}\n",
+])
+def test_a_kind_dispatch_is_found(tmp_path, source):
+    """The dispatch check can fail: comparisons and dispatch tables are found."""
+    fake = tmp_path / "m.py"
+    fake.write_text(source)
+    assert _kind_dispatch(fake) == [1]
+
+
+def test_a_probe_kind_is_not_a_clause_kind(tmp_path):
+    fake = tmp_path / "m.py"
+    fake.write_text("if probe.kind == 'repeated':\n    pass\nkind = 'task'\n")
+    assert _kind_dispatch(fake) == []

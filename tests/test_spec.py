@@ -62,7 +62,9 @@ def test_full_spec_parses_into_dataclasses() -> None:
     assert rules["L1.H1"].tasks == ("backwards",) and rules["L1.H1"].trainable
     assert rules["L1.*"].heads == tuple(Head(1, h) for h in range(3))
     assert spec.gates is not None and spec.gates.kind == "fixed"  # implied by tasks
-    assert spec.contract == ({"head": "L0.H0", "score": "previous_token", "at_least": 0.99},)
+    assert spec.contract.to_list() == [{"head": "L0.H0", "score": "previous_token",
+                                       "at_least": 0.99}]
+    assert spec.contract[0].kind == "score" and str(spec.contract[0].head) == "L0.H0"
 
 
 def test_load_from_file_resolves_relative_paths(tmp_path: Path) -> None:
@@ -86,7 +88,7 @@ def test_defaults_when_sections_absent() -> None:
     assert spec.model.config == ModelConfig()
     assert spec.train == TrainConfig()
     assert spec.heads == () and spec.gates is None and spec.adapters == ()
-    assert spec.contract == ()
+    assert len(spec.contract) == 0 and not spec.contract
 
 
 def test_yaml_never_constructs_python_objects() -> None:

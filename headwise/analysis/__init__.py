@@ -1,12 +1,10 @@
-"""Analysis and verification: role scores, importance, contracts, trajectories and reports.
+"""Analysis: role scores, importance, activation patching, OV circuits, trajectories, forecasts.
 
-See docs/roles.md (score definitions and sources) and docs/contracts.md (clause reference).
+See docs/roles.md (score definitions and sources). Contracts live in ``headwise.contract``.
 """
 
-from headwise.analysis.contract import Clause, Contract
 from headwise.analysis.explain import Step, Walkthrough, explain_head
 from headwise.analysis.forecast import Forecaster, forecast_heads, linear_forecast, load_forecaster
-from headwise.analysis.forecast_contract import ForecastWatch, forecast_clauses
 from headwise.analysis.importance import (
     ablation_importance,
     example_stats,
@@ -40,16 +38,15 @@ from headwise.analysis.roles import (
     target_similarity,
 )
 from headwise.analysis.trajectories import Trajectory, score_checkpoints
-from headwise.analysis.verify import ClauseResult, ContractResult, VerifyData, verify
 
 __all__ = [
-    "PATTERN_ROLES", "ROLES", "TOP_ROLE_CANDIDATES", "Clause", "ClauseResult", "Contract",
-    "ContractResult", "ForecastWatch", "Forecaster", "ImportanceMatrix", "PatchingResult",
-    "RoleTable", "Step", "Trajectory", "VerifyData", "Walkthrough", "ablation_importance",
+    "PATTERN_ROLES", "ROLES", "TOP_ROLE_CANDIDATES", "Forecaster", "ImportanceMatrix",
+    "PatchingResult",
+    "RoleTable", "Step", "Trajectory", "Walkthrough", "ablation_importance",
     "activation_patching", "build_report", "copying_eigen_ratio", "example_stats",
-    "expected_vs_observed", "explain_head", "forecast_clauses", "forecast_heads",
+    "expected_vs_observed", "explain_head", "forecast_heads",
     "gradient_importance", "induction_probe", "infer_period", "linear_forecast", "load_forecaster",
     "ov_logits", "ov_top1", "periodic_probe", "print_report", "probe_info", "random_tokens",
     "render_html", "role_scores", "role_sums", "score_checkpoints", "scores_from_patterns",
-    "target_similarity", "task_metrics", "verify", "write_report",
+    "target_similarity", "task_metrics", "write_report",
 ]

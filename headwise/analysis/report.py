@@ -29,7 +29,6 @@ from headwise.analysis.forecast import measured_text
 from headwise.analysis.importance_matrix import ImportanceMatrix
 from headwise.analysis.role_table import SHOWN_MIN_SCORE, RoleTable
 from headwise.analysis.trajectories import Trajectory
-from headwise.analysis.verify import ContractResult
 from headwise.analysis.viewer import report_viewers
 from headwise.atomic import write_bytes_atomic
 from headwise.heads import Head, HeadSet, select_heads
@@ -91,12 +90,16 @@ def expected_vs_observed(model: nn.Module, tokens: Tensor, head: Head | str,
 def build_report(*, title: str = "headwise report", model_config: Any = None,
                  roles: RoleTable | None = None,
                  importance: ImportanceMatrix | Sequence[ImportanceMatrix] | None = None,
-                 contract: ContractResult | None = None, trajectory: Trajectory | None = None,
+                 contract: Mapping[str, Any] | None = None,
+                 trajectory: Trajectory | None = None,
                  forecast: Mapping[str, Any] | None = None,
                  supervised: Sequence[dict[str, Any]] = (),
                  walkthroughs: Sequence[Walkthrough] = (),
                  meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Collect the analysis results into one JSON-serialisable dict (sections may be absent)."""
+    """Collect the analysis results into one JSON-serialisable dict (sections may be absent).
+
+    ``contract`` is a verdict as ``ContractResult.to_dict()`` gives it (``headwise.contract``).
+    """
     imps = ([importance] if isinstance(importance, ImportanceMatrix)
             else list(importance or []))
     report: dict[str, Any] = {"version": REPORT_VERSION, "title": title, "meta": dict(meta or {})}
@@ -114,7 +117,7 @@ def build_report(*, title: str = "headwise report", model_config: Any = None,
                                  "units": m.labels, "clean": m.clean,
                                  "records": m.to_records()} for m in imps]
     if contract is not None:
-        report["contract"] = contract.to_dict()
+        report["contract"] = dict(contract)
     if trajectory is not None:
         report["trajectories"] = trajectory.to_dict()
         if forecast is not None:  # forecast_summary(...): scored by the benchmark, not here

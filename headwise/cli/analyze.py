@@ -93,9 +93,8 @@ def _forecast(run_dir: str, compiled: Any, forecaster: Forecaster) -> dict[str, 
     from rich.table import Table
 
     from headwise.analysis.forecast import measured_text
-    from headwise.analysis.forecast_contract import forecast_summary
+    from headwise.contract.forecast import forecast_summary
     from headwise.pipeline.report import run_trajectory
-    from headwise.pipeline.run import contract_of
 
     traj = run_trajectory(Path(run_dir), compiled)
     if traj is None:
@@ -103,7 +102,7 @@ def _forecast(run_dir: str, compiled: Any, forecaster: Forecaster) -> dict[str, 
                         "with train.checkpoint_every >= 1")
     spec = compiled.spec
     summary = forecast_summary(traj, forecaster, 0.2, None,
-                               contract_of(spec) if spec.contract else None)
+                               spec.contract if spec.contract else None)
     out = console()
     table = Table(title=f"forecast (forecaster v{summary['forecaster_version']}) from steps "
                         f"{summary['from_steps']}")

@@ -21,24 +21,24 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from headwise.enforce import measured_on, plan
+    from headwise.contract import plan
     from headwise.pipeline import compile_spec
-    from headwise.pipeline.run import contract_of, probe_sampler
+    from headwise.pipeline.heldout import probe_sampler
     from headwise.runspec import SpecError, load_spec
 
     spec = load_spec(args.spec)
     if not spec.contract:
         raise SpecError("contract: missing; expected a list of clauses to plan for")
     compiled = compile_spec(spec)
-    contract = contract_of(spec)
+    contract = spec.contract
     levers = plan(compiled, contract, probe_sampler(spec))
     table = Table(title=f"enforcement plan: {args.spec}")
     for col in ("#", "clause", "kind", "bound", "measured on", "lever", "start weight"):
         table.add_column(col)
     for c in contract:
         lever = levers[c.index]
-        table.add_row(str(c.index), c.name or c.describe(), c.kind, c.threshold_text(),
-                      measured_on(c), "(no lever)" if lever is None else lever.description,
+        table.add_row(str(c.index), c.label, c.kind, c.threshold_text(),
+                      c.entry.measured_on(c), "(no lever)" if lever is None else lever.description,
                       "-" if lever is None else "0 (multiplier x scale "
                       f"{lever.scale:g}{'' if lever.cap is None else f', cap {lever.cap:g}'})")
     out = console()

@@ -38,11 +38,11 @@ from headwise.control.masks import (
     remove_masks,
     self_only,
 )
+from headwise.control.objective import Objective
 from headwise.control.objectives import (
     EntropyBound,
     FFNPenalty,
     HeadDiversity,
-    Objective,
     PatternObjective,
 )
 

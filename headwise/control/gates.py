@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from headwise.control._common import as_headset, attention, model_shape
+from headwise.control.objective import Objective
 from headwise.heads import Head, HeadSet
 from headwise.model.hook_point import Hook
 
@@ -196,7 +197,7 @@ class LearnedGates(_Installed):
         return L0Penalty(self, weight)
 
 
-class L0Penalty:
+class L0Penalty(Objective):
     """``weight * sum_{layer, task, head} P(g != 0)`` (Louizos et al. 2018, eq. 12).
 
     Logged: ``l0/t{task}/L{l}.H{h}`` = that gate's open probability.

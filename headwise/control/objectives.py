@@ -36,12 +36,13 @@ every call (index range, non-negative weights), which reads its output on the ho
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from headwise.control._common import as_headset, masked_mean, masked_means, model_shape
+from headwise.control.objective import Objective
 from headwise.control.regularizers import FFNPenalty, HeadDiversity
 from headwise.model.hook_point import Hook, HookContext
 from headwise.patterns import (
@@ -62,23 +63,6 @@ TARGETS = TARGET_ROLES
 TargetFn = Callable[[Tensor], Tensor]
 # Roles whose target (without padding) depends on positions only; "entropy" reads allowed keys.
 _POSITION_ONLY = (*POSITION_ROLES, "entropy")
-
-
-@runtime_checkable
-class Objective(Protocol):
-    """A loss term the trainer adds to the task loss (``weight`` may be changed by the caller)."""
-
-    name: str
-    weight: float
-
-    def hooks(self) -> list[Hook]:
-        """Hooks to attach during the forward pass."""
-        ...
-
-    def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
-             ) -> tuple[Tensor, dict[str, Tensor]]:
-        """``(weight * loss, {log name: detached 0-d tensor})`` after the forward pass."""
-        ...
 
 
 class _PatternCapture:
@@ -207,7 +191,7 @@ def row_loss(P: Tensor, Q: Tensor, kind: str) -> Tensor:
     raise ValueError(f"kind: got {kind!r}, expected one of {list(LOSS_KINDS)}")
 
 
-class PatternObjective:
+class PatternObjective(Objective):
     """Pull chosen heads' attention patterns towards a target.
 
     Targets (``Q`` rows, see module docstring for valid rows and the loss maths): a role name
@@ -291,7 +275,7 @@ class PatternObjective:
         return Q, defined & real_tokens(tokens, attention_mask)
 
 
-class RoleBound:
+class RoleBound(Objective):
     """Keep chosen heads' score for ``role`` within ``[min, max]``, row by row.
 
     The role's per-row score is the one ``headwise.patterns`` defines (attention mass on the

@@ -12,11 +12,12 @@ import torch
 from torch import Tensor, nn
 
 from headwise.control._common import masked_mean, model_shape
+from headwise.control.objective import Objective
 from headwise.model.hook_point import Hook, HookContext
 from headwise.patterns import real_tokens
 
 
-class HeadDiversity:
+class HeadDiversity(Objective):
     """Disagreement regularisation between the heads of one layer (Li et al. 2018, EMNLP).
 
     Li et al. maximise ``D = -1/H^2 sum_i sum_j sim(i, j)`` over all ordered pairs (i = j
@@ -75,7 +76,7 @@ class HeadDiversity:
         return self.weight * pair.mean(), logs
 
 
-class FFNPenalty:
+class FFNPenalty(Objective):
     """Penalties on FFN outputs ``m = hook_mlp_out`` (B, T, D) at chosen layers.
 
     Per layer, over real positions ``t`` (``attention_mask``):

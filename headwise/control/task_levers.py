@@ -1,8 +1,8 @@
-"""Levers that act per task: head ablation on a task's examples, interchange, task loss weight.
+"""Levers that act per task: head ablation on a task's examples, the ablated margin, task weight.
 
 These are the differentiable levers behind a contract's task-level clauses
-(``headwise.enforce``); they follow the trainer's ``Objective`` protocol, plus ``prepare(batch)``
-which the trainer calls before each forward so a lever knows each example's task:
+(``headwise.contract``); they follow the trainer's ``Objective`` protocol, whose
+``prepare(batch)`` the trainer calls before each forward so a lever knows each example's task:
 
 - ``StochasticAblation(model, heads, tasks, p)``: on examples of ``tasks``, each example
   independently with probability ``weight`` (= p), the heads' outputs (``hook_z``) are zeroed for
@@ -16,10 +16,6 @@ which the trainer calls before each forward so a lever knows each example's task
   measures the ablated accuracy, the share of positions with ``z_target > max_j z_j``; the hinge
   is its convex surrogate, and unlike ``-CE`` its gradient does not vanish when the ablated
   model is confidently right.
-- ``Interchange(model, heads, tasks)``: interchange-intervention training (IIT, Geiger et al.
-  2022): a second forward where the heads' outputs come from another example of the same task
-  (the previous row of the batch), trained to predict *that* example's targets. Measured
-  against the two above on the suite (docs/benchmarks.md) and not used by ``headwise.enforce``.
 - ``TaskLossWeight(model, task, weight)``: adds ``weight x`` the mean cross-entropy of one
   task's examples in the batch, raising that task's share of the loss (the lever of a task
   floor: the task is never traded away for another clause).
@@ -40,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headwise.control._common import as_headset
+from headwise.control.objective import Objective
 from headwise.model.hook_point import Hook, HookContext
 
 IGNORE = -100
@@ -92,7 +89,7 @@ def _check(what: str, heads: Any, task_ids: list[int]) -> list[int]:
     return sorted(set(task_ids))
 
 
-class StochasticAblation:
+class StochasticAblation(Objective):
     """Zero ``heads`` on a random share ``weight`` of ``tasks``' examples during training.
 
     Args:
@@ -143,7 +140,7 @@ class StochasticAblation:
         return zero, {f"{self.name}/ablated": share}
 
 
-class _SecondForward:
+class _SecondForward(Objective):
     """Shared by the levers that run the model a second time on the training batch."""
 
     def __init__(self, what: str, model: nn.Module, heads: Any, task_ids: list[int],
@@ -207,56 +204,7 @@ class AblatedMargin(_SecondForward):
         return self.weight * hinge, {f"{self.name}/ablated_accuracy": right.detach()}
 
 
-class Interchange(_SecondForward):
-    """IIT (Geiger et al. 2022): ``heads``' outputs taken from the previous row of the batch,
-    ``weight x`` the cross-entropy against *that* row's targets, on ``tasks``' rows whose
-    previous row is of the same task and on positions both rows score.
-
-    Args:
-        model: a headwise Transformer.
-        heads: the heads whose outputs are interchanged (together).
-        task_ids: task indices whose examples are trained this way.
-        weight: the term's weight (0: no second forward).
-        name: the lever's name.
-    """
-
-    def __init__(self, model: nn.Module, heads: Any, task_ids: list[int], weight: float = 0.0,
-                 name: str = "interchange") -> None:
-        super().__init__("Interchange", model, heads, task_ids, weight, name)
-        self._z: dict[int, Tensor] = {}
-
-    def hooks(self) -> list[Hook]:
-        def grab(layer: int) -> Any:
-            def fn(z: Tensor, ctx: HookContext) -> None:
-                if self._batch is not None:
-                    self._z[layer] = z  # (B, T, h, Dh), with gradient: the source run
-            return fn
-        return [Hook(f"blocks.{l}.attn.hook_z", grab(l), self.heads.in_layer(l))
-                for l in self.heads.layers]
-
-    def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
-             ) -> tuple[Tensor, dict[str, Tensor]]:
-        """The weighted interchange cross-entropy; logs the interchange accuracy."""
-        batch, self._batch = self._batch, None
-        sources, self._z = self._z, {}
-        if batch is None or not sources:
-            return self._idle(tokens, "interchange_accuracy")
-        def put(layer: int) -> Any:
-            return lambda z, ctx: sources[layer].roll(1, 0)  # row b gets row b-1's outputs
-        logits = self._run(batch, [Hook(f"blocks.{l}.attn.hook_z", put(l),
-                                        self.heads.in_layer(l)) for l in self.heads.layers])
-        ids = batch.task_ids
-        same = (ids.roll(1, 0) == ids) & _rows_of(ids, self.task_ids)  # (B,)
-        src = batch.targets.roll(1, 0)
-        valid = (src != IGNORE) & (batch.targets != IGNORE) & same[:, None]
-        n = valid.sum().clamp_min(1)
-        ce = F.cross_entropy(logits.float().transpose(1, 2), src.masked_fill(~valid, IGNORE),
-                             ignore_index=IGNORE, reduction="sum") / n
-        right = ((logits.argmax(-1) == src) & valid).sum() / n
-        return self.weight * ce, {f"{self.name}/interchange_accuracy": right.detach()}
-
-
-class TaskLossWeight:
+class TaskLossWeight(Objective):
     """``weight x`` mean cross-entropy of one task's examples: extra weight on that task.
 
     Under Adam the update is nearly invariant to a common scale of the whole loss, so raising
@@ -302,7 +250,7 @@ class TaskLossWeight:
         return self.weight * ce, {f"{self.name}/loss": ce.detach()}
 
 
-class OnProbeData:
+class OnProbeData(Objective):
     """Run a pattern lever on batches drawn like a probe, instead of the training batch.
 
     A score clause measured ``on`` a probe (``repeated``, or a declared one) is enforced on data

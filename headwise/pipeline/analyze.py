@@ -21,7 +21,7 @@ from headwise.analysis.importance import ablation_importance
 from headwise.analysis.importance_matrix import ImportanceMatrix
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.roles import role_scores
-from headwise.analysis.verify import VerifyData
+from headwise.contract import VerifyData
 from headwise.control.gates import GateTable, gate_table
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.heldout import verify_data

@@ -20,6 +20,7 @@ from headwise.control import masks as mask_lib
 from headwise.control.freeze import FreezeHandle, freeze
 from headwise.control.gates import FixedGates, LearnedGates
 from headwise.control.lora import apply_lora
+from headwise.control.objective import Objective
 from headwise.control.objectives import (
     EntropyBound,
     FFNPenalty,
@@ -59,7 +60,6 @@ class Compiled:
         eval_batch: the held-out batch the contract is verified on.
         objectives: loss terms for ``train()`` (pattern objectives, entropy, diversity, L0),
             each with a unique ``name`` (``pattern[L0.H1]``): checkpoints store weights by name.
-        levers: per head, the pattern objectives acting on it (what enforcement raises).
         optimizer_hooks: callables ``fn(optimizer)`` for ``train()`` (freezing).
         freeze_handle: the freezing handle, if any.
         gates: the installed gates, if any.
@@ -70,8 +70,7 @@ class Compiled:
     data: Mixture
     eval_data: Mixture
     eval_batch: Batch
-    objectives: list[Any] = field(default_factory=list)
-    levers: dict[Head, list[PatternObjective]] = field(default_factory=dict)
+    objectives: list[Objective] = field(default_factory=list)
     optimizer_hooks: list[Callable[[torch.optim.Optimizer], Any]] = field(default_factory=list)
     freeze_handle: FreezeHandle | None = None
     gates: FixedGates | LearnedGates | None = None
@@ -80,15 +79,6 @@ class Compiled:
     def task_names(self) -> tuple[str, ...]:
         """Task names in task-id order."""
         return self.spec.data.names
-
-    def add_objective(self, heads: HeadSet, target: str, weight: float) -> PatternObjective:
-        """Add a pattern objective (used by enforcement for a clause without a lever)."""
-        obj = PatternObjective(self.model, heads, target, kind="ce", weight=weight)
-        obj.name = f"enforce:{target}[{heads}]"
-        self.objectives.append(obj)
-        for head in heads:
-            self.levers.setdefault(head, []).append(obj)
-        return obj
 
 
 def compile_spec(spec: Spec, weights: str | Path | None = None) -> Compiled:
@@ -184,8 +174,6 @@ def _objectives(spec: Spec, out: Compiled) -> None:
                                    **dict(o.params))
             obj.name = f"pattern[{rule.selector}]"
             out.objectives.append(obj)
-            for head in heads:
-                out.levers.setdefault(head, []).append(obj)
         if rule.entropy is not None:
             e = rule.entropy
             bound = EntropyBound(model, heads, min=e.at_least, max=e.at_most, weight=e.weight)

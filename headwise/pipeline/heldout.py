@@ -1,10 +1,10 @@
-"""The held-out data a run is verified on: the spec's contract and its batches and probes.
+"""The held-out data a run is verified on: its batches and probes, and probe-like samples.
 
 ``probe_sampler(spec)`` draws fresh examples like a named probe: the data of a lever for a score
 clause (enforcement trains on data drawn like the clause's, never on the verification examples).
 
 ``verify_data(compiled)`` is what verification, enforcement, ``headwise analyze`` and the
-forecast watch measure on; ``contract_of(spec)`` is the spec's contract as a ``Contract``.
+forecast watch measure on.
 """
 
 from __future__ import annotations
@@ -15,21 +15,13 @@ from typing import Any
 
 import torch
 
-from headwise.analysis.contract import Contract
-from headwise.analysis.verify import VerifyData
+from headwise.contract import VerifyData
 from headwise.data import Batch
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.probes import declared_probe, repeated_probe, spec_probes
 from headwise.runspec import Spec
-from headwise.runspec.clauses import contract_from_list
 from headwise.runspec.probes import default_half_len
 from headwise.training.device import model_device
-
-
-def contract_of(spec: Spec) -> Contract:
-    """The spec's contract as a ``Contract`` (already validated by ``load_spec``)."""
-    return contract_from_list(list(spec.contract), spec.n_layers, spec.n_heads,
-                              list(spec.data.names))
 
 
 def verify_data(compiled: Compiled) -> VerifyData:

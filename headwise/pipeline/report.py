@@ -21,13 +21,14 @@ from headwise.analysis import figures
 from headwise.analysis.explain import explain_head
 from headwise.analysis.report import build_report, expected_vs_observed, write_report
 from headwise.analysis.trajectories import Trajectory, score_checkpoints
-from headwise.analysis.verify import ContractResult
+from headwise.contract import ContractResult, verify
+from headwise.contract.forecast import forecast_summary
 from headwise.data import TASKS
 from headwise.data.batch import token_labels
 from headwise.patterns import DEFAULT_WINDOW
 from headwise.pipeline.analyze import analyse_run, metrics_curve, run_role_table
 from headwise.pipeline.compile import Compiled
-from headwise.pipeline.heldout import contract_of, verify_data
+from headwise.pipeline.heldout import verify_data
 from headwise.pipeline.run import load_run
 from headwise.training import list_checkpoints, load_weights
 from headwise.training.manifest import verify_manifest
@@ -60,7 +61,8 @@ def write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult
     report = build_report(
         title=f"headwise report: {_title(spec.text) or run_dir.name}",
         model_config=spec.model.config, roles=analysis.roles, importance=analysis.importance,
-        contract=contract, trajectory=trajectory, forecast=_forecast(trajectory, compiled),
+        contract=None if contract is None else contract.to_dict(), trajectory=trajectory,
+        forecast=_forecast(trajectory, compiled),
         supervised=_supervised(compiled), walkthroughs=_walkthroughs(compiled), meta=meta)
     if enforcement is not None:
         report["enforcement"] = json.loads(json.dumps(enforcement, default=str))
@@ -85,15 +87,12 @@ def write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult
 
 def report_existing_run(run_dir: str | Path) -> dict[str, Path]:
     """Rebuild ``report.{json,html}`` of a finished run from its files."""
-    from headwise.analysis.verify import verify
-
     run_dir = Path(run_dir)
     compiled = load_run(run_dir)
     spec = compiled.spec
     verdict = None
     if spec.contract:
-        contract = contract_of(spec)
-        verdict = verify(compiled.model, contract, verify_data(compiled))
+        verdict = verify(compiled.model, spec.contract, verify_data(compiled))
     enforcement = None
     if (run_dir / "enforcement.json").is_file():
         enforcement = json.loads((run_dir / "enforcement.json").read_text())
@@ -159,13 +158,12 @@ def run_trajectory(run_dir: Path, compiled: Compiled) -> Trajectory | None:
 def _forecast(traj: Trajectory | None, compiled: Compiled) -> dict[str, Any] | None:
     """The packaged forecaster's view from the first 20% of checkpoints (with the contract)."""
     from headwise.analysis.forecast import load_forecaster
-    from headwise.analysis.forecast_contract import forecast_summary
 
     if traj is None or len(traj.steps) < 2:
         return None
     spec = compiled.spec
     return forecast_summary(traj, load_forecaster(), 0.2, None,
-                            contract_of(spec) if spec.contract else None)
+                            spec.contract if spec.contract else None)
 
 
 def _first_example(compiled: Compiled, task: int) -> tuple[torch.Tensor, int]:

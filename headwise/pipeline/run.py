@@ -24,15 +24,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from headwise.analysis.contract import Contract
 from headwise.analysis.forecast import Forecaster, load_forecaster
-from headwise.analysis.verify import ContractResult, VerifyData, verify
 from headwise.atomic import write_bytes_atomic
+from headwise.contract import (
+    Contract,
+    ContractResult,
+    EnforceConfig,
+    Enforcer,
+    ForecastWatch,
+    VerifyData,
+    plan,
+    summary,
+    verify,
+)
 from headwise.errors import CheckpointError, SpecError
 from headwise.memory import check_memory, training_bytes
 from headwise.pipeline.analyze import role_heatmap_png, run_role_table
 from headwise.pipeline.compile import Compiled, compile_spec
-from headwise.pipeline.heldout import contract_of, probe_sampler, verify_data
+from headwise.pipeline.heldout import probe_sampler, verify_data
 from headwise.runspec import Spec, load_spec, spec_from_dict
 from headwise.runspec.yaml_io import parse_yaml, read_spec_text
 from headwise.training import TrainConfig, TrainResult, clean_checkpoints, list_checkpoints, train
@@ -164,6 +173,8 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
               enforce_budget: float = 1.0, steps: int | None = None,
               device: str | None = None, forecast_every: int = 0,
               forecaster: str | Path | None = None,
+              enforce_config: EnforceConfig | None = None,
+              enforcer: type[Enforcer] = Enforcer,
               warn: Callable[[str], None] = print) -> RunOutcome:
     """Train a spec into ``out``, verify its contract and write the report.
 
@@ -175,7 +186,10 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     With ``forecast_every``, every that many steps (at evaluation points) the packaged
     forecaster (or the one in the JSON file ``forecaster``, e.g. from
     ``headwise fit-forecaster``) predicts final roles and ``warn`` gets a line per contract
-    clause forecast to fail (``headwise.analysis.forecast_contract``).
+    clause forecast to fail (``headwise.contract.forecast``).
+
+    ``enforce_config`` sets enforcement (default ``EnforceConfig()``); ``enforcer`` is the
+    callback class that applies it (a subclass may instrument it, as the benchmarks do).
 
     Raises:
         SpecError: an invalid spec, ``--enforce`` or ``forecast_every`` without evaluation
@@ -184,8 +198,6 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
         ConfigError: an unknown or unavailable device.
         CheckpointError: ``resume`` from a corrupt checkpoint.
     """
-    from headwise.enforce import Enforcer, plan, summary
-
     spec = _run_spec(load_spec(spec_source), enforce=enforce, enforce_budget=enforce_budget,
                      steps=steps, device=device, forecast_every=forecast_every)
     if forecaster is not None and not forecast_every:
@@ -194,26 +206,27 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     out = Path(out)
     compiled = compile_spec(spec)
     place(compiled.model, spec.train.device, "--device" if device is not None else "train.device")
-    contract = contract_of(spec)
+    contract = spec.contract
     data = verify_data(compiled)  # on the training device: enforcement verifies mid-run
     callbacks: list[Callable[[Any], None]] = []
     if enforce:
-        levers = plan(compiled, contract, probe_sampler(spec))
+        config = enforce_config or EnforceConfig()
+        levers = plan(compiled, contract, probe_sampler(spec), config)
         missing = [c for c in contract if levers.get(c.index) is None]
         if missing and not allow_unenforced:
             c = missing[0]
             raise SpecError(f"{c.path}: no lever can move this clause ({c.describe()}, "
                             f"{c.threshold_text()}); see `headwise plan`, or pass "
                             "--allow-unenforced to enforce the others")
-        callbacks.append(Enforcer(contract, data, levers))
-    config = _budgeted(spec.train, enforce_budget)
+        callbacks.append(enforcer(contract, data, levers, config))
+    train_config = _budgeted(spec.train, enforce_budget)
     if watch_with is not None:
         callbacks.append(_forecast_watch(compiled, data, contract, forecast_every, warn,
-                                         config.steps, watch_with))
+                                         train_config.steps, watch_with))
     main = is_main_process()
     if main:
         _prepare(out, spec, spec_source, resume, overwrite, enforce)
-    result = train(compiled.model, compiled.data, config, out_dir=out,
+    result = train(compiled.model, compiled.data, train_config, out_dir=out,
                    objectives=compiled.objectives, callbacks=callbacks,
                    optimizer_hooks=compiled.optimizer_hooks, resume=resume,
                    eval_data=compiled.eval_data, progress=progress, figures=FIGURES)
@@ -286,7 +299,7 @@ def _verify_trained(compiled: Compiled, contract: Contract,
     if model_device(compiled.model).type != "cpu":  # verification and reports run on CPU
         compiled.model.to("cpu")
         data = verify_data(compiled)
-    return verify(compiled.model, contract, data) if compiled.spec.contract else None
+    return verify(compiled.model, contract, data) if contract else None
 
 
 def _write_outcome(out: Path, verdict: ContractResult | None,
@@ -330,10 +343,8 @@ def check_training_memory(spec: Spec) -> None:
 def _forecast_watch(compiled: Compiled, data: VerifyData, contract: Contract, every: int,
                     warn: Callable[[str], None], total_steps: int,
                     forecaster: Forecaster) -> Callable[[Any], None]:
-    from headwise.analysis.forecast_contract import ForecastWatch
-
     return ForecastWatch(lambda m: run_role_table(m, data), total_steps, every,
-                         contract if contract.clauses else None, forecaster, warn)
+                         contract if contract else None, forecaster, warn)
 
 
 def read_forecaster(path: str | Path | None, option: str = "--forecaster") -> Forecaster:
@@ -403,6 +414,6 @@ def verify_run(spec_source: str | Path, run: str | Path, device: str = "cpu") ->
     compiled = load_run(run, spec_source, device)
     if not compiled.spec.contract:
         raise SpecError("contract: missing; expected a list of clauses to verify")
-    verdict = verify(compiled.model, contract_of(compiled.spec), verify_data(compiled))
+    verdict = verify(compiled.model, compiled.spec.contract, verify_data(compiled))
     write_json(Path(run) / "contract.json", verdict.to_dict())
     return verdict

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import headwise.validate as check
+from headwise.contract import parse_contract
 from headwise.errors import SpecError
-from headwise.runspec import check
-from headwise.runspec.clauses import contract_from_list
-from headwise.runspec.contract import parse_contract
 from headwise.runspec.parse import (
     TOP_LEVEL,
     parse_adapters,
@@ -45,8 +44,7 @@ from headwise.runspec.yaml_io import parse_yaml, read_spec_text
 
 __all__ = ["AdapterSpec", "DataSpec", "EntropySpec", "FFNSpec", "GateSpec", "HeadRule", "MaskSpec",
            "ModelSpec", "ObjectiveSpec", "PretrainedSpec", "ProbeSpec", "Spec", "SpecError",
-           "TaskSpec",
-           "contract_from_list", "load_spec", "spec_from_dict"]
+           "TaskSpec", "load_spec", "spec_from_dict"]
 
 
 def load_spec(source: str | Path) -> Spec:
@@ -86,9 +84,9 @@ def spec_from_dict(data: dict, base: Path | None = None, text: str = "") -> Spec
     adapters = parse_adapters(data.get("adapters"), config, heads)
     ffn = parse_ffn(data.get("ffn"), config)
     probes = parse_probes(data.get("probes"), config, dataspec, model.pretrained is not None)
-    contract = parse_contract(data.get("contract"), config, tasks,
+    contract = parse_contract(data.get("contract"), config.n_layers, config.n_heads, tasks,
                               probe_names(dataspec, probes))
-    return Spec(model, dataspec, train, heads, gates, adapters, contract, ffn, probes, text=text)
+    return Spec(model, dataspec, train, contract, heads, gates, adapters, ffn, probes, text=text)
 
 
 def _gated(data: dict) -> bool:

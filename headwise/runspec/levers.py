@@ -10,7 +10,7 @@ from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
-import headwise.runspec.check as check
+import headwise.validate as check
 from headwise.errors import SpecError
 from headwise.patterns import TARGET_ROLES
 from headwise.runspec.schema import EntropySpec, MaskSpec, ObjectiveSpec

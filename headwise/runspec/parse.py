@@ -13,7 +13,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import headwise.runspec.check as check
+import headwise.validate as check
 from headwise.config import PRESETS, ModelConfig
 from headwise.errors import HeadwiseError, SpecError
 from headwise.heads import Head, HeadSet

@@ -20,7 +20,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-import headwise.runspec.check as check
+import headwise.validate as check
 from headwise.config import ModelConfig
 from headwise.errors import HeadwiseError, SpecError
 from headwise.runspec.schema import DataSpec, ProbeSpec

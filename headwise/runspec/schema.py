@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from headwise.config import ModelConfig
+from headwise.contract import Contract
 from headwise.heads import Head
 
 
@@ -183,16 +184,16 @@ class AdapterSpec:
 
 @dataclass(frozen=True)
 class Spec:
-    """A whole validated spec. ``train`` is a ``headwise.training.TrainConfig``;
-    ``contract`` holds the clause mappings (already checked by ``contract_from_list``)."""
+    """A whole validated spec. ``train`` is a ``headwise.training.TrainConfig``; ``contract``
+    is the parsed ``headwise.contract.Contract`` (empty when the spec has none)."""
 
     model: ModelSpec
     data: DataSpec
     train: Any
+    contract: Contract
     heads: tuple[HeadRule, ...] = ()
     gates: GateSpec | None = None
     adapters: tuple[AdapterSpec, ...] = ()
-    contract: tuple[Mapping[str, Any], ...] = ()
     ffn: FFNSpec | None = None
     probes: tuple[ProbeSpec, ...] = ()
     text: str = field(default="", repr=False, compare=False)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from headwise.control.objective import Objective
 from headwise.data import Batch, Mixture
 from headwise.model.eval_mode import eval_mode
 from headwise.training.distributed import DistContext
@@ -32,7 +33,8 @@ def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextM
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
-def forward(model: Callable[..., Tensor], inner: nn.Module, batch: Batch, objectives: Sequence[Any],
+def forward(model: Callable[..., Tensor], inner: nn.Module, batch: Batch,
+            objectives: Sequence[Objective],
             bf16: bool, device: torch.device, hooks: Sequence[Any] | None = None
             ) -> tuple[Tensor, list[tuple[Tensor, dict[str, Any]]]]:
     """Logits (B, T, V) and each objective's ``(weighted loss, logs)`` for one batch.
@@ -43,8 +45,7 @@ def forward(model: Callable[..., Tensor], inner: nn.Module, batch: Batch, object
         hooks: the objectives' hooks, made once by the caller (default: made here).
     """
     for obj in objectives:  # per-batch levers (e.g. stochastic ablation by task) see the batch
-        if hasattr(obj, "prepare"):
-            obj.prepare(batch)
+        obj.prepare(batch)
     if hooks is None:
         hooks = [h for obj in objectives for h in obj.hooks()]
     attached = inner.hooks(*hooks) if hooks else contextlib.nullcontext()  # type: ignore[operator]
@@ -65,7 +66,7 @@ def forward(model: Callable[..., Tensor], inner: nn.Module, batch: Batch, object
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Mixture, *, batch_size: int, n_batches: int, seed: int,
-             objectives: Sequence[Any] = (), bf16: bool = False,
+             objectives: Sequence[Objective] = (), bf16: bool = False,
              ctx: DistContext | None = None) -> dict[str, Any]:
     """Task loss and accuracy per task (and objective values) on held-out batches.
 

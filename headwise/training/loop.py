@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from headwise.atomic import write_bytes_atomic
+from headwise.control.objective import Objective
 from headwise.data import Mixture
 from headwise.errors import ConfigError, TrainingDiverged
 from headwise.training.checkpoint import (
@@ -70,7 +71,7 @@ class TrainState:
     model: nn.Module
     metrics: dict[str, Any]
     config: TrainConfig
-    objectives: Sequence[Any]
+    objectives: Sequence[Objective]
     optimizer: torch.optim.Optimizer
     out_dir: Path | None
     rank: int = 0
@@ -141,7 +142,7 @@ def clip_grad_norm(params: Sequence[Tensor], max_norm: float) -> Tensor:
 
 
 def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path | None = None,
-          objectives: Sequence[Any] = (),
+          objectives: Sequence[Objective] = (),
           callbacks: Sequence[Callable[[TrainState], None]] = (),
           optimizer_hooks: Sequence[Callable[[torch.optim.Optimizer], None]] = (),
           resume: bool = False, eval_data: Mixture | None = None,
@@ -155,7 +156,8 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
         config: optimiser, schedule, evaluation and checkpoint settings.
         out_dir: run directory for ``metrics.jsonl``, checkpoints, ``model.safetensors`` and
             ``config.json``; ``None`` writes nothing.
-        objectives: duck-typed objectives (``name``, ``weight``, ``hooks()``, ``loss(...)``).
+        objectives: loss terms (``headwise.control.Objective``: ``name``, ``weight``,
+            ``prepare(batch)``, ``hooks()``, ``loss(...)``).
         callbacks: called with a ``TrainState`` at each evaluation point.
         optimizer_hooks: called once with the optimizer (e.g. to register step hooks).
         resume: continue from ``latest_checkpoint(out_dir)`` if there is one (a run that a
@@ -210,7 +212,7 @@ class _Run:
     eval_data: Mixture
     config: TrainConfig
     out_dir: Path | None
-    objectives: list[Any]
+    objectives: list[Objective]
     callbacks: list[Callable[[TrainState], None]]
     optimizer: torch.optim.AdamW
     gen: torch.Generator
@@ -228,7 +230,7 @@ class _Run:
 
 
 def _start(model: nn.Module, data: Mixture, eval_data: Mixture, config: TrainConfig,
-           out_dir: Path | None, objectives: list[Any],
+           out_dir: Path | None, objectives: list[Objective],
            callbacks: list[Callable[[TrainState], None]],
            optimizer_hooks: list[Callable[[torch.optim.Optimizer], None]], progress: bool,
            ctx: DistContext, figures: Figures) -> _Run:
@@ -402,7 +404,7 @@ def _finish(run: _Run) -> TrainResult:
 
 def _call_back(callbacks: list[Callable[[TrainState], None]], ctx: DistContext, step: int,
                model: nn.Module, metrics: dict[str, Any], config: TrainConfig,
-               objectives: list[Any], optimizer: torch.optim.Optimizer,
+               objectives: list[Objective], optimizer: torch.optim.Optimizer,
                out_dir: Path | None, extra: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
     """Run callbacks; rank 0's decisions (stop, weights, extra) are broadcast to all ranks."""
     state = TrainState(step=step, model=model, metrics=metrics, config=config,
@@ -439,7 +441,7 @@ def _checkpoint(run: _Run) -> None:
     run.saved = run.done
 
 
-def _diverged(loss: float, step: int, lr: float, objectives: list[Any],
+def _diverged(loss: float, step: int, lr: float, objectives: list[Objective],
               out_dir: Path | None) -> TrainingDiverged:
     """The one-line error for a non-finite loss, naming the step and the likely cause."""
     bad = [o for o in objectives if not math.isfinite(float(o.weight))]

@@ -10,22 +10,19 @@ import pytest
 import torch
 
 from headwise import Hook, ModelConfig, SpecError, build_model
-from headwise.analysis.contract import Contract
 from headwise.analysis.importance import task_metrics
 from headwise.analysis.probes import induction_probe
-from headwise.analysis.verify import VerifyData, verify
-from headwise.runspec import contract_from_list
+from headwise.contract import Contract, VerifyData, parse_contract, verify
 
 TASKS = ["copy", "sort"]
 
 
 def _c(clauses: list[dict]) -> Contract:
-    return contract_from_list(clauses, n_layers=2, n_heads=4, tasks=TASKS)
+    return parse_contract(clauses, n_layers=2, n_heads=4, tasks=TASKS)
 
 
 @pytest.mark.parametrize("clauses, message", [
     ([{1: 2}], r"^contract\[0\]: key 1 is a int, expected a string"),
-    (["L0.H0"], r"^contract\[0\]: got 'L0\.H0', expected a mapping \(one clause\)"),
     ([{"ablate": "L1.H1", "task": "copy", "drop_at_least": "x"}],
      r"^contract\[0\]\.drop_at_least: got 'x', expected a finite number"),
     ([{"ablate": "L1.H1", "task": "copy", "drop_at_least": float("nan")}],
@@ -73,21 +70,21 @@ def _c(clauses: list[dict]) -> Contract:
     ([{"head": "L0.H0", "score": "self"}], r"^contract\[0\]: missing bound"),
     ([{"ablate": "L0.H0", "any_of": "L1.*", "task": "copy", "drop_at_least": 0.1}],
      r"^contract\[0\]: got subject keys \['ablate', 'any_of'\]"),
-    ({"head": "L0.H0"}, r"^contract: got dict, expected a list"),
-    (["L0.H0"], r"^contract\[0\]: got 'L0.H0', expected a mapping"),
+    ({"head": "L0.H0"}, r"^contract: got a mapping, expected a list of clauses"),
+    (["L0.H0"], r"^contract\[0\]: got 'L0.H0', expected a clause mapping"),
 ])
 def test_malformed_clauses_name_clause_and_field(clauses: list, message: str) -> None:
     with pytest.raises(SpecError, match=message):
         _c(clauses)
 
 
-def test_levers_exposed_for_enforcement() -> None:
+def test_parsed_clauses_expose_their_fields() -> None:
     c = _c([{"head": "L0.H0", "score": "previous_token", "at_least": 0.9, "on": "p"},
             {"any_of": "L1.*", "score": "induction", "at_least": 0.45},
             {"ablate": "L1.H1-2", "task": "copy", "drop_at_least": 0.3}])
-    assert c[0].kind == "score" and [str(h) for h in c[0].target_heads] == ["L0.H0"]
+    assert c[0].kind == "score" and [str(h) for h in c[0].heads] == ["L0.H0"]
     assert str(c[0].head) == "L0.H0" and c[0].score == "previous_token"
-    assert c[1].quantifier == "any_of" and len(c[1].target_heads) == 4 and c[1].head is None
+    assert c[1].quantifier == "any_of" and len(c[1].heads) == 4 and c[1].head is None
     assert c[2].kind == "ablation" and c[2].metric == "accuracy" and c[2].mode == "zero"
     assert c.to_list()[2] == {"ablate": "L1.H1-2", "task": "copy", "drop_at_least": 0.3}
 

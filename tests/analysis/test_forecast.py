@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from headwise import Head
-from headwise.analysis.contract import Contract
 from headwise.analysis.forecast import (
     CLASSES,
     NONE_FEATURES,
@@ -27,10 +26,9 @@ from headwise.analysis.forecast import (
     load_forecaster,
     measured_text,
 )
-from headwise.analysis.forecast_contract import forecast_clauses
 from headwise.analysis.role_table import TOP_ROLE_CANDIDATES, RoleTable
 from headwise.analysis.trajectories import Trajectory
-from headwise.runspec import contract_from_list
+from headwise.contract import Contract, forecast_clauses, parse_contract
 
 ROLES = list(TOP_ROLE_CANDIDATES)
 
@@ -262,7 +260,7 @@ def test_fit_forecaster_is_measured_on_runs_it_was_not_fit_on(tmp_path: Path) ->
 
 
 def _contract(clauses: list[dict]) -> Contract:
-    return contract_from_list(clauses, n_layers=1, n_heads=3, tasks=["copy"])
+    return parse_contract(clauses, n_layers=1, n_heads=3, tasks=["copy"])
 
 
 def test_clause_forecasts() -> None:

@@ -25,9 +25,8 @@ from headwise.analysis.report import (
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.roles import role_scores
 from headwise.analysis.trajectories import Trajectory
-from headwise.analysis.verify import VerifyData, verify
+from headwise.contract import VerifyData, parse_contract, verify
 from headwise.control.masks import apply_masks, first_token, local, previous_token, self_only
-from headwise.runspec import contract_from_list
 
 
 class _B:
@@ -55,7 +54,7 @@ def report() -> dict:
     roles = role_scores(model, probe, roles=["previous_token", "induction", "entropy", "self"])
     tasks = {"copy": _B(torch.randint(0, 20, (8, 10), generator=g))}
     imp = ablation_importance(model, tasks, n_boot=50)
-    contract = contract_from_list([{"any_of": "L1.*", "score": "induction", "at_least": 0.9},
+    contract = parse_contract([{"any_of": "L1.*", "score": "induction", "at_least": 0.9},
                                    {"head": "L0.H0", "score": "entropy", "at_most": 1.0}],
                                   2, 2, ["copy"])
     result = verify(model, contract, VerifyData(tasks, {"p": probe}, n_boot=20))
@@ -64,7 +63,8 @@ def report() -> dict:
     sup = [expected_vs_observed(model, probe[0], "L0.H1", "previous_token")]
     walk = [explain_head(model, probe[0], Head(1, 0))]
     return build_report(title="test <report>", model_config=cfg, roles=roles, importance=imp,
-                        contract=result, trajectory=traj, supervised=sup, walkthroughs=walk,
+                        contract=result.to_dict(), trajectory=traj, supervised=sup,
+                        walkthroughs=walk,
                         meta={"run": "unit"})
 
 

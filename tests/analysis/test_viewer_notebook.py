@@ -12,10 +12,9 @@ import torch
 from headwise import ModelConfig, build_model
 from headwise.analysis.probes import induction_probe
 from headwise.analysis.role_table import SHOWN_MIN_SCORE, RoleTable
-from headwise.analysis.verify import VerifyData, verify
 from headwise.analysis.viewer import attention_viewer
+from headwise.contract import VerifyData, parse_contract, verify
 from headwise.heads import Head
-from headwise.runspec import contract_from_list
 
 
 class _Tables(HTMLParser):
@@ -94,7 +93,7 @@ def test_contract_result_html_rows_are_the_verdicts() -> None:
     model = _model()
     g = torch.Generator().manual_seed(0)
     probe = induction_probe(20, 4, 5, g)
-    contract = contract_from_list([{"any_of": "L1.*", "score": "induction", "at_least": 0.9},
+    contract = parse_contract([{"any_of": "L1.*", "score": "induction", "at_least": 0.9},
                                    {"head": "L0.H0", "score": "entropy", "at_most": 1.0}],
                                   2, 2, [])
     result = verify(model, contract, VerifyData({}, {"p": probe}))

@@ -11,14 +11,13 @@ import torch.nn.functional as F
 from headwise.control.objectives import RoleBound
 from headwise.control.task_levers import (
     AblatedMargin,
-    Interchange,
     OnProbeData,
     StochasticAblation,
     TaskLossWeight,
     row_uniforms,
 )
 from headwise.data import Batch
-from headwise.hooks import ablate, patch
+from headwise.hooks import ablate
 from headwise.patterns import role_target, row_scores
 from tests.control.conftest import make
 
@@ -144,31 +143,6 @@ def test_ablated_margin_is_the_multiclass_hinge_of_the_model_with_the_heads_zero
     assert float(off) == 0.0
 
 
-def test_interchange_is_patching_the_heads_from_the_previous_row() -> None:
-    model, batch = make(), _batch()
-    lever = Interchange(model, "L0.H2,L1.H0", task_ids=[0, 1, 2], weight=1.0)
-    _, (term, _) = _forward(model, lever, batch)
-    src_tokens = batch.tokens.roll(1, 0)
-    names = ["blocks.0.attn.hook_z", "blocks.1.attn.hook_z"]
-    _, cache = model.run_with_cache(src_tokens, names, heads="L0.H2,L1.H0",
-                                    task_ids=batch.task_ids.roll(1, 0))
-    with model.hooks(patch(model, cache, "L0.H2,L1.H0")):
-        ref = model(batch.tokens, task_ids=batch.task_ids)
-    same = batch.task_ids.roll(1, 0) == batch.task_ids  # (B,): rows of one task (none here)
-    assert not bool(same.any())  # task ids 0,1,2,0,...: no row follows one of its own task
-    assert float(term.detach()) == 0.0
-    ids = torch.zeros(12, dtype=torch.long)  # one task: every row's source is of its task
-    one = type(batch)(batch.tokens, batch.targets, None, ids)
-    _, (term, _) = _forward(model, lever, one)
-    _, cache = model.run_with_cache(src_tokens, names, heads="L0.H2,L1.H0", task_ids=ids)
-    with model.hooks(patch(model, cache, "L0.H2,L1.H0")):
-        ref = model(batch.tokens, task_ids=ids)
-    src = batch.targets.roll(1, 0)
-    valid = (src != -100) & (batch.targets != -100)
-    expect = F.cross_entropy(ref[valid], src[valid])
-    assert float(term.detach()) == pytest.approx(float(expect.detach()), rel=1e-5)
-
-
 def test_row_uniforms_are_a_function_of_each_row_and_the_salt() -> None:
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 50, (4000, 7), generator=g)
@@ -186,7 +160,7 @@ def test_a_lever_step_reads_nothing_back_to_the_host(monkeypatch: pytest.MonkeyP
     model, batch = make(), _batch()
     probe = _batch()
     levers = [StochasticAblation(model, "L1.H0", [1], 0.5, name="s"),
-              AblatedMargin(model, "L1.H1", [0], 1.0), Interchange(model, "L0.H0", [2], 1.0),
+              AblatedMargin(model, "L1.H1", [0], 1.0),
               TaskLossWeight(model, 1, 2.0),
               OnProbeData(model, RoleBound(model, "L0.H3", "self", max=0.2),
                           lambda n, seed: type(probe)(*(x.repeat(n // 12, *[1] * (x.dim() - 1))

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from headwise.config import ModelConfig
+from headwise.control.objective import Objective
 from headwise.data import CopyTask, Mixture, ModularAdditionTask
 from headwise.hooks import Hook
 from headwise.model import build_model
@@ -28,7 +29,7 @@ from headwise.training import TrainConfig, TrainState, train
 from headwise.training.interrupt import Interrupted
 
 
-class PrevTokenObjective:
+class PrevTokenObjective(Objective):
     """Pull head L0.H1 towards attending to the previous token (weighted)."""
 
     name = "prev_L0H1"

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from headwise.config import ModelConfig
+from headwise.control.objective import Objective
 from headwise.data import CopyTask, Mixture, ModularAdditionTask, SortTask
 from headwise.errors import ConfigError
 from headwise.model import build_model
@@ -202,7 +203,7 @@ def test_task_loss_matches_explicit_per_example_reference() -> None:
         assert float(stats[task, 0]) == pytest.approx(expected, rel=1e-6)
 
 
-class _ConstObjective:
+class _ConstObjective(Objective):
     """A duck-typed objective with no hooks and a constant (weighted) value."""
 
     def __init__(self, value: float) -> None:

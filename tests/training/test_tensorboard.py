@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from headwise.analysis.roles import role_scores
 from headwise.config import ModelConfig
+from headwise.control.objective import Objective
 from headwise.data import CopyTask, Mixture, ModularAdditionTask
 from headwise.errors import ConfigError, SpecError
 from headwise.model import build_model
@@ -48,7 +49,7 @@ def _scalars(acc: Any, tag: str) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
-class _Weighted:
+class _Weighted(Objective):
     """A pattern objective stand-in: a fixed loss term so objective tags are logged."""
 
     name = "prev"

@@ -1,4 +1,4 @@
-"""Small validators for spec fields: each raises SpecError starting with the field path.
+"""Validators for fields of user input (specs, contracts): each raises SpecError naming the field.
 
 Message form (``headwise.errors``): ``<path>: got <value>, expected <what>``. Unknown keys are
 reported with the closest valid key (``difflib``) and the list of valid keys.

@@ -21,10 +21,10 @@ from typing import Any
 
 from torch import nn
 
-from headwise.analysis.contract import Clause, Contract
 from headwise.analysis.forecast import CLASSES, Forecaster, HeadForecast, forecast_heads, n_early
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.trajectories import Trajectory
+from headwise.contract.clause import Clause, Contract
 from headwise.heads import Head
 from headwise.model.eval_mode import eval_mode
 
@@ -55,7 +55,7 @@ def forecast_clauses(contract: Contract, forecasts: list[HeadForecast]) -> list[
     by_head: dict[Head, HeadForecast] = {f.head: f for f in forecasts}
     out = []
     for c in contract.clauses:
-        if c.kind != "score" or c.score not in CLASSES or c.score == "none" or c.on not in (
+        if c.score not in CLASSES or c.score == "none" or c.on not in (  # score clauses only
                 None, "default", "repeated"):
             out.append(ClauseForecast(c, "not forecast"))
             continue

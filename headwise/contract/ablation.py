@@ -1,0 +1,159 @@
+"""Ablation clauses: how much a task's metric drops when heads are ablated.
+
+``{ablate: L1.H1, task: copy, metric: accuracy, drop_at_least: 0.3}`` (``ablate`` ablates the
+set together; ``any_of`` / ``all_of`` ablate each head alone); ``mode`` is ``zero``, ``mean`` or
+``resample``. Measured by ``ablation_importance`` on the task's held-out batch (accuracy: clean -
+ablated; loss: ablated - clean) with a bootstrap CI. Levers (shared with exclusive clauses,
+``ablation_lever``): for ``drop_at_least`` the carrier stages of ``EnforceConfig`` ("others":
+the other heads of the set's layers stochastically ablated on the task's examples, so the set
+becomes sufficient; "margin": a hinge on the set-ablated model's logits, so the task needs the
+set); for ``drop_at_most`` the set stochastically ablated on the task's examples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from headwise.analysis.importance import ablation_importance
+from headwise.contract import fields
+from headwise.contract.clause import (
+    METRICS,
+    MODES,
+    UNIT_METRICS,
+    Clause,
+    bounds_text,
+    decide,
+    number_or_none,
+)
+from headwise.contract.kind import ClauseKind, ParseContext
+from headwise.contract.lever import ClauseLever, PlanContext, names
+from headwise.contract.results import ClauseResult, VerifyData
+from headwise.control.task_levers import AblatedMargin, StochasticAblation
+from headwise.errors import SpecError
+from headwise.heads import Head
+
+SUBJECTS = ("ablate", "any_of", "all_of")
+_PARTS = {"others": (StochasticAblation, "ablate {} on {} examples"),
+          "self": (StochasticAblation, "ablate {} on {} examples"),
+          "margin": (AblatedMargin, "hinge on {}-ablated {} examples")}
+
+
+class AblationKind(ClauseKind):
+    name = "ablation"
+    keys = frozenset({*SUBJECTS, "task", "metric", "mode", "drop_at_least", "drop_at_most",
+                      "name"})
+
+    def claims(self, raw: Mapping[str, Any]) -> bool:
+        return ("ablate" in raw or any(str(k).startswith("drop_at") for k in raw)
+                or ("task" in raw and ("any_of" in raw or "all_of" in raw)))
+
+    def parse(self, path: str, index: int, raw: dict[str, Any], ctx: ParseContext) -> Clause:
+        key, heads = fields.subject(path, raw, SUBJECTS, ctx.n_layers, ctx.n_heads)
+        metric = fields.choice(path, raw, "metric", METRICS, "accuracy")
+        mode = fields.choice(path, raw, "mode", MODES, "zero")
+        task = fields.task(path, "task", raw.get("task"), ctx.tasks)
+        lo = fields.number(path, raw, "drop_at_least")
+        hi = fields.number(path, raw, "drop_at_most")
+        if lo is None and hi is None:
+            raise SpecError(f"{path}: missing bound; expected 'drop_at_least' and/or "
+                            "'drop_at_most'")
+        fields.ordered(path, "drop_at_least", lo, "drop_at_most", hi)
+        if metric in UNIT_METRICS:
+            fields.in_range(path, {"drop_at_least": lo, "drop_at_most": hi}, -1.0, 1.0,
+                            f"an {metric} drop in [-1, 1]")
+        return Clause(index, self, "set" if key == "ablate" else key, heads, task=task,
+                      metric=metric, mode=mode, at_least=lo, at_most=hi,
+                      name=fields.name(path, raw), source=dict(raw))
+
+    def describe(self, clause: Clause) -> str:
+        return f"ablate {clause.subject()}: {clause.task} {clause.metric} ({clause.mode})"
+
+    def threshold_text(self, clause: Clause) -> str:
+        return bounds_text(clause.at_least, clause.at_most, "drop ")
+
+    def measured_on(self, clause: Clause) -> str:
+        return f"held-out {clause.task} examples, ablated ({clause.mode})"
+
+    def bounded(self, clause: Clause) -> list[tuple[tuple[Any, ...], str]]:
+        if clause.quantifier == "any_of":
+            return []
+        units = [str(clause.heads)] if clause.quantifier == "set" else [str(h) for h in
+                                                                        clause.heads]
+        return [(("ablation", u, clause.task, clause.metric, clause.mode),
+                 f"{u} {clause.task} {clause.metric} drop") for u in units]
+
+    def needs_clean(self, clause: Clause) -> list[tuple[tuple[Any, ...], float]]:
+        return clean_needed(clause, (clause.task or "",))
+
+    def measure(self, model: nn.Module, clause: Clause, data: VerifyData) -> ClauseResult:
+        c, task = clause, clause.task or ""
+        batch = data.batch(task, c.path)
+        groups = [c.heads] if c.quantifier == "set" else [str(h) for h in c.heads]
+        imp = ablation_importance(model, {task: batch}, groups=groups,
+                                  mode=c.mode,  # type: ignore[arg-type]
+                                  n_boot=data.n_boot)
+        values = {label: imp.get(label, task, c.metric) for label in imp.labels}
+        passed, unit, value = decide(c, values)
+        return ClauseResult(c, passed, number_or_none(value), c.threshold_text(), unit,
+                            {u: number_or_none(v) for u, v in values.items()},
+                            imp.ci(unit, task, c.metric), {"clean": imp.clean[task][c.metric]})
+
+    def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
+        task_ids = [list(ctx.compiled.task_names).index(clause.task or "")]
+        return ablation_lever(ctx, clause, task_ids, [] if clause.at_most is None else task_ids)
+
+
+def clean_needed(clause: Clause, tasks: tuple[str, ...]) -> list[tuple[tuple[Any, ...], float]]:
+    """An accuracy (or exact) drop of at least ``d`` needs the clean metric at least ``d``."""
+    if clause.at_least is None or clause.metric not in UNIT_METRICS:
+        return []
+    return [(("task", t, clause.metric), clause.at_least) for t in tasks]
+
+
+def _others(clause: Clause, n_heads: int) -> list[Head]:
+    """Heads of the clause's layers that are not the clause's."""
+    mine = set(clause.heads)
+    return [Head(l, h) for l in sorted({x.layer for x in mine}) for h in range(n_heads)
+            if Head(l, h) not in mine]
+
+
+def ablation_lever(ctx: PlanContext, clause: Clause, carried: list[int],
+                   spared: list[int]) -> ClauseLever | None:
+    """The lever of an ablation or exclusive clause: the carrier stages on the ``carried``
+    task ids when the clause has ``at_least`` (the tasks must need the heads), and the heads
+    stochastically ablated on the ``spared`` task ids (those tasks must not need them)."""
+    parts: list[tuple[str, list[Head], list[int]]] = []
+    first_stage = False
+    if clause.at_least is not None:
+        others = _others(clause, ctx.n_heads)
+        for i, stage in enumerate(ctx.config.carrier_stages):
+            for part in stage:
+                if part == "others" and others:
+                    parts.append(("others", others, carried))
+                    first_stage = first_stage or i == 0
+                elif part == "margin":
+                    parts.append(("margin", list(clause.heads), carried))
+    if spared:
+        parts.append(("self", list(clause.heads), spared))
+    if not parts:
+        return None
+    staged = len(ctx.config.carrier_stages) > 1 and first_stage
+    task_names = list(ctx.compiled.task_names)
+    lever = ClauseLever("ablation", "; ".join(
+        _PARTS[what][1].format(names(heads), [task_names[i] for i in tasks])
+        for what, heads, tasks in parts), scale=ctx.config.ablation_scale, cap=ctx.config.p_max,
+        loss_from=ctx.config.staged_from if staged else 0.0)  # after p saturates
+    for what, heads, tasks in parts:
+        name = (f"enforce:{'ablate-' if what != 'margin' else ''}{what}[{names(heads)}]"
+                f"[{clause.path}]")
+        obj = ctx.add(_PARTS[what][0](ctx.compiled.model, ctx.heads(heads), tasks), name)
+        if what == "margin":
+            lever.loss_terms.append(obj)  # a loss term: weight = multiplier excess, not p
+        lever.objectives.append(obj)
+    return lever
+
+
+KIND = AblationKind()

@@ -1,0 +1,164 @@
+"""The clause and contract types, and the one signed margin of a measured value to its bounds.
+
+A contract is a list of clauses parsed once (``headwise.contract.parse_contract``) into frozen
+``Clause`` objects. Each clause names its *kind* (``score``, ``ablation``, ``exclusive``,
+``task``): the registry entry (``headwise.contract.kinds``) that parses, describes, measures and
+enforces clauses of that kind. Full reference: docs/contracts.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from headwise.heads import Head, HeadSet
+
+if TYPE_CHECKING:
+    from headwise.contract.kind import ClauseKind
+
+METRICS = ("accuracy", "exact", "loss")
+# Metrics in [0, 1] whose drop is in [-1, 1]; ``loss`` is in nats (>= 0).
+UNIT_METRICS = ("accuracy", "exact")
+MODES = ("zero", "mean", "resample")
+
+
+@dataclass(frozen=True)
+class Clause:
+    """One validated clause.
+
+    Attributes:
+        index: position in the contract (``path`` is ``contract[index]``).
+        entry: the clause kind's registry entry (``kind`` is its name).
+        quantifier: ``"head"`` (one head), ``"any_of"``, ``"all_of"``, ``"set"`` (a set
+            ablated together: ``ablate`` / exclusive ``heads``) or ``"model"`` (task clauses).
+        heads: the heads the clause is about (empty for task clauses).
+        at_least, at_most: bounds on the measured value (score; drop; for exclusive clauses
+            the listed tasks' drop lower bound and the other tasks' drop upper bound).
+        source: the clause as written (JSON/YAML-ready).
+    """
+
+    index: int
+    entry: ClauseKind = field(repr=False)
+    quantifier: str
+    heads: HeadSet
+    score: str | None = None
+    on: str | None = None
+    task: str | None = None
+    tasks: tuple[str, ...] = ()
+    metric: str = "accuracy"
+    mode: str = "zero"
+    at_least: float | None = None
+    at_most: float | None = None
+    name: str | None = None
+    source: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def kind(self) -> str:
+        """The kind's name: ``"score"``, ``"ablation"``, ``"exclusive"`` or ``"task"``."""
+        return self.entry.name
+
+    @property
+    def path(self) -> str:
+        return f"contract[{self.index}]"
+
+    @property
+    def label(self) -> str:
+        """The clause's ``name`` if the user gave one, else its description."""
+        return self.name or self.describe()
+
+    @property
+    def head(self) -> Head | None:
+        """The single head of a ``head:`` clause, else ``None``."""
+        return next(iter(self.heads)) if self.quantifier == "head" else None
+
+    def subject(self) -> str:
+        """The heads as written: ``L1.H0``, or ``any_of L1.*``."""
+        if self.quantifier in ("head", "set"):
+            return str(self.heads)
+        return f"{self.quantifier} {self.source.get(self.quantifier)}"
+
+    def threshold_text(self) -> str:
+        """Human-readable bounds, e.g. ``>= 0.9`` or ``drop >= 0.3``."""
+        return self.entry.threshold_text(self)
+
+    def describe(self) -> str:
+        """One line: subject and what is measured."""
+        return self.entry.describe(self)
+
+
+def bounds_text(at_least: float | None, at_most: float | None, prefix: str = "") -> str:
+    """``>= 0.9 and <= 1`` (each part only when its bound is set), after ``prefix``."""
+    parts = []
+    if at_least is not None:
+        parts.append(f"{prefix}>= {at_least:g}")
+    if at_most is not None:
+        parts.append(f"{prefix}<= {at_most:g}")
+    return " and ".join(parts)
+
+
+def margin(value: float, at_least: float | None, at_most: float | None) -> float:
+    """Signed distance of ``value`` inside its bounds: ``min(value - at_least, at_most -
+    value)`` over the bounds that are set (``> 0``/``= 0``: holds with that margin; ``< 0``:
+    fails by that much; NaN: ``-inf``). The violation a multiplier reads is ``-margin``."""
+    if math.isnan(value):
+        return -math.inf
+    m = math.inf
+    if at_least is not None:
+        m = min(m, value - at_least)
+    if at_most is not None:
+        m = min(m, at_most - value)
+    return m
+
+
+def holds(value: float, at_least: float | None, at_most: float | None) -> bool:
+    """Whether ``value`` lies within its bounds (NaN never does)."""
+    return margin(value, at_least, at_most) >= 0.0
+
+
+@dataclass(frozen=True)
+class Contract:
+    """A validated list of clauses for a model of ``n_layers`` x ``n_heads`` and its tasks
+    (built by ``headwise.contract.parse_contract``; empty when a spec has none)."""
+
+    clauses: tuple[Clause, ...]
+    n_layers: int
+    n_heads: int
+    tasks: tuple[str, ...]
+
+    @classmethod
+    def empty(cls, n_layers: int, n_heads: int, tasks: Sequence[str]) -> Contract:
+        return cls((), n_layers, n_heads, tuple(tasks))
+
+    def to_list(self) -> list[dict[str, Any]]:
+        """The clauses as given (JSON/YAML-ready)."""
+        return [dict(c.source) for c in self.clauses]
+
+    def __iter__(self) -> Iterator[Clause]:
+        return iter(self.clauses)
+
+    def __len__(self) -> int:
+        return len(self.clauses)
+
+    def __getitem__(self, i: int) -> Clause:
+        return self.clauses[i]
+
+
+def decide(clause: Clause, values: dict[str, float]) -> tuple[bool, str, float]:
+    """``(holds, deciding unit, its value)`` over per-head (or per-set) values: ``any_of``
+    holds when one unit does and is decided by the best margin; ``head``, ``all_of`` and
+    ``set`` hold when every unit does and are decided by the worst."""
+    def m(unit: str) -> float:
+        return margin(values[unit], clause.at_least, clause.at_most)
+
+    if clause.quantifier == "any_of":
+        best = max(values, key=m)
+        return m(best) >= 0.0, best, values[best]
+    worst = min(values, key=m)
+    return m(worst) >= 0.0, worst, values[worst]
+
+
+def number_or_none(v: float) -> float | None:
+    """``None`` for NaN (JSON has no NaN), else ``v``."""
+    return None if math.isnan(v) else v

@@ -1,0 +1,102 @@
+"""The registry entry of a clause kind: how clauses of the kind are parsed, described, measured,
+levered and scored as a constraint.
+
+Each kind is one ``ClauseKind`` subclass in its own module (``score``, ``ablation``,
+``exclusive``, ``task``), listed once in ``headwise.contract.kinds.KINDS``; a new kind is one
+more entry there. Parsing, verification, planning and enforcement dispatch through the entry
+and never compare kind strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from headwise.contract.clause import Clause, bounds_text, margin
+
+if TYPE_CHECKING:
+    from headwise.contract.lever import ClauseLever, PlanContext
+    from headwise.contract.results import ClauseResult, VerifyData
+
+
+@dataclass(frozen=True)
+class ParseContext:
+    """What a clause is parsed against: the model's shape and the spec's task names."""
+
+    n_layers: int
+    n_heads: int
+    tasks: tuple[str, ...]
+
+
+class ClauseKind:
+    """One clause kind. Subclasses set ``name`` and ``keys`` and implement ``claims``,
+    ``parse``, ``describe``, ``measured_on``, ``measure`` and ``lever``; the rest has defaults
+    that fit a clause with a measured value and ``at_least``/``at_most`` bounds."""
+
+    name: str = ""
+    keys: frozenset[str] = frozenset()
+
+    def claims(self, raw: Mapping[str, Any]) -> bool:
+        """Whether a raw clause mapping is of this kind (entries are asked in registry order)."""
+        raise NotImplementedError
+
+    def parse(self, path: str, index: int, raw: dict[str, Any], ctx: ParseContext) -> Clause:
+        """The validated clause (``SpecError`` naming ``path.key`` on bad input)."""
+        raise NotImplementedError
+
+    def describe(self, clause: Clause) -> str:
+        """One line: subject and what is measured."""
+        raise NotImplementedError
+
+    def threshold_text(self, clause: Clause) -> str:
+        return bounds_text(clause.at_least, clause.at_most)
+
+    def measured_on(self, clause: Clause) -> str:
+        """What the clause is measured on, in words (``headwise plan``)."""
+        raise NotImplementedError
+
+    def bounded(self, clause: Clause) -> list[tuple[tuple[Any, ...], str]]:
+        """``(key, words)`` per quantity whose bounds other clauses of the contract must not
+        contradict (the same key in two clauses: their bounds must overlap)."""
+        return []
+
+    def needs_clean(self, clause: Clause) -> list[tuple[tuple[Any, ...], float]]:
+        """``(bounded key, value)``: the clause needs that quantity at least ``value`` (an
+        accuracy drop of ``d`` needs a clean accuracy of at least ``d``)."""
+        return []
+
+    def check_together(self, clauses: Sequence[Clause]) -> None:
+        """Reject clauses of this kind that contradict each other in a way ``bounded`` cannot
+        express (``SpecError``)."""
+
+    def measure_all(self, model: nn.Module, clauses: Sequence[Clause],
+                    data: VerifyData) -> dict[int, ClauseResult]:
+        """Every clause of this kind measured on ``data`` (``{index: result}``); one measurement
+        pass may serve several clauses."""
+        return {c.index: self.measure(model, c, data) for c in clauses}
+
+    def measure(self, model: nn.Module, clause: Clause, data: VerifyData) -> ClauseResult:
+        raise NotImplementedError
+
+    def violation(self, result: ClauseResult) -> float:
+        """Signed violation (``> 0``: fails by that much; ``< 0``: holds with that margin):
+        ``-margin`` of the measured value, relative to the value for a ``loss`` metric above 1
+        nat (1 when nothing could be measured)."""
+        c = result.clause
+        if result.measured is None:
+            return 1.0
+        scale = max(abs(result.measured), 1.0) if c.metric == "loss" else 1.0
+        return -margin(result.measured, c.at_least, c.at_most) / scale
+
+    def guards_task(self, clause: Clause) -> bool:
+        """Whether the clause bounds a task's own performance: while such a clause fails, the
+        enforcer backs the other levers off (tasks are never traded away)."""
+        return False
+
+    def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
+        """The clause's lever (``None``: nothing can move it), its objectives added to the run
+        at weight 0."""
+        raise NotImplementedError

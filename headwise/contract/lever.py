@@ -1,0 +1,162 @@
+"""Enforcement settings, the lever a clause trains through, and what planning reads of a run.
+
+``EnforceConfig`` holds every knob of ``--enforce`` (docs/contracts.md, "Enforcement"); it is
+passed from the spec and command line through ``train_run`` to ``plan`` and the ``Enforcer``.
+A ``ClauseLever`` is the set of objectives (``headwise.control.Objective`` loss terms) that one
+clause's multiplier weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from headwise.control.objectives import Objective
+from headwise.control.task_levers import OnProbeData
+from headwise.data import Batch
+from headwise.heads import Head, HeadSet
+
+ProbeSampler = Callable[[str, int, int], Batch]
+"""``fn(probe name, n, seed) -> Batch``: ``n`` examples drawn like a named probe (the pipeline
+passes ``headwise.pipeline.heldout.probe_sampler(spec)``)."""
+
+# The lever of "H carries T": one stage of parts, or "others" then "margin" (see EnforceConfig).
+CARRIER_STAGES = ((("others",), ("margin",)), (("others", "margin"),), (("others",),),
+                  (("margin",),))
+
+
+@dataclass(frozen=True)
+class EnforceConfig:
+    """The settings of contract enforcement.
+
+    Attributes:
+        eta: dual step per unit of violation: ``lambda <- clip(lambda + eta v, 0, lambda_max)``.
+        lambda_max: cap on every multiplier.
+        p_max: highest stochastic-ablation probability of an ablation lever.
+        ablation_scale: ablation probability per unit of multiplier.
+        margin: how far past its bound a bound lever aims, so held-out data holds too.
+        carrier_stages: the lever of "H carries T" (``drop_at_least``) as stages of parts, each
+            part ``"others"`` (the other heads of H's layers stochastically ablated: H becomes
+            sufficient) or ``"margin"`` (a hinge on the H-ablated model's logits: H becomes
+            necessary). The second of two stages starts once the first stage's ablation
+            probability has reached ``p_max``, weighted by the multiplier's excess over ``p_max
+            / ablation_scale``. One of ``CARRIER_STAGES``; default ``(("others",),
+            ("margin",))``, chosen by measurement (docs/benchmarks.md).
+
+    Raises:
+        ValueError: a value out of range or carrier stages not in ``CARRIER_STAGES``.
+    """
+
+    eta: float = 4.0
+    lambda_max: float = 16.0
+    p_max: float = 0.5
+    ablation_scale: float = 0.15
+    margin: float = 0.05
+    carrier_stages: tuple[tuple[str, ...], ...] = (("others",), ("margin",))
+
+    def __post_init__(self) -> None:
+        for name in ("eta", "lambda_max", "ablation_scale"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"EnforceConfig.{name}: got {getattr(self, name)!r}, expected "
+                                 "a number > 0")
+        if not 0.0 < self.p_max <= 1.0:
+            raise ValueError(f"EnforceConfig.p_max: got {self.p_max!r}, expected a probability "
+                             "in (0, 1]")
+        if not 0.0 <= self.margin < 1.0:
+            raise ValueError(f"EnforceConfig.margin: got {self.margin!r}, expected a number in "
+                             "[0, 1)")
+        if self.carrier_stages not in CARRIER_STAGES:
+            raise ValueError(f"EnforceConfig.carrier_stages: got {self.carrier_stages!r}, "
+                             f"expected one of {list(CARRIER_STAGES)}")
+
+    @property
+    def staged_from(self) -> float:
+        """The multiplier from which a second carrier stage acts (first stage saturated)."""
+        return self.p_max / self.ablation_scale
+
+
+class Compiled(Protocol):
+    """What planning reads of a compiled spec (``headwise.pipeline.compile.Compiled``)."""
+
+    spec: Any
+    model: Any
+    objectives: list[Any]
+
+    @property
+    def task_names(self) -> tuple[str, ...]: ...
+
+
+@dataclass
+class ClauseLever:
+    """A clause's lever: ``objectives`` whose weight is ``multiplier * scale`` (at most ``cap``).
+
+    ``per_head`` (``any_of`` score clauses) maps each head to its own objective; only the head
+    chosen at the first evaluation point is driven. ``loss_terms``: objectives that are loss
+    terms rather than ablation probabilities (the carrier's margin), weighted ``max(0,
+    multiplier - loss_from)``: ``loss_from`` is ``EnforceConfig.staged_from`` when they form
+    a second stage, else 0.
+    """
+
+    kind: str
+    description: str
+    objectives: list[Objective] = field(default_factory=list)
+    scale: float = 1.0
+    cap: float | None = None
+    per_head: dict[str, Objective] = field(default_factory=dict)
+    loss_terms: list[Objective] = field(default_factory=list)
+    loss_from: float = 0.0
+
+
+@dataclass
+class PlanContext:
+    """What a clause kind's ``lever`` builds on: the compiled run, probe sampling, settings."""
+
+    compiled: Compiled
+    n_layers: int
+    n_heads: int
+    config: EnforceConfig
+    probes: ProbeSampler | None = None
+
+    def heads(self, heads: Head | Sequence[Head]) -> HeadSet:
+        items = [heads] if isinstance(heads, Head) else list(heads)
+        return HeadSet(items, self.n_layers, self.n_heads)
+
+    @property
+    def masked(self) -> set[Head]:
+        """Heads whose pattern a structural mask fixes."""
+        return {h for r in self.compiled.spec.heads if r.mask is not None for h in r.heads}
+
+    def add(self, obj: Any, name: str) -> Any:
+        """Add a lever objective to the run at weight 0 (names are unique: checkpoints store
+        lever weights by name)."""
+        obj.name = name
+        obj.weight = 0.0
+        self.compiled.objectives.append(obj)
+        return obj
+
+    def on_probe(self, obj: Any, name: str, clause: Any) -> Any:
+        """``obj`` trained on batches drawn like the clause's probe (none, ``default`` or a
+        task's name: on the training batches, which are drawn like the held-out task data).
+
+        Raises:
+            ValueError: the clause reads a probe and no ``probes`` sampler was given.
+        """
+        obj.name = name
+        probe = clause.on
+        if probe is None or probe == "default" or probe in self.compiled.task_names:
+            return obj
+        if self.probes is None:
+            raise ValueError(f"plan: {clause.path} is measured on probe {probe!r}; pass "
+                             "probes= (headwise.pipeline.heldout.probe_sampler)")
+        sample = self.probes
+        return OnProbeData(self.compiled.model, obj, lambda n, seed: sample(probe, n, seed))
+
+    def reads_probe(self, clause: Any) -> bool:
+        """Whether the clause's lever trains on probe-like batches (see ``on_probe``)."""
+        return not (clause.on is None or clause.on == "default"
+                    or clause.on in self.compiled.task_names)
+
+def names(heads: Any) -> str:
+    """``L0.H1,L1.H2``."""
+    return ",".join(str(h) for h in heads)

@@ -1,0 +1,131 @@
+"""What a contract is measured on, and what measuring it gives: ``VerifyData``,
+``ClauseResult`` (one clause's value, threshold and verdict) and ``ContractResult``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.table import Table
+from torch import Tensor
+
+from headwise.analysis.numbers import fixed
+from headwise.analysis.report_html import contract_html
+from headwise.contract.clause import Clause
+from headwise.errors import SpecError
+
+
+@dataclass
+class VerifyData:
+    """Data a contract is measured on.
+
+    Attributes:
+        tasks: ``{task: batch}``; a batch has ``tokens``, ``targets``, ``attention_mask`` and
+            ``task_ids`` (``headwise.data.Batch`` or any object with those attributes).
+        probes: ``{name: tokens (B, T)}`` or objects with ``tokens`` (and optionally
+            ``attention_mask``, ``task_ids``) for score clauses' ``on``.
+        n_boot: bootstrap resamples for ablation CIs.
+    """
+
+    tasks: Mapping[str, Any] = field(default_factory=dict)
+    probes: Mapping[str, Any] = field(default_factory=dict)
+    n_boot: int = 200
+
+    def probe_name(self, name: str | None, path: str) -> str:
+        """The probe a clause at ``path`` reads: ``name``, or by default the only probe or the
+        one called ``default``.
+
+        Raises:
+            SpecError: no such probe, or no default to fall back on.
+        """
+        if name is None:
+            if len(self.probes) == 1:
+                return next(iter(self.probes))
+            if "default" in self.probes:
+                return "default"
+            raise SpecError(f"{path}.on: missing; expected one of the probes "
+                            f"{sorted(self.probes)}")
+        if name not in self.probes:
+            raise SpecError(f"{path}.on: got {name!r}, expected one of the probes "
+                            f"{sorted(self.probes)}")
+        return name
+
+    def probe(self, name: str | None, path: str) -> tuple[Tensor, Tensor | None, dict[str, Any]]:
+        """(tokens, attention_mask, forward kwargs) of probe ``name`` (see ``probe_name``)."""
+        name = self.probe_name(name, path)
+        p = self.probes[name]
+        if isinstance(p, Tensor):
+            return p, None, {}
+        kw = {"task_ids": p.task_ids} if getattr(p, "task_ids", None) is not None else {}
+        return p.tokens, getattr(p, "attention_mask", None), kw
+
+    def batch(self, task: str, path: str) -> Any:
+        """The held-out batch of ``task`` (``SpecError`` naming ``path.task`` if absent)."""
+        if task not in self.tasks:
+            raise SpecError(f"{path}.task: got {task!r}, expected one of the data's tasks "
+                            f"{sorted(self.tasks)}")
+        return self.tasks[task]
+
+
+@dataclass
+class ClauseResult:
+    """Verdict of one clause: measured value, threshold text, pass/fail and the deciding head."""
+
+    clause: Clause
+    passed: bool
+    measured: float | None
+    threshold: str
+    decided_by: str | None = None
+    per_head: dict[str, float | None] = field(default_factory=dict)
+    ci: tuple[float, float] | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.clause
+        return {"index": c.index, "path": c.path, "name": c.name, "kind": c.kind,
+                "quantifier": c.quantifier, "clause": c.source, "description": c.describe(),
+                "target_heads": [str(h) for h in c.heads], "measured": self.measured,
+                "threshold": self.threshold, "at_least": c.at_least, "at_most": c.at_most,
+                "passed": self.passed, "decided_by": self.decided_by,
+                "per_head": self.per_head, "ci": list(self.ci) if self.ci else None,
+                "details": self.details}
+
+
+@dataclass
+class ContractResult:
+    """All clause verdicts; ``passed`` when every clause holds (``exit_code`` 0, else 1)."""
+
+    results: list[ClauseResult]
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.results)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``{"passed", "n_clauses", "n_failed", "clauses": [...]}``."""
+        return {"passed": self.passed, "n_clauses": len(self.results),
+                "n_failed": sum(not r.passed for r in self.results),
+                "clauses": [r.to_dict() for r in self.results]}
+
+    def to_rich_table(self) -> Table:
+        table = Table(title=f"contract: {'PASS' if self.passed else 'FAIL'}")
+        for col in ("#", "clause", "measured", "threshold", "decided by", "verdict"):
+            table.add_column(col)
+        for r in self.results:
+            m = "-" if r.measured is None else fixed(r.measured)
+            if r.ci is not None and not any(math.isnan(x) for x in r.ci):
+                m += f" [{fixed(r.ci[0])}, {fixed(r.ci[1])}]"
+            table.add_row(str(r.clause.index), r.clause.label, m,
+                          r.threshold, r.decided_by or "",
+                          "[green]pass[/green]" if r.passed else "[red]FAIL[/red]")
+        return table
+
+    def _repr_html_(self) -> str:
+        """Jupyter rendering: the report's contract table."""
+        return contract_html(self.to_dict())

@@ -1,0 +1,132 @@
+"""Score clauses: a role score of heads on a probe, bounded.
+
+``{head: L0.H0, score: previous_token, at_least: 0.9, on: probe}``; ``any_of`` / ``all_of``
+for several heads. Measured by ``role_scores`` on the probe (one pass per probe serves every
+clause on it); the deciding head is the best (``any_of``) or the worst one. Lever: the role's
+pattern objective for a lower bound on a target role (``any_of``: on the head chosen at the
+first evaluation point), else a row-wise ``RoleBound``; a head whose structural mask fixes its
+pattern has nothing to drive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from headwise.analysis.role_table import RoleTable
+from headwise.analysis.roles import ROLES, role_scores
+from headwise.contract import fields
+from headwise.contract.clause import Clause, decide, number_or_none
+from headwise.contract.kind import ClauseKind, ParseContext
+from headwise.contract.lever import ClauseLever, PlanContext, names
+from headwise.contract.results import ClauseResult, VerifyData
+from headwise.control.objectives import PatternObjective, RoleBound
+from headwise.errors import SpecError
+from headwise.heads import HeadSet
+from headwise.patterns import ROLE_NAMES, TARGET_ROLES
+
+# Role scores whose lever is another role's (TransformerLens variants measure the same role).
+ROLE_OF_SCORE = {**{r: r for r in ROLE_NAMES}, "previous_token_tl": "previous_token",
+                 "induction_tl": "induction", "duplicate_token_tl": "duplicate_token"}
+_RANGE = {"copying_eig": (-1.0, 1.0)}
+SUBJECTS = ("head", "any_of", "all_of")
+
+
+class ScoreKind(ClauseKind):
+    name = "score"
+    keys = frozenset({*SUBJECTS, "score", "on", "at_least", "at_most", "name"})
+
+    def claims(self, raw: Mapping[str, Any]) -> bool:
+        return "score" in raw
+
+    def parse(self, path: str, index: int, raw: dict[str, Any], ctx: ParseContext) -> Clause:
+        key, heads = fields.subject(path, raw, SUBJECTS, ctx.n_layers, ctx.n_heads)
+        score = fields.choice(path, raw, "score", ROLES, "")
+        on = raw.get("on")
+        if on is not None and not isinstance(on, str):
+            raise SpecError(f"{path}.on: got {on!r}, expected the name of a probe data "
+                                   "set")
+        lo, hi = fields.number(path, raw, "at_least"), fields.number(path, raw, "at_most")
+        if lo is None and hi is None:
+            raise SpecError(f"{path}: missing bound; expected 'at_least' and/or "
+                                   "'at_most'")
+        fields.ordered(path, "at_least", lo, "at_most", hi)
+        low, high = _RANGE.get(score, (0.0, 1.0))
+        fields.in_range(path, {"at_least": lo, "at_most": hi}, low, high,
+                        f"a number in [{low}, {high}] (the range of {score})")
+        return Clause(index, self, key, heads, score=score, on=on, at_least=lo, at_most=hi,
+                      name=fields.name(path, raw), source=dict(raw))
+
+    def describe(self, clause: Clause) -> str:
+        return f"{clause.subject()}: {clause.score} on {clause.on or '(default probe)'}"
+
+    def measured_on(self, clause: Clause) -> str:
+        return f"probe {clause.on or 'default'}"
+
+    def bounded(self, clause: Clause) -> list[tuple[tuple[Any, ...], str]]:
+        if clause.quantifier == "any_of":
+            return []  # "some head" bounds constrain no particular head
+        return [(("score", h, clause.score, clause.on), f"{h} {clause.score}")
+                for h in clause.heads]
+
+    def measure_all(self, model: nn.Module, clauses: Sequence[Clause],
+                    data: VerifyData) -> dict[int, ClauseResult]:
+        """One ``role_scores`` pass per probe over the union of its clauses' heads and roles."""
+        by_probe: dict[str, list[Clause]] = {}
+        for c in clauses:
+            by_probe.setdefault(data.probe_name(c.on, c.path), []).append(c)
+        out = {}
+        for probe, on_it in by_probe.items():
+            tokens, mask, kw = data.probe(probe, on_it[0].path)
+            first = on_it[0].heads
+            heads = HeadSet([h for c in on_it for h in c.heads], first.n_layers, first.n_heads)
+            roles = sorted({c.score for c in on_it if c.score})
+            with torch.no_grad():
+                table = role_scores(model, tokens, mask, heads=heads, roles=roles, **kw)
+            for c in on_it:
+                out[c.index] = _result(c, table, probe)
+        return out
+
+    def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
+        heads = [h for h in clause.heads if h not in ctx.masked]
+        if not heads:  # a structural mask fixes every head's pattern: nothing to drive
+            return ClauseLever("structural", f"structural mask on {names(clause.heads)} (fixed)")
+        role = ROLE_OF_SCORE.get(clause.score or "")
+        if role is None:
+            return None
+        model, tag = ctx.compiled.model, f"[{clause.path}]"
+        where = f" on {clause.on}-like batches" if ctx.reads_probe(clause) else ""
+        if clause.at_least is not None and role in TARGET_ROLES:
+            lever = ClauseLever("pattern", f"pattern objective ({role}, ce) on "
+                                f"{names(heads)}{where}")
+            for h in heads:
+                name = f"enforce:{role}[{h}]{tag}"
+                obj = ctx.add(ctx.on_probe(PatternObjective(model, ctx.heads(h), role,
+                                                            kind="ce"), name, clause), name)
+                lever.per_head[str(h)] = obj
+                lever.objectives.append(obj)
+            return lever
+        margin = ctx.config.margin
+        lo = None if clause.at_least is None else min(1.0, clause.at_least + margin)
+        hi = None if clause.at_most is None else max(0.0, clause.at_most - margin)
+        name = f"enforce:bound:{role}[{names(heads)}]{tag}"
+        obj = ctx.add(ctx.on_probe(RoleBound(model, ctx.heads(heads), role, min=lo, max=hi),
+                                   name, clause), name)
+        bounds = " and ".join(x for x in (lo is not None and f">= {lo:g}" or "",
+                                          hi is not None and f"<= {hi:g}" or "") if x)
+        return ClauseLever("bound", f"row-wise {role} bound {bounds} on {names(heads)}{where}",
+                           [obj])
+
+
+def _result(c: Clause, table: RoleTable, probe: str) -> ClauseResult:
+    values = {str(h): table.get(h, c.score or "") for h in c.heads}
+    passed, head, value = decide(c, values)
+    return ClauseResult(c, passed, number_or_none(value), c.threshold_text(), head,
+                        {h: number_or_none(v) for h, v in values.items()},
+                        details={"probe": probe})
+
+
+KIND = ScoreKind()

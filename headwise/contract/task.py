@@ -1,0 +1,81 @@
+"""Task clauses: the model still does its job (a task floor, or a cap).
+
+``{task: copy, metric: accuracy, at_least: 0.95}``; ``metric`` is ``accuracy`` (token-weighted),
+``exact`` (per example) or ``loss`` (nats), measured on the task's held-out batch with a
+bootstrap CI (``task_metric_ci``). A lower bound (``at_most`` for loss) is a floor: its lever is
+extra weight on the task's loss, and the enforcer never trades it away for another clause.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from headwise.analysis.importance import task_metric_ci
+from headwise.contract import fields
+from headwise.contract.clause import METRICS, UNIT_METRICS, Clause, holds, number_or_none
+from headwise.contract.kind import ClauseKind, ParseContext
+from headwise.contract.lever import ClauseLever, PlanContext
+from headwise.contract.results import ClauseResult, VerifyData
+from headwise.control.task_levers import TaskLossWeight
+from headwise.errors import SpecError
+from headwise.heads import HeadSet
+
+
+class TaskKind(ClauseKind):
+    name = "task"
+    keys = frozenset({"task", "metric", "at_least", "at_most", "name"})
+
+    def claims(self, raw: Mapping[str, Any]) -> bool:
+        return "task" in raw
+
+    def parse(self, path: str, index: int, raw: dict[str, Any], ctx: ParseContext) -> Clause:
+        task = fields.task(path, "task", raw.get("task"), ctx.tasks)
+        metric = fields.choice(path, raw, "metric", METRICS, "accuracy")
+        lo, hi = fields.number(path, raw, "at_least"), fields.number(path, raw, "at_most")
+        if lo is None and hi is None:
+            raise SpecError(f"{path}: missing bound; expected 'at_least' and/or 'at_most' (a "
+                            f"task floor such as {{task: {task}, metric: accuracy, at_least: "
+                            "0.95})")
+        fields.ordered(path, "at_least", lo, "at_most", hi)
+        low, high = (0.0, 1.0) if metric in UNIT_METRICS else (0.0, math.inf)
+        fields.in_range(path, {"at_least": lo, "at_most": hi}, low, high,
+                        f"a number in [{low:g}, {high:g}] (the range of {metric})")
+        return Clause(index, self, "model", HeadSet([], ctx.n_layers, ctx.n_heads), task=task,
+                      metric=metric, at_least=lo, at_most=hi, name=fields.name(path, raw),
+                      source=dict(raw))
+
+    def describe(self, clause: Clause) -> str:
+        return f"task {clause.task}: {clause.metric}"
+
+    def measured_on(self, clause: Clause) -> str:
+        return f"held-out {clause.task} examples"
+
+    def bounded(self, clause: Clause) -> list[tuple[tuple[Any, ...], str]]:
+        return [(("task", clause.task, clause.metric), f"{clause.task} {clause.metric}")]
+
+    def measure(self, model: nn.Module, clause: Clause, data: VerifyData) -> ClauseResult:
+        batch = data.batch(clause.task or "", clause.path)
+        value, low, high = task_metric_ci(model, batch, clause.metric, n_boot=data.n_boot)
+        return ClauseResult(clause, holds(value, clause.at_least, clause.at_most),
+                            number_or_none(value), clause.threshold_text(), "the model",
+                            ci=(low, high), details={"examples": int(batch.tokens.shape[0])})
+
+    def guards_task(self, clause: Clause) -> bool:
+        return True
+
+    def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
+        floor = (clause.at_least is not None if clause.metric != "loss"
+                 else clause.at_most is not None)
+        if not floor or clause.task is None:
+            return None
+        task_id = list(ctx.compiled.task_names).index(clause.task)
+        obj = ctx.add(TaskLossWeight(ctx.compiled.model, task_id),
+                      f"enforce:task-weight[{clause.task}][{clause.path}]")
+        return ClauseLever("task_weight", f"extra loss weight on {clause.task}", [obj])
+
+
+KIND = TaskKind()

@@ -1,0 +1,30 @@
+"""Verify a contract on a model: measure every clause, give its value, threshold and verdict.
+
+Each kind measures its own clauses (``ClauseKind.measure_all``: score clauses on one probe
+share a role-score pass); the results come back in clause order. Measurement per kind is
+described in its module and in docs/contracts.md.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from headwise.contract.clause import Contract
+from headwise.contract.kinds import KINDS
+from headwise.contract.results import ContractResult, VerifyData
+from headwise.model.eval_mode import eval_mode
+
+
+def verify(model: nn.Module, contract: Contract, data: VerifyData) -> ContractResult:
+    """Measure every clause of ``contract`` on ``data`` (in eval mode; the mode is restored).
+
+    Raises:
+        SpecError: a clause names a probe or task that ``data`` lacks.
+    """
+    with eval_mode(model):
+        results = {}
+        for kind in KINDS.values():
+            mine = [c for c in contract if c.entry is kind]
+            if mine:
+                results.update(kind.measure_all(model, mine, data))
+        return ContractResult([results[c.index] for c in contract])

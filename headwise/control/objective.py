@@ -1,0 +1,43 @@
+"""The lever protocol: what the trainer needs of every loss term it adds to the task loss.
+
+One training step of a lever, in order (``headwise.training.evaluate.forward``):
+
+1. ``prepare(batch)``: per-batch state (which examples a stochastic ablation zeroes, the batch
+   a second forward will read, a probe-like batch's term); the default does nothing;
+2. the model's forward with every lever's ``hooks()`` attached (hooks capture or edit values);
+3. ``loss(tokens, attention_mask)`` after the hooks are detached: ``(weight * loss, logs)``.
+   ``loss`` consumes and clears whatever ``prepare`` and the hooks left, so no state leaks
+   into the next step or an evaluation forward.
+
+``weight`` is what a caller (a schedule, the contract enforcer) changes between steps; ``name``
+is unique in a run (checkpoints store weights by name).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from torch import Tensor
+
+from headwise.model.hook_point import Hook
+
+
+@runtime_checkable
+class Objective(Protocol):
+    """A loss term the trainer adds to the task loss (see the module docstring)."""
+
+    name: str
+    weight: float
+
+    def prepare(self, batch: Any) -> None:
+        """Set per-batch state before the forward (default: none)."""
+        return None
+
+    def hooks(self) -> list[Hook]:
+        """Hooks to attach during the forward pass."""
+        ...
+
+    def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
+             ) -> tuple[Tensor, dict[str, Tensor]]:
+        """``(weight * loss, {log name: detached 0-d tensor})`` after the forward pass."""
+        ...
