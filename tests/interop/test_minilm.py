@@ -47,8 +47,8 @@ def test_hidden_states_and_similarities_match_hf(minilm):
                                                 attn_implementation="eager").eval()
     with torch.no_grad():
         ref = hf(**ref_in, output_hidden_states=True)
-        _, cache = model.run_with_cache(tokens, [f"blocks.{l}.hook_normalized_resid_post" for l in range(6)],
-                                        attention_mask=mask)
+        names = [f"blocks.{l}.hook_normalized_resid_post" for l in range(6)]
+        _, cache = model.run_with_cache(tokens, names, attention_mask=mask)
         hidden = model.hidden(tokens, attention_mask=mask)
     real = mask.bool()
     torch.testing.assert_close(hidden[real], ref.last_hidden_state[real], atol=1e-4, rtol=0)
