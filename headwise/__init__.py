@@ -13,9 +13,13 @@ from headwise.analysis import (
     ContractResult,
     RoleTable,
     ablation_importance,
+    accumulated_resid,
+    decompose_resid,
     explain_head,
     gradient_importance,
+    logit_attrs,
     role_scores,
+    stack_head_results,
     verify,
 )
 from headwise.config import ModelConfig, preset
@@ -48,7 +52,7 @@ from headwise.hooks import (
     steer,
 )
 from headwise.interop import convert, export_peft, import_peft, load_hf
-from headwise.model import Transformer, build_model
+from headwise.model import FactoredMatrix, Transformer, build_model
 from headwise.pipeline import compile_spec
 from headwise.pipeline.export import export_hf
 from headwise.runspec import Spec, contract_from_list, load_spec
@@ -76,4 +80,6 @@ __all__ = [
     "analysis", "control", "data", "hooks", "interop", "model", "pipeline", "runspec", "training",
     # HuggingFace export
     "export_hf",
+    # TransformerLens-style analysis
+    "FactoredMatrix", "accumulated_resid", "decompose_resid", "logit_attrs", "stack_head_results",
 ]
