@@ -67,3 +67,16 @@ def test_bad_head_number_is_one_line_naming_head_and_shape(run, name, head, expe
     with pytest.raises(SelectorError, match=expected) as err:
         cache.head(name, head)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.xfail(strict=True, reason="hooks.patch passes the kv-head indices its hook holds to "
+                   "ActivationCache.head, which takes query heads: it must pass h * group")
+def test_patching_gqa_keys_copies_the_kv_head_the_query_head_reads(run) -> None:
+    from headwise.hooks import patch
+
+    model, tokens = run
+    other = torch.randint(0, CFG.vocab_size, (2, 7), generator=torch.Generator().manual_seed(9))
+    _, source = model.run_with_cache(tokens, [K])
+    with model.hooks(patch(model, source, "L1.H4", point="k")):  # query head 4 reads kv head 1
+        _, out = model.run_with_cache(other, [K])
+    assert torch.equal(out[K][:, :, 1], source[K][:, :, 1])
