@@ -23,9 +23,13 @@ from headwise import (
 from headwise.analysis import (
     RoleTable,
     ablation_importance,
+    accumulated_resid,
+    decompose_resid,
     explain_head,
     gradient_importance,
+    logit_attrs,
     role_scores,
+    stack_head_results,
 )
 from headwise.config import ModelConfig, preset
 from headwise.contract import Contract, ContractResult, EnforceConfig, parse_contract, verify
@@ -58,7 +62,7 @@ from headwise.hooks import (
     steer,
 )
 from headwise.interop import convert, export_peft, import_peft, load_hf
-from headwise.model import Transformer, build_model
+from headwise.model import FactoredMatrix, Transformer, build_model
 from headwise.pipeline import compile_spec
 from headwise.pipeline.export import export_hf
 from headwise.runspec import Spec, load_spec
@@ -87,4 +91,6 @@ __all__ = [
     "training",
     # HuggingFace export
     "export_hf",
+    # TransformerLens-style analysis
+    "FactoredMatrix", "accumulated_resid", "decompose_resid", "logit_attrs", "stack_head_results",
 ]

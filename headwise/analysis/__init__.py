@@ -3,6 +3,7 @@
 See docs/roles.md (score definitions and sources). Contracts live in ``headwise.contract``.
 """
 
+from headwise.analysis.decompose import accumulated_resid, decompose_resid, stack_head_results
 from headwise.analysis.explain import Step, Walkthrough, explain_head
 from headwise.analysis.forecast import Forecaster, forecast_heads, linear_forecast, load_forecaster
 from headwise.analysis.importance import (
@@ -12,6 +13,11 @@ from headwise.analysis.importance import (
     task_metrics,
 )
 from headwise.analysis.importance_matrix import ImportanceMatrix
+from headwise.analysis.logit_attrs import (
+    apply_ln_to_stack,
+    logit_attrs,
+    tokens_to_residual_directions,
+)
 from headwise.analysis.ov import copying_eigen_ratio, ov_logits, ov_top1
 from headwise.analysis.patching import PatchingResult, activation_patching
 from headwise.analysis.probes import (
@@ -49,4 +55,7 @@ __all__ = [
     "ov_logits", "ov_top1", "periodic_probe", "print_report", "probe_info", "random_tokens",
     "render_html", "role_scores", "role_sums", "score_checkpoints", "scores_from_patterns",
     "target_similarity", "task_metrics", "write_report",
+    # TransformerLens-style residual decomposition and direct logit attribution
+    "accumulated_resid", "apply_ln_to_stack", "decompose_resid", "logit_attrs",
+    "stack_head_results", "tokens_to_residual_directions",
 ]

@@ -3,12 +3,13 @@
 from headwise.model.attention import Attention
 from headwise.model.block import PostNormBlock, PreNormBlock
 from headwise.model.build import build_model
+from headwise.model.factored import FactoredMatrix
 from headwise.model.inputs import check_tokens
 from headwise.model.mlp import MLP, GatedMLP
 from headwise.model.norm import LayerNorm, RMSNorm
 from headwise.model.positional import LearnedPositional, Rotary, SinusoidalPositional
 from headwise.model.transformer import Transformer
 
-__all__ = ["MLP", "Attention", "GatedMLP", "LayerNorm", "LearnedPositional", "PostNormBlock",
-           "PreNormBlock", "RMSNorm", "Rotary", "SinusoidalPositional", "Transformer",
-           "build_model", "check_tokens"]
+__all__ = ["MLP", "Attention", "FactoredMatrix", "GatedMLP", "LayerNorm", "LearnedPositional",
+           "PostNormBlock", "PreNormBlock", "RMSNorm", "Rotary", "SinusoidalPositional",
+           "Transformer", "build_model", "check_tokens"]

@@ -45,16 +45,29 @@ class PreNormBlock(_Block):
 
 
 class PostNormBlock(_Block):
-    """``ln1(x + attn(x))`` then ``ln2(x + mlp(x))`` (original Transformer, BERT)."""
+    """``ln1(x + attn(x))`` then ``ln2(x + mlp(x))`` (original Transformer, BERT).
+
+    As in TransformerLens's BERT block, ``hook_resid_mid`` and ``hook_resid_post`` hold the
+    residual sums *before* their norm; the normalised values have points of their own,
+    ``hook_normalized_resid_mid`` (the MLP's input) and ``hook_normalized_resid_post`` (the
+    block's output: the next block's ``hook_resid_pre``). In an attention-only block the one
+    sum is ``hook_resid_post``.
+    """
+
+    def __init__(self, attn: Attention, mlp: nn.Module | None, ln1: nn.Module,
+                 ln2: nn.Module | None, dropout: float = 0.0) -> None:
+        super().__init__(attn, mlp, ln1, ln2, dropout)
+        if mlp is not None:
+            self.hook_normalized_resid_mid = HookPoint()
+        self.hook_normalized_resid_post = HookPoint()
 
     def forward(self, x: Tensor, key_padding: Tensor | None = None,
                 task_ids: Tensor | None = None) -> Tensor:  # (B, T, D) -> (B, T, D)
         x = self.hook_resid_pre(x)
         attn_out = self.hook_attn_out(self.resid_dropout(self.attn(x, key_padding, task_ids)))
-        x = self.ln1(x + attn_out)
         if self.mlp is None:
-            return self.hook_resid_post(x)
+            return self.hook_normalized_resid_post(self.ln1(self.hook_resid_post(x + attn_out)))
         assert self.ln2 is not None
-        x = self.hook_resid_mid(x)
+        x = self.hook_normalized_resid_mid(self.ln1(self.hook_resid_mid(x + attn_out)))
         mlp_out = self.hook_mlp_out(self.mlp(x))
-        return self.hook_resid_post(self.ln2(x + mlp_out))
+        return self.hook_normalized_resid_post(self.ln2(self.hook_resid_post(x + mlp_out)))

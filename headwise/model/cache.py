@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from torch import Tensor, nn
 
+from headwise.errors import SelectorError
 from headwise.heads import select_heads
 from headwise.model.hook_point import Hook, HookContext, attach_hooks, hook_points, resolve_points
 from headwise.model.inputs import check_tokens, gate_tasks
@@ -16,13 +18,15 @@ class ActivationCache:
     """Cached activations by hook name; head-restricted entries record which heads they hold.
 
     ``cache[name]`` is the tensor. For points with a head axis, ``cache.heads_of(name)`` gives
-    the head indices along it (``None``: all heads) and ``cache.head(name, h)`` one head's slice.
+    the head indices along it (``None``: all heads; kv heads on GQA ``hook_k``/``hook_v``) and
+    ``cache.head(name, h)`` query head ``h``'s slice (its kv group's on those points).
     """
 
     def __init__(self) -> None:
         self._store: dict[str, Tensor] = {}
         self._heads: dict[str, tuple[int, ...] | None] = {}
         self._axis: dict[str, int | None] = {}
+        self._kv_group: dict[str, int] = {}  # query heads per stored head (GQA k/v points)
 
     def __getitem__(self, name: str) -> Tensor:
         if name not in self._store:
@@ -52,23 +56,43 @@ class ActivationCache:
         return self._axis[name]
 
     def head(self, name: str, head: int) -> Tensor:
-        """One head's slice of a cached value (the head axis removed).
+        """One query head's slice of a cached value (the head axis removed).
+
+        ``head`` is a query-head number on every point. Under grouped-query attention
+        ``hook_k``/``hook_v`` (and ``hook_rot_k``) hold kv heads: query head ``h`` gets the slice
+        of kv head ``h // (H / H_kv)``, the one it reads (``headwise.kv_head``).
 
         Raises:
-            KeyError: the head was not cached at this point.
+            SelectorError: ``head`` is not a head of this point (names the head and the shape).
+            KeyError: no head axis at ``name``, or the head was not cached there.
         """
         value, axis, heads = self[name], self._axis[name], self._heads[name]
         if axis is None:
             raise KeyError(f"{name!r} has no head axis")
-        pos = head if heads is None else (heads.index(head) if head in heads else None)
-        if pos is None:
-            raise KeyError(f"{name!r}: head {head} not cached; cached heads {heads}")
-        return value.select(axis, pos)
+        group = self._kv_group[name]
+        try:
+            h: int | None = operator.index(head)
+        except TypeError:
+            h = None
+        if heads is None:  # every head is held: the shape says which numbers exist
+            n = value.shape[axis] * group
+            if h is None or not 0 <= h < n:
+                kv = f" ({value.shape[axis]} kv heads of {group} query heads each)" * (group > 1)
+                raise SelectorError(f"{name}: head {head!r} out of range; expected a query head "
+                                    f"0-{n - 1}{kv}, value shape {tuple(value.shape)}")
+            return value.select(axis, h // group)
+        slot = h // group if h is not None and h >= 0 else None
+        if slot not in heads:
+            held = tuple(q for g in heads for q in range(g * group, (g + 1) * group))
+            raise KeyError(f"{name!r}: head {head!r} not cached; cached query heads {held}")
+        return value.select(axis, heads.index(slot))
 
-    def _put(self, name: str, value: Tensor, ctx: HookContext, axis: int | None) -> None:
+    def _put(self, name: str, value: Tensor, ctx: HookContext, axis: int | None,
+             kv_group: int = 1) -> None:
         self._store[name] = value
         self._heads[name] = ctx.heads
         self._axis[name] = axis
+        self._kv_group[name] = kv_group
 
 
 def run_with_cache(model: nn.Module, tokens: Tensor,
@@ -106,8 +130,8 @@ def run_with_cache(model: nn.Module, tokens: Tensor,
                 continue
 
         def store(x: Tensor, ctx: HookContext, name: str = name,
-                  axis: int | None = point.head_axis) -> None:
-            cache._put(name, x.detach() if detach else x, ctx, axis)
+                  axis: int | None = point.head_axis, group: int = point.kv_group) -> None:
+            cache._put(name, x.detach() if detach else x, ctx, axis, group)
 
         hooks.append(Hook(name, store, restrict, read_only=detach))
     with attach_hooks(model, hooks):

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from headwise.model import head_params
 from headwise.model.cache import ActivationCache, run_with_cache
+from headwise.model.factored import FactoredMatrix
 from headwise.model.hook_point import Hook, HookPoint, attach_hooks
 from headwise.model.inputs import check_shapes, check_tokens
 
@@ -116,3 +118,65 @@ class Transformer(nn.Module):
                        **kwargs: Any) -> tuple[Tensor, ActivationCache]:
         """Run forward and cache only the named points (see ``headwise.model.cache``)."""
         return run_with_cache(self, tokens, names, heads=heads, detach=detach, **kwargs)
+
+    # Per-head weights in TransformerLens's shapes (``headwise.model.head_params``): fresh
+    # stacks of the effective weights (adapters included), so gradients reach the parameters.
+    @property
+    def W_Q(self) -> Tensor:
+        """(L, H, D, Dh) query weights: ``q_h = x @ W_Q[l, h] + b_Q[l, h]``."""
+        return head_params.W_Q(self.blocks)
+
+    @property
+    def W_K(self) -> Tensor:
+        """(L, H, D, Dh) key weights, GQA kv heads expanded to the query heads."""
+        return head_params.W_K(self.blocks)
+
+    @property
+    def W_V(self) -> Tensor:
+        """(L, H, D, Dh) value weights, GQA kv heads expanded to the query heads."""
+        return head_params.W_V(self.blocks)
+
+    @property
+    def W_O(self) -> Tensor:
+        """(L, H, Dh, D) output weights: head h writes ``z_h @ W_O[l, h]``."""
+        return head_params.W_O(self.blocks)
+
+    @property
+    def b_Q(self) -> Tensor:
+        """(L, H, Dh) query biases (zeros without biases)."""
+        return head_params.b_Q(self.blocks)
+
+    @property
+    def b_K(self) -> Tensor:
+        """(L, H, Dh) key biases, expanded under GQA."""
+        return head_params.b_K(self.blocks)
+
+    @property
+    def b_V(self) -> Tensor:
+        """(L, H, Dh) value biases, expanded under GQA."""
+        return head_params.b_V(self.blocks)
+
+    @property
+    def b_O(self) -> Tensor:
+        """(L, D) output biases."""
+        return head_params.b_O(self.blocks)
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        """(L, H, D, D) OV circuits ``W_V @ W_O``, factored (``.AB`` for the dense product)."""
+        return head_params.OV(self.blocks)
+
+    @property
+    def QK(self) -> FactoredMatrix:
+        """(L, H, D, D) QK circuits ``W_Q @ W_K^T``, factored (biases and RoPE left out)."""
+        return head_params.QK(self.blocks)
+
+    @property
+    def W_E(self) -> Tensor:
+        """(V, D) token embedding."""
+        return self.embed.weight
+
+    @property
+    def W_U(self) -> Tensor:
+        """(D, V) unembedding: the logit of token t is ``resid_final @ W_U[:, t]``."""
+        return self.unembed.weight.T

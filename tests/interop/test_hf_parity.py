@@ -17,10 +17,15 @@ def _hf_outputs(hf, tokens, mask, token_types=None):
                   output_hidden_states=True, **kwargs)
 
 
+# The point holding a block's output (HF's hidden_states[l + 1]): post-norm blocks normalise
+# their residual sum last, and hook_resid_post is that sum before the norm (TransformerLens).
+_LAYER_OUT = {"pre": "hook_resid_post", "post": "hook_normalized_resid_post"}
+
+
 def _ours(model, tokens, mask, token_types=None):
     L = len(model.blocks)
     names = [f"blocks.{l}.attn.hook_pattern" for l in range(L)]
-    names += [f"blocks.{l}.hook_resid_post" for l in range(L)]
+    names += [f"blocks.{l}.{_LAYER_OUT[model.config.norm]}" for l in range(L)]
     kwargs = {"token_type_ids": token_types} if token_types is not None else {}
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens, names, attention_mask=mask, **kwargs)
@@ -54,7 +59,7 @@ def test_outputs_and_patterns_match_hf(hf_model_dir, batch, family, padded):
         # HF's hidden_states[l + 1] is the output of layer l (the last one after the final
         # norm for decoders, so compare the final one through `hidden` above instead).
         if l + 1 < len(model.blocks) or family == "bert":
-            ours_h = cache[f"blocks.{l}.hook_resid_post"]
+            ours_h = cache[f"blocks.{l}.{_LAYER_OUT[model.config.norm]}"]
             torch.testing.assert_close(ours_h[real], ref.hidden_states[l + 1][real],
                                        atol=1e-4, rtol=0)
         ours_p = cache[f"blocks.{l}.attn.hook_pattern"]  # (B, H, T, T)
@@ -119,3 +124,56 @@ def test_bert_for_masked_lm_body_loads(batch, tmp_path):
         ref = hf.bert(input_ids=tokens, attention_mask=mask).last_hidden_state
         torch.testing.assert_close(model.hidden(tokens, mask)[mask.bool()], ref[mask.bool()],
                                    atol=1e-4, rtol=0)
+
+
+def _layernorm_inputs(hf, tokens, mask, token_types):
+    """What each of HF's BERT LayerNorms receives: the residual sums before the norm."""
+    seen = {}
+    handles = []
+    for l, layer in enumerate(hf.encoder.layer):
+        for key, norm in (("mid", layer.attention.output.LayerNorm),
+                          ("post", layer.output.LayerNorm)):
+            handles.append(norm.register_forward_pre_hook(
+                lambda mod, args, key=(l, key): seen.update({key: args[0]})))
+    try:
+        _hf_outputs(hf, tokens, mask, token_types)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def test_bert_residual_points_sit_before_the_norm_as_in_transformerlens(hf_model_dir, batch):
+    """hook_resid_mid / hook_resid_post hold the sums HF's LayerNorms receive; the
+    normalised points hold HF's normalised outputs (hidden_states[l + 1] for resid_post)."""
+    hf, path = hf_model_dir("bert")
+    model = load_hf(path)
+    tokens, mask = batch
+    token_types = torch.randint(0, 3, tokens.shape, generator=torch.Generator().manual_seed(3))
+    ref_in = _layernorm_inputs(hf, tokens, mask, token_types)
+    ref = _hf_outputs(hf, tokens, mask, token_types)
+    names = [f"blocks.{l}.{leaf}" for l in range(2) for leaf in (
+        "hook_resid_pre", "hook_resid_mid", "hook_normalized_resid_mid", "hook_resid_post",
+        "hook_normalized_resid_post")]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names, attention_mask=mask,
+                                        token_type_ids=token_types)
+    real = mask.bool()
+    for l in range(2):
+        p = f"blocks.{l}."
+        torch.testing.assert_close(cache[p + "hook_resid_mid"][real], ref_in[l, "mid"][real],
+                                   atol=1e-4, rtol=0)
+        torch.testing.assert_close(cache[p + "hook_resid_post"][real], ref_in[l, "post"][real],
+                                   atol=1e-4, rtol=0)
+        torch.testing.assert_close(cache[p + "hook_normalized_resid_post"][real],
+                                   ref.hidden_states[l + 1][real], atol=1e-4, rtol=0)
+        norm1 = hf.encoder.layer[l].attention.output.LayerNorm  # HF's own module on our sum
+        with torch.no_grad():
+            torch.testing.assert_close(cache[p + "hook_normalized_resid_mid"][real],
+                                       norm1(cache[p + "hook_resid_mid"])[real],
+                                       atol=1e-5, rtol=0)
+        # Pre-norm sums differ from the normalised values (random weights: by far more than 1e-4).
+        assert (cache[p + "hook_resid_post"] - cache[p + "hook_normalized_resid_post"]
+                ).abs().max() > 0.1
+    torch.testing.assert_close(cache["blocks.1.hook_resid_pre"],
+                               cache["blocks.0.hook_normalized_resid_post"], atol=0, rtol=0)

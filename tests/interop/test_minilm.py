@@ -47,13 +47,13 @@ def test_hidden_states_and_similarities_match_hf(minilm):
                                                 attn_implementation="eager").eval()
     with torch.no_grad():
         ref = hf(**ref_in, output_hidden_states=True)
-        _, cache = model.run_with_cache(tokens, [f"blocks.{l}.hook_resid_post" for l in range(6)],
-                                        attention_mask=mask)
+        names = [f"blocks.{l}.hook_normalized_resid_post" for l in range(6)]
+        _, cache = model.run_with_cache(tokens, names, attention_mask=mask)
         hidden = model.hidden(tokens, attention_mask=mask)
     real = mask.bool()
     torch.testing.assert_close(hidden[real], ref.last_hidden_state[real], atol=1e-4, rtol=0)
     for l in range(6):
-        torch.testing.assert_close(cache[f"blocks.{l}.hook_resid_post"][real],
+        torch.testing.assert_close(cache[f"blocks.{l}.hook_normalized_resid_post"][real],
                                    ref.hidden_states[l + 1][real], atol=1e-4, rtol=0)
 
     ours = _mean_pool(hidden, mask)
@@ -71,3 +71,27 @@ def test_minilm_config_translation(minilm):
     assert (c.n_layers, c.n_heads, c.d_model, c.d_ff) == (6, 12, 384, 1536)
     assert (c.causal, c.norm, c.activation, c.norm_eps, c.n_token_types, c.embed_norm) == (
         False, "post", "gelu", 1e-12, 2, True)
+
+
+def test_residual_sums_before_the_norm_match_hf(minilm):
+    """On the real weights hook_resid_mid / hook_resid_post are what HF's LayerNorms receive."""
+    path, model, tokenizer = minilm
+    tokens, mask = encode_batch(tokenizer, SENTENCES[:2])
+    hf = transformers.BertModel.from_pretrained(path, local_files_only=True,
+                                                attn_implementation="eager").eval()
+    seen = {}
+    handles = [norm.register_forward_pre_hook(lambda mod, args, key=(l, k): seen.update(
+        {key: args[0]})) for l, layer in enumerate(hf.encoder.layer)
+        for k, norm in (("mid", layer.attention.output.LayerNorm),
+                        ("post", layer.output.LayerNorm))]
+    with torch.no_grad():
+        hf(input_ids=tokens, attention_mask=mask)
+        _, cache = model.run_with_cache(tokens, lambda n: n.endswith(
+            ("hook_resid_mid", "hook_resid_post")), attention_mask=mask)
+    for h in handles:
+        h.remove()
+    real = mask.bool()
+    for l in range(6):
+        for k in ("mid", "post"):
+            torch.testing.assert_close(cache[f"blocks.{l}.hook_resid_{k}"][real],
+                                       seen[l, k][real], atol=1e-4, rtol=0)
