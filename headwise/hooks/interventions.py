@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from headwise.heads import select_heads
 from headwise.model.cache import run_with_cache
-from headwise.model.hook_point import Hook, HookContext
+from headwise.model.hook_point import Hook, HookContext, hook_points
 
 AblationMode = Literal["zero", "mean", "resample"]
 _POINTS = ("q", "k", "v", "z", "pattern", "attn_scores", "result")
@@ -83,10 +83,12 @@ def patch(model: nn.Module, source: Any, heads: Any, point: str = "z") -> list[H
     for layer in hs.layers:
         name = _name(layer, point)
         axis = source.axis_of(name)  # raises KeyError if not cached
+        group = hook_points(model)[name].kv_group  # k/v hold kv heads; head() takes query heads
 
-        def replace(x: Tensor, ctx: HookContext, name: str = name, axis: int = axis) -> Tensor:
+        def replace(x: Tensor, ctx: HookContext, name: str = name, axis: int = axis,
+                    group: int = group) -> Tensor:
             assert ctx.heads is not None
-            out = torch.stack([source.head(name, h) for h in ctx.heads], dim=axis)
+            out = torch.stack([source.head(name, h * group) for h in ctx.heads], dim=axis)
             if out.shape != x.shape:
                 raise ValueError(f"patch: {name} cached shape {tuple(out.shape)} does not match "
                                  f"this run's {tuple(x.shape)}")

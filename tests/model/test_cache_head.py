@@ -69,8 +69,6 @@ def test_bad_head_number_is_one_line_naming_head_and_shape(run, name, head, expe
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.xfail(strict=True, reason="hooks.patch passes the kv-head indices its hook holds to "
-                   "ActivationCache.head, which takes query heads: it must pass h * group")
 def test_patching_gqa_keys_copies_the_kv_head_the_query_head_reads(run) -> None:
     from headwise.hooks import patch
 
