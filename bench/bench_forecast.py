@@ -25,7 +25,7 @@ configurations over all 13), reported per configuration and together.
 (``ABLATION``: commitment, gradient alignment in pattern and in parameter space, the loss
 curve, and the shape of the early score curves), scored the same way. The training signals
 they need are computed from each run's checkpoints by
-``headwise.analysis.forecast_signals.gradient_signals`` on the held-out mixture and cached
+``bench/forecast_signals.py``'s ``gradient_signals`` on the held-out mixture and cached
 next to the trajectories (keyed by that module's code).
 
 ``--within`` adds forecasters fit within each configuration (on its other seeds only): an
@@ -177,7 +177,7 @@ def code_key() -> str:
 
 def signals_key() -> str:
     """A hash of the training signals' code (their files sit next to the runs' trajectories)."""
-    code = (ROOT / "headwise" / "analysis" / "forecast_signals.py").read_bytes()
+    code = (ROOT / "bench" / "forecast_signals.py").read_bytes()
     return hashlib.sha256(code).hexdigest()[:12]
 
 
@@ -209,7 +209,8 @@ def run_one(name: str, seed: int, key: str) -> dict:
 def with_signals(rec: dict, key: str) -> dict:
     """``rec`` with training signals in its trajectory, computed from the run's checkpoints
     (``gradient_signals`` on the held-out mixture, with the run's objectives) and cached."""
-    from headwise.analysis.forecast_signals import gradient_signals
+    from forecast_signals import gradient_signals
+
     from headwise.pipeline.run import load_run, verify_data
     from headwise.training.checkpoint import list_checkpoints
     from headwise.training.safetensors_io import load_weights
@@ -249,13 +250,18 @@ def with_signals(rec: dict, key: str) -> dict:
 def load_runs(seeds: list[int], key: str) -> list[dict]:
     """Every configuration's run for ``seeds`` (seeds outermost: an interrupted benchmark has
     every configuration of the seeds it finished), with its ``Trajectory`` as ``traj``."""
+    from forecast_signals import attach_signals, signals_from_dict
+
     from headwise.analysis.trajectories import Trajectory
 
     runs = []
     for seed in seeds:
         for name in CONFIGS:
             rec = with_signals(run_one(name, seed, key), key)
-            runs.append({**rec, "traj": Trajectory.from_dict(rec["trajectory"])})
+            traj = Trajectory.from_dict(rec["trajectory"])
+            signals = signals_from_dict(rec["trajectory"])
+            assert signals is not None  # with_signals added them
+            runs.append({**rec, "traj": attach_signals(traj, signals)})
     return runs
 
 

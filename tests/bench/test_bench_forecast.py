@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-TABLES = Path(__file__).resolve().parents[1] / "bench" / "forecast_tables.py"
+TABLES = Path(__file__).resolve().parents[2] / "bench" / "forecast_tables.py"
 
 
 @pytest.fixture(scope="module")

@@ -1,21 +1,31 @@
-"""Training signals for forecasts: gradient alignment against finite differences, objectives."""
+"""The forecast benchmark's training signals: gradient alignment against finite differences,
+objectives, and their arrays beside a trajectory."""
 
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from headwise import Head, ModelConfig, build_model
-from headwise.analysis.forecast_signals import gradient_signals
 from headwise.analysis.role_table import TOP_ROLE_CANDIDATES, RoleTable
 from headwise.analysis.roles import role_scores
-from headwise.analysis.trajectories import Signals, Trajectory, score_checkpoints
+from headwise.analysis.trajectories import Trajectory, score_checkpoints
 from headwise.control.objectives import PatternObjective
 from headwise.data.batch import Batch
 from headwise.model.hook_point import Hook
 from headwise.patterns import role_target
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from forecast_signals import (  # noqa: E402  (a benchmark script module)
+    Signals,
+    attach_signals,
+    gradient_signals,
+    signals_from_dict,
+)
 
 
 def _model() -> torch.nn.Module:
@@ -146,35 +156,41 @@ def test_a_pattern_objective_pulls_its_head_towards_its_role() -> None:
     assert torch.allclose(sig.alignment[0], plain.alignment[0], equal_nan=True)
 
 
-def test_trajectory_keeps_signals_through_json_and_prefixes() -> None:
+def test_signals_stack_beside_a_trajectory_through_json() -> None:
     heads, roles = [Head(0, 0), Head(0, 1)], list(TOP_ROLE_CANDIDATES)
     tables = [(s, RoleTable(heads, roles, torch.rand(2, len(roles), dtype=torch.float64)))
               for s in (10, 20, 30)]
     align = {s: torch.rand(2, len(roles), dtype=torch.float64) for s in (10, 20, 30)}
     align[20][1, 5] = math.nan
-    traj = Trajectory(tables, {s: Signals(1.0 / s, a, -a) for s, a in align.items()})
-    back = Trajectory.from_dict(traj.to_dict())
-    assert back.loss is not None and back.alignment is not None
+    d = Trajectory(tables).to_dict()
+    d["loss"] = [1.0 / s for s in (10, 20, 30)]
+    for i, h in enumerate(d["heads"]):
+        for key, sign in (("alignment", 1.0), ("param_alignment", -1.0)):
+            h[key] = {r: [None if math.isnan(float(align[s][i, j])) else
+                          sign * float(align[s][i, j]) for s in (10, 20, 30)]
+                      for j, r in enumerate(roles)}
+    signals = signals_from_dict(d)
+    assert signals is not None
+    back = attach_signals(Trajectory.from_dict(d), signals)
     assert torch.allclose(back.loss, torch.tensor([0.1, 0.05, 1 / 30], dtype=torch.float64))
     assert torch.allclose(back.alignment, torch.stack([align[s] for s in (10, 20, 30)]),
                           equal_nan=True)
-    assert back.param_alignment is not None
     assert torch.allclose(back.param_alignment, -back.alignment, equal_nan=True)
-    first = back.upto(2)
-    assert first.alignment is not None and first.alignment.shape == (2, 2, len(roles))
-    # signals for only some checkpoints are not kept
-    assert Trajectory(tables, {10: Signals(1.0, align[10], align[10])}).alignment is None
+    assert signals_from_dict(Trajectory(tables).to_dict()) is None  # a summary without them
+    with pytest.raises(ValueError, match="no signals at checkpoints"):
+        attach_signals(Trajectory(tables), {10: Signals(1.0, align[10], align[10])})
 
 
-def test_score_checkpoints_records_the_signals_of_each_model() -> None:
+def test_signals_of_each_checkpoint_model() -> None:
     model, batch = _model(), _batch()
     other = build_model(ModelConfig(n_layers=1, n_heads=3, d_model=24, vocab_size=11,
                                     max_seq_len=9), seed=1).double().eval()
     traj = score_checkpoints(
         [(20, other), (10, model)],
-        lambda m: role_scores(m, batch.tokens, roles=list(TOP_ROLE_CANDIDATES)),
-        lambda m: gradient_signals(m, batch))
-    assert traj.steps == [10, 20] and traj.loss is not None and traj.alignment is not None
+        lambda m: role_scores(m, batch.tokens, roles=list(TOP_ROLE_CANDIDATES)))
+    traj = attach_signals(traj, {10: gradient_signals(model, batch),
+                                 20: gradient_signals(other, batch)})
+    assert traj.steps == [10, 20]
     assert traj.loss.tolist() == [gradient_signals(model, batch).loss,
                                   gradient_signals(other, batch).loss]
     assert torch.allclose(traj.alignment[1], gradient_signals(other, batch).alignment,
@@ -182,4 +198,4 @@ def test_score_checkpoints_records_the_signals_of_each_model() -> None:
     heads = [Head(0, 0)]
     tables = [(1, RoleTable(heads, ["self"], torch.zeros(1, 1, dtype=torch.float64)))]
     with pytest.raises(ValueError, match="signals"):
-        Trajectory(tables, {1: Signals(1.0, torch.zeros(2, 6), torch.zeros(2, 6))})
+        attach_signals(Trajectory(tables), {1: Signals(1.0, torch.zeros(2, 6), torch.zeros(2, 6))})

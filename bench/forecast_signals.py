@@ -1,5 +1,8 @@
 """Training signals for role forecasts: the task loss and each head's gradient alignment.
 
+Used by ``bench/bench_forecast.py`` (the ``--ablation`` feature study), which found that they add
+nothing the score curves do not tell (docs/benchmarks.md); they do not ship in the package.
+
 At a checkpoint, one forward and backward pass of the training loss (task loss plus the run's
 pattern objectives) on a held-out batch gives, besides the loss itself, the gradient of the loss
 with respect to every head's attention pattern ``A`` (B, H, T, T). The direction training moves
@@ -30,19 +33,71 @@ per role on the batch per checkpoint.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from headwise.analysis.role_table import TOP_ROLE_CANDIDATES
-from headwise.analysis.trajectories import Signals
+from headwise.analysis.trajectories import Trajectory
 from headwise.model.eval_mode import eval_mode
 from headwise.model.hook_point import Hook, HookContext
 from headwise.patterns import allowed_keys, role_target
 from headwise.training.evaluate import forward
 from headwise.training.metrics import task_loss
+
+
+@dataclass(frozen=True)
+class Signals:
+    """Training signals at one checkpoint: ``loss`` (the training loss on a held-out batch) and
+    ``alignment`` and ``param_alignment`` (N, len(TOP_ROLE_CANDIDATES)), each head's gradient
+    alignment with each role in pattern and in parameter space (NaN where undefined), heads in
+    the trajectory's order."""
+
+    loss: float
+    alignment: Tensor
+    param_alignment: Tensor
+
+
+def attach_signals(traj: Trajectory, signals: Mapping[int, Signals]) -> Trajectory:
+    """``traj`` with ``loss`` (C,), ``alignment`` and ``param_alignment`` (C, N, R) stacked
+    over its checkpoints from ``signals`` (``{step: Signals}``; every step must have them).
+
+    Raises:
+        ValueError: a checkpoint without signals, or alignments of another shape.
+    """
+    missing = [s for s in traj.steps if s not in signals]
+    if missing:
+        raise ValueError(f"signals: no signals at checkpoints {missing}")
+    sig = [signals[s] for s in traj.steps]
+    shape = (len(traj.heads), len(TOP_ROLE_CANDIDATES))
+    for step, x in zip(traj.steps, sig, strict=True):
+        if x.alignment.shape != shape or x.param_alignment.shape != shape:
+            raise ValueError(f"signals: checkpoint {step} has alignments of shape "
+                             f"{tuple(x.alignment.shape)}, {tuple(x.param_alignment.shape)}, "
+                             f"expected {shape}")
+    traj.loss = torch.tensor([x.loss for x in sig], dtype=torch.float64)  # type: ignore[attr-defined]
+    traj.alignment = torch.stack([x.alignment.double() for x in sig])  # type: ignore[attr-defined]
+    traj.param_alignment = torch.stack(  # type: ignore[attr-defined]
+        [x.param_alignment.double() for x in sig])
+    return traj
+
+
+def signals_from_dict(d: dict[str, Any]) -> dict[int, Signals] | None:
+    """The ``Signals`` of a trajectory summary that carries them (``None`` when it has none)."""
+    keys = ("alignment", "param_alignment")
+    if "loss" not in d or not all(k in h for h in d["heads"] for k in keys):
+        return None
+
+    def table(key: str, c: int) -> Tensor:
+        return torch.tensor([[math.nan if h[key][r][c] is None else h[key][r][c]
+                              for r in TOP_ROLE_CANDIDATES] for h in d["heads"]],
+                            dtype=torch.float64)
+
+    return {int(step): Signals(float(d["loss"][c]), table(keys[0], c), table(keys[1], c))
+            for c, step in enumerate(d["steps"])}
 
 MAX_EXAMPLES = 64  # examples of the batch used (the signal is a direction, not a statistic)
 
