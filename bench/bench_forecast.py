@@ -55,8 +55,8 @@ import torch
 import yaml
 from torch import Tensor
 
-from headwise.analysis.forecast import NONE_FEATURES, ROLE_FEATURES
 from headwise.analysis.role_table import SHOWN_MIN_SCORE, TOP_ROLE_CANDIDATES
+from headwise.forecast.roles import NONE_FEATURES, ROLE_FEATURES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forecast_tables import (  # noqa: E402  (a sibling script module)
@@ -183,8 +183,8 @@ def signals_key() -> str:
 
 def run_one(name: str, seed: int, key: str) -> dict:
     """Train one run (or read its cached trajectory) and return the cached record."""
-    from headwise.pipeline.report import run_trajectory
     from headwise.pipeline.run import train_run
+    from headwise.pipeline.run_report import run_trajectory
 
     path = CACHE / key / f"{name}_s{seed}.json"
     if path.is_file():
@@ -277,7 +277,7 @@ def truth(r: dict) -> list[str]:
 def train_rows(rs: list[dict], extended: bool = False) -> tuple[Any, list[str]]:
     """Features at every prefix of >= 2 checkpoints (forecasts during training may come at any
     point of a run), with the final roles (``extended``: with ``EXTRA_ROLE``/``EXTRA_NONE``)."""
-    from headwise.analysis.forecast import EarlyFeatures
+    from headwise.forecast.roles import EarlyFeatures
 
     feats, labels = [], []
     for r in rs:
@@ -305,7 +305,7 @@ EXTRA_NONE = ["persist_none", "align_top", "reach_top", "loss_ratio", "loss_rece
 
 def _extra(traj: Any, n: int, x: Tensor) -> tuple[list[Tensor], list[Tensor]]:
     """The ``EXTRA_ROLE`` (each (N, R)) and ``EXTRA_NONE`` (each (N,)) features."""
-    from headwise.analysis.forecast import _candidate_values, _top, lead, onehot
+    from headwise.forecast.roles import _candidate_values, _top, lead, onehot
 
     y = _candidate_values(traj)[:n]
     tops = [_top(y[c], SHOWN_MIN_SCORE) for c in range(n)]
@@ -329,7 +329,7 @@ def _extra(traj: Any, n: int, x: Tensor) -> tuple[list[Tensor], list[Tensor]]:
 
 def _shape(y: Tensor, x: Tensor) -> list[Tensor]:
     """The ``SHAPE_ROLE`` features (each (N, R)) of early scores ``y`` (n, N, R) at ``x``."""
-    from headwise.analysis.forecast import _fit_lines
+    from headwise.forecast.roles import _fit_lines
 
     z = torch.nan_to_num(y)
     seen, n = float(x[-1]), len(x)
@@ -351,7 +351,7 @@ def _shape(y: Tensor, x: Tensor) -> list[Tensor]:
 def features_of(r: dict, n: int, extended: bool = False) -> Any:
     """``early_features`` of run ``r`` from ``n`` checkpoints, with the extra ones appended
     (``extended``; cached on the run)."""
-    from headwise.analysis.forecast import EarlyFeatures, early_features
+    from headwise.forecast.roles import EarlyFeatures, early_features
 
     cache = r.setdefault("_features", {})
     if (n, extended) not in cache:
@@ -384,7 +384,7 @@ def fitted(rs: list[dict], version: str,
            features: tuple[list[str], list[str]] | None = None) -> Predictor:
     """A predictor fit on runs ``rs`` (``features``: names from the score and extra features;
     default: the packaged forecaster's)."""
-    from headwise.analysis.forecast import CLASSES, EarlyFeatures, Forecaster, n_early
+    from headwise.forecast.roles import CLASSES, EarlyFeatures, Forecaster, n_early
 
     names = (SCORES[0] + EXTRA_ROLE, SCORES[1] + EXTRA_NONE)
 
@@ -410,7 +410,7 @@ def fitted(rs: list[dict], version: str,
 
 def baseline(r: dict, frac: float) -> list[tuple[str, float | None]]:
     """The linear-extrapolation baseline's forecast for run ``r`` (it states no probability)."""
-    from headwise.analysis.forecast import linear_forecast, n_early
+    from headwise.forecast.roles import linear_forecast, n_early
 
     return [(role, None) for role in
             linear_forecast(r["traj"], n_early(len(r["traj"].steps), frac), r["total_steps"])]
@@ -418,7 +418,7 @@ def baseline(r: dict, frac: float) -> list[tuple[str, float | None]]:
 
 def near_threshold(r: dict) -> list[bool]:
     """Per head of run ``r``: whether its final top score is within ``NEAR`` of the threshold."""
-    from headwise.analysis.forecast import _candidate_values
+    from headwise.forecast.roles import _candidate_values
 
     top = torch.nan_to_num(_candidate_values(r["traj"])[-1], nan=0.0).max(1).values  # (N,)
     return [abs(float(v) - SHOWN_MIN_SCORE) < NEAR for v in top]
@@ -516,7 +516,7 @@ def main() -> int:
         p.error(f"--confirm: seeds {sorted(set(args.confirm) & set(args.seeds))} are also in "
                 "--seeds; the fresh-seed check must use runs the forecaster was not fit on")
     torch.set_num_threads(1)
-    from headwise.analysis.forecast import VERSION
+    from headwise.forecast.roles import VERSION
 
     if args.suite:
         CONFIGS.update(suite_configs())

@@ -76,9 +76,9 @@ def _time_sink(out: Path, calls: int) -> tuple[float, float]:
 def _report_sizes(out: Path) -> tuple[int, int]:
     import json
 
-    from headwise.analysis.viewer import report_viewers
-    from headwise.pipeline.report import write_run_report
     from headwise.pipeline.run import train_run
+    from headwise.pipeline.run_report import write_run_report
+    from headwise.report.viewer import report_viewers
 
     outcome = train_run(str(DEMO), out, progress=False)
     paths = write_run_report(out, outcome.compiled, outcome.contract)

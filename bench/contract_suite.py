@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from headwise.analysis.numbers import fixed
+from headwise.render.numbers import fixed
 
 SUITE = Path(__file__).resolve().parent.parent / "headwise" / "examples" / "suite"
 

@@ -11,8 +11,8 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from headwise.analysis.forecast import calibration as forecast_calibration
 from headwise.analysis.role_table import SHOWN_MIN_SCORE
+from headwise.forecast.roles import calibration as forecast_calibration
 
 FRACTIONS = (0.1, 0.2, 0.4)  # shares of a run's checkpoints a forecast may read
 
@@ -85,7 +85,7 @@ def print_suite(preds: Preds, configs: Sequence[str], base: tuple[str, ...]) -> 
 
 def print_confusion(rows: Rows, title: str) -> None:
     """Rows: final role; columns: forecast."""
-    from headwise.analysis.forecast import CLASSES
+    from headwise.forecast.roles import CLASSES
 
     print(f"\nConfusion at 20% ({title}; rows: final role, columns: forecast)\n")
     print("| final \\ forecast | " + " | ".join(CLASSES) + " |")
@@ -127,7 +127,7 @@ def print_paired(preds: Preds, schemes: list[str], configs: Sequence[str]) -> No
 
 
 def calibration(rows: Rows) -> list[dict[str, float]]:
-    """The forecaster's calibration over ``rows`` (``headwise.analysis.forecast.calibration``;
+    """The forecaster's calibration over ``rows`` (``headwise.forecast.roles.calibration``;
     rows without a stated probability, the baseline's, are left out)."""
     return forecast_calibration([(r.confidence, r.truth == r.forecast) for r in rows
                                  if r.confidence is not None])

@@ -33,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from contract_suite import STAGES, SUITE, spawn  # noqa: E402
 
-from headwise.analysis.numbers import fixed  # noqa: E402
+from headwise.render.numbers import fixed  # noqa: E402
 
 LEVERS = tuple(STAGES)
 

@@ -64,7 +64,7 @@ from headwise.hooks import (
 from headwise.interop import convert, export_peft, import_peft, load_hf
 from headwise.model import FactoredMatrix, Transformer, build_model
 from headwise.pipeline import compile_spec
-from headwise.pipeline.export import export_hf
+from headwise.pipeline.run_export import export_hf
 from headwise.runspec import Spec, load_spec
 from headwise.training import TrainConfig
 

@@ -16,14 +16,14 @@ import pytest
 import torch
 
 from headwise import atomic
+from headwise.cli.output import write_file
 from headwise.config import ModelConfig
 from headwise.control.lora import apply_lora, save_lora
 from headwise.errors import SpecError, StorageError
-from headwise.interop.export import export_hf
+from headwise.interop.hf_export import export_hf
 from headwise.interop.load import convert
 from headwise.interop.peft_export import export_peft
 from headwise.model import build_model
-from headwise.pipeline.output import write_file
 from headwise.training.manifest import write_manifest
 from headwise.training.safetensors_io import save_weights
 

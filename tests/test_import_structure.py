@@ -4,9 +4,10 @@ clause kind is dispatched in ``headwise.contract`` only.
 Layers (docs/architecture.md, "Layers"), lowest first; a module may import only from its own
 layer or lower ones, at module level, inside a function or under ``TYPE_CHECKING`` alike:
 
-1 foundation (errors, config, heads, patterns, memory, atomic, jsonfile, validate)  2 model
-3 hooks  4 data, control (no cycle between them)  5 training  6 analysis  7 interop, report
-8 contract  9 runspec  10 pipeline  10.5 the public facade (``headwise/__init__``)  11 cli.
+1 foundation (errors, config, heads, patterns, memory, atomic, jsonfile, validate, render)
+2 model  3 hooks  4 data, control (no cycle between them)  5 training  6 interop  7 analysis
+8 forecast, report  9 contract  10 runspec  11 pipeline  11.5 the public facade
+(``headwise/__init__``)  12 cli.
 
 Module-level and lazy imports between modules must not form a cycle (``TYPE_CHECKING`` ones
 never run and are left out of the cycle check). An edge is a module importing a module: ``from
@@ -30,11 +31,11 @@ PACKAGE = ROOT / "headwise"
 
 LAYERS: dict[str, float] = {
     "errors": 1, "config": 1, "heads": 1, "patterns": 1, "memory": 1, "atomic": 1, "jsonfile": 1,
-    "validate": 1, "model": 2, "hooks": 3, "data": 4, "control": 4, "training": 5,
-    "analysis": 6, "interop": 7, "report": 7, "contract": 8, "runspec": 9, "pipeline": 10,
-    "cli": 11,
+    "validate": 1, "render": 1, "model": 2, "hooks": 3, "data": 4, "control": 4, "training": 5,
+    "interop": 6, "analysis": 7, "forecast": 8, "report": 8, "contract": 9, "runspec": 10,
+    "pipeline": 11, "cli": 12,
 }
-FACADE = 10.5  # ``headwise/__init__.py``
+FACADE = 11.5  # ``headwise/__init__.py``
 
 ALLOWED: set[tuple[str, str]] = set()  # no exception to the layering
 
@@ -207,8 +208,8 @@ def test_every_module_imports_first_and_in_a_random_order():
 
 
 @pytest.mark.parametrize("source, message", [
-    ("from headwise.pipeline.run import x\n", "imports headwise.pipeline.run (layer 10) [module"),
-    ("def f():\n    import headwise.cli\n", "imports headwise.cli (layer 11) [lazy"),
+    ("from headwise.pipeline.run import x\n", "imports headwise.pipeline.run (layer 11) [module"),
+    ("def f():\n    import headwise.cli\n", "imports headwise.cli (layer 12) [lazy"),
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from headwise import data\n",
      "imports headwise.data (layer 4) [typing"),
 ])

@@ -1,11 +1,11 @@
-"""Analysis: role scores, importance, activation patching, OV circuits, trajectories, forecasts.
+"""Analysis: role scores, importance, activation patching, OV circuits, trajectories.
 
-See docs/roles.md (score definitions and sources). Contracts live in ``headwise.contract``.
+See docs/roles.md (score definitions and sources). Contracts live in ``headwise.contract``,
+reports in ``headwise.report``, role forecasts in ``headwise.forecast``.
 """
 
 from headwise.analysis.decompose import accumulated_resid, decompose_resid, stack_head_results
 from headwise.analysis.explain import Step, Walkthrough, explain_head
-from headwise.analysis.forecast import Forecaster, forecast_heads, linear_forecast, load_forecaster
 from headwise.analysis.importance import (
     ablation_importance,
     example_stats,
@@ -20,19 +20,12 @@ from headwise.analysis.logit_attrs import (
 )
 from headwise.analysis.ov import copying_eigen_ratio, ov_logits, ov_top1
 from headwise.analysis.patching import PatchingResult, activation_patching
-from headwise.analysis.probes import (
+from headwise.analysis.probe_inputs import (
     induction_probe,
     infer_period,
     periodic_probe,
     probe_info,
     random_tokens,
-)
-from headwise.analysis.report import (
-    build_report,
-    expected_vs_observed,
-    print_report,
-    render_html,
-    write_report,
 )
 from headwise.analysis.role_table import TOP_ROLE_CANDIDATES, RoleTable
 from headwise.analysis.roles import (
@@ -46,15 +39,15 @@ from headwise.analysis.roles import (
 from headwise.analysis.trajectories import Trajectory, score_checkpoints
 
 __all__ = [
-    "PATTERN_ROLES", "ROLES", "TOP_ROLE_CANDIDATES", "Forecaster", "ImportanceMatrix",
+    "PATTERN_ROLES", "ROLES", "TOP_ROLE_CANDIDATES", "ImportanceMatrix",
     "PatchingResult",
     "RoleTable", "Step", "Trajectory", "Walkthrough", "ablation_importance",
-    "activation_patching", "build_report", "copying_eigen_ratio", "example_stats",
-    "expected_vs_observed", "explain_head", "forecast_heads",
-    "gradient_importance", "induction_probe", "infer_period", "linear_forecast", "load_forecaster",
-    "ov_logits", "ov_top1", "periodic_probe", "print_report", "probe_info", "random_tokens",
-    "render_html", "role_scores", "role_sums", "score_checkpoints", "scores_from_patterns",
-    "target_similarity", "task_metrics", "write_report",
+    "activation_patching", "copying_eigen_ratio", "example_stats",
+    "explain_head",
+    "gradient_importance", "induction_probe", "infer_period",
+    "ov_logits", "ov_top1", "periodic_probe", "probe_info", "random_tokens",
+    "role_scores", "role_sums", "score_checkpoints", "scores_from_patterns",
+    "target_similarity", "task_metrics",
     # TransformerLens-style residual decomposition and direct logit attribution
     "accumulated_resid", "apply_ln_to_stack", "decompose_resid", "logit_attrs",
     "stack_head_results", "tokens_to_residual_directions",

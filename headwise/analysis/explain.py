@@ -101,8 +101,8 @@ class Walkthrough:
 
 def walkthrough_html(d: dict[str, Any]) -> str:
     """Render a ``Walkthrough.to_dict()`` as an HTML fragment (used by the report too)."""
-    from headwise.analysis.figures import data_uri, heatmap
-    from headwise.analysis.report_html import esc, img, table
+    from headwise.render.figures import data_uri, heatmap
+    from headwise.render.html import esc, img, table
 
     labels = d["labels"]
     parts = [f"<p>Head <b>{esc(d['head'])}</b> on: <code>{esc(' '.join(labels))}</code></p>"]

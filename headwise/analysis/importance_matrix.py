@@ -10,8 +10,8 @@ import torch
 from rich.table import Table
 from torch import Tensor
 
-from headwise.analysis.numbers import fixed
 from headwise.heads import Head, HeadSet
+from headwise.render.numbers import fixed
 
 
 def bootstrap_ci(clean_num: Tensor, ablated_num: Tensor, count: Tensor, sign: float,

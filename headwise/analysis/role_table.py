@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor
 
-from headwise.analysis.report_html import esc, fmt
 from headwise.heads import Head
+from headwise.render.html import esc, fmt
 
 # Roles that describe *where* a head attends; ``top_role`` picks among these.
 TOP_ROLE_CANDIDATES = ("previous_token", "induction", "duplicate_token", "first_token", "self",

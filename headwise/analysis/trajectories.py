@@ -1,11 +1,11 @@
 """Role trajectories over training checkpoints: every role at every checkpoint, commitment steps.
 
 Each checkpoint is scored by the same function that builds the run's role table (for a run:
-``headwise.pipeline.analyze.run_role_table``, induction on the ``repeated`` probe included), so
+``headwise.pipeline.run_analysis.run_role_table``, induction on the ``repeated`` probe included), so
 the last point of a trajectory *is* the role table. A head's *top role* at a checkpoint is
 ``RoleTable.top_role`` with the table's shown threshold (``SHOWN_MIN_SCORE``: ``"none"`` below
 it); its *commitment step* is the first checkpoint step from which its top role never changes
-again. Forecasts of final roles from early checkpoints live in ``headwise.analysis.forecast``.
+again. Forecasts of final roles from early checkpoints live in ``headwise.forecast.roles``.
 """
 
 from __future__ import annotations

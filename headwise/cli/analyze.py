@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from headwise.cli.options import add_device_argument, add_hf_arguments, add_subcommand
+from headwise.cli.output import check_destination, console, write_file
 from headwise.errors import SpecError
-from headwise.pipeline.output import check_destination, console, write_file
 
 if TYPE_CHECKING:
-    from headwise.analysis.forecast import Forecaster
+    from headwise.forecast.roles import Forecaster
 
 
 def register(subparsers: Any) -> None:
@@ -70,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(run_dir: str, device: str, forecaster: Forecaster | None = None) -> dict[str, Any]:
-    from headwise.pipeline.analyze import analyse_run
     from headwise.pipeline.run import load_run
+    from headwise.pipeline.run_analysis import analyse_run
 
     compiled = load_run(run_dir, device=device)
     analysis = analyse_run(compiled)
@@ -92,9 +92,9 @@ def _forecast(run_dir: str, compiled: Any, forecaster: Forecaster) -> dict[str, 
     """Print and return the forecast from the run's first 20% of checkpoints."""
     from rich.table import Table
 
-    from headwise.analysis.forecast import measured_text
     from headwise.contract.forecast import forecast_summary
-    from headwise.pipeline.report import run_trajectory
+    from headwise.forecast.roles import measured_text
+    from headwise.pipeline.run_report import run_trajectory
 
     traj = run_trajectory(Path(run_dir), compiled)
     if traj is None:
@@ -126,8 +126,8 @@ def _forecast(run_dir: str, compiled: Any, forecaster: Forecaster) -> dict[str, 
 
 def _hf(name: str, text: str | None, revision: str | None, device: str) -> dict[str, Any]:
     from headwise.analysis.role_table import RoleTable
-    from headwise.interop.analyze import analyze_hf
     from headwise.interop.hub_cache import resolve_model
+    from headwise.pipeline.hf_analysis import analyze_hf
 
     directory = str(resolve_model(name, revision, field="--hf"))
     content = None

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from headwise.cli.options import add_device_argument, add_run_options, add_subcommand
-from headwise.pipeline.output import console, print_outcome, set_threads
+from headwise.cli.output import console, print_outcome, set_threads
 
 DEMO_SPEC = "demo.yaml"
 
@@ -41,8 +41,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Train the demo spec into ``--out`` and print what happened and where to look."""
-    from headwise.pipeline.report import write_run_report
     from headwise.pipeline.run import train_run
+    from headwise.pipeline.run_report import write_run_report
 
     set_threads(args.threads)
     out = console()

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from headwise.cli.options import add_device_argument, add_run_argument, add_subcommand
+from headwise.cli.output import check_destination, console, write_file
 from headwise.errors import SpecError
-from headwise.pipeline.output import check_destination, console, write_file
 
 _IDS = re.compile(r"^\s*\d+(\s*[,\s]\s*\d+)*\s*$")
 _SPECIAL = {0: "<pad>", 1: "<bos>", 2: "<sep>", 3: "<q>"}
@@ -37,8 +37,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load the run, build the input, print the walkthrough (exit 1 if a cross-check fails)."""
     from headwise.analysis.explain import explain_head
-    from headwise.analysis.report_html import page
     from headwise.pipeline.run import load_run
+    from headwise.render.html import page
     from headwise.training.device import model_device
 
     check_destination(args.html, "--html")

@@ -38,7 +38,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Export and print a one-line summary; errors propagate as ``HeadwiseError`` (exit 2)."""
     from headwise.interop.load import TOKENIZER_FILES
-    from headwise.pipeline.export import export_run
+    from headwise.pipeline.run_export import export_run
 
     out = export_run(args.run, args.hf, tokenizer=args.tokenizer, overwrite=args.overwrite,
                      peft=args.peft)

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from headwise.cli.options import add_subcommand
+from headwise.cli.output import check_destination, console, write_file
 from headwise.errors import SpecError
-from headwise.pipeline.output import check_destination, console, write_file
 
 
 def register(subparsers: Any) -> None:
@@ -33,9 +33,9 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Fit on the runs' trajectories, write the file, print what it measured."""
-    from headwise.analysis.forecast import fit_forecaster, measured_text
-    from headwise.pipeline.report import run_trajectory
+    from headwise.forecast.roles import fit_forecaster, measured_text
     from headwise.pipeline.run import load_run
+    from headwise.pipeline.run_report import run_trajectory
 
     check_destination(args.out, "--out")
     if Path(args.out).exists() and not args.overwrite:

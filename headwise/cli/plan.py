@@ -7,7 +7,7 @@ import argparse
 from rich.table import Table
 
 from headwise.cli.options import add_subcommand
-from headwise.pipeline.output import console
+from headwise.cli.output import console
 
 
 def register(sub: argparse._SubParsersAction) -> None:

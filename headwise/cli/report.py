@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from headwise.cli.options import add_run_argument, add_subcommand
-from headwise.pipeline.output import console
+from headwise.cli.output import console
 
 
 def register(subparsers: Any) -> None:
@@ -22,7 +22,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the report and say where it is."""
-    from headwise.pipeline.report import report_existing_run
+    from headwise.pipeline.run_report import report_existing_run
 
     paths = report_existing_run(args.run)
     console().print(f"written: {paths['json']} and {paths['html']}")

@@ -10,7 +10,7 @@ from typing import Any
 from rich.markup import escape
 
 from headwise.cli.options import add_device_argument, add_run_options, add_subcommand
-from headwise.pipeline.output import console, print_outcome, set_threads
+from headwise.cli.output import console, print_outcome, set_threads
 
 
 def register(subparsers: Any) -> None:
@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
     Under ``torchrun --nproc_per_node=N`` every rank trains its shard (DDP inside ``train()``)
     and verifies; rank 0 writes the run directory and prints.
     """
-    from headwise.pipeline.report import write_run_report
     from headwise.pipeline.run import is_main_process, train_run
+    from headwise.pipeline.run_report import write_run_report
     from headwise.training import list_checkpoints
     from headwise.training.interrupt import Interrupted
 

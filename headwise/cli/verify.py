@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from headwise.cli.options import add_device_argument, add_subcommand
-from headwise.pipeline.output import console
+from headwise.cli.output import console
 
 
 def register(subparsers: Any) -> None:

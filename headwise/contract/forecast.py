@@ -1,6 +1,6 @@
 """What a role forecast says about a contract, and a training callback that warns early.
 
-A forecast predicts each head's final *top role* (``headwise.analysis.forecast``), so it speaks
+A forecast predicts each head's final *top role* (``headwise.forecast.roles``), so it speaks
 to score clauses whose role is a top-role candidate: ``at_least`` on role R fails when the head
 is forecast another role (for ``any_of``: when no listed head is forecast R; for ``all_of``:
 when some head is not), and ``at_most`` on R fails when the head is forecast R. A forecast of
@@ -21,10 +21,10 @@ from typing import Any
 
 from torch import nn
 
-from headwise.analysis.forecast import CLASSES, Forecaster, HeadForecast, forecast_heads, n_early
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.trajectories import Trajectory
 from headwise.contract.clause import Clause, Contract
+from headwise.forecast.roles import CLASSES, Forecaster, HeadForecast, forecast_heads, n_early
 from headwise.heads import Head
 from headwise.model.eval_mode import eval_mode
 

@@ -11,10 +11,10 @@ from typing import Any
 from rich.table import Table
 from torch import Tensor
 
-from headwise.analysis.numbers import fixed
-from headwise.analysis.report_html import contract_html
 from headwise.contract.clause import Clause
 from headwise.errors import SpecError
+from headwise.render.html import contract_html
+from headwise.render.numbers import fixed
 
 
 @dataclass

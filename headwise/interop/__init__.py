@@ -2,9 +2,8 @@
 directory or a model id in the local HF cache), convert them, export headwise models
 back to HF, and exchange LoRA adapters with PEFT."""
 
-from headwise.interop.analyze import analyze_hf
 from headwise.interop.bert import BertPooler
-from headwise.interop.export import export_hf
+from headwise.interop.hf_export import export_hf
 from headwise.interop.hub_cache import hub_cache_dir, resolve_model, snapshot_dir
 from headwise.interop.load import (
     convert,
@@ -24,7 +23,7 @@ from headwise.interop.registry import (
 )
 from headwise.interop.tokenizer import encode_batch, load_tokenizer
 
-__all__ = ["CONVERTERS", "BertPooler", "Converter", "Rule", "analyze_hf", "convert",
+__all__ = ["CONVERTERS", "BertPooler", "Converter", "Rule", "convert",
            "convert_state_dict", "encode_batch", "export_peft", "get_converter", "hf_converter",
            "import_peft", "load_converted", "load_hf", "load_pooler", "load_tokenizer",
            "supported_model_types", "export_hf", "hub_cache_dir", "resolve_model",

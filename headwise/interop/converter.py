@@ -3,7 +3,7 @@
 A converter is data plus two functions: the HF-prefixes to strip, the config translators (HF ->
 ours, and ours -> HF for export), a table ``our parameter name -> Rule`` (``{i}`` stands for the
 layer index), and patterns of HF keys that are known and deliberately unused. The generic code
-in ``headwise.interop.load`` applies the table; ``headwise.interop.export`` applies the same
+in ``headwise.interop.load`` applies the table; ``headwise.interop.hf_export`` applies the same
 table in reverse (``Rule.join``); family modules (``gpt2``, ``bert``, ``llama``) hold every
 family difference, and ``headwise.interop.registry`` lists them.
 """

@@ -18,7 +18,7 @@ import torch
 from headwise.contract import VerifyData
 from headwise.data import Batch
 from headwise.pipeline.compile import Compiled
-from headwise.pipeline.probes import declared_probe, repeated_probe, spec_probes
+from headwise.pipeline.spec_probes import declared_probe, repeated_probe, spec_probes
 from headwise.runspec import Spec
 from headwise.runspec.probes import default_half_len
 from headwise.training.device import model_device
@@ -29,7 +29,7 @@ def verify_data(compiled: Compiled) -> VerifyData:
 
     Probes: ``default`` (the held-out mixture), each task's name (its part of it),
     ``repeated`` (random halves repeated once, sized by the training data) and the spec's
-    declared probes (``headwise.pipeline.probes``). The
+    declared probes (``headwise.pipeline.spec_probes``). The
     batches are drawn on the CPU (seeded) and placed on the model's device.
     """
     data = _verify_data_cpu(compiled)

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from headwise.analysis.forecast import Forecaster, load_forecaster
 from headwise.atomic import write_bytes_atomic
 from headwise.contract import (
     Contract,
@@ -38,10 +37,11 @@ from headwise.contract import (
     verify,
 )
 from headwise.errors import CheckpointError, SpecError
+from headwise.forecast.roles import Forecaster, load_forecaster
 from headwise.memory import check_memory, training_bytes
-from headwise.pipeline.analyze import role_heatmap_png, run_role_table
 from headwise.pipeline.compile import Compiled, compile_spec
 from headwise.pipeline.heldout import probe_sampler, verify_data
+from headwise.pipeline.run_analysis import role_heatmap_png, run_role_table
 from headwise.runspec import Spec, load_spec, spec_from_dict
 from headwise.runspec.yaml_io import parse_yaml, read_spec_text
 from headwise.training import TrainConfig, TrainResult, clean_checkpoints, list_checkpoints, train

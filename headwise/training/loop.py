@@ -167,7 +167,7 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
         progress: show a progress bar (rank 0).
         figures: with ``"tensorboard" in config.log``, images logged at every checkpoint:
             tag -> ``fn(model, batch) -> PNG bytes`` on the first held-out batch (the pipeline
-            passes the role-score heatmap; ``headwise.pipeline.analyze.role_heatmap_png``).
+            passes the role-score heatmap; ``headwise.pipeline.run_analysis.role_heatmap_png``).
 
     Raises:
         ConfigError: data that does not fit the model, ``resume`` without ``out_dir``, two

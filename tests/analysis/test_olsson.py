@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from headwise import ModelConfig, ablate, build_model
-from headwise.analysis.probes import induction_probe
+from headwise.analysis.probe_inputs import induction_probe
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.roles import role_scores
 from headwise.analysis.trajectories import Trajectory

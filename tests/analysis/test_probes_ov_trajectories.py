@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from headwise import Head, ModelConfig, build_model
-from headwise.analysis.forecast import linear_forecast
 from headwise.analysis.ov import copying_eigen_ratio, ov_logits, ov_top1
-from headwise.analysis.probes import (
+from headwise.analysis.probe_inputs import (
     induction_probe,
     infer_period,
     periodic_probe,
@@ -20,6 +19,7 @@ from headwise.analysis.probes import (
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.roles import role_scores
 from headwise.analysis.trajectories import Trajectory
+from headwise.forecast.roles import linear_forecast
 
 
 def test_induction_probe_distinct_and_repeated() -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from headwise import Head, Hook, ModelConfig, build_model
-from headwise.analysis.probes import induction_probe
+from headwise.analysis.probe_inputs import induction_probe
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.roles import role_scores, scores_from_patterns, target_similarity
 
@@ -287,8 +287,8 @@ def test_analysis_rejects_a_headset_of_another_model() -> None:
     HeadSet built for another shape is an error naming both shapes, not silently misread."""
     from headwise import HeadSet, SelectorError
     from headwise.analysis import ablation_importance, activation_patching
-    from headwise.analysis.viewer import attention_viewer
     from headwise.data import Batch
+    from headwise.report.viewer import attention_viewer
 
     model = _model()  # 2 layers x 3 heads
     other = HeadSet.parse("L0.H0", 3, 3)

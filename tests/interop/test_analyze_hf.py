@@ -6,8 +6,8 @@ import pytest
 import torch
 import transformers
 
-from headwise.analysis.probes import induction_probe
-from headwise.interop import analyze_hf
+from headwise.analysis.probe_inputs import induction_probe
+from headwise.pipeline.hf_analysis import analyze_hf
 
 
 def _previous_and_self_from_hf(attentions, mask, causal):

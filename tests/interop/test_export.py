@@ -17,7 +17,7 @@ from headwise.config import ModelConfig
 from headwise.control.masks import apply_masks, previous_token
 from headwise.errors import ConfigError
 from headwise.interop import load_hf
-from headwise.interop.export import export_hf
+from headwise.interop.hf_export import export_hf
 from headwise.model import build_model
 
 transformers = pytest.importorskip("transformers")

@@ -21,8 +21,8 @@ from headwise.control.objective import Objective
 from headwise.data import CopyTask, Mixture, ModularAdditionTask
 from headwise.errors import ConfigError, SpecError
 from headwise.model import build_model
-from headwise.pipeline.analyze import DATA_ROLES, role_heatmap_png
 from headwise.pipeline.run import FIGURES
+from headwise.pipeline.run_analysis import DATA_ROLES, role_heatmap_png
 from headwise.training import TrainConfig, TrainState, checkpoint_dir, load_weights, train
 from headwise.training.evaluate import EVAL_SEED_OFFSET
 from headwise.training.tensorboard import constraint_scalars

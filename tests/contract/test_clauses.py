@@ -11,7 +11,7 @@ import torch
 
 from headwise import Hook, ModelConfig, SpecError, build_model
 from headwise.analysis.importance import task_metrics
-from headwise.analysis.probes import induction_probe
+from headwise.analysis.probe_inputs import induction_probe
 from headwise.contract import Contract, VerifyData, parse_contract, verify
 
 TASKS = ["copy", "sort"]

@@ -11,7 +11,7 @@ refused with a ``ConfigError`` naming it; nothing is approximated. LoRA adapters
 into their base weights (``W + B A * alpha / r``), or, with ``peft=DIR``, the base weights go to
 ``out`` and the adapters to ``DIR`` in PEFT's format (``headwise.interop.export_peft``).
 Exporting a run directory (its levers rebuilt from ``spec.yaml``) is
-``headwise.pipeline.export.export_run``, a layer above; ``headwise.export_hf`` takes either.
+``headwise.pipeline.run_export.export_run``, a layer above; ``headwise.export_hf`` takes either.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def export_hf(model: nn.Module, out: str | Path, *, tokenizer: str | Path | None
 
     Args:
         model: the model (a run directory: ``headwise.export_hf`` or
-            ``headwise.pipeline.export.export_run``).
+            ``headwise.pipeline.run_export.export_run``).
         out: the directory to write (created if missing).
         tokenizer: a directory holding HF tokenizer files (``tokenizer.json``, ...) or a
             ``tokenizer.json`` to copy; ``None``: no tokenizer files.

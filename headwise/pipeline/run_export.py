@@ -3,7 +3,7 @@
 ``export_run(run, out)`` rebuilds the run's model with its levers from ``spec.yaml``, refuses
 spec levers a HuggingFace model cannot express (task gates, structural masks; named by their
 spec field), picks the run's tokenizer (its pretrained checkpoint's, else its text task's) and
-hands the model to ``headwise.interop.export.export_hf``. ``export_hf`` here is the public
+hands the model to ``headwise.interop.hf_export.export_hf``. ``export_hf`` here is the public
 ``headwise.export_hf``: a run directory or a model.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from torch import nn
 
 from headwise.errors import ConfigError
-from headwise.interop.export import export_hf as export_model
+from headwise.interop.hf_export import export_hf as export_model
 from headwise.interop.load import TOKENIZER_FILES
 from headwise.pipeline.run import load_run
 from headwise.runspec import Spec
@@ -25,7 +25,7 @@ def export_hf(source: str | Path | nn.Module, out: str | Path, *,
               peft: str | Path | None = None) -> Path:
     """Write ``source`` (a run directory or a headwise ``Transformer``) as an HF directory.
 
-    A model goes to ``headwise.interop.export.export_hf``; a run to ``export_run`` (same
+    A model goes to ``headwise.interop.hf_export.export_hf``; a run to ``export_run`` (same
     arguments, same errors).
     """
     if isinstance(source, nn.Module):

@@ -24,9 +24,9 @@ import torch
 from torch import Tensor, nn
 
 from headwise.analysis.explain import one_sequence
-from headwise.analysis.report_html import esc
 from headwise.heads import select_heads
 from headwise.model.eval_mode import in_eval_mode
+from headwise.render.html import esc
 
 SCALE = 1000  # weights are embedded as round(w * SCALE)
 MAX_TOKENS = 64  # the report's viewers show at most this many positions

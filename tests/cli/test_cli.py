@@ -177,7 +177,7 @@ def test_analyze_hf_prints_every_head_and_writes_one_record_per_head(
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from headwise.analysis.probes import induction_probe
+    from headwise.analysis.probe_inputs import induction_probe
 
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=3, n_embd=24, vocab_size=50,

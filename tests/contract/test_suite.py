@@ -16,7 +16,7 @@ from headwise.cli import main
 from headwise.pipeline.run import train_run
 from headwise.runspec import load_spec
 
-SUITE = Path(__file__).resolve().parents[1] / "headwise" / "examples" / "suite"
+SUITE = Path(__file__).resolve().parents[2] / "headwise" / "examples" / "suite"
 SPECS = sorted(SUITE.glob("*.yaml"))
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from headwise.cli import main
-from headwise.pipeline.report import write_run_report
 from headwise.pipeline.run import RunOutcome, train_run
+from headwise.pipeline.run_report import write_run_report
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +86,7 @@ def test_report_quotes_the_benchmark_not_the_run(run: Run) -> None:
     traj = run.report["trajectories"]
     assert "forecast_accuracy" not in traj
     f = traj["forecast"]
-    from headwise.analysis.forecast import load_forecaster
+    from headwise.forecast.roles import load_forecaster
 
     assert f["forecaster_version"] == "2" and f["measured"] == load_forecaster().measured
     assert [c["verdict"] for c in f["clauses"]][:2] == ["pass", "fail"]  # as verified at the end
@@ -109,8 +109,8 @@ def test_analyze_forecast_cli(run: Run, tmp_path: Path,
 
 def test_fit_forecaster_cli_and_using_its_file(run: Run, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    from headwise.analysis.forecast import fit_forecaster, load_forecaster
-    from headwise.pipeline.report import run_trajectory
+    from headwise.forecast.roles import fit_forecaster, load_forecaster
+    from headwise.pipeline.run_report import run_trajectory
 
     spec = tmp_path / "seed1.yaml"
     spec.write_text(SPEC.replace("seed: 0", "seed: 1"))

@@ -43,7 +43,7 @@ def analyze_hf(path: str | Path, text: str | Sequence[str] | None = None,
         CheckpointError: see ``load_hf`` / ``load_tokenizer``.
         ValueError: text with no non-empty line.
     """
-    from headwise.analysis.probes import induction_probe
+    from headwise.analysis.probe_inputs import induction_probe
     from headwise.analysis.roles import ROLES, role_scores
     from headwise.training.device import place
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from headwise.analysis.numbers import fixed
+from headwise.render.numbers import fixed
 
 
 @pytest.mark.parametrize(("value", "plain", "signed"), [

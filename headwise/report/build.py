@@ -4,7 +4,7 @@
 heads' expected vs observed patterns and head walkthroughs into a dict of plain JSON values.
 ``write_report`` writes ``report.json`` and ``report.html``, whose figures (matplotlib PNGs) are
 rendered from that dict and embedded as base64 data URIs, so the page needs no other file; the
-supervised and walkthrough heads also get interactive viewers (``headwise.analysis.viewer``).
+supervised and walkthrough heads also get interactive viewers (``headwise.report.viewer``).
 ``print_report`` shows the main tables in the terminal (rich).
 """
 
@@ -22,18 +22,18 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor, nn
 
-import headwise.analysis.figures as fig
-import headwise.analysis.report_html as H
+import headwise.render.figures as fig
+import headwise.render.html as H
 from headwise.analysis.explain import Walkthrough, walkthrough_html
-from headwise.analysis.forecast import measured_text
 from headwise.analysis.importance_matrix import ImportanceMatrix
 from headwise.analysis.role_table import SHOWN_MIN_SCORE, RoleTable
 from headwise.analysis.trajectories import Trajectory
-from headwise.analysis.viewer import report_viewers
 from headwise.atomic import write_bytes_atomic
+from headwise.forecast.roles import measured_text
 from headwise.heads import Head, HeadSet, select_heads
 from headwise.model.eval_mode import in_eval_mode
 from headwise.patterns import DEFAULT_WINDOW, role_target, score_sums, target_similarity_sums
+from headwise.report.viewer import report_viewers
 
 REPORT_VERSION = 1
 

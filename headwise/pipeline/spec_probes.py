@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from headwise.analysis.probes import induction_probe, random_tokens
+from headwise.analysis.probe_inputs import induction_probe, random_tokens
 from headwise.data import BOS, CONTENT, IGNORE, TASKS, Batch, build_task
 from headwise.data.markers import insert_marker
 from headwise.runspec import ProbeSpec, Spec

@@ -16,8 +16,8 @@ import torch
 
 from headwise import Head, ModelConfig, build_model
 from headwise.analysis.explain import explain_head
-from headwise.analysis.report import build_report, expected_vs_observed, render_html
-from headwise.analysis.viewer import (
+from headwise.report.build import build_report, expected_vs_observed, render_html
+from headwise.report.viewer import (
     MAX_TOKENS,
     SCALE,
     VIEWER_FIXED_BYTES,

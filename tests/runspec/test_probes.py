@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headwise.data import BOS
-from headwise.pipeline.probes import spec_probes
+from headwise.pipeline.spec_probes import spec_probes
 from headwise.runspec import SpecError, load_spec
 
 MODEL = "model: {n_layers: 2, n_heads: 2, d_model: 16, vocab_size: 24, max_seq_len: 48}\n"

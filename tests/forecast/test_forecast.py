@@ -11,7 +11,10 @@ import pytest
 import torch
 
 from headwise import Head
-from headwise.analysis.forecast import (
+from headwise.analysis.role_table import TOP_ROLE_CANDIDATES, RoleTable
+from headwise.analysis.trajectories import Trajectory
+from headwise.contract import Contract, forecast_clauses, parse_contract
+from headwise.forecast.roles import (
     CLASSES,
     NONE_FEATURES,
     ROLE_FEATURES,
@@ -26,9 +29,6 @@ from headwise.analysis.forecast import (
     load_forecaster,
     measured_text,
 )
-from headwise.analysis.role_table import TOP_ROLE_CANDIDATES, RoleTable
-from headwise.analysis.trajectories import Trajectory
-from headwise.contract import Contract, forecast_clauses, parse_contract
 
 ROLES = list(TOP_ROLE_CANDIDATES)
 

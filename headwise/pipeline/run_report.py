@@ -17,19 +17,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from headwise.analysis import figures
 from headwise.analysis.explain import explain_head
-from headwise.analysis.report import build_report, expected_vs_observed, write_report
 from headwise.analysis.trajectories import Trajectory, score_checkpoints
 from headwise.contract import ContractResult, verify
 from headwise.contract.forecast import forecast_summary
 from headwise.data import TASKS
 from headwise.data.batch import token_labels
 from headwise.patterns import DEFAULT_WINDOW
-from headwise.pipeline.analyze import analyse_run, metrics_curve, run_role_table
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.heldout import verify_data
 from headwise.pipeline.run import load_run
+from headwise.pipeline.run_analysis import analyse_run, metrics_curve, run_role_table
+from headwise.render import figures
+from headwise.report.build import build_report, expected_vs_observed, write_report
 from headwise.training import list_checkpoints, load_weights
 from headwise.training.manifest import verify_manifest
 
@@ -157,7 +157,7 @@ def run_trajectory(run_dir: Path, compiled: Compiled) -> Trajectory | None:
 
 def _forecast(traj: Trajectory | None, compiled: Compiled) -> dict[str, Any] | None:
     """The packaged forecaster's view from the first 20% of checkpoints (with the contract)."""
-    from headwise.analysis.forecast import load_forecaster
+    from headwise.forecast.roles import load_forecaster
 
     if traj is None or len(traj.steps) < 2:
         return None

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from headwise.analysis.figures import heatmap
 from headwise.analysis.importance import ablation_importance
 from headwise.analysis.importance_matrix import ImportanceMatrix
 from headwise.analysis.role_table import RoleTable
@@ -25,6 +24,7 @@ from headwise.contract import VerifyData
 from headwise.control.gates import GateTable, gate_table
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.heldout import verify_data
+from headwise.render.figures import heatmap
 
 # Roles shown for every head (the TransformerLens variants are left to the Python API).
 DATA_ROLES = ("previous_token", "duplicate_token", "first_token", "self", "local", "entropy")

@@ -14,19 +14,19 @@ import torch
 from headwise import Head, ModelConfig, build_model
 from headwise.analysis.explain import explain_head
 from headwise.analysis.importance import ablation_importance
-from headwise.analysis.probes import induction_probe
-from headwise.analysis.report import (
+from headwise.analysis.probe_inputs import induction_probe
+from headwise.analysis.role_table import RoleTable
+from headwise.analysis.roles import role_scores
+from headwise.analysis.trajectories import Trajectory
+from headwise.contract import VerifyData, parse_contract, verify
+from headwise.control.masks import apply_masks, first_token, local, previous_token, self_only
+from headwise.report.build import (
     build_report,
     expected_vs_observed,
     print_report,
     render_html,
     write_report,
 )
-from headwise.analysis.role_table import RoleTable
-from headwise.analysis.roles import role_scores
-from headwise.analysis.trajectories import Trajectory
-from headwise.contract import VerifyData, parse_contract, verify
-from headwise.control.masks import apply_masks, first_token, local, previous_token, self_only
 
 
 class _B:
@@ -168,7 +168,7 @@ def test_renders_in_headless_chromium(written: dict[str, Path], tmp_path: Path) 
 
 
 def test_extra_figures_and_minimal_report(tmp_path: Path) -> None:
-    from headwise.analysis.figures import heatmap
+    from headwise.render.figures import heatmap
 
     png = heatmap([[0.0, 1.0], [1.0, 0.0]], "extra")
     assert png[:8] == b"\x89PNG\r\n\x1a\n"

@@ -10,11 +10,11 @@ from html.parser import HTMLParser
 import torch
 
 from headwise import ModelConfig, build_model
-from headwise.analysis.probes import induction_probe
+from headwise.analysis.probe_inputs import induction_probe
 from headwise.analysis.role_table import SHOWN_MIN_SCORE, RoleTable
-from headwise.analysis.viewer import attention_viewer
 from headwise.contract import VerifyData, parse_contract, verify
 from headwise.heads import Head
+from headwise.report.viewer import attention_viewer
 
 
 class _Tables(HTMLParser):
