@@ -164,7 +164,8 @@ def _override_error(given: tuple[str, ...], run: tuple[str, ...], out: Path) -> 
         return "--seed" if key == "train.seed" else f"--set {key}"
 
     def show(items: tuple[str, ...]) -> str:
-        return " ".join(f"--set {i}" for i in items) or "no --set/--seed"
+        return " ".join(f"--seed {i.partition('=')[2]}" if i.startswith("train.seed=")
+                        else f"--set {i}" for i in items) or "no --set/--seed"
 
     first = next(a or b for a, b in itertools.zip_longest(given, run, fillvalue="") if a != b)
     return (f"{name(first)}: the run in {out} was trained with "
