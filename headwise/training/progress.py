@@ -8,10 +8,12 @@ it prints one plain line instead at the first logged step, then at most once per
     train 120/800 (15%) [00:38<03:35, 3.16 step/s] | loss 0.4132 | accuracy copy 0.910
 
 ``EvalLines`` is a training callback printing one line per evaluation point, on a terminal too
-(above the bar), with the held-out accuracy and whatever ``describe`` adds (the pipeline adds
-the contract clauses held under ``--enforce``)::
+(above the bar), with each task's accuracy on the evaluation batches (``train.eval_batches``
+held-out batches, the figure ``metrics.jsonl`` records; the contract's task clauses measure
+their own held-out examples) and whatever ``describe`` adds (the pipeline adds the contract
+clauses held under ``--enforce``)::
 
-    eval 120/800 [00:38<03:35, 3.16 step/s] held-out accuracy copy 0.912 | contract 1/2 held
+    eval 120/800 [00:38<03:35, 3.16 step/s] eval-batch accuracy copy 0.912 | contract 1/2 held
 
 Every line is flushed at once, so a log file shows it while the run goes on.
 """
@@ -156,7 +158,7 @@ class EvalLines:
         left = f"{clock((self.total - state.step) * since / done)}, {done / since:.3g} step/s" \
             if done > 0 and since > 0 else "?"
         when = f"[{clock(t - self.t0)}<{left}]"
-        parts = [f"eval {state.step}/{self.total} {when} held-out accuracy "
+        parts = [f"eval {state.step}/{self.total} {when} eval-batch accuracy "
                  f"{accuracies(state.metrics.get('tasks')) or '-'}"]
         if self.describe is not None and (more := self.describe(state.extra)):
             parts.append(more)

@@ -65,8 +65,8 @@ def test_eval_lines_name_accuracy_and_what_the_pipeline_adds() -> None:
         lines(SimpleNamespace(step=step, metrics={"tasks": {"copy": {"accuracy": 0.9125}}},
                               extra={"say": "contract 1/2 held"} if step == 40 else {}))
     assert stream.getvalue().splitlines() == [
-        "eval 20/200 [00:05<?] held-out accuracy copy 0.912",
-        "eval 40/200 [00:15<01:20, 2 step/s] held-out accuracy copy 0.912 | contract 1/2 held"]
+        "eval 20/200 [00:05<?] eval-batch accuracy copy 0.912",
+        "eval 40/200 [00:15<01:20, 2 step/s] eval-batch accuracy copy 0.912 | contract 1/2 held"]
 
 
 def test_clock() -> None:
@@ -100,7 +100,7 @@ def test_a_run_whose_stdout_is_a_pipe_prints_progress_while_it_trains(tmp_path: 
     rest, err = proc.communicate(timeout=60)
     assert running and proc.returncode == 130, err
     assert seen[0].startswith("train 10/100000 (0%) [") and "| loss " in seen[0]
-    assert seen[-1].startswith("eval 50/100000 [") and "held-out accuracy copy " in seen[-1]
+    assert seen[-1].startswith("eval 50/100000 [") and "eval-batch accuracy copy " in seen[-1]
     assert seen[-1].endswith("| contract 0/1 held")
     assert not any("\x1b" in s for s in seen + rest.splitlines())  # plain text, no bar
     # --quiet: nothing but the outcome
