@@ -1,6 +1,6 @@
 """Progress of a training run: a live bar on a terminal, plain lines anywhere else.
 
-On a terminal ``ProgressBar`` draws a rich bar (steps, elapsed, remaining, loss and per-task
+On a terminal (or in a notebook) ``ProgressBar`` draws a rich bar (steps, elapsed, remaining, loss and per-task
 training accuracy). When stdout is not a terminal (a pipe, ``nohup``, a batch scheduler, CI)
 it prints one plain line instead at the first logged step, then at most once per
 ``interval_s`` (default 30 s), and at the end::
@@ -51,9 +51,13 @@ def accuracies(tasks: dict[str, Any] | None, digits: int = 3) -> str:
 
 
 def is_terminal(stream: TextIO) -> bool:
-    """Whether ``stream`` is an interactive terminal."""
+    """Whether a live bar can be drawn on ``stream``: a terminal, or a Jupyter notebook (rich's
+    detection, which also honours ``FORCE_TERMINAL`` / ``TTY_COMPATIBLE``)."""
+    from rich.console import Console
+
     try:
-        return stream.isatty()
+        console = Console(file=stream)
+        return console.is_terminal or console.is_jupyter
     except (AttributeError, ValueError):  # a closed or unusual stream
         return False
 
