@@ -1,9 +1,9 @@
 """Progress of a training run: a live bar on a terminal, plain lines anywhere else.
 
-On a terminal (or in a notebook) ``ProgressBar`` draws a rich bar (steps, elapsed, remaining, loss and per-task
-training accuracy). When stdout is not a terminal (a pipe, ``nohup``, a batch scheduler, CI)
-it prints one plain line instead at the first logged step, then at most once per
-``interval_s`` (default 30 s), and at the end::
+On a terminal (or in a notebook) ``ProgressBar`` draws a rich bar (steps, elapsed, remaining,
+loss and per-task training accuracy). When stdout is not a terminal (a pipe, ``nohup``, a batch
+scheduler, CI) it prints one plain line instead at the first logged step, then at most once
+per ``interval_s`` (default 30 s), and at the end::
 
     train 120/800 (15%) [00:38<03:35, 3.16 step/s] | loss 0.4132 | accuracy copy 0.910
 
