@@ -178,6 +178,8 @@ def test_resume_with_a_larger_steps_extends_the_run(
     # the extension is now the run's: --steps 14 again, or none, resumes it as it is
     assert "trained 14 steps" in _cli(capsys, "train", str(spec), "--out", str(run),
                                       "--resume", "--quiet")[1]
+    code, out, _ = _cli(capsys, "report", str(run))
+    assert code == 0 and "report of the weights of step 14:" in out
 
 
 def test_seed_and_set_are_recorded_in_the_spec_and_checked_like_the_file(
