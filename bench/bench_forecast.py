@@ -167,7 +167,7 @@ def code_key() -> str:
     for path in sorted((ROOT / "headwise").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
         if (rel.startswith("headwise/cli/") or "/forecast" in rel
-                or rel.startswith("headwise/analysis/report")
+                or rel.startswith(("headwise/report/", "headwise/render/"))
                 or rel == "headwise/analysis/trajectories.py"):
             continue
         h.update(rel.encode() + path.read_bytes())

@@ -50,14 +50,18 @@ def example_stats(logits: Tensor, targets: Tensor) -> dict[str, tuple[Tensor, Te
     """Per-example numerators and token counts of each metric.
 
     Args:
-        logits: (B, T, V).  targets: (B, T) long, -100 where not scored.
+        logits: (B, T, V); the cross-entropy is computed in float32, or in float64 for
+            float64 logits.  targets: (B, T) long, -100 where not scored.
 
     Returns:
         ``{"loss": (sum CE (B,), count (B,)), "accuracy": (hits (B,), count (B,)),
         "exact": (every scored token right (B,), 1 per example with a scored token (B,))}``.
     """
     valid = targets != IGNORE
-    ce = F.cross_entropy(logits.transpose(1, 2).float(), targets, ignore_index=IGNORE,
+    # Half precision is upcast to float32; float64 stays float64 (a float64 model's loss is
+    # exact enough for finite differences, which float32 rounding of the loss is not).
+    wide = logits if logits.dtype == torch.float64 else logits.float()
+    ce = F.cross_entropy(wide.transpose(1, 2), targets, ignore_index=IGNORE,
                          reduction="none")  # (B, T), 0 where ignored
     hits = (logits.argmax(-1) == targets) & valid
     count = valid.sum(1).double()
@@ -179,7 +183,9 @@ def gradient_importance(model: nn.Module, batches: Mapping[str, Any] | Any, head
     """Michel et al. 2019 head importance ``E_x |dL(x)/d xi_h|`` per task (metric ``gradient``).
 
     ``L(x)`` is example ``x``'s mean cross-entropy over its scored positions. The model's
-    parameter gradients are left untouched (``torch.autograd.grad`` on the gate only).
+    parameter gradients are left untouched (``torch.autograd.grad`` on the gate only). The
+    gradient is as precise as the model's dtype: float32 (half precision upcast), or float64
+    for a float64 model.
     """
     m: Any = model  # nn.Module.__getattr__ hides the Transformer's attributes from mypy
     cfg = m.config
@@ -189,10 +195,13 @@ def gradient_importance(model: nn.Module, batches: Mapping[str, Any] | Any, head
     val, lo, hi = (torch.full(shape, float("nan"), dtype=torch.float64) for _ in range(3))
     gen = torch.Generator().manual_seed(seed)
     clean_vals: dict[str, dict[str, float]] = {}
+    # The gate's gradient is kept in float64 for a float64 model, else float32.
+    wide = any(p.dtype == torch.float64 for p in model.parameters())
+    dtype = torch.float64 if wide else torch.float32
     for ti, (task, batch) in enumerate(tasks.items()):
         B = batch.tokens.shape[0]
         gate = torch.ones(B, cfg.n_layers, cfg.n_heads, device=batch.tokens.device,
-                          requires_grad=True)
+                          dtype=dtype, requires_grad=True)
         hooks = [Hook(f"blocks.{l}.attn.hook_z", _gate_fn(gate, l)) for l in range(cfg.n_layers)]
         with m.hooks(hooks):
             logits = model(batch.tokens, **_forward_kwargs(batch))

@@ -8,7 +8,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from headwise.cli.options import add_device_argument, add_run_options, add_subcommand
+from headwise.cli.options import (
+    add_device_argument,
+    add_override_arguments,
+    add_run_options,
+    add_subcommand,
+)
 from headwise.cli.output import console, print_outcome, set_threads
 
 DEMO_SPEC = "demo.yaml"
@@ -34,6 +39,7 @@ def register(subparsers: Any) -> None:
                         "replaced)")
     p.add_argument("--steps", type=int, default=None,
                    help="override train.steps (a shorter or longer run)")
+    add_override_arguments(p)
     add_run_options(p, 1, "1: the model is so small that more threads only add "
                     "synchronisation overhead")
     add_device_argument(p, None, "the spec's train.device, auto")
@@ -54,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     out.print(f"headwise demo: training {spec} -> {args.out}")
     start = time.perf_counter()
     outcome = train_run(source, Path(args.out), overwrite=True, progress=not args.quiet,
-                        device=args.device)
+                        device=args.device, seed=args.seed, overrides=args.set)
     write_run_report(outcome.run_dir, outcome.compiled, outcome.contract, outcome.enforcement)
     print_outcome(out, outcome)
     out.print(f"wall time {time.perf_counter() - start:.1f} s. Next: open "

@@ -2,7 +2,8 @@
 
 Each subcommand module's ``register`` builds its parser with ``add_subcommand`` and adds the
 shared options from here, so that ``--device``, ``--hf``/``--revision``, ``--threads``,
-``--quiet`` and a run directory read (and are documented) the same in every command.
+``--quiet``, ``--seed``/``--set`` and a run directory read (and are documented) the same in
+every command.
 """
 
 from __future__ import annotations
@@ -42,7 +43,19 @@ def add_run_options(p: argparse.ArgumentParser, threads: int | None, threads_tex
     """Add ``--threads N`` (torch's CPU threads) and ``--quiet`` (no progress bar)."""
     p.add_argument("--threads", type=int, default=threads,
                    help=f"CPU threads for torch (default: {threads_text})")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress (a bar on a terminal, else a plain line every 30 s and "
+                        "per evaluation point)")
+
+
+def add_override_arguments(p: argparse.ArgumentParser) -> None:
+    """Add ``--seed N`` and repeatable ``--set path.to.key=value`` (spec overrides)."""
+    p.add_argument("--seed", type=int, default=None, metavar="N",
+                   help="train.seed for this run (the same as --set train.seed=N)")
+    p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
+                   help="override one key of the spec, e.g. --set train.lr=3e-4 or --set "
+                        "data.tasks.copy.length=6 (repeatable; the value is YAML; checked like "
+                        "the file and recorded in the run's spec.yaml)")
 
 
 def add_device_argument(p: argparse.ArgumentParser, default: str | None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from headwise.cli.options import add_run_argument, add_subcommand
@@ -22,8 +23,11 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the report and say where it is."""
+    from headwise.pipeline.resume import read_run_info
     from headwise.pipeline.run_report import report_existing_run
 
     paths = report_existing_run(args.run)
-    console().print(f"written: {paths['json']} and {paths['html']}")
+    step = read_run_info(Path(args.run)).get("step")  # sealed by the run's manifest
+    of = f"the weights of step {step}" if step is not None else "the run's weights"
+    console().print(f"report of {of}: written {paths['json']} and {paths['html']}")
     return 0

@@ -1,15 +1,27 @@
-"""``headwise train SPEC [--out RUN] [--resume] [--enforce]``: train a spec, verify, report."""
+"""``headwise train SPEC [--out RUN] [--resume] [--enforce]``: train a spec, verify, report.
+
+The flags that shape the training (``--enforce``, ``--enforce-budget``, ``--allow-unenforced``,
+``--steps``, ``--seed``, ``--set``) default to ``None`` here, so that ``--resume`` can tell a flag
+left out (the run's own value) from one given (checked against the run's); see
+``headwise.pipeline.resume``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
 
-from headwise.cli.options import add_device_argument, add_run_options, add_subcommand
+from headwise.cli.options import (
+    add_device_argument,
+    add_override_arguments,
+    add_run_options,
+    add_subcommand,
+)
 from headwise.cli.output import console, print_outcome, set_threads
 
 
@@ -24,20 +36,24 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", metavar="RUN",
                    help="run directory (default: runs/<spec file name without .yaml>)")
     p.add_argument("--resume", action="store_true",
-                   help="continue from the run's latest checkpoint (exact resume); refuses "
-                        "when the run has no checkpoint")
-    p.add_argument("--enforce", action="store_true",
+                   help="continue the same run from its latest checkpoint (exact resume) with "
+                        "the flags it was started with; a flag given must equal the run's, "
+                        "except a larger --steps, which extends the run; refuses when the run "
+                        "has no checkpoint")
+    p.add_argument("--enforce", action="store_true", default=None,
                    help="constrained training: every clause's lever is driven by a Lagrange "
                         "multiplier updated from its measured violation at each evaluation "
                         "point, until the contract holds (see `headwise plan SPEC`)")
-    p.add_argument("--allow-unenforced", action="store_true",
+    p.add_argument("--allow-unenforced", action="store_true", default=None,
                    help="with --enforce, accept clauses no lever can move (else exit 2)")
-    p.add_argument("--enforce-budget", type=float, default=1.0, metavar="F",
+    p.add_argument("--enforce-budget", type=float, default=None, metavar="F",
                    help="with --enforce, allow up to F x train.steps (1 to 1.3; default 1)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing run in --out instead of refusing")
     p.add_argument("--steps", type=int, default=None, metavar="N",
-                   help="train for N steps instead of the spec's train.steps")
+                   help="train for N steps instead of the spec's train.steps (with --resume: "
+                        "a larger N extends the run; the learning-rate schedule then spans N)")
+    add_override_arguments(p)
     p.add_argument("--forecast-every", type=int, default=0, metavar="N",
                    help="every N steps (at evaluation points) forecast each head's final role "
                         "and warn about contract clauses forecast to fail (needs "
@@ -69,12 +85,13 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         set_threads(args.threads)
     out = Path(args.out) if args.out else default_out(args.spec)
-    resume = f"headwise train {args.spec} --out {out} --resume"
+    resume = resume_command(args, out)
     try:
         outcome = train_run(Path(args.spec), out, resume=args.resume, enforce=args.enforce,
                             overwrite=args.overwrite, progress=not args.quiet,
                             steps=args.steps, allow_unenforced=args.allow_unenforced,
-                            enforce_budget=args.enforce_budget, device=args.device,
+                            enforce_budget=args.enforce_budget, seed=args.seed,
+                            overrides=args.set, device=args.device,
                             forecast_every=args.forecast_every, forecaster=args.forecaster,
                             warn=lambda line: console().print(f"[yellow]warning:[/yellow] "
                                                               f"{escape(line)}"))
@@ -82,17 +99,38 @@ def run(args: argparse.Namespace) -> int:
         if is_main_process():
             print(f"interrupted at step {e.step}; resume with: {resume}" if e.checkpoint
                   else "interrupted before the first checkpoint; start again with: "
-                  f"headwise train {args.spec} --out {out}", file=sys.stderr)
+                  f"{resume_command(args, out, again=True)}", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
         if is_main_process():
             found = list_checkpoints(out)
             print(f"interrupted (last checkpoint: step {found[-1][0]}); resume with: {resume}"
                   if found else "interrupted before the first checkpoint; start again with: "
-                  f"headwise train {args.spec} --out {out}", file=sys.stderr)
+                  f"{resume_command(args, out, again=True)}", file=sys.stderr)
         return 130
     if is_main_process():  # under torchrun, rank 0 writes the report and prints
         write_run_report(outcome.run_dir, outcome.compiled, outcome.contract,
                          outcome.enforcement)
         print_outcome(console(), outcome)
     return 0 if outcome.contract is None or outcome.contract.passed else 1
+
+
+def resume_command(args: argparse.Namespace, out: Path, again: bool = False) -> str:
+    """The command that continues this run (``again``: that starts it again), as typed.
+
+    Every option given is repeated (``--overwrite`` becomes ``--resume``), so the command works
+    as printed; ``--resume`` alone would reuse the run's flags as well.
+    """
+    argv = ["headwise", "train", args.spec, "--out", str(out)]
+    argv += [] if again else ["--resume"]
+    argv += ["--enforce"] if args.enforce else []
+    argv += ["--allow-unenforced"] if args.allow_unenforced else []
+    for flag, value in (("--enforce-budget", args.enforce_budget), ("--steps", args.steps),
+                        ("--seed", args.seed), ("--device", args.device),
+                        ("--threads", args.threads), ("--forecaster", args.forecaster)):
+        argv += [flag, str(value)] if value is not None else []  # str(float) round-trips
+    argv += ["--forecast-every", str(args.forecast_every)] if args.forecast_every else []
+    for item in args.set or ():
+        argv += ["--set", item]
+    argv += ["--quiet"] if args.quiet else []
+    return shlex.join(argv)

@@ -1,15 +1,17 @@
 """Runs: train a spec into a run directory, verify a run against a spec, rebuild a run's model.
 
-A run directory holds ``spec.yaml`` (the spec as given), ``run.json`` (where the spec came
-from, so relative paths in it keep resolving, and whether the run is enforced),
+A run directory holds ``spec.yaml`` (the spec as trained: the file, with any ``--set`` /
+``--seed`` overrides applied), ``run.json`` (where the spec came from, so relative paths in it
+keep resolving, the flags that shape the training (``headwise.pipeline.resume``) and, once
+finished, the step its weights are from),
 ``config.json``, ``model.safetensors``, ``manifest.json`` (sha256 of the files that define the
 model, written last: a run without it did not finish), ``checkpoints/``, ``metrics.jsonl``,
 ``contract.json``, ``enforcement.json`` (with ``--enforce``), ``report.json`` and
 ``report.html``.
 
-Lifecycle: ``--resume`` continues from the latest checkpoint or refuses (exit 2) when there is
-none; it never retrains over a run. A directory left by a run interrupted before its first
-checkpoint holds no work and can be trained into again.
+Lifecycle: ``--resume`` continues the same run (its recorded flags) from the latest checkpoint
+or refuses (exit 2) when there is none; it never retrains over a run. A directory left by a run
+interrupted before its first checkpoint holds no work and can be trained into again.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,18 +43,28 @@ from headwise.forecast.roles import Forecaster, load_forecaster
 from headwise.memory import check_memory, training_bytes
 from headwise.pipeline.compile import Compiled, compile_spec
 from headwise.pipeline.heldout import probe_sampler, verify_data
+from headwise.pipeline.resume import (
+    RUN_ENTRY,
+    RunFlags,
+    check_resume,
+    read_run_info,
+    recorded_info,
+    resume_flags,
+    run_info,
+)
 from headwise.pipeline.run_analysis import role_heatmap_png, run_role_table
 from headwise.runspec import Spec, load_spec, spec_from_dict
+from headwise.runspec.overrides import load_spec_with, overrides_of
 from headwise.runspec.yaml_io import parse_yaml, read_spec_text
-from headwise.training import TrainConfig, TrainResult, clean_checkpoints, list_checkpoints, train
+from headwise.training import TrainConfig, TrainResult, list_checkpoints, train
 from headwise.training.device import check_device_name, model_device, place, resolve_device
 from headwise.training.manifest import MANIFEST, verify_manifest, write_manifest
+from headwise.training.progress import EvalLines
 
 RUN_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors", MANIFEST,
              "metrics.jsonl", "contract.json", "enforcement.json", "report.json", "report.html")
 # The files that define a finished run's model, covered by its manifest.
 MODEL_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors")
-RUN_FORMAT = "headwise-run/1"
 MAX_STEPS = 10**9
 FIGURES = {"roles/heatmap": role_heatmap_png}  # logged at checkpoints with log: [tensorboard]
 
@@ -81,35 +93,8 @@ def holds_work(out: Path) -> bool:
     return (out / "model.safetensors").exists() or bool(list_checkpoints(out))
 
 
-def check_resume(out: Path, spec: Spec, enforce: bool) -> int:
-    """The step ``--resume`` continues from; refuse when there is nothing valid to resume.
-
-    Raises:
-        SpecError: no run in ``out``, a spec that differs from the run's ``spec.yaml``, an
-            ``--enforce`` flag that differs from the run's, or no checkpoint.
-    """
-    saved = out / "spec.yaml"
-    if not saved.is_file():
-        raise SpecError(f"{out}: no run to resume (no spec.yaml); start one without --resume")
-    if saved.read_text(encoding="utf-8", errors="replace") != spec.text:
-        raise SpecError(f"{out}: --resume with a spec that differs from {saved}; expected "
-                        "the same spec the run started with")
-    info = read_run_info(out)
-    if bool(info.get("enforce", False)) != enforce:
-        was = "with" if info.get("enforce") else "without"
-        raise SpecError(f"--enforce: the run in {out} was trained {was} --enforce; resume it "
-                        f"{was} --enforce too (a resume continues the same training)")
-    clean_checkpoints(out)
-    found = list_checkpoints(out)
-    if not found:
-        raise SpecError(f"{out}: no checkpoint to resume from (train.checkpoint_every: 0, or "
-                        "stopped before the first one); expected a run with checkpoints, or "
-                        "start again with --overwrite")
-    return found[-1][0]
-
-
 def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
-                    enforce: bool = False, spec_dir: Path | None = None) -> int | None:
+                    flags: RunFlags | None = None, spec_dir: Path | None = None) -> int | None:
     """Create ``out`` and write ``spec.yaml`` and ``run.json``; refuse to clobber a run.
 
     Returns:
@@ -123,7 +108,7 @@ def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
         raise SpecError("--resume and --overwrite: conflicting options; expected one of them "
                         "(--resume continues the run, --overwrite replaces it)")
     if resume:
-        return check_resume(out, spec, enforce)
+        return check_resume(out, spec)
     if holds_work(out) and not overwrite:
         raise SpecError(f"{out}: already holds a run; pass --resume to continue it, "
                         "--overwrite to replace it, or choose another --out")
@@ -133,33 +118,10 @@ def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
         out.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(out / "spec.yaml", spec.text.encode())
-        write_json(out / "run.json", {
-            "format": RUN_FORMAT, "enforce": enforce,
-            "spec_dir": str(spec_dir.resolve()) if spec_dir is not None else None})
+        write_json(out / "run.json", run_info(flags or RunFlags().filled(), spec, spec_dir))
     except OSError as e:
         raise SpecError(f"{out}: cannot write the run directory ({e.strerror or e})") from None
     return None
-
-
-def read_run_info(run: Path) -> dict[str, Any]:
-    """``run.json`` as a dict (empty for runs written before it existed).
-
-    Raises:
-        CheckpointError: ``run.json`` is unreadable or malformed.
-    """
-    path = Path(run) / "run.json"
-    if not path.is_file():
-        return {}
-    try:
-        info = json.loads(path.read_bytes())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({str(e)[:100]})") from None
-    if (not isinstance(info, dict) or info.get("format") != RUN_FORMAT
-            or not isinstance(info.get("enforce", False), bool)
-            or not isinstance(info.get("spec_dir"), (str, type(None)))):
-        raise CheckpointError(f"{path}: expected a {RUN_FORMAT!r} object with 'enforce' "
-                              "(true/false) and 'spec_dir' (a path or null)")
-    return info
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -168,9 +130,10 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
-              enforce: bool = False, overwrite: bool = False,
-              progress: bool = True, allow_unenforced: bool = False,
-              enforce_budget: float = 1.0, steps: int | None = None,
+              enforce: bool | None = None, overwrite: bool = False,
+              progress: bool = True, allow_unenforced: bool | None = None,
+              enforce_budget: float | None = None, steps: int | None = None,
+              seed: int | None = None, overrides: Sequence[str] | None = None,
               device: str | None = None, forecast_every: int = 0,
               forecaster: str | Path | None = None,
               enforce_config: EnforceConfig | None = None,
@@ -181,65 +144,93 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     With ``enforce``, training stops at the first evaluation point where the contract holds and
     never runs past ``train.steps x enforce_budget`` (1 to 1.3; the schedule spans the budget).
     ``device`` overrides the spec's ``train.device`` (``--device``), ``steps`` its
-    ``train.steps`` (``headwise train --steps N``).
+    ``train.steps`` (``headwise train --steps N``), ``seed`` its ``train.seed`` and each
+    ``overrides`` item ``path.to.key=value`` a key (``--set``; ``headwise.runspec.overrides``).
+
+    With ``resume``, the flags left ``None`` (``enforce``, ``enforce_budget``,
+    ``allow_unenforced``, ``steps``, ``seed`` and ``overrides`` together) are the run's own;
+    a flag given must equal the run's, except a larger ``steps`` (``headwise.pipeline.resume``).
 
     With ``forecast_every``, every that many steps (at evaluation points) the packaged
     forecaster (or the one in the JSON file ``forecaster``, e.g. from
     ``headwise fit-forecaster``) predicts final roles and ``warn`` gets a line per contract
-    clause forecast to fail (``headwise.contract.forecast``).
+    clause forecast to fail (``headwise.contract.forecast``). With ``progress``, a line per
+    evaluation point (held-out accuracy, clauses held, ETA) goes to stdout.
 
     ``enforce_config`` sets enforcement (default ``EnforceConfig()``); ``enforcer`` is the
     callback class that applies it (a subclass may instrument it, as the benchmarks do).
 
     Raises:
-        SpecError: an invalid spec, ``--enforce`` or ``forecast_every`` without evaluation
-            points, ``forecaster`` without ``forecast_every`` or not a forecaster file, or
-            (unless ``allow_unenforced``) a clause no lever can move under ``--enforce``.
+        SpecError: an invalid spec or override, ``--enforce`` or ``forecast_every`` without
+            evaluation points, ``forecaster`` without ``forecast_every`` or not a forecaster
+            file, (unless ``allow_unenforced``) a clause no lever can move under ``--enforce``,
+            or a resume with a flag that differs from the run's.
         ConfigError: an unknown or unavailable device.
         CheckpointError: ``resume`` from a corrupt checkpoint.
     """
-    spec = _run_spec(load_spec(spec_source), enforce=enforce, enforce_budget=enforce_budget,
-                     steps=steps, device=device, forecast_every=forecast_every)
+    out = Path(out)
+    flags = _flags(out, resume and not overwrite, RunFlags(
+        enforce, enforce_budget, allow_unenforced, None if steps is None else check_steps(steps),
+        None if overrides is None and seed is None else overrides_of(overrides, seed)))
+    spec = _run_spec(load_spec_with(spec_source, flags.overrides or ()), flags, device=device,
+                     forecast_every=forecast_every)
     if forecaster is not None and not forecast_every:
         raise SpecError("--forecaster: only used with --forecast-every")
     watch_with = read_forecaster(forecaster) if forecast_every else None
-    out = Path(out)
     compiled = compile_spec(spec)
     place(compiled.model, spec.train.device, "--device" if device is not None else "train.device")
     contract = spec.contract
     data = verify_data(compiled)  # on the training device: enforcement verifies mid-run
-    callbacks: list[Callable[[Any], None]] = []
-    if enforce:
-        config = enforce_config or EnforceConfig()
-        levers = plan(compiled, contract, probe_sampler(spec), config)
-        missing = [c for c in contract if levers.get(c.index) is None]
-        if missing and not allow_unenforced:
-            c = missing[0]
-            raise SpecError(f"{c.path}: no lever can move this clause ({c.describe()}, "
-                            f"{c.threshold_text()}); see `headwise plan`, or pass "
-                            "--allow-unenforced to enforce the others")
-        callbacks.append(enforcer(contract, data, levers, config))
-    train_config = _budgeted(spec.train, enforce_budget)
+    callbacks = _enforcer(compiled, contract, data, flags, enforce_config or EnforceConfig(),
+                          enforcer)
+    train_config = _budgeted(spec.train, flags.enforce_budget or 1.0)
     if watch_with is not None:
         callbacks.append(_forecast_watch(compiled, data, contract, forecast_every, warn,
                                          train_config.steps, watch_with))
     main = is_main_process()
-    if main:
-        _prepare(out, spec, spec_source, resume, overwrite, enforce)
+    info = _prepare(out, spec, spec_source, resume, overwrite, flags) if main else {}
+    if progress and main:
+        callbacks.append(EvalLines(train_config.steps, _clauses_held))
     result = train(compiled.model, compiled.data, train_config, out_dir=out,
                    objectives=compiled.objectives, callbacks=callbacks,
                    optimizer_hooks=compiled.optimizer_hooks, resume=resume,
-                   eval_data=compiled.eval_data, progress=progress, figures=FIGURES)
+                   eval_data=compiled.eval_data, progress=progress, figures=FIGURES,
+                   extra={RUN_ENTRY: info} if main else None)
     verdict = _verify_trained(compiled, contract, data)
     enforcement = (summary(result.extra, verdict, result.step)
-                   if enforce and verdict is not None else None)
+                   if flags.enforce and verdict is not None else None)
     if main:
+        write_json(out / "run.json", {**info, "step": result.step})
         _write_outcome(out, verdict, enforcement)
     return RunOutcome(out, compiled, result, verdict, enforcement)
 
 
-def _run_spec(spec: Spec, *, enforce: bool, enforce_budget: float, steps: int | None,
-              device: str | None, forecast_every: int) -> Spec:
+def _flags(out: Path, resume: bool, given: RunFlags) -> RunFlags:
+    """The flags the run trains with: the run's own on resume (checked), else those given."""
+    return resume_flags(recorded_info(out), given, out) if resume else given.filled()
+
+
+def _enforcer(compiled: Compiled, contract: Contract, data: VerifyData, flags: RunFlags,
+              config: EnforceConfig, enforcer: type[Enforcer]) -> list[Callable[[Any], None]]:
+    """``[enforcer]`` with ``--enforce`` (else ``[]``), after checking every clause has a lever.
+
+    Raises:
+        SpecError: a clause no lever can move, without ``--allow-unenforced``.
+    """
+    if not flags.enforce:
+        return []
+    levers = plan(compiled, contract, probe_sampler(compiled.spec), config)
+    missing = [c for c in contract if levers.get(c.index) is None]
+    if missing and not flags.allow_unenforced:
+        c = missing[0]
+        raise SpecError(f"{c.path}: no lever can move this clause ({c.describe()}, "
+                        f"{c.threshold_text()}); see `headwise plan`, or pass "
+                        "--allow-unenforced to enforce the others")
+    return [enforcer(contract, data, levers, config)]
+
+
+def _run_spec(spec: Spec, flags: RunFlags, *, device: str | None,
+              forecast_every: int) -> Spec:
     """``spec`` with the command line's overrides, after checking the options fit it (and
     that its training fits in memory).
 
@@ -250,13 +241,15 @@ def _run_spec(spec: Spec, *, enforce: bool, enforce_budget: float, steps: int | 
         ConfigError: an unknown ``--device``.
         ResourceError: the training step or evaluation set cannot fit in memory.
     """
-    if not (isinstance(enforce_budget, (int, float)) and 1.0 <= enforce_budget <= 1.3):
+    enforce, enforce_budget = bool(flags.enforce), flags.enforce_budget
+    if isinstance(enforce_budget, bool) or not (
+            isinstance(enforce_budget, (int, float)) and 1.0 <= enforce_budget <= 1.3):
         raise SpecError(f"--enforce-budget: got {enforce_budget!r}, expected a number in "
                         "[1, 1.3] (a factor on train.steps)")
     if enforce_budget != 1.0 and not enforce:
         raise SpecError("--enforce-budget: given without --enforce; expected both or neither")
-    if steps is not None:
-        spec = with_steps(spec, steps)
+    if flags.steps is not None:
+        spec = with_steps(spec, flags.steps)
     if device is not None:
         spec = dataclasses.replace(spec, train=dataclasses.replace(
             spec.train, device=check_device_name(device, "--device")))
@@ -284,13 +277,32 @@ def _budgeted(config: TrainConfig, enforce_budget: float) -> TrainConfig:
 
 
 def _prepare(out: Path, spec: Spec, spec_source: str | Path, resume: bool, overwrite: bool,
-             enforce: bool) -> None:
-    """``prepare_run_dir`` with the spec's directory (for relative paths); says a resume."""
+             flags: RunFlags) -> dict[str, Any]:
+    """``prepare_run_dir`` with the spec's directory (for relative paths); says a resume.
+
+    Returns:
+        The run's ``run.json`` content (on resume: rewritten when lost or extended).
+    """
     spec_dir = Path(spec_source).parent if isinstance(spec_source, Path) or (
         "\n" not in spec_source and spec_source.endswith((".yaml", ".yml"))) else None
-    step = prepare_run_dir(out, spec, resume, overwrite, enforce, spec_dir)
-    if step is not None:
-        print(f"resuming from step {step}", flush=True)
+    step = prepare_run_dir(out, spec, resume, overwrite, flags, spec_dir)
+    if step is None:
+        return read_run_info(out)
+    print(f"resuming from step {step}", flush=True)
+    old = read_run_info(out)
+    info = run_info(flags, spec, Path(old["spec_dir"]) if old.get("spec_dir") else spec_dir)
+    if {k: v for k, v in old.items() if k != "step"} != info:
+        write_json(out / "run.json", info)  # lost, written by an older version, or extended
+    return info
+
+
+def _clauses_held(extra: dict[str, Any]) -> str | None:
+    """``contract 1/2 held`` at the latest enforcement point (``None`` without enforcement)."""
+    history = extra.get("enforce", {}).get("history")
+    if not history:
+        return None
+    clauses = history[-1]["clauses"].values()
+    return f"contract {sum(bool(c['passed']) for c in clauses)}/{len(clauses)} held"
 
 
 def _verify_trained(compiled: Compiled, contract: Contract,
@@ -312,14 +324,24 @@ def _write_outcome(out: Path, verdict: ContractResult | None,
         write_json(out / "enforcement.json", enforcement)
 
 
+def check_steps(steps: int) -> int:
+    """``steps`` if it is a valid ``--steps``.
+
+    Raises:
+        SpecError: not an integer in [1, ``MAX_STEPS``].
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
+        raise SpecError(f"--steps: got {steps}, expected an integer in [1, {MAX_STEPS}]")
+    return steps
+
+
 def with_steps(spec: Spec, steps: int) -> Spec:
     """``spec`` with ``train.steps`` replaced.
 
     Raises:
         SpecError: ``steps`` < 1 or fewer than ``train.warmup_steps``.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
-        raise SpecError(f"--steps: got {steps}, expected an integer in [1, {MAX_STEPS}]")
+    check_steps(steps)
     if steps < spec.train.warmup_steps:
         raise SpecError(f"--steps: got {steps}, expected at least train.warmup_steps="
                         f"{spec.train.warmup_steps}")

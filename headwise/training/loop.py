@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +41,8 @@ from headwise.training.device import place
 from headwise.training.distributed import DistContext, setup, teardown, wrap
 from headwise.training.evaluate import EVAL_SEED_OFFSET, evaluate, forward
 from headwise.training.interrupt import Interrupted, catch_signals
-from headwise.training.metrics import LogWindow, ProgressBar, task_loss
+from headwise.training.metrics import LogWindow, task_loss
+from headwise.training.progress import ProgressBar
 from headwise.training.run_log import Figures, RunLog
 from headwise.training.safetensors_io import save_weights
 
@@ -146,7 +147,8 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
           callbacks: Sequence[Callable[[TrainState], None]] = (),
           optimizer_hooks: Sequence[Callable[[torch.optim.Optimizer], None]] = (),
           resume: bool = False, eval_data: Mixture | None = None,
-          progress: bool = True, figures: Figures | None = None) -> TrainResult:
+          progress: bool = True, figures: Figures | None = None,
+          extra: Mapping[str, Any] | None = None) -> TrainResult:
     """Train ``model`` on ``data`` (see the module docstring for the step).
 
     Args:
@@ -168,6 +170,9 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
         figures: with ``"tensorboard" in config.log``, images logged at every checkpoint:
             tag -> ``fn(model, batch) -> PNG bytes`` on the first held-out batch (the pipeline
             passes the role-score heatmap; ``headwise.pipeline.run_analysis.role_heatmap_png``).
+        extra: entries put in the callback state (``TrainState.extra``) from the start, so
+            every checkpoint holds them; on resume they replace the checkpoint's entries of the
+            same keys (the pipeline records the run's flags here).
 
     Raises:
         ConfigError: data that does not fit the model, ``resume`` without ``out_dir``, two
@@ -195,6 +200,7 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
                      dict(figures or {}))
         if resume:
             _restore(run)
+        run.extra.update(extra or {})
         result = _run(run)
     except BaseException:
         teardown(ctx, failed=True)

@@ -1,4 +1,4 @@
-"""Task loss with per-task statistics, running sums between log lines, ``metrics.jsonl``, progress.
+"""Task loss with per-task statistics, running sums between log lines, and ``metrics.jsonl``.
 
 Task loss: cross-entropy at target positions only (``targets != -100``), averaged over each
 example's target positions and then over examples, so every example weighs the same whatever
@@ -236,42 +236,3 @@ class MetricsWriter:
                 f.write(json.dumps(record) + "\n")
         except OSError as e:  # a line cut short is dropped on resume (truncate_after)
             raise StorageError(f"{self.path}: cannot write ({e.strerror or e})") from None
-
-
-class ProgressBar:
-    """A rich progress bar with the loss and per-task accuracy (no-op when disabled)."""
-
-    def __init__(self, total: int, start: int, enabled: bool) -> None:
-        self._progress = None
-        if not enabled:
-            return
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self._progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), TimeRemainingColumn(),
-                                  TextColumn("{task.fields[info]}"))
-        self._progress.start()
-        self._task = self._progress.add_task("train", total=total, completed=start, info="")
-
-    def update(self, step: int, loss: float | None = None,
-               tasks: dict[str, Any] | None = None) -> None:
-        """Move to ``step``; show ``loss`` and each task's accuracy when given."""
-        if self._progress is None:
-            return
-        if loss is None:
-            self._progress.update(self._task, completed=step)
-            return
-        accs = " ".join(f"{n} {v['accuracy']:.2f}" for n, v in (tasks or {}).items())
-        self._progress.update(self._task, completed=step, info=f"loss {loss:.4f} | acc {accs}")
-
-    def close(self) -> None:
-        """Stop drawing."""
-        if self._progress is not None:
-            self._progress.stop()
