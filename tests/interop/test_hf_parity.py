@@ -85,15 +85,18 @@ def test_bert_left_padding_matches_hf(hf_model_dir, batch):
 
 @pytest.mark.parametrize("family", ["llama-gqa", "mistral"])
 def test_gqa_config_and_head_mapping(hf_model_dir, family):
-    """Query head h reads kv head h // (H / H_kv), as HF's repeat_kv does."""
+    """Query head h reads the kv head HF's own ``repeat_kv`` gives it."""
+    from transformers.models.llama.modeling_llama import repeat_kv
+
     hf, path = hf_model_dir(family)
     model = load_hf(path)
     c = model.config
     assert c.n_kv_heads == hf.config.num_key_value_heads < c.n_heads
     assert c.d_head == hf.config.head_dim
     attn = model.blocks[0].attn
-    assert attn.kv_heads(list(range(c.n_heads))).tolist() == [
-        h // (c.n_heads // c.n_kv_heads) for h in range(c.n_heads)]
+    labels = torch.arange(c.n_kv_heads, dtype=torch.float32).view(1, -1, 1, 1)  # kv head ids
+    hf_reads = repeat_kv(labels, c.n_heads // c.n_kv_heads).flatten().long().tolist()
+    assert attn.kv_heads(list(range(c.n_heads))).tolist() == hf_reads
     torch.testing.assert_close(attn.k_proj.weight, hf.model.layers[0].self_attn.k_proj.weight)
 
 
