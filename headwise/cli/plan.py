@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     for c in contract:
         lever = levers[c.index]
         table.add_row(str(c.index), c.label, c.kind, c.threshold_text(),
-                      c.entry.measured_on(c), "(no lever)" if lever is None else lever.description,
+                      c.measured_on(), "(no lever)" if lever is None else lever.description,
                       "-" if lever is None else "0 (multiplier x scale "
                       f"{lever.scale:g}{'' if lever.cap is None else f', cap {lever.cap:g}'})")
     out = console()

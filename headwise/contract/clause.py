@@ -11,17 +11,28 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from headwise.heads import Head, HeadSet
-
-if TYPE_CHECKING:
-    from headwise.contract.kind import ClauseKind
 
 METRICS = ("accuracy", "exact", "loss")
 # Metrics in [0, 1] whose drop is in [-1, 1]; ``loss`` is in nats (>= 0).
 UNIT_METRICS = ("accuracy", "exact")
 MODES = ("zero", "mean", "resample")
+
+
+class KindEntry(Protocol):
+    """What a clause reads of its kind's registry entry (a ``headwise.contract.kind.ClauseKind``;
+    everything else of the entry is reached through the registry, ``kinds.KINDS[clause.kind]``).
+    """
+
+    name: str
+
+    def describe(self, clause: Clause) -> str: ...
+
+    def threshold_text(self, clause: Clause) -> str: ...
+
+    def measured_on(self, clause: Clause) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -40,7 +51,7 @@ class Clause:
     """
 
     index: int
-    entry: ClauseKind = field(repr=False)
+    entry: KindEntry = field(repr=False)
     quantifier: str
     heads: HeadSet
     score: str | None = None
@@ -86,6 +97,10 @@ class Clause:
     def describe(self) -> str:
         """One line: subject and what is measured."""
         return self.entry.describe(self)
+
+    def measured_on(self) -> str:
+        """What the clause is measured on, in words (``headwise plan``)."""
+        return self.entry.measured_on(self)
 
 
 def bounds_text(at_least: float | None, at_most: float | None, prefix: str = "") -> str:

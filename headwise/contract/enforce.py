@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headwise.contract.clause import Clause, Contract
+from headwise.contract.kinds import KINDS
 from headwise.contract.lever import ClauseLever, Compiled, EnforceConfig, PlanContext, ProbeSampler
 from headwise.contract.results import ClauseResult, ContractResult, VerifyData
 from headwise.contract.verify import verify
@@ -48,7 +49,7 @@ def plan(compiled: Compiled, contract: Contract, probes: ProbeSampler | None = N
     """
     ctx = PlanContext(compiled, contract.n_layers, contract.n_heads, config or EnforceConfig(),
                       probes)
-    return {c.index: c.entry.lever(ctx, c) for c in contract}
+    return {c.index: KINDS[c.kind].lever(ctx, c) for c in contract}
 
 
 @dataclass
@@ -73,14 +74,15 @@ class Enforcer:
                                                     "chosen": {}, "clauses": {}})
         result = self.measure(state)
         lambdas = record["multipliers"]
-        tasks_fail = any(not r.passed and r.clause.entry.guards_task(r.clause)
+        tasks_fail = any(not r.passed and KINDS[r.clause.kind].guards_task(r.clause)
                          for r in result.results)
-        violations = {str(r.clause.index): r.clause.entry.violation(r) for r in result.results}
+        violations = {str(r.clause.index): KINDS[r.clause.kind].violation(r)
+                      for r in result.results}
         levered = [r for r in result.results if self.levers.get(r.clause.index) is not None]
         self.dual_step(lambdas, {str(r.clause.index): violations[str(r.clause.index)]
                                  for r in levered},
                        {str(r.clause.index) for r in levered
-                        if r.clause.entry.guards_task(r.clause)}, tasks_fail)
+                        if KINDS[r.clause.kind].guards_task(r.clause)}, tasks_fail)
         for r in levered:
             key = str(r.clause.index)
             self._apply(self.levers[r.clause.index], lambdas[key], r,  # type: ignore[arg-type]

@@ -76,7 +76,7 @@ def _check_together(clauses: tuple[Clause, ...]) -> None:
     """Reject clauses that contradict each other (see the module docstring)."""
     bounds: dict[tuple[Any, ...], tuple[float, int, float, int]] = {}
     for c in clauses:
-        for key, what in c.entry.bounded(c):
+        for key, what in KINDS[c.kind].bounded(c):
             lo, lo_i, hi, hi_i = bounds.get(key, (-math.inf, -1, math.inf, -1))
             if c.at_least is not None and c.at_least > lo:
                 lo, lo_i = c.at_least, c.index
@@ -88,7 +88,7 @@ def _check_together(clauses: tuple[Clause, ...]) -> None:
                                 f"<= {hi:g}")
             bounds[key] = (lo, lo_i, hi, hi_i)
     for c in clauses:
-        for key, need in c.entry.needs_clean(c):
+        for key, need in KINDS[c.kind].needs_clean(c):
             _, _, cap, cap_i = bounds.get(key, (-math.inf, -1, math.inf, -1))
             if need > cap:
                 capper = clauses[cap_i]
@@ -96,4 +96,4 @@ def _check_together(clauses: tuple[Clause, ...]) -> None:
                                 f"drop >= {need:g} needs {key[2]} >= {need:g}, but "
                                 f"{capper.path} caps it at {cap:g}")
     for kind in KINDS.values():
-        kind.check_together([c for c in clauses if c.entry is kind])
+        kind.check_together([c for c in clauses if c.kind == kind.name])
