@@ -83,7 +83,7 @@ CHECKPOINTS = 20  # checkpoints per run (checkpoint_every = steps / 20)
 COMMAND = "OMP_NUM_THREADS=1 .venv/bin/python bench/bench_forecast.py --save --ablation"
 SUITE = ROOT / "headwise" / "examples" / "suite"
 
-# Four configurations of the issue: an induction circuit on random periods, a multi-task model
+# Four base configurations: an induction circuit on random periods, a multi-task model
 # with task gates, pattern objectives and masks on some heads, a bidirectional model.
 CONFIGS: dict[str, str] = {
     "induction": """
@@ -292,7 +292,7 @@ def train_rows(rs: list[dict], extended: bool = False) -> tuple[Any, list[str]]:
 # role), the gradient alignment in pattern space (``align_*``) and parameter space
 # (``reach_*``): latest, mean over the early checkpoints, lead over the best other role, whether
 # it is the best; the loss curve (loss now / first loss, the latest relative drop carried to the
-# end). Curve shape (session 5): the score at the first checkpoint and the latest and
+# end). Curve shape: the score at the first checkpoint and the latest and
 # extrapolated scores as multiples of it (``start``, ``rise``, ``linear_rise``), each role's mean
 # projected gain and mean score over the run's heads (``run_gain``, ``run_last``), and the change
 # of slope between the two halves of the early checkpoints carried to the end (``accel``).
@@ -493,7 +493,7 @@ def save(model: Any, preds: dict, confirm: dict, runs: list[dict], confirm_runs:
         "fresh_baseline_accuracy": round(acc(confirm["baseline"][0.2])[0], 4),
         "calibration_held_out_seeds": calibration(preds["held-out seeds"][0.2]),
         "below_baseline": below_baseline(preds, list(CONFIGS)),
-        "doc": "docs/benchmarks.md#forecasting-final-roles-issue-14"}
+        "doc": "docs/benchmarks.md#forecasting-final-roles"}
     write_bytes_atomic(OUT, model.to_json().encode())
     print(f"written: {OUT.relative_to(ROOT)} ({model.measured})")
 

@@ -1,4 +1,4 @@
-"""Lever benchmark (issue 3): pattern-objective overhead, head-scoped LoRA vs full fine-tuning.
+"""Lever benchmark: pattern-objective overhead, head-scoped LoRA vs full fine-tuning.
 
 Run from the repository root::
 

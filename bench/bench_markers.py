@@ -1,4 +1,4 @@
-"""Issue 9: a copy/reverse/sort mixture on one 2-layer model, with and without task markers.
+"""Task markers: a copy/reverse/sort mixture on one 2-layer model, with and without markers.
 
 Copy, reverse and sort share the input format ``[BOS, x, SEP, y]``; without task gates or a
 marker the model cannot know at ``SEP`` which answer to write. This trains the same spec with

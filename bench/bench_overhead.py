@@ -1,4 +1,4 @@
-"""Training-loop overhead (issue 12): ``headwise`` ``train()`` step vs a bare PyTorch loop.
+"""Training-loop overhead: ``headwise`` ``train()`` step vs a bare PyTorch loop.
 
 Run from the repository root::
 

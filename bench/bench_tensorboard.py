@@ -1,4 +1,4 @@
-"""TensorBoard logging cost (issue 13): the demo's training with ``train.log: [jsonl]`` vs
+"""TensorBoard logging cost: the demo's training with ``train.log: [jsonl]`` vs
 ``[jsonl, tensorboard]``, and the attention viewers' share of the demo's report.html.
 
 Run from the repository root::

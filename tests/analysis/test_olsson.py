@@ -226,9 +226,9 @@ def pytorch_init_pairs() -> list[tuple[Run, Run]]:
 def test_previous_token_supervision_brings_the_crossing_earlier(
         pytorch_init_pairs: list[tuple[Run, Run]]) -> None:
     """With PyTorch's default init the unsupervised crossing is late (step 500 on seeds 0 and 1,
-    after a flat start) and supervising L0.H0 towards the previous token moves it earlier (375-400),
-    as the issue measured. With build_model's N(0, 0.02) init the unsupervised model crosses at
-    ~250 and supervision delays it instead (docs/roles.md)."""
+    after a flat start) and supervising L0.H0 towards the previous token moves it earlier (375-400).
+    With build_model's N(0, 0.02) init the unsupervised model crosses at ~250 and supervision
+    delays it instead (docs/roles.md)."""
     for base, sup in pytorch_init_pairs:
         b, s = base.crossing(), sup.crossing()
         assert b is not None and b >= 400 and base.curve[0][1] < 0.15, base.curve
