@@ -1,0 +1,136 @@
+"""The clause-kind registry: a new kind is one entry, the margin is one definition, and the
+enforcement settings reach the levers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+import torch
+
+from headwise import ModelConfig, build_model
+from headwise.contract import (
+    KINDS,
+    Clause,
+    ClauseKind,
+    ClauseResult,
+    EnforceConfig,
+    VerifyData,
+    margin,
+    parse_contract,
+    plan,
+    verify,
+)
+from headwise.contract.clause import decide, holds
+from headwise.contract.kind import ParseContext
+from headwise.heads import HeadSet
+from headwise.pipeline import compile_spec
+from headwise.runspec import load_spec
+
+
+class ConstantKind(ClauseKind):
+    """A kind defined outside the package: ``{constant: v, at_least: x}`` measures ``v``."""
+
+    name = "constant"
+    keys = frozenset({"constant", "at_least", "at_most", "name"})
+
+    def claims(self, raw: Mapping[str, Any]) -> bool:
+        return "constant" in raw
+
+    def parse(self, path: str, index: int, raw: dict[str, Any], ctx: ParseContext) -> Clause:
+        return Clause(index, self, "model", HeadSet([], ctx.n_layers, ctx.n_heads),
+                      at_least=raw.get("at_least"), at_most=raw.get("at_most"),
+                      name=raw.get("name"), source={**raw})
+
+    def describe(self, clause: Clause) -> str:
+        return f"the constant {clause.source['constant']}"
+
+    def measured_on(self, clause: Clause) -> str:
+        return "nothing"
+
+    def measure(self, model: Any, clause: Clause, data: VerifyData) -> ClauseResult:
+        v = float(clause.source["constant"])
+        return ClauseResult(clause, holds(v, clause.at_least, clause.at_most), v,
+                            clause.threshold_text())
+
+    def lever(self, ctx: Any, clause: Clause) -> None:
+        return None
+
+
+@pytest.fixture()
+def with_constant(monkeypatch: pytest.MonkeyPatch) -> ClauseKind:
+    kind = ConstantKind()
+    monkeypatch.setitem(KINDS, kind.name, kind)
+    return kind
+
+
+def test_a_new_kind_is_one_entry(with_constant: ClauseKind) -> None:
+    contract = parse_contract([{"constant": 0.5, "at_least": 0.4},
+                               {"constant": 0.5, "at_least": 0.6, "name": "too high"},
+                               {"task": "copy", "metric": "loss", "at_most": 100.0}],
+                              n_layers=1, n_heads=2, tasks=["copy"])
+    assert [c.kind for c in contract] == ["constant", "constant", "task"]
+    assert contract[1].label == "too high" and contract[0].describe() == "the constant 0.5"
+    model = build_model(ModelConfig(n_layers=1, n_heads=2, d_model=8, vocab_size=8,
+                                    max_seq_len=6), seed=0)
+    batch = type("B", (), {"tokens": torch.randint(0, 8, (4, 6)),
+                           "targets": torch.randint(0, 8, (4, 6)), "attention_mask": None,
+                           "task_ids": torch.zeros(4, dtype=torch.long)})()
+    result = verify(model, contract, VerifyData(tasks={"copy": batch}))
+    assert [r.passed for r in result.results] == [True, False, True]  # in clause order
+    assert result.results[1].measured == 0.5 and result.exit_code == 1
+    # The default violation is the negative margin: 0.6 - 0.5.
+    assert with_constant.violation(result.results[1]) == pytest.approx(0.1)
+    assert with_constant.violation(result.results[0]) == pytest.approx(-0.1)
+
+
+def test_the_margin_is_the_distance_inside_the_bounds() -> None:
+    assert margin(0.7, 0.5, None) == pytest.approx(0.2)
+    assert margin(0.7, None, 0.6) == pytest.approx(-0.1)
+    assert margin(0.55, 0.5, 0.6) == pytest.approx(0.05)  # the nearer bound decides
+    assert margin(1.0, None, None) == math.inf and margin(math.nan, 0.0, None) == -math.inf
+    assert holds(0.5, 0.5, 0.5) and not holds(math.nan, None, None)
+
+
+def test_any_of_is_decided_by_the_best_unit_and_all_of_by_the_worst() -> None:
+    def clause(quantifier: str) -> Clause:
+        return parse_contract([{quantifier: "L0.*", "score": "self", "at_least": 0.5}],
+                              n_layers=1, n_heads=3, tasks=[])[0]
+
+    values = {"L0.H0": 0.2, "L0.H1": 0.9, "L0.H2": 0.6}
+    assert decide(clause("any_of"), values) == (True, "L0.H1", 0.9)
+    assert decide(clause("all_of"), values) == (False, "L0.H0", 0.2)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("eta", 0.0), ("lambda_max", -1.0), ("p_max", 1.5), ("margin", 1.0),
+    ("carrier_stages", (("margin",), ("others",))), ("carrier_stages", ()),
+])
+def test_enforce_config_refuses_values_out_of_range(field: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=f"EnforceConfig.{field}"):
+        EnforceConfig(**{field: value})
+
+
+SPEC = """
+model: {n_layers: 1, n_heads: 3, d_model: 24, vocab_size: 16, max_seq_len: 12, attn_only: true}
+data: {tasks: {copy: {length: 4}}}
+contract:
+  - {head: L0.H0, score: self, at_most: 0.3}
+  - {ablate: L0.H1, task: copy, drop_at_least: 0.3}
+"""
+
+
+def test_plan_takes_its_settings_from_the_enforce_config() -> None:
+    spec = load_spec(SPEC)
+    config = EnforceConfig(p_max=0.4, ablation_scale=0.1, margin=0.1,
+                           carrier_stages=(("others", "margin"),))
+    levers = plan(compile_spec(spec), spec.contract, config=config)
+    bound = levers[0].objectives[0]  # type: ignore[union-attr]
+    assert bound.max == pytest.approx(0.2)  # the bound lever aims 0.1 past at_most 0.3
+    carrier = levers[1]
+    assert carrier is not None and (carrier.scale, carrier.cap) == (0.1, 0.4)
+    assert carrier.loss_from == 0.0  # one stage: the hinge acts from the start
+    staged = plan(compile_spec(spec), spec.contract)[1]  # the default: two stages
+    assert staged is not None and staged.loss_from == pytest.approx(0.5 / 0.15)
