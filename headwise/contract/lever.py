@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from headwise.control.objectives import Objective
 from headwise.control.task_levers import OnProbeData
 from headwise.data import Batch
+from headwise.errors import field_error
 from headwise.heads import Head, HeadSet
 
 ProbeSampler = Callable[[str, int, int], Batch]
@@ -45,7 +46,8 @@ class EnforceConfig:
             ("margin",))``, chosen by measurement (docs/benchmarks.md).
 
     Raises:
-        ValueError: a value out of range or carrier stages not in ``CARRIER_STAGES``.
+        ConfigError: a value out of range or carrier stages not in ``CARRIER_STAGES`` (the
+            message names the field).
     """
 
     eta: float = 4.0
@@ -57,18 +59,22 @@ class EnforceConfig:
 
     def __post_init__(self) -> None:
         for name in ("eta", "lambda_max", "ablation_scale"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"EnforceConfig.{name}: got {getattr(self, name)!r}, expected "
-                                 "a number > 0")
-        if not 0.0 < self.p_max <= 1.0:
-            raise ValueError(f"EnforceConfig.p_max: got {self.p_max!r}, expected a probability "
-                             "in (0, 1]")
-        if not 0.0 <= self.margin < 1.0:
-            raise ValueError(f"EnforceConfig.margin: got {self.margin!r}, expected a number in "
-                             "[0, 1)")
-        if self.carrier_stages not in CARRIER_STAGES:
-            raise ValueError(f"EnforceConfig.carrier_stages: got {self.carrier_stages!r}, "
-                             f"expected one of {list(CARRIER_STAGES)}")
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise field_error(name, value, "a number > 0")
+        if isinstance(self.p_max, bool) or not isinstance(self.p_max, (int, float)) \
+                or not 0.0 < self.p_max <= 1.0:
+            raise field_error("p_max", self.p_max, "a probability in (0, 1]")
+        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) \
+                or not 0.0 <= self.margin < 1.0:
+            raise field_error("margin", self.margin, "a number in [0, 1)")
+        given = stages = self.carrier_stages
+        if isinstance(stages, (list, tuple)) and all(isinstance(x, (list, tuple)) for x in stages):
+            stages = tuple(tuple(x) for x in stages)  # YAML gives lists
+        if stages not in CARRIER_STAGES:
+            raise field_error("carrier_stages", given,
+                              f"one of {[[list(x) for x in c] for c in CARRIER_STAGES]}")
+        object.__setattr__(self, "carrier_stages", stages)
 
     @property
     def staged_from(self) -> float:

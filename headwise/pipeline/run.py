@@ -157,8 +157,8 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     clause forecast to fail (``headwise.contract.forecast``). With ``progress``, a line per
     evaluation point (held-out accuracy, clauses held, ETA) goes to stdout.
 
-    ``enforce_config`` sets enforcement (default ``EnforceConfig()``); ``enforcer`` is the
-    callback class that applies it (a subclass may instrument it, as the benchmarks do).
+    ``enforce_config`` sets enforcement (default: the spec's ``enforce:`` section); ``enforcer``
+    is the callback class that applies it (a subclass may instrument it, as the benchmarks do).
 
     Raises:
         SpecError: an invalid spec or override, ``--enforce`` or ``forecast_every`` without
@@ -181,7 +181,7 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     place(compiled.model, spec.train.device, "--device" if device is not None else "train.device")
     contract = spec.contract
     data = verify_data(compiled)  # on the training device: enforcement verifies mid-run
-    callbacks = _enforcer(compiled, contract, data, flags, enforce_config or EnforceConfig(),
+    callbacks = _enforcer(compiled, contract, data, flags, enforce_config or spec.enforce,
                           enforcer)
     train_config = _budgeted(spec.train, flags.enforce_budget or 1.0)
     if watch_with is not None:

@@ -1,8 +1,8 @@
 """YAML specs: ``load_spec(path_or_text) -> Spec``, validated into frozen dataclasses.
 
 A spec describes a whole run: ``model``, ``data``, ``probes``, ``train``, ``heads``,
-``gates``, ``adapters``, ``ffn`` and ``contract`` (reference: docs/spec.md). It is read with a
-safe YAML loader and never names code to import. Every error is a ``SpecError`` whose message
+``gates``, ``adapters``, ``ffn``, ``contract`` and ``enforce`` (reference: docs/spec.md). It is
+read with a safe YAML loader and never names code to import. Every error is a ``SpecError`` whose message
 starts with the field path, e.g. ``heads.L1.H9: layer 1 has heads 0-3`` or ``train.steps: got
 -5, expected an integer >= 1``.
 """
@@ -18,6 +18,7 @@ from headwise.runspec.parse import (
     TOP_LEVEL,
     parse_adapters,
     parse_data,
+    parse_enforce,
     parse_ffn,
     parse_gates,
     parse_heads,
@@ -86,7 +87,8 @@ def spec_from_dict(data: dict, base: Path | None = None, text: str = "") -> Spec
     probes = parse_probes(data.get("probes"), config, dataspec, model.pretrained is not None)
     contract = parse_contract(data.get("contract"), config.n_layers, config.n_heads, tasks,
                               probe_names(dataspec, probes))
-    return Spec(model, dataspec, train, contract, heads, gates, adapters, ffn, probes, text=text)
+    return Spec(model, dataspec, train, contract, heads, gates, adapters, ffn, probes,
+                parse_enforce(data.get("enforce")), text=text)
 
 
 def _gated(data: dict) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 
 import headwise.validate as check
 from headwise.config import PRESETS, ModelConfig
+from headwise.contract import EnforceConfig
 from headwise.errors import HeadwiseError, SpecError
 from headwise.heads import Head, HeadSet
 from headwise.runspec.levers import parse_entropy, parse_mask, parse_objective
@@ -30,7 +31,7 @@ from headwise.runspec.schema import (
 )
 
 TOP_LEVEL = ("name", "description", "model", "data", "probes", "train", "heads", "gates",
-             "adapters", "ffn", "contract")
+             "adapters", "ffn", "contract", "enforce")
 ADAPTER_TARGETS = ("q", "k", "v", "o", "up", "down", "gate")
 
 
@@ -219,6 +220,12 @@ def parse_train(value: Any) -> Any:
     from headwise.training.config import TrainConfig
 
     return check.dataclass_from(TrainConfig, {} if value is None else value, "train")
+
+
+def parse_enforce(value: Any) -> EnforceConfig:
+    """``enforce:`` -> ``headwise.contract.EnforceConfig`` (defaults when absent): the settings
+    ``--enforce`` trains with (docs/contracts.md, "Enforcement levers")."""
+    return check.dataclass_from(EnforceConfig, {} if value is None else value, "enforce")
 
 
 def _selector(sel: str, path: str, config: ModelConfig) -> HeadSet:

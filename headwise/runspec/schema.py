@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from headwise.config import ModelConfig
-from headwise.contract import Contract
+from headwise.contract import Contract, EnforceConfig
 from headwise.heads import Head
 
 
@@ -185,7 +185,8 @@ class AdapterSpec:
 @dataclass(frozen=True)
 class Spec:
     """A whole validated spec. ``train`` is a ``headwise.training.TrainConfig``; ``contract``
-    is the parsed ``headwise.contract.Contract`` (empty when the spec has none)."""
+    is the parsed ``headwise.contract.Contract`` (empty when the spec has none); ``enforce``
+    the ``EnforceConfig`` that ``--enforce`` trains with."""
 
     model: ModelSpec
     data: DataSpec
@@ -196,6 +197,7 @@ class Spec:
     adapters: tuple[AdapterSpec, ...] = ()
     ffn: FFNSpec | None = None
     probes: tuple[ProbeSpec, ...] = ()
+    enforce: EnforceConfig = field(default_factory=EnforceConfig)
     text: str = field(default="", repr=False, compare=False)
 
     @property

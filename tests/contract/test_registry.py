@@ -25,6 +25,7 @@ from headwise.contract import (
 )
 from headwise.contract.clause import decide, holds
 from headwise.contract.kind import ParseContext
+from headwise.errors import ConfigError
 from headwise.heads import HeadSet
 from headwise.pipeline import compile_spec
 from headwise.runspec import load_spec
@@ -109,7 +110,7 @@ def test_any_of_is_decided_by_the_best_unit_and_all_of_by_the_worst() -> None:
     ("carrier_stages", (("margin",), ("others",))), ("carrier_stages", ()),
 ])
 def test_enforce_config_refuses_values_out_of_range(field: str, value: Any) -> None:
-    with pytest.raises(ValueError, match=f"EnforceConfig.{field}"):
+    with pytest.raises(ConfigError, match=f"^{field}: got "):
         EnforceConfig(**{field: value})
 
 
@@ -134,3 +135,18 @@ def test_plan_takes_its_settings_from_the_enforce_config() -> None:
     assert carrier.loss_from == 0.0  # one stage: the hinge acts from the start
     staged = plan(compile_spec(spec), spec.contract)[1]  # the default: two stages
     assert staged is not None and staged.loss_from == pytest.approx(0.5 / 0.15)
+
+
+def test_the_spec_sets_enforcement_and_names_a_bad_field() -> None:
+    from headwise.errors import SpecError
+
+    spec = load_spec(SPEC + "enforce: {eta: 2, p_max: 0.4, carrier_stages: [[others, margin]]}\n")
+    assert spec.enforce == EnforceConfig(eta=2.0, p_max=0.4,
+                                         carrier_stages=(("others", "margin"),))
+    assert load_spec(SPEC).enforce == EnforceConfig()
+    with pytest.raises(SpecError, match=r"^enforce\.p_max: got 2, expected a probability"):
+        load_spec(SPEC + "enforce: {p_max: 2}\n")
+    with pytest.raises(SpecError, match=r"^enforce\.carrier_stages: got \[\['margin'\], "):
+        load_spec(SPEC + "enforce: {carrier_stages: [[margin], [others]]}\n")
+    with pytest.raises(SpecError, match=r"^enforce\.etta: unknown key"):
+        load_spec(SPEC + "enforce: {etta: 2}\n")
