@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("contract: missing; expected a list of clauses to plan for")
     compiled = compile_spec(spec)
     contract = spec.contract
-    levers = plan(compiled, contract, probe_sampler(spec))
+    levers = plan(compiled, contract, probe_sampler(spec), spec.enforce)
     table = Table(title=f"enforcement plan: {args.spec}")
     for col in ("#", "clause", "kind", "bound", "measured on", "lever", "start weight"):
         table.add_column(col)
