@@ -8,9 +8,10 @@ from typing import Any
 
 import torch
 
+from headwise.atomic import check_output_file
 from headwise.cli.options import add_device_argument, add_run_argument, add_subcommand
 from headwise.errors import SpecError
-from headwise.pipeline.output import check_destination, console, write_file
+from headwise.pipeline.output import console, write_file
 
 _IDS = re.compile(r"^\s*\d+(\s*[,\s]\s*\d+)*\s*$")
 _SPECIAL = {0: "<pad>", 1: "<bos>", 2: "<sep>", 3: "<q>"}
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from headwise.pipeline.run import load_run
     from headwise.training.device import model_device
 
-    check_destination(args.html, "--html")
+    check_output_file(args.html, "--html")
     compiled = load_run(args.run, device=args.device)
     device = model_device(compiled.model)
     config = compiled.spec.model.config

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.atomic import write_bytes_atomic
+from headwise.atomic import ADAPTER, check_output_dir, remove_entries, write_bytes_atomic
 from headwise.control.lora import LoRAConfig, apply_lora, lora_modules
 from headwise.control.lora_layer import LoRALinear
 from headwise.errors import CheckpointError
@@ -32,12 +32,13 @@ from headwise.training.safetensors_io import save_tensors
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_BIN = "adapter_model.bin"
+ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, ADAPTER_BIN)
 PREFIX = "base_model.model."
 _KEY = re.compile(r"(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[A-Za-z0-9_]+)?\.weight")
 
 
 def export_peft(model: nn.Module, out_dir: str | Path, model_type: str, *,
-                base_model_name_or_path: str | None = None) -> Path:
+                base_model_name_or_path: str | None = None, overwrite: bool = False) -> Path:
     """Write the model's LoRA adapters as a PEFT adapter for the matching HF model.
 
     Args:
@@ -45,6 +46,8 @@ def export_peft(model: nn.Module, out_dir: str | Path, model_type: str, *,
         out_dir: directory for ``adapter_config.json`` and ``adapter_model.safetensors``.
         model_type: the HF ``model_type`` the base model came from (``"llama"``, ``"gpt2"``...).
         base_model_name_or_path: recorded in the config (e.g. the local HF directory).
+        overwrite: replace an adapter already in ``out_dir`` (its files are deleted first).
+            ``out_dir`` follows the output rule (``headwise.atomic.check_output_dir``).
 
     Returns:
         ``out_dir`` as a Path.
@@ -53,14 +56,18 @@ def export_peft(model: nn.Module, out_dir: str | Path, model_type: str, *,
         ValueError: no adapters, or an adapter on a module the HF family has no PEFT target
             for (naming it and listing the exportable ones).
         CheckpointError: unknown ``model_type``.
+        ConfigError: ``out_dir`` is refused by the output rule.
     """
+    out = Path(out_dir)
+    check_output_dir(out, "out_dir", overwrite=overwrite, replaces=(ADAPTER,))
     converter = get_converter(model_type)
     adapters = lora_modules(model)
     if not adapters:
         raise ValueError("export_peft: the model has no LoRA adapters (apply_lora first)")
     tensors, shapes = _peft_tensors(model, converter, adapters, model_type)
     config = _peft_config(model, converter, shapes, base_model_name_or_path)
-    out = Path(out_dir)
+    if overwrite:
+        remove_entries(out, ADAPTER_FILES, keep=(ADAPTER_CONFIG, ADAPTER_WEIGHTS))
     out.mkdir(parents=True, exist_ok=True)
     save_tensors(tensors, out / ADAPTER_WEIGHTS, {"format": "pt"})
     text = json.dumps(config, indent=2) + "\n"
