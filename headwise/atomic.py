@@ -300,7 +300,7 @@ def _acquire(lock: Path, what: str) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        holder = (os.pread(fd, 32, 0).decode("ascii", "replace").split() or [""])[0]
         os.close(fd)
         alive = holder.isdigit() and _running(int(holder))
         raise StorageError(

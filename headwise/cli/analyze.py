@@ -150,7 +150,24 @@ def _hf(name: str, text: str | None, revision: str | None, device: str) -> dict[
         if not lines:
             raise SpecError(f"--text: {path} has no non-empty line")
         source = f"{len(lines)} lines of {path}"
+        _check_vocabularies(directory)
     records = analyze_hf(directory, content, device=device)
     table = RoleTable.from_records(records)
     console().print(table.to_rich_table(f"role scores of {name} on {source}"))
     return {"model": name, "path": directory, "data": source, "roles": records}
+
+
+def _check_vocabularies(directory: str) -> None:
+    """Refuse a tokenizer whose ids go beyond the model's vocabulary (before any scoring).
+
+    Raises:
+        SpecError: naming both sizes.
+    """
+    from headwise.interop import hf_converter, load_tokenizer
+
+    vocab = hf_converter(directory)[1].vocab_size
+    ids = load_tokenizer(directory).get_vocab_size(with_added_tokens=True)
+    if ids > vocab:
+        raise SpecError(f"--text: {Path(directory) / 'tokenizer.json'} has {ids} token ids, "
+                        f"beyond the model's vocabulary of {vocab}; expected the model's own "
+                        "tokenizer")

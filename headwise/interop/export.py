@@ -139,8 +139,8 @@ def export_hf(model: nn.Module, out: str | Path, *, tokenizer: str | Path | None
         raise ConfigError(f"model: got {model!r}, expected a headwise Transformer (export a run "
                           "directory with headwise.export_hf or headwise export RUN)")
     out = Path(out)
-    _check_destinations(out, peft, overwrite)
-    copies = _tokenizer_files(Path(tokenizer)) if tokenizer is not None else {}
+    check_destinations(out, peft, overwrite)
+    copies = tokenizer_files(Path(tokenizer)) if tokenizer is not None else {}
     config = check_exportable(model)
     converter = get_converter(export_model_type(config))
     assert converter.config_to_hf is not None  # every listed family can export
@@ -176,7 +176,7 @@ def _check_peft(model: nn.Module, peft: str | Path | None) -> None:
         raise ConfigError("peft: the adapters are merged into the weights; unmerge_lora first")
 
 
-def _tokenizer_files(path: Path) -> dict[str, bytes]:
+def tokenizer_files(path: Path) -> dict[str, bytes]:
     """``name -> bytes`` of the tokenizer file ``path`` or of those in the directory ``path``."""
     if path.is_file():
         if path.name not in TOKENIZER_FILES:
@@ -188,7 +188,7 @@ def _tokenizer_files(path: Path) -> dict[str, bytes]:
     return files
 
 
-def _check_destinations(out: Path, peft: str | Path | None, overwrite: bool) -> None:
+def check_destinations(out: Path, peft: str | Path | None, overwrite: bool) -> None:
     """Refuse ``out`` and ``peft`` (the output rule) before anything is written or deleted."""
     check_output_dir(out, "out", overwrite=overwrite, replaces=(MODEL,))
     if out.is_dir() and any(out.iterdir()) and not overwrite:

@@ -12,6 +12,7 @@ adapters gets ``A`` stacked and ``B`` block-diagonal, rank = the sum of ranks: s
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -23,11 +24,11 @@ from torch import Tensor, nn
 from headwise.atomic import ADAPTER, check_output_dir, remove_entries, write_bytes_atomic
 from headwise.control.lora import LoRAConfig, apply_lora, lora_modules
 from headwise.control.lora_layer import LoRALinear
-from headwise.errors import CheckpointError
+from headwise.errors import CheckpointError, show
 from headwise.interop.converter import Converter
 from headwise.interop.registry import get_converter
 from headwise.interop.weights import read_json, read_pickle, read_safetensors
-from headwise.training.safetensors_io import save_tensors
+from headwise.training.safetensors_io import check_finite, save_tensors
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -218,7 +219,7 @@ def _loaded_factors(model: nn.Module, converter: Converter, cfg: dict[str, Any],
     for hf_name, (A, B) in sorted(factors.items()):
         hf_template, layer = _match_module(converter, hf_name, source)
         ours = [t.format(i=layer) for t in converter.peft_modules[hf_template]]
-        alpha = float(_pattern(cfg.get("alpha_pattern") or {}, hf_name, cfg.get("lora_alpha", 8)))
+        alpha = _alpha(cfg, hf_name, source.parent / ADAPTER_CONFIG)
         r = A.shape[0]
         scaling = alpha / (r ** 0.5 if cfg.get("use_rslora") else r)
         bases = [_base(model, n) for n in ours]
@@ -230,6 +231,8 @@ def _loaded_factors(model: nn.Module, converter: Converter, cfg: dict[str, Any],
         if A.shape[1] != bases[0].in_features:
             raise CheckpointError(f"{source}: key {key}.lora_A.weight: got shape "
                                   f"{tuple(A.shape)}, expected {(r, bases[0].in_features)}")
+        check_finite(A, source, f"{key}.lora_A.weight")
+        check_finite(B, source, f"{key}.lora_B.weight")
         for name, B_part in zip(ours, B.split(sizes, 0), strict=True):
             loaded[name] = (A.float(), B_part.float(), scaling)
     return loaded
@@ -276,11 +279,36 @@ def _match_module(converter: Converter, hf_name: str, source: Path) -> tuple[str
                           f"supported: {sorted(converter.peft_modules)}")
 
 
-def _pattern(patterns: dict[str, Any], name: str, default: Any) -> Any:
-    for key, value in patterns.items():  # PEFT's get_pattern_key semantics
+# alpha_pattern keys are regular expressions in PEFT; headwise accepts module names only
+# ('.' still matches any character), so a pattern from a file can never backtrack for minutes.
+_MODULE_NAME = re.compile(r"[A-Za-z0-9_.]{1,200}")
+
+
+def _alpha(cfg: dict[str, Any], name: str, path: Path) -> float:
+    """The ``lora_alpha`` of module ``name``: its ``alpha_pattern`` entry, else the global one
+    (PEFT's ``get_pattern_key`` semantics).
+
+    Raises:
+        CheckpointError: a pattern that is not a module name, or an alpha that is not a finite
+            positive number (naming the field).
+    """
+    patterns = cfg.get("alpha_pattern") or {}
+    if not isinstance(patterns, dict):
+        raise CheckpointError(f"{path}: alpha_pattern: expected an object of module names")
+    field, value = "lora_alpha", cfg.get("lora_alpha", 8)
+    for key, alpha in patterns.items():
+        if not _MODULE_NAME.fullmatch(key):
+            raise CheckpointError(f"{path}: alpha_pattern: key {show(key, 80)} is not a module "
+                                  "name (letters, digits, '_' and '.'); headwise does not run "
+                                  "regular expressions from adapter files")
         if re.match(rf"(.*\.)?({key})$", name):
-            return value
-    return default
+            field, value = f"alpha_pattern.{key}", alpha
+            break
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0):
+        raise CheckpointError(f"{path}: {field}: got {show(value, 80)}, expected a finite "
+                              "number > 0")
+    return float(value)
 
 
 def _base(model: nn.Module, name: str) -> nn.Linear:

@@ -17,6 +17,7 @@ deliberate forger who rewrites the manifest too.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -122,13 +123,13 @@ def check_sealed(directory: Path, names: Iterable[str]) -> None:
     """
     directory = Path(directory)
     files, sizes = _read(directory)
-    present = {n: files[n] for n in names if n in files or (directory / n).exists()}
-    for name in present:
+    names = [n for n in names if n in files or os.path.lexists(directory / n)]
+    for name in names:
         if name not in files:
             raise CheckpointError(f"{directory / name}: not listed in {MANIFEST}; expected a "
                                   "file written by headwise with the run (it was added or "
                                   "replaced afterwards)")
-    check_digests(directory, present, MANIFEST, sizes)
+    check_digests(directory, {n: files[n] for n in names}, MANIFEST, sizes)
 
 
 def check_digests(directory: Path, digests: dict[str, str], record: str,

@@ -28,7 +28,7 @@ __all__ = ["ALIASES_KEY", "check_finite", "check_header", "load_tensors", "load_
 
 ALIASES_KEY = "headwise.aliases"
 MAX_TENSORS = 65536  # per file; the largest sharded checkpoints hold a few thousand per shard
-MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own limit
+MAX_HEADER_BYTES = 16 << 20  # ~100 bytes per tensor; the format's own limit is 100 MB
 
 
 def save_tensors(tensors: dict[str, Tensor], path: Path,
@@ -70,13 +70,13 @@ def check_header(path: Path) -> None:
         with open(path, "rb") as f:
             head = f.read(8)
             n = int.from_bytes(head, "little") if len(head) == 8 else -1
-            if not 0 < n <= MAX_HEADER_BYTES:
-                raise CheckpointError(f"{path}: not a safetensors file (header length {n}, "
-                                      f"expected 1 to {MAX_HEADER_BYTES} bytes)")
-            header = json.loads(f.read(n))
+            header = json.loads(f.read(n)) if 0 < n <= MAX_HEADER_BYTES else None
     except (OSError, ValueError, RecursionError) as e:
         raise CheckpointError(f"{path}: not a readable safetensors file "
                               f"({str(e)[:100]})") from None
+    if header is None:
+        raise CheckpointError(f"{path}: not a readable safetensors file (header of {n} bytes, "
+                              f"expected 1 to {MAX_HEADER_BYTES})")
     count = len(header) - ("__metadata__" in header) if isinstance(header, dict) else -1
     if not 0 <= count <= MAX_TENSORS:
         raise CheckpointError(f"{path}: {count} tensors in the header, expected at most "
