@@ -491,8 +491,13 @@ def output_cases() -> dict[str, dict[str, Any]]:
         "convert out into a finished run (overwrite)": {
             "argv": ["convert", "--hf", "hf", "--out", "run", "--overwrite"],
             "setup": [run, *hf]},
-        "convert out is the source": {"argv": ["convert", "--hf", "hf", "--out", "hf",
-                                               "--overwrite"], "setup": hf},
+        "convert out is the source": {"argv": ["convert", "--hf", "hf", "--out", "hf"],
+                                      "setup": hf},
+        "convert out is the source (overwrite)": {
+            "argv": ["convert", "--hf", "hf", "--out", "hf", "--overwrite"], "setup": hf},
+        "convert out is a dangling symlink": {
+            "argv": ["convert", "--hf", "hf", "--out", "o"],
+            "setup": [*hf, ["symlink", "o", "nowhere"]]},
         "convert out holds a model": {"argv": ["convert", "--hf", "hf", "--out", "hf2"],
                                       "setup": [*hf, ["copytree", "hf", "hf2"]]},
         "convert copies a tokenizer linked outside": {
@@ -556,14 +561,15 @@ def exact_cases() -> dict[str, dict[str, Any]]:
     """Inputs that were read loosely: huge or broken text and tokenizers, out-of-range weights,
     weight files with 500000 tensors."""
     hf = _hf()["setup"]
+    tok = [*hf, ["added_tokens", "hf/tokenizer.json", 0]]  # a valid two-word tokenizer
     text_argv = ["analyze", "--hf", "hf", "--text", "t.txt"]
     big = _gpt2()[1]
     return {
         "text not utf-8": {"argv": text_argv, "setup": [
-            *hf, ["bytes", "t.txt", base64.b64encode(b"ok line\n\xff\xfe bad\n").decode()]]},
-        "text one 50 MB line": {"argv": text_argv, "setup": [*hf, ["sparse", "t.txt", 50 << 20]]},
-        "text 100 GB (sparse)": {"argv": text_argv, "setup": [*hf, ["sparse", "t.txt",
-                                                                     100 * GIB]]},
+            *tok, ["bytes", "t.txt", base64.b64encode(b"ok line\n\xff\xfe bad\n").decode()]]},
+        "text one 50 MB line": {"argv": text_argv, "setup": [*tok, ["sparse", "t.txt", 50 << 20]]},
+        "text 100 GB (sparse)": {"argv": text_argv, "setup": [*tok, ["sparse", "t.txt",
+                                                                      100 * GIB]]},
         "tokenizer 10^6 added tokens": {"argv": text_argv, "setup": [
             *hf, ["write", "t.txt", "a a a\n"], ["added_tokens", "hf/tokenizer.json", 10**6]]},
         "tokenizer 200000 added tokens": {"argv": text_argv, "setup": [
@@ -573,7 +579,7 @@ def exact_cases() -> dict[str, dict[str, Any]]:
         "hf NaN weight": _hf(tensor_changes={"ln_f.bias": [[8], "float32", float("nan")]}),
         "hf 500000 empty tensors": {"argv": ["analyze", "--hf", "hf"], "setup": [
             hf[0], ["empty_tensors", "hf/model.safetensors", 500_000]]},
-        "text task not utf-8 (tokenizer)": _text_task(b"the cat \xff sat\n"),
+        "text task not utf-8 (tokenizer)": _text_task(b"the cat \xff sat on the mat\n" * 20),
         "text tokenizer beyond the model's vocabulary": {"argv": text_argv, "setup": [
             *hf, ["write", "t.txt", "a a a\n"], ["added_tokens", "hf/tokenizer.json", 50]]},
     }
@@ -607,3 +613,19 @@ def all_cases() -> list[dict[str, Any]]:
         for name, case in cases.items():
             out.append({"id": f"{group}: {name}", **case})
     return out
+
+
+# Hostile inputs of the scenario tests (test_writers.py), whose outcome is more than exit 2.
+# A contract laxer than BASE's: ``verify`` with it must not rewrite the run's own verdict.
+LAXER_CONTRACT = [{"head": "L0.H0", "score": "previous_token", "at_least": 0.01}]
+# An adapter pattern that backtracks exponentially on any module name (a regular expression
+# from a file), and alphas that are not finite positive numbers.
+BACKTRACKING_PATTERN = "(" + ".*" * 12 + ")*x"
+BAD_ALPHAS = [float("nan"), float("inf"), -4.0, 0, "8"]
+# Bytes a byte-level corpus must be read as: CR LF, a lone CR, bytes that are not UTF-8.
+RAW_CORPUS = b"ab\r\ncd\rE\xff\xfe\x00gh\n" * 6
+# An enforcement history of the wrong shape, under a manifest forged to seal it.
+MALFORMED_ENFORCEMENT = {"steps": 20, "held_at_step": 20, "clauses": [{"index": "zero"}],
+                         "history": []}
+# A tokenizer file elsewhere that a link in a model directory points to.
+SECRET = b"api_key = 0123456789abcdef\n"
