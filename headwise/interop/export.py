@@ -190,7 +190,7 @@ def tokenizer_files(path: Path) -> dict[str, bytes]:
 
 def check_destinations(out: Path, peft: str | Path | None, overwrite: bool) -> None:
     """Refuse ``out`` and ``peft`` (the output rule) before anything is written or deleted."""
-    check_output_dir(out, "out", overwrite=overwrite, replaces=(MODEL,))
+    check_output_dir(out, "out", overwrite=True, replaces=(MODEL,))  # the kind; then:
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"out: {out} is not empty; choose another directory or pass "
                           "overwrite=True (--overwrite) to replace its HuggingFace files")

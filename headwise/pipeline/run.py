@@ -2,10 +2,11 @@
 
 A run directory holds ``spec.yaml`` (the spec as given), ``run.json`` (where the spec came
 from, so relative paths in it keep resolving, and whether the run is enforced),
-``config.json``, ``model.safetensors``, ``manifest.json`` (sha256 of the files that define the
-model, written last: a run without it did not finish), ``checkpoints/``, ``metrics.jsonl``,
-``contract.json``, ``enforcement.json`` (with ``--enforce``), ``report.json`` and
-``report.html``.
+``config.json``, ``model.safetensors``, ``manifest.json`` (size and sha256 of the files that
+define the model and of those commands quote, written last: a run without it did not finish),
+``checkpoints/``, ``metrics.jsonl``, ``contract.json``, ``enforcement.json`` (with
+``--enforce``), ``report.json``, ``report.html`` and ``.headwise.lock`` (the writer's lock,
+``headwise.atomic.hold_lock``: one process writes a run at a time).
 
 Lifecycle: ``--resume`` continues from the latest checkpoint or refuses (exit 2) when there is
 none; it never retrains over a run. A directory left by a run interrupted before its first
