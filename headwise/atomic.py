@@ -267,6 +267,7 @@ def hold_lock(directory: Path, what: str = "this run") -> Iterator[None]:
             or the lock file cannot be created.
     """
     directory = Path(directory)
+    created = not directory.exists()
     try:
         directory.mkdir(parents=True, exist_ok=True)
         key = str((directory / LOCK_FILE).resolve())
@@ -287,7 +288,11 @@ def hold_lock(directory: Path, what: str = "this run") -> Iterator[None]:
         yield
     finally:
         del _HELD[key]
-        os.close(fd)  # releases the flock; the file stays (removing it would race a waiter)
+        if created and [p.name for p in directory.iterdir()] == [LOCK_FILE]:
+            with contextlib.suppress(OSError):  # a refused writer leaves no directory behind
+                (directory / LOCK_FILE).unlink()
+                directory.rmdir()
+        os.close(fd)  # releases the flock; the file otherwise stays
 
 
 def _acquire(lock: Path, what: str) -> int:

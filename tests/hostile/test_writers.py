@@ -100,6 +100,8 @@ def test_two_writers_one_refused_and_a_killed_writers_lock_is_taken_over(
         holder.wait()
     assert (out / ".headwise.lock").read_text().strip() == str(holder.pid)  # left behind
     assert main(["train", str(spec), "--out", str(out), "--quiet"]) == 0
+    assert main(["train", str(spec), "--out", str(tmp_path / "none"), "--resume"]) == 2
+    assert not (tmp_path / "none").exists()  # a refused writer leaves no directory
 
 
 @pytest.mark.slow
