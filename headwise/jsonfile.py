@@ -9,15 +9,21 @@ refused with one line naming the file, in the caller's error type.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 MAX_JSON_BYTES = 64 << 20  # configs and index files are kilobytes in practice
 
 
-def read_json_object(path: Path, error: type[Exception] = ValueError,
+def read_json_object(path: Path, error: Callable[[str], Exception] = ValueError,
                      max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
     """The JSON object in ``path``.
+
+    Args:
+        path: the file.
+        error: builds the exception to raise from a message (an exception type, usually).
+        max_bytes: the largest file accepted.
 
     Raises:
         error: ``path`` is missing or not a regular file, larger than ``max_bytes``, not

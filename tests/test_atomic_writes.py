@@ -69,12 +69,12 @@ def _convert(d: Path, seed: int) -> None:
     hf = d.parent / "hf"
     if seed == 0:
         export_hf(build_model(CONFIG, seed=0), hf)
-    convert(hf, d)
+    convert(hf, d, overwrite=True)
 
 
 WRITERS = {
     "save_lora": lambda d, seed: save_lora(_model(seed), d),
-    "export_peft": lambda d, seed: export_peft(_model(seed), d, "gpt2"),
+    "export_peft": lambda d, seed: export_peft(_model(seed), d, "gpt2", overwrite=True),
     "save_weights": lambda d, seed: save_weights(build_model(CONFIG, seed=seed),
                                                  d / "model.safetensors"),
     "write_manifest": _manifest,

@@ -7,12 +7,15 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from headwise.atomic import check_output_file
 from headwise.cli.options import add_device_argument, add_hf_arguments, add_subcommand
-from headwise.cli.output import check_destination, console, write_file
+from headwise.cli.output import console, write_file
 from headwise.errors import SpecError
 
 if TYPE_CHECKING:
     from headwise.forecast.roles import Forecaster
+
+MAX_TEXT_BYTES = 64 << 20
 
 
 def register(subparsers: Any) -> None:
@@ -51,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--text: only used with --hf")
     if args.revision and not args.hf:
         raise SpecError("--revision: only used with --hf")
-    check_destination(args.json, "--json")
+    check_output_file(args.json, "--json")
     if args.forecast and not args.run:
         raise SpecError("--forecast: only used with a run directory")
     if args.forecaster and not args.forecast:
@@ -126,6 +129,7 @@ def _forecast(run_dir: str, compiled: Any, forecaster: Forecaster) -> dict[str, 
 
 def _hf(name: str, text: str | None, revision: str | None, device: str) -> dict[str, Any]:
     from headwise.analysis.role_table import RoleTable
+    from headwise.data.text import decode_text
     from headwise.interop.hub_cache import resolve_model
     from headwise.pipeline.hf_analysis import analyze_hf
 
@@ -136,12 +140,33 @@ def _hf(name: str, text: str | None, revision: str | None, device: str) -> dict[
         path = Path(text)
         if not path.is_file():
             raise SpecError(f"--text: {path} is not a file")
-        content = path.read_text(encoding="utf-8")
+        size = path.stat().st_size
+        if size > MAX_TEXT_BYTES:
+            raise SpecError(f"--text: {path} has {size} bytes, expected at most "
+                            f"{MAX_TEXT_BYTES} (a few thousand lines score every head)")
+        content = decode_text(path.read_bytes(), f"--text: {path}", SpecError)
         lines = [line for line in content.splitlines() if line.strip()]
         if not lines:
             raise SpecError(f"--text: {path} has no non-empty line")
         source = f"{len(lines)} lines of {path}"
+        _check_vocabularies(directory)
     records = analyze_hf(directory, content, device=device)
     table = RoleTable.from_records(records)
     console().print(table.to_rich_table(f"role scores of {name} on {source}"))
     return {"model": name, "path": directory, "data": source, "roles": records}
+
+
+def _check_vocabularies(directory: str) -> None:
+    """Refuse a tokenizer whose ids go beyond the model's vocabulary (before any scoring).
+
+    Raises:
+        SpecError: naming both sizes.
+    """
+    from headwise.interop import hf_converter, load_tokenizer
+
+    vocab = hf_converter(directory)[1].vocab_size
+    ids = load_tokenizer(directory).get_vocab_size(with_added_tokens=True)
+    if ids > vocab:
+        raise SpecError(f"--text: {Path(directory) / 'tokenizer.json'} has {ids} token ids, "
+                        f"beyond the model's vocabulary of {vocab}; expected the model's own "
+                        "tokenizer")

@@ -22,6 +22,10 @@ def register(subparsers: Any) -> None:
     )
     add_hf_arguments(parser, required=True)
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a model directory already in --out (its model and "
+                             "tokenizer files are deleted first); never a run, a checkpoint "
+                             "or --hf itself")
     parser.add_argument("--lenient", action="store_true",
                         help="ignore HF keys the converter does not use (e.g. task heads)")
 
@@ -32,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from headwise.interop.hub_cache import resolve_model
 
     source = resolve_model(args.hf, args.revision, field="--hf")
-    out = convert(source, args.out, strict=not args.lenient)
+    out = convert(source, args.out, strict=not args.lenient, overwrite=args.overwrite)
     model = load_converted(out)
     c = model.config
     n_params = sum(p.numel() for p in model.parameters())

@@ -70,21 +70,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_out(out: Path) -> None:
-    """Replace only an earlier demo run, never another spec's run.
+    """Replace only an earlier demo run, never other work (the output rule, with ``--out``
+    treated as ``--overwrite`` for an earlier demo run alone).
 
     Raises:
+        ConfigError: ``out`` is a link or a file, or holds other work.
         SpecError: ``out`` holds a run of another spec.
     """
     import yaml
 
+    from headwise.atomic import RUN, check_output_dir
     from headwise.errors import SpecError
 
-    saved = out / "spec.yaml"
-    if not saved.is_file():
+    if check_output_dir(out, "--out", overwrite=True, replaces=(RUN,)) is None:
         return
+    saved = out / "spec.yaml"
     try:
-        name = (yaml.safe_load(saved.read_text()) or {}).get("name")
-    except (yaml.YAMLError, AttributeError):
+        name = (yaml.safe_load(saved.read_text()) or {}).get("name") if saved.is_file() else None
+    except (yaml.YAMLError, AttributeError, OSError, UnicodeDecodeError):
         name = None
     if name != "demo":
         raise SpecError(f"--out: {out} holds a run of another spec ({saved}); expected an "

@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
+from headwise.atomic import check_output_file
 from headwise.cli.options import add_device_argument, add_run_argument, add_subcommand
-from headwise.cli.output import check_destination, console, write_file
+from headwise.cli.output import console, write_file
 from headwise.errors import SpecError
 
 _IDS = re.compile(r"^\s*\d+(\s*[,\s]\s*\d+)*\s*$")
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from headwise.render.html import page
     from headwise.training.device import model_device
 
-    check_destination(args.html, "--html")
+    check_output_file(args.html, "--html")
     compiled = load_run(args.run, device=args.device)
     device = model_device(compiled.model)
     config = compiled.spec.model.config

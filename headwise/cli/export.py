@@ -32,7 +32,8 @@ def register(subparsers: Any) -> None:
                         help="write the LoRA adapters to DIR as a PEFT adapter and the base "
                              "weights (unmerged) to OUT, instead of merging them")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace the HuggingFace files of a non-empty OUT")
+                        help="replace the HuggingFace files of a non-empty OUT (and an adapter "
+                             "in --peft DIR); never a run or a checkpoint")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,8 +7,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from headwise.atomic import check_output_file
 from headwise.cli.options import add_subcommand
-from headwise.cli.output import check_destination, console, write_file
+from headwise.cli.output import console, write_file
 from headwise.errors import SpecError
 
 
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from headwise.pipeline.run import load_run
     from headwise.pipeline.run_report import run_trajectory
 
-    check_destination(args.out, "--out")
+    check_output_file(args.out, "--out")
     if Path(args.out).exists() and not args.overwrite:
         raise SpecError(f"--out: {args.out} exists; pass --overwrite to replace it")
     if len(args.runs) < 2:

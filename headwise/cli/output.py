@@ -41,26 +41,6 @@ def set_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
-def check_destination(path: str | None, option: str) -> None:
-    """Refuse, before any work, an output file that cannot be written.
-
-    Raises:
-        SpecError: ``path`` is a directory, or its directory is missing or not writable.
-    """
-    from headwise.errors import SpecError
-
-    if path is None:
-        return
-    target = Path(path)
-    parent = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise SpecError(f"{option}: {path} is a directory, expected a file path")
-    if not parent.is_dir():
-        raise SpecError(f"{option}: cannot write {path} (no directory {parent})")
-    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise SpecError(f"{option}: cannot write {path} (permission denied)")
-
-
 def write_file(path: str, text: str, option: str) -> None:
     """Write a file named by a CLI option, atomically.
 

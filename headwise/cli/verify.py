@@ -15,7 +15,8 @@ def register(subparsers: Any) -> None:
     p = add_subcommand(
         subparsers, "verify", run, help="verify a trained run against a spec's contract",
         description="Rebuild the run's model with the spec's levers, load its weights, measure "
-                    "every contract clause on held-out data and write RUN/contract.json. "
+                    "every contract clause on held-out data and write RUN/contract.json (for a "
+                    "spec other than the run's own: RUN/contract.<hash>.json beside it). "
                     "Exit code 0: the contract holds; 1: it does not; 2: bad input.")
     p.add_argument("spec", help="the YAML spec whose contract to check")
     p.add_argument("--run", required=True, metavar="RUN", help="the run directory")
@@ -26,8 +27,12 @@ def run(args: argparse.Namespace) -> int:
     """Verify and print one row per clause."""
     from headwise.pipeline.run import verify_run
 
-    verdict = verify_run(Path(args.spec), args.run, args.device)
+    verdict, written = verify_run(Path(args.spec), args.run, args.device)
     out = console()
     out.print(verdict.to_rich_table())
-    out.print(f"written: {args.run}/contract.json")
+    if written.name != "contract.json":
+        out.print(f"note: {args.spec} differs from the run's own spec "
+                  f"({Path(args.run) / 'spec.yaml'}); this verdict is written beside the run's "
+                  f"contract.json, which is unchanged", markup=False)
+    out.print(f"written: {written}", markup=False)
     return verdict.exit_code

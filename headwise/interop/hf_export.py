@@ -22,21 +22,16 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from headwise.atomic import write_bytes_atomic
+from headwise.atomic import ADAPTER, MODEL, check_output_dir, remove_entries, write_bytes_atomic
 from headwise.config import ModelConfig
 from headwise.control.lora import lora_modules
 from headwise.errors import CheckpointError, ConfigError
 from headwise.interop.converter import Converter, Rule
-from headwise.interop.load import TOKENIZER_FILES
-from headwise.interop.peft_export import export_peft
+from headwise.interop.load import HF_FILES, TOKENIZER_FILES, read_tokenizer_files
+from headwise.interop.peft_export import ADAPTER_FILES, export_peft
 from headwise.interop.registry import get_converter
-from headwise.interop.weights import PICKLE, PICKLE_INDEX, SAFETENSORS, SAFETENSORS_INDEX
+from headwise.interop.weights import SAFETENSORS
 from headwise.training.safetensors_io import save_tensors
-
-# Files an earlier export (or HF checkpoint) in ``out`` may hold; replaced or removed on
-# ``overwrite`` so that no stale weights or tokenizer survive next to the new ones.
-_HF_FILES = ("config.json", "generation_config.json", SAFETENSORS, SAFETENSORS_INDEX, PICKLE,
-             PICKLE_INDEX, *TOKENIZER_FILES)
 
 
 def export_model_type(config: ModelConfig) -> str:
@@ -121,34 +116,44 @@ def export_hf(model: nn.Module, out: str | Path, *, tokenizer: str | Path | None
         out: the directory to write (created if missing).
         tokenizer: a directory holding HF tokenizer files (``tokenizer.json``, ...) or a
             ``tokenizer.json`` to copy; ``None``: no tokenizer files.
-        overwrite: replace the HF files of a non-empty ``out``.
+        overwrite: replace the model (HF files) in ``out`` and the adapter in ``peft``; their
+            earlier files are deleted first (links unlinked, never followed).
         peft: instead of merging the LoRA adapters, write the base weights to ``out`` and the
             adapters to this directory as a PEFT adapter (``export_peft``) for that base.
+
+    Both destinations follow the output rule (``headwise.atomic.check_output_dir``), checked
+    before anything is written or deleted: never a link, a file, a run, a checkpoint or inside
+    one; ``out`` replaces only a model directory and ``peft`` only an adapter, with
+    ``overwrite``; ``out`` otherwise non-empty needs ``overwrite`` too.
 
     Returns:
         ``out`` as a Path.
 
     Raises:
         ConfigError: a config field or installed mask/gate with no HF equivalent (named), a
-            run directory instead of a model, or ``out`` not empty without ``overwrite``.
-        CheckpointError: the tokenizer path holds no tokenizer file.
+            run directory instead of a model, or a destination the output rule refuses.
+        CheckpointError: the tokenizer path holds no tokenizer file, or one that links
+            outside it (``read_tokenizer_files``).
     """
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model: got {model!r}, expected a headwise Transformer (export a run "
                           "directory with headwise.export_hf or headwise export RUN)")
     out = Path(out)
-    tokenizer_files = _tokenizer_files(Path(tokenizer)) if tokenizer is not None else []
+    check_destinations(out, peft, overwrite)
+    copies = tokenizer_files(Path(tokenizer)) if tokenizer is not None else {}
     config = check_exportable(model)
     converter = get_converter(export_model_type(config))
     assert converter.config_to_hf is not None  # every listed family can export
     hf_config = converter.config_to_hf(config)
     _check_peft(model, peft)
     tensors = hf_state_dict(converter, config, merged_state_dict(model, merge=peft is None))
-    copies = {src.name: src.read_bytes() for src in tokenizer_files}  # before out is cleared
-    _prepare(out, overwrite)
+    if overwrite:
+        remove_entries(out, HF_FILES, keep=(SAFETENSORS, "config.json", *copies))
+    out.mkdir(parents=True, exist_ok=True)
     if peft is not None:
         try:
-            export_peft(model, peft, hf_config["model_type"], base_model_name_or_path=str(out))
+            export_peft(model, peft, hf_config["model_type"], base_model_name_or_path=str(out),
+                        overwrite=overwrite)
         except ValueError as e:
             raise ConfigError(f"peft: {e}") from None
     save_tensors(tensors, out / SAFETENSORS, {"format": "pt"})
@@ -171,27 +176,32 @@ def _check_peft(model: nn.Module, peft: str | Path | None) -> None:
         raise ConfigError("peft: the adapters are merged into the weights; unmerge_lora first")
 
 
-def _tokenizer_files(path: Path) -> list[Path]:
+def tokenizer_files(path: Path) -> dict[str, bytes]:
+    """``name -> bytes`` of the tokenizer file ``path`` or of those in the directory ``path``."""
     if path.is_file():
         if path.name not in TOKENIZER_FILES:
             raise CheckpointError(f"tokenizer: {path} is not one of {list(TOKENIZER_FILES)}")
-        return [path]
-    files = [path / name for name in TOKENIZER_FILES if (path / name).is_file()]
+        return read_tokenizer_files(path.parent, (path.name,))
+    files = read_tokenizer_files(path)
     if not files:
         raise CheckpointError(f"tokenizer: {path} holds none of {list(TOKENIZER_FILES)}")
     return files
 
 
-def _prepare(out: Path, overwrite: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"out: {out} is a file; expected a directory")
-    if (out / "spec.yaml").is_file():
-        raise ConfigError(f"out: {out} holds a headwise run (spec.yaml); expected another "
-                          "directory (the run's config.json and weights would be overwritten)")
-    if out.is_dir() and any(out.iterdir()):
-        if not overwrite:
-            raise ConfigError(f"out: {out} is not empty; choose another directory or pass "
-                              "overwrite=True (--overwrite) to replace its HuggingFace files")
-        for name in _HF_FILES:
-            (out / name).unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+def check_destinations(out: Path, peft: str | Path | None, overwrite: bool) -> None:
+    """Refuse ``out`` and ``peft`` (the output rule) before anything is written or deleted."""
+    check_output_dir(out, "out", overwrite=True, replaces=(MODEL,))  # the kind; then:
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"out: {out} is not empty; choose another directory or pass "
+                          "overwrite=True (--overwrite) to replace its HuggingFace files")
+    if peft is None:
+        return
+    if Path(peft).absolute() == out.absolute():
+        raise ConfigError(f"peft: {peft} is the model directory (out) too; expected another "
+                          "directory for the adapter")
+    check_output_dir(peft, "peft", overwrite=overwrite, replaces=(ADAPTER,))
+    leftovers = [p.name for p in Path(peft).iterdir() if p.name not in ADAPTER_FILES] if Path(
+        peft).is_dir() else []
+    if leftovers and not overwrite:
+        raise ConfigError(f"peft: {peft} is not empty ({leftovers[0]}); choose another "
+                          "directory or pass overwrite=True (--overwrite)")

@@ -8,12 +8,13 @@ returns a ``Transformer`` in eval mode. Nothing here touches the network.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from headwise.atomic import write_bytes_atomic
+from headwise.atomic import MODEL, check_output_dir, remove_entries, write_bytes_atomic
 from headwise.config import ModelConfig
 from headwise.errors import CheckpointError, ConfigError
 from headwise.interop.bert import POOLER_KEYS, BertPooler
@@ -21,12 +22,25 @@ from headwise.interop.converter import Converter
 from headwise.interop.hf_config import check_types
 from headwise.interop.hub_cache import resolve_model
 from headwise.interop.registry import get_converter
-from headwise.interop.weights import SAFETENSORS, read_json, read_safetensors, read_state_dict
+from headwise.interop.weights import (
+    PICKLE,
+    PICKLE_INDEX,
+    SAFETENSORS,
+    SAFETENSORS_INDEX,
+    read_json,
+    read_safetensors,
+    read_state_dict,
+)
 from headwise.model import Transformer, build_model
-from headwise.training.safetensors_io import save_tensors
+from headwise.training.safetensors_io import check_finite, save_tensors
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.txt", "merges.txt", "vocab.json")
+# The files of a model directory (an HF checkpoint, an export, a conversion): what replacing
+# one deletes first, so that no stale weights or tokenizer survive next to the new ones.
+HF_FILES = ("config.json", "generation_config.json", SAFETENSORS, SAFETENSORS_INDEX, PICKLE,
+            PICKLE_INDEX, *TOKENIZER_FILES)
+MAX_TOKENIZER_FILE_BYTES = 64 << 20  # the largest published tokenizer.json is ~35 MB
 
 
 def hf_converter(path: str | Path) -> tuple[Converter, ModelConfig]:
@@ -93,6 +107,7 @@ def convert_state_dict(converter: Converter, config: ModelConfig, hf_state: dict
                                   f"expected a floating-point tensor (for our {key})")
         tensor = rule.apply(tensor)
         ours[key] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+        check_finite(ours[key], source, rule.hf, f" (as {dtype})")
         used.add(rule.hf)
     if config.tie_embeddings:
         ours["unembed.weight"] = ours["embed.weight"]
@@ -136,31 +151,75 @@ def load_hf(path: str | Path, *, strict: bool = True, dtype: torch.dtype = torch
 
 
 def convert(hf_dir: str | Path, out_dir: str | Path, *, strict: bool = True,
-            revision: str | None = None) -> Path:
+            revision: str | None = None, overwrite: bool = False) -> Path:
     """Convert an HF checkpoint directory (or a cached model id, see ``load_hf``) to headwise's
     format in ``out_dir``.
 
     Writes ``config.json`` (``ModelConfig.to_dict``) and ``model.safetensors`` atomically
     (``write_bytes_atomic``: temporary file, fsync, ``os.replace``), and copies the tokenizer
-    files that exist.
+    files that exist (``read_tokenizer_files``: never what a link outside the checkpoint points
+    to). ``out_dir`` follows the output rule (``headwise.atomic.check_output_dir``): never the
+    source, a run or a checkpoint; a model directory only with ``overwrite``, which first
+    deletes its model files (``HF_FILES``).
 
     Returns:
         ``out_dir`` as a Path.
+
+    Raises:
+        ConfigError: ``out_dir`` is refused by the output rule.
+        CheckpointError: see ``load_hf``; a tokenizer file that is a link leaving the source.
     """
     hf_dir = resolve_model(hf_dir, revision, field="hf_dir", revision_field="revision")
-    model = load_hf(hf_dir, strict=strict)
     out = Path(out_dir)
+    check_output_dir(out, "out", overwrite=overwrite, replaces=(MODEL,), sources=[Path(hf_dir)])
+    copies = read_tokenizer_files(Path(hf_dir))
+    model = load_hf(hf_dir, strict=strict)
+    if overwrite:
+        remove_entries(out, HF_FILES, keep=(SAFETENSORS, "config.json", *copies))
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_embeddings:
         del state["unembed.weight"]  # safetensors refuses shared tensors; rebuilt on load
     save_tensors(state, out / SAFETENSORS, {"format": "pt"})
+    for name, data in copies.items():
+        write_bytes_atomic(out / name, data)
+    # config.json last: a directory interrupted mid-conversion does not look loadable.
     text = json.dumps(model.config.to_dict(), indent=2) + "\n"
     write_bytes_atomic(out / "config.json", text.encode("utf-8"))
-    for name in TOKENIZER_FILES:
-        src = Path(hf_dir) / name
-        if src.is_file():
-            write_bytes_atomic(out / name, src.read_bytes())
+    return out
+
+
+def read_tokenizer_files(directory: Path, names: tuple[str, ...] = TOKENIZER_FILES,
+                         option: str = "tokenizer") -> dict[str, bytes]:
+    """The bytes of each tokenizer file among ``names`` in ``directory``, to copy elsewhere.
+
+    A file may be a link only when it resolves inside ``directory`` (or, for a snapshot of the
+    HF cache, inside that model's cache folder, where snapshots link to ``blobs/``): a link to a
+    file elsewhere would copy that file's contents into a directory meant for sharing.
+
+    Raises:
+        CheckpointError: a link leaving the directory, a non-regular file, or a file larger than
+            ``MAX_TOKENIZER_FILE_BYTES`` (naming it).
+    """
+    root = directory.parent.parent if directory.parent.name == "snapshots" else directory
+    root = root.resolve()
+    out = {}
+    for name in names:
+        file = directory / name
+        if not os.path.lexists(file):
+            continue
+        real = file.resolve()
+        if file.is_symlink() and not real.is_relative_to(root):
+            raise CheckpointError(f"{option}: {file} is a link to {real}, outside {root}; "
+                                  "expected the checkpoint's own file (headwise does not copy "
+                                  "what links elsewhere point to)")
+        if not real.is_file():
+            raise CheckpointError(f"{option}: {file} is not a regular file")
+        size = real.stat().st_size
+        if size > MAX_TOKENIZER_FILE_BYTES:
+            raise CheckpointError(f"{option}: {file} has {size} bytes, expected at most "
+                                  f"{MAX_TOKENIZER_FILE_BYTES}")
+        out[name] = real.read_bytes()
     return out
 
 
@@ -186,6 +245,7 @@ def load_converted(out_dir: str | Path) -> Transformer:
         if state[key].shape != value.shape:
             raise CheckpointError(f"{d / SAFETENSORS}: key {key!r}: got shape "
                                   f"{tuple(state[key].shape)}, expected {tuple(value.shape)}")
+        check_finite(state[key], d / SAFETENSORS, key)
     extra = sorted(set(state) - set(expected))
     if extra:
         raise CheckpointError(f"{d / SAFETENSORS}: unexpected keys {extra[:5]}")
@@ -233,6 +293,8 @@ def load_pooler(path: str | Path) -> BertPooler | None:
         if tuple(hf[key].shape) != shape:
             raise CheckpointError(f"{path}: key {key!r}: got shape {tuple(hf[key].shape)}, "
                                   f"expected {shape}")
+    for key in POOLER_KEYS:
+        check_finite(hf[key].float(), path, key, " (as torch.float32)")
     pooler.dense.load_state_dict({"weight": hf[POOLER_KEYS[0]].float(),
                                   "bias": hf[POOLER_KEYS[1]].float()})
     return pooler.eval()

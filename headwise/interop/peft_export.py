@@ -12,6 +12,7 @@ adapters gets ``A`` stacked and ``B`` block-diagonal, rank = the sum of ranks: s
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -20,24 +21,25 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.atomic import write_bytes_atomic
+from headwise.atomic import ADAPTER, check_output_dir, remove_entries, write_bytes_atomic
 from headwise.control.lora import LoRAConfig, apply_lora, lora_modules
 from headwise.control.lora_layer import LoRALinear
-from headwise.errors import CheckpointError
+from headwise.errors import CheckpointError, show
 from headwise.interop.converter import Converter
 from headwise.interop.registry import get_converter
 from headwise.interop.weights import read_json, read_pickle, read_safetensors
-from headwise.training.safetensors_io import save_tensors
+from headwise.training.safetensors_io import check_finite, save_tensors
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_BIN = "adapter_model.bin"
+ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, ADAPTER_BIN)
 PREFIX = "base_model.model."
 _KEY = re.compile(r"(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[A-Za-z0-9_]+)?\.weight")
 
 
 def export_peft(model: nn.Module, out_dir: str | Path, model_type: str, *,
-                base_model_name_or_path: str | None = None) -> Path:
+                base_model_name_or_path: str | None = None, overwrite: bool = False) -> Path:
     """Write the model's LoRA adapters as a PEFT adapter for the matching HF model.
 
     Args:
@@ -45,6 +47,8 @@ def export_peft(model: nn.Module, out_dir: str | Path, model_type: str, *,
         out_dir: directory for ``adapter_config.json`` and ``adapter_model.safetensors``.
         model_type: the HF ``model_type`` the base model came from (``"llama"``, ``"gpt2"``...).
         base_model_name_or_path: recorded in the config (e.g. the local HF directory).
+        overwrite: replace an adapter already in ``out_dir`` (its files are deleted first).
+            ``out_dir`` follows the output rule (``headwise.atomic.check_output_dir``).
 
     Returns:
         ``out_dir`` as a Path.
@@ -53,14 +57,18 @@ def export_peft(model: nn.Module, out_dir: str | Path, model_type: str, *,
         ValueError: no adapters, or an adapter on a module the HF family has no PEFT target
             for (naming it and listing the exportable ones).
         CheckpointError: unknown ``model_type``.
+        ConfigError: ``out_dir`` is refused by the output rule.
     """
+    out = Path(out_dir)
+    check_output_dir(out, "out_dir", overwrite=overwrite, replaces=(ADAPTER,))
     converter = get_converter(model_type)
     adapters = lora_modules(model)
     if not adapters:
         raise ValueError("export_peft: the model has no LoRA adapters (apply_lora first)")
     tensors, shapes = _peft_tensors(model, converter, adapters, model_type)
     config = _peft_config(model, converter, shapes, base_model_name_or_path)
-    out = Path(out_dir)
+    if overwrite:
+        remove_entries(out, ADAPTER_FILES, keep=(ADAPTER_CONFIG, ADAPTER_WEIGHTS))
     out.mkdir(parents=True, exist_ok=True)
     save_tensors(tensors, out / ADAPTER_WEIGHTS, {"format": "pt"})
     text = json.dumps(config, indent=2) + "\n"
@@ -211,7 +219,7 @@ def _loaded_factors(model: nn.Module, converter: Converter, cfg: dict[str, Any],
     for hf_name, (A, B) in sorted(factors.items()):
         hf_template, layer = _match_module(converter, hf_name, source)
         ours = [t.format(i=layer) for t in converter.peft_modules[hf_template]]
-        alpha = float(_pattern(cfg.get("alpha_pattern") or {}, hf_name, cfg.get("lora_alpha", 8)))
+        alpha = _alpha(cfg, hf_name, source.parent / ADAPTER_CONFIG)
         r = A.shape[0]
         scaling = alpha / (r ** 0.5 if cfg.get("use_rslora") else r)
         bases = [_base(model, n) for n in ours]
@@ -223,6 +231,8 @@ def _loaded_factors(model: nn.Module, converter: Converter, cfg: dict[str, Any],
         if A.shape[1] != bases[0].in_features:
             raise CheckpointError(f"{source}: key {key}.lora_A.weight: got shape "
                                   f"{tuple(A.shape)}, expected {(r, bases[0].in_features)}")
+        check_finite(A, source, f"{key}.lora_A.weight")
+        check_finite(B, source, f"{key}.lora_B.weight")
         for name, B_part in zip(ours, B.split(sizes, 0), strict=True):
             loaded[name] = (A.float(), B_part.float(), scaling)
     return loaded
@@ -269,11 +279,36 @@ def _match_module(converter: Converter, hf_name: str, source: Path) -> tuple[str
                           f"supported: {sorted(converter.peft_modules)}")
 
 
-def _pattern(patterns: dict[str, Any], name: str, default: Any) -> Any:
-    for key, value in patterns.items():  # PEFT's get_pattern_key semantics
+# alpha_pattern keys are regular expressions in PEFT; headwise accepts module names only
+# ('.' still matches any character), so a pattern from a file can never backtrack for minutes.
+_MODULE_NAME = re.compile(r"[A-Za-z0-9_.]{1,200}")
+
+
+def _alpha(cfg: dict[str, Any], name: str, path: Path) -> float:
+    """The ``lora_alpha`` of module ``name``: its ``alpha_pattern`` entry, else the global one
+    (PEFT's ``get_pattern_key`` semantics).
+
+    Raises:
+        CheckpointError: a pattern that is not a module name, or an alpha that is not a finite
+            positive number (naming the field).
+    """
+    patterns = cfg.get("alpha_pattern") or {}
+    if not isinstance(patterns, dict):
+        raise CheckpointError(f"{path}: alpha_pattern: expected an object of module names")
+    field, value = "lora_alpha", cfg.get("lora_alpha", 8)
+    for key, alpha in patterns.items():
+        if not _MODULE_NAME.fullmatch(key):
+            raise CheckpointError(f"{path}: alpha_pattern: key {show(key, 80)} is not a module "
+                                  "name (letters, digits, '_' and '.'); headwise does not run "
+                                  "regular expressions from adapter files")
         if re.match(rf"(.*\.)?({key})$", name):
-            return value
-    return default
+            field, value = f"alpha_pattern.{key}", alpha
+            break
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0):
+        raise CheckpointError(f"{path}: {field}: got {show(value, 80)}, expected a finite "
+                              "number > 0")
+    return float(value)
 
 
 def _base(model: nn.Module, name: str) -> nn.Linear:

@@ -9,6 +9,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
+from headwise.data.text import read_tokenizer
 from headwise.errors import CheckpointError
 
 
@@ -19,16 +20,14 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     padding to the longest sequence.
 
     Raises:
-        CheckpointError: ``tokenizer.json`` missing or unreadable.
+        CheckpointError: ``tokenizer.json`` missing, unreadable, or beyond the bounds of
+            ``headwise.data.text.read_tokenizer``.
     """
     file = Path(path) / "tokenizer.json"
     if not file.is_file():
         raise CheckpointError(f"{file}: file not found (headwise reads tokenizers only from "
                               "tokenizer.json)")
-    try:
-        return Tokenizer.from_file(str(file))
-    except Exception as e:  # the tokenizers package raises a bare Exception on bad files
-        raise CheckpointError(f"{file}: cannot read tokenizer ({e})") from None
+    return read_tokenizer(file, CheckpointError)
 
 
 def encode_batch(tokenizer: Tokenizer, texts: Sequence[str], max_len: int | None = None,

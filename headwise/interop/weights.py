@@ -17,6 +17,7 @@ from torch import Tensor
 
 from headwise.errors import CheckpointError
 from headwise.jsonfile import read_json_object
+from headwise.training.safetensors_io import check_header
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -59,6 +60,12 @@ def read_state_dict(directory: str | Path) -> dict[str, Tensor]:
 
 
 def read_safetensors(path: Path) -> dict[str, Tensor]:
+    """Every tensor of a safetensors file (header bounds checked first, ``check_header``).
+
+    Raises:
+        CheckpointError: missing, truncated, corrupt, or too many tensors.
+    """
+    check_header(path)
     try:
         return load_file(str(path), device="cpu")
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:

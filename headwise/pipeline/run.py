@@ -4,10 +4,11 @@ A run directory holds ``spec.yaml`` (the spec as trained: the file, with any ``-
 ``--seed`` overrides applied), ``run.json`` (where the spec came from, so relative paths in it
 keep resolving, the flags that shape the training (``headwise.pipeline.resume``) and, once
 finished, the step its weights are from),
-``config.json``, ``model.safetensors``, ``manifest.json`` (sha256 of the files that define the
-model, written last: a run without it did not finish), ``checkpoints/``, ``metrics.jsonl``,
-``contract.json``, ``enforcement.json`` (with ``--enforce``), ``report.json`` and
-``report.html``.
+``config.json``, ``model.safetensors``, ``manifest.json`` (size and sha256 of the files that
+define the model and of those commands quote, written last: a run without it did not finish),
+``checkpoints/``, ``metrics.jsonl``, ``contract.json``, ``enforcement.json`` (with
+``--enforce``), ``report.json``, ``report.html`` and ``.headwise.lock`` (the writer's lock,
+``headwise.atomic.hold_lock``: one process writes a run at a time).
 
 Lifecycle: ``--resume`` continues the same run (its recorded flags) from the latest checkpoint
 or refuses (exit 2) when there is none; it never retrains over a run. A directory left by a run
@@ -16,17 +17,25 @@ interrupted before its first checkpoint holds no work and can be trained into ag
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from headwise.atomic import write_bytes_atomic
+from headwise.atomic import (
+    RUN,
+    check_output_dir,
+    hold_lock,
+    linked_entries,
+    remove_entries,
+    write_bytes_atomic,
+)
 from headwise.contract import (
     Contract,
     ContractResult,
@@ -58,13 +67,15 @@ from headwise.runspec.overrides import load_spec_with, overrides_of
 from headwise.runspec.yaml_io import parse_yaml, read_spec_text
 from headwise.training import TrainConfig, TrainResult, list_checkpoints, train
 from headwise.training.device import check_device_name, model_device, place, resolve_device
-from headwise.training.manifest import MANIFEST, verify_manifest, write_manifest
+from headwise.training.manifest import MANIFEST, seal, verify_manifest, write_manifest
 from headwise.training.progress import EvalLines
 
 RUN_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors", MANIFEST,
              "metrics.jsonl", "contract.json", "enforcement.json", "report.json", "report.html")
 # The files that define a finished run's model, covered by its manifest.
 MODEL_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors")
+# What commands read or quote besides the model, sealed by the manifest too when present.
+SEALED_FILES = ("metrics.jsonl", "contract.json", "enforcement.json")
 MAX_STEPS = 10**9
 FIGURES = {"roles/heatmap": role_heatmap_png}  # logged at checkpoints with log: [tensorboard]
 
@@ -107,15 +118,17 @@ def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
     if resume and overwrite:
         raise SpecError("--resume and --overwrite: conflicting options; expected one of them "
                         "(--resume continues the run, --overwrite replaces it)")
+    linked = linked_entries(out, (*RUN_FILES, "checkpoints"))
     if resume:
+        if linked:
+            raise SpecError(f"{out / linked[0]}: is a symbolic link; expected the run's own "
+                            "files (a resume never continues another run's)")
         return check_resume(out, spec)
     if holds_work(out) and not overwrite:
         raise SpecError(f"{out}: already holds a run; pass --resume to continue it, "
                         "--overwrite to replace it, or choose another --out")
+    remove_entries(out, (*RUN_FILES, "checkpoints"))  # links unlinked, never followed
     try:
-        for name in RUN_FILES:
-            (out / name).unlink(missing_ok=True)
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
         out.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(out / "spec.yaml", spec.text.encode())
         write_json(out / "run.json", run_info(flags or RunFlags().filled(), spec, spec_dir))
@@ -169,6 +182,8 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
         CheckpointError: ``resume`` from a corrupt checkpoint.
     """
     out = Path(out)
+    if is_main_process():  # a run replaces only a run (with --overwrite, checked under the lock)
+        check_output_dir(out, "--out", overwrite=True, replaces=(RUN,))
     flags = _flags(out, resume and not overwrite, RunFlags(
         enforce, enforce_budget, allow_unenforced, None if steps is None else check_steps(steps),
         None if overrides is None and seed is None else overrides_of(overrides, seed)))
@@ -188,20 +203,21 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
         callbacks.append(_forecast_watch(compiled, data, contract, forecast_every, warn,
                                          train_config.steps, watch_with))
     main = is_main_process()
-    info = _prepare(out, spec, spec_source, resume, overwrite, flags) if main else {}
-    if progress and main:
-        callbacks.append(EvalLines(train_config.steps, _clauses_held))
-    result = train(compiled.model, compiled.data, train_config, out_dir=out,
-                   objectives=compiled.objectives, callbacks=callbacks,
-                   optimizer_hooks=compiled.optimizer_hooks, resume=resume,
-                   eval_data=compiled.eval_data, progress=progress, figures=FIGURES,
-                   extra={RUN_ENTRY: info} if main else None)
-    verdict = _verify_trained(compiled, contract, data)
-    enforcement = (summary(result.extra, verdict, result.step)
-                   if flags.enforce and verdict is not None else None)
-    if main:
-        write_json(out / "run.json", {**info, "step": result.step})
-        _write_outcome(out, verdict, enforcement)
+    with hold_lock(out) if main else contextlib.nullcontext():  # one writer per run
+        info = _prepare(out, spec, spec_source, resume, overwrite, flags) if main else {}
+        if progress and main:
+            callbacks.append(EvalLines(train_config.steps, _clauses_held))
+        result = train(compiled.model, compiled.data, train_config, out_dir=out,
+                       objectives=compiled.objectives, callbacks=callbacks,
+                       optimizer_hooks=compiled.optimizer_hooks, resume=resume,
+                       eval_data=compiled.eval_data, progress=progress, figures=FIGURES,
+                       extra={RUN_ENTRY: info} if main else None)
+        verdict = _verify_trained(compiled, contract, data)
+        enforcement = (summary(result.extra, verdict, result.step)
+                       if flags.enforce and verdict is not None else None)
+        if main:
+            write_json(out / "run.json", {**info, "step": result.step})
+            _write_outcome(out, verdict, enforcement)
     return RunOutcome(out, compiled, result, verdict, enforcement)
 
 
@@ -316,12 +332,13 @@ def _verify_trained(compiled: Compiled, contract: Contract,
 
 def _write_outcome(out: Path, verdict: ContractResult | None,
                    enforcement: dict[str, Any] | None) -> None:
-    """The manifest (the run is finished), then ``contract.json`` and ``enforcement.json``."""
-    write_manifest(out, MODEL_FILES)
+    """``contract.json`` and ``enforcement.json``, then the manifest (the run is finished)
+    sealing them with the model's files and ``metrics.jsonl``."""
     if verdict is not None:
         write_json(out / "contract.json", verdict.to_dict())
     if enforcement is not None:
         write_json(out / "enforcement.json", enforcement)
+    write_manifest(out, [*MODEL_FILES, *(n for n in SEALED_FILES if (out / n).is_file())])
 
 
 def check_steps(steps: int) -> int:
@@ -426,16 +443,32 @@ def load_run(run: str | Path, spec_source: str | Path | None = None,
     return compiled
 
 
-def verify_run(spec_source: str | Path, run: str | Path, device: str = "cpu") -> ContractResult:
-    """Verify ``spec``'s contract on the trained ``run``; writes ``run/contract.json``.
+def verify_run(spec_source: str | Path, run: str | Path,
+               device: str = "cpu") -> tuple[ContractResult, Path]:
+    """Verify ``spec``'s contract on the trained ``run``; write the verdict into the run.
+
+    The verdict of the run's own spec (byte for byte its ``spec.yaml``) goes to
+    ``run/contract.json``; another spec's goes beside it to ``run/contract.<sha12>.json``
+    (the first 12 hex digits of the spec's sha256), never over the run's own. Either is sealed
+    in the run's manifest.
+
+    Returns:
+        The verdict and the file it was written to.
 
     Raises:
         SpecError: the spec has no contract, or is invalid.
         CheckpointError: the run's weights do not fit the spec's model.
+        StorageError: another process is writing the run.
     """
     compiled = load_run(run, spec_source, device)
     if not compiled.spec.contract:
         raise SpecError("contract: missing; expected a list of clauses to verify")
     verdict = verify(compiled.model, compiled.spec.contract, verify_data(compiled))
-    write_json(Path(run) / "contract.json", verdict.to_dict())
-    return verdict
+    run = Path(run)
+    text = compiled.spec.text.encode()
+    name = ("contract.json" if (run / "spec.yaml").read_bytes() == text
+            else f"contract.{hashlib.sha256(text).hexdigest()[:12]}.json")
+    with hold_lock(run):
+        write_json(run / name, verdict.to_dict())
+        seal(run, [name])
+    return verdict, run / name

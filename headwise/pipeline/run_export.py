@@ -14,6 +14,7 @@ from pathlib import Path
 from torch import nn
 
 from headwise.errors import ConfigError
+from headwise.interop.hf_export import check_destinations, tokenizer_files
 from headwise.interop.hf_export import export_hf as export_model
 from headwise.interop.load import TOKENIZER_FILES
 from headwise.pipeline.run import load_run
@@ -58,6 +59,9 @@ def export_run(run: str | Path, out: str | Path, *, tokenizer: str | Path | None
     if out.resolve() == run.resolve():
         raise ConfigError(f"out: {out} is the run directory itself; expected another "
                           "directory (the run's own config.json would be overwritten)")
+    check_destinations(out, peft, overwrite)  # before any work
+    if tokenizer is not None:
+        tokenizer_files(Path(tokenizer))  # refuses a missing one, or links leaving it
     model, default_tokenizer = _load_run(run)
     return export_model(model, out, tokenizer=tokenizer if tokenizer is not None
                         else default_tokenizer, overwrite=overwrite, peft=peft)

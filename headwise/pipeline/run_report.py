@@ -19,19 +19,22 @@ from torch import nn
 
 from headwise.analysis.explain import explain_head
 from headwise.analysis.trajectories import Trajectory, score_checkpoints
+from headwise.atomic import hold_lock
 from headwise.contract import ContractResult, verify
 from headwise.contract.forecast import forecast_summary
 from headwise.data import TASKS
 from headwise.data.batch import token_labels
+from headwise.errors import CheckpointError
+from headwise.jsonfile import read_json_object
 from headwise.patterns import DEFAULT_WINDOW
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.heldout import verify_data
-from headwise.pipeline.run import load_run
+from headwise.pipeline.run import SEALED_FILES, load_run
 from headwise.pipeline.run_analysis import analyse_run, metrics_curve, run_role_table
 from headwise.render import figures
 from headwise.report.build import build_report, expected_vs_observed, write_report
 from headwise.training import list_checkpoints, load_weights
-from headwise.training.manifest import verify_manifest
+from headwise.training.manifest import check_sealed, seal, verify_manifest
 
 # Structural masks that impose a role (the mask is the role's support, headwise.patterns).
 MASK_ROLES = {"previous_token": "previous_token", "self_only": "self",
@@ -40,8 +43,24 @@ MASK_ROLES = {"previous_token": "previous_token", "self_only": "self",
 
 def write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult | None,
                      enforcement: dict[str, Any] | None = None) -> dict[str, Path]:
-    """Analyse the trained model in ``compiled`` and write ``run_dir/report.{json,html}``."""
+    """Analyse the trained model in ``compiled`` and write ``run_dir/report.{json,html}``,
+    sealed in the run's manifest (holding the run's writer lock).
+
+    Raises:
+        CheckpointError: ``metrics.jsonl`` or ``enforcement.json`` is not the one the run's
+            manifest seals (naming it).
+        StorageError: another process is writing the run.
+    """
     run_dir = Path(run_dir)
+    with hold_lock(run_dir):
+        check_sealed(run_dir, SEALED_FILES)  # the files a report quotes are the run's own
+        paths = _write_run_report(run_dir, compiled, contract, enforcement)
+        seal(run_dir, [p.name for p in paths.values()], optional=True)  # rebuilt on demand
+    return paths
+
+
+def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult | None,
+                      enforcement: dict[str, Any] | None) -> dict[str, Path]:
     spec = compiled.spec
     model = compiled.model
     model.eval()
@@ -94,9 +113,50 @@ def report_existing_run(run_dir: str | Path) -> dict[str, Path]:
     if spec.contract:
         verdict = verify(compiled.model, spec.contract, verify_data(compiled))
     enforcement = None
-    if (run_dir / "enforcement.json").is_file():
-        enforcement = json.loads((run_dir / "enforcement.json").read_text())
+    if (run_dir / "enforcement.json").exists():
+        check_sealed(run_dir, ["enforcement.json"])
+        enforcement = read_enforcement(run_dir / "enforcement.json")
     return write_run_report(run_dir, compiled, verdict, enforcement)
+
+
+_OPT_INT, _OPT_NUM, _OPT_STR = (int, type(None)), (int, float, type(None)), (str, type(None))
+_CLAUSE_FIELDS = {"index": (int,), "description": (str,), "failed_evals": (int,),
+                  "first_failed_at": _OPT_INT, "held_at": _OPT_INT, "multiplier": _OPT_NUM,
+                  "lever": _OPT_STR}
+
+
+def read_enforcement(path: Path) -> dict[str, Any]:
+    """A run's ``enforcement.json``, with every field the report quotes checked.
+
+    Raises:
+        CheckpointError: not a JSON object of the shape ``headwise.contract.summary`` writes
+            (naming the file and the field).
+    """
+    data = read_json_object(path, CheckpointError)
+
+    def bad(field: str, expected: str) -> CheckpointError:
+        return CheckpointError(f"{path}: {field}: expected {expected}")
+
+    if type(data.get("steps")) is not int:
+        raise bad("steps", "an integer")
+    if not isinstance(data.get("held_at_step"), _OPT_INT):
+        raise bad("held_at_step", "an integer or null")
+    for key in ("clauses", "history"):
+        if not isinstance(data.get(key), list) or not all(isinstance(c, dict)
+                                                          for c in data[key]):
+            raise bad(key, "a list of objects")
+    for i, clause in enumerate(data["clauses"]):
+        for name, types in _CLAUSE_FIELDS.items():
+            if not isinstance(clause.get(name), types) or isinstance(clause.get(name), bool):
+                raise bad(f"clauses[{i}].{name}", " or ".join(
+                    "null" if t is type(None) else t.__name__ for t in types))
+    for i, point in enumerate(data["history"]):
+        if type(point.get("step")) is not int or not isinstance(point.get("clauses"), dict) \
+                or not all(isinstance(k, str) and k.isdigit() and isinstance(v, dict)
+                           for k, v in point["clauses"].items()):
+            raise bad(f"history[{i}]", "an object with an integer 'step' and 'clauses' by "
+                                       "clause index")
+    return data
 
 
 def _title(text: str) -> str | None:

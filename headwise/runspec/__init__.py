@@ -2,9 +2,9 @@
 
 A spec describes a whole run: ``model``, ``data``, ``probes``, ``train``, ``heads``,
 ``gates``, ``adapters``, ``ffn``, ``contract`` and ``enforce`` (reference: docs/spec.md). It is
-read with a safe YAML loader and never names code to import. Every error is a ``SpecError`` whose message
-starts with the field path, e.g. ``heads.L1.H9: layer 1 has heads 0-3`` or ``train.steps: got
--5, expected an integer >= 1``.
+read with a safe YAML loader and never names code to import. Every error is a ``SpecError``
+whose message starts with the field path, e.g. ``heads.L1.H9: layer 1 has heads 0-3`` or
+``train.steps: got -5, expected an integer >= 1``.
 """
 
 from __future__ import annotations

@@ -23,10 +23,12 @@ from torch import Tensor, nn
 from headwise.atomic import write_bytes_atomic
 from headwise.errors import CheckpointError
 
-__all__ = ["ALIASES_KEY", "load_tensors", "load_weights", "model_tensors", "save_tensors",
-           "save_weights", "sha256_file"]
+__all__ = ["ALIASES_KEY", "check_finite", "check_header", "load_tensors", "load_weights",
+           "model_tensors", "save_tensors", "save_weights", "sha256_file"]
 
 ALIASES_KEY = "headwise.aliases"
+MAX_TENSORS = 65536  # per file; the largest sharded checkpoints hold a few thousand per shard
+MAX_HEADER_BYTES = 16 << 20  # ~100 bytes per tensor; the format's own limit is 100 MB
 
 
 def save_tensors(tensors: dict[str, Tensor], path: Path,
@@ -42,17 +44,58 @@ def load_tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
     """Read every tensor and the metadata of a safetensors file (on CPU).
 
     Raises:
-        CheckpointError: the file is missing, truncated or not valid safetensors.
+        CheckpointError: the file is missing, truncated, not valid safetensors, or holds more
+            than ``MAX_TENSORS`` tensors (``check_header``).
     """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: file not found")
+    check_header(path)
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             meta = dict(f.metadata() or {})
             return {k: f.get_tensor(k) for k in f.keys()}, meta
     except Exception as e:  # safetensors raises its own SafetensorError / OSError types
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+
+
+def check_header(path: Path) -> None:
+    """Refuse, from its header alone, a safetensors file with more than ``MAX_TENSORS``
+    tensors or a header over ``MAX_HEADER_BYTES`` (both cost minutes to load, not seconds).
+
+    Raises:
+        CheckpointError: naming the file.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            header = json.loads(f.read(n)) if 0 < n <= MAX_HEADER_BYTES else None
+    except (OSError, ValueError, RecursionError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file "
+                              f"({str(e)[:100]})") from None
+    if header is None:
+        raise CheckpointError(f"{path}: not a readable safetensors file (header of {n} bytes, "
+                              f"expected 1 to {MAX_HEADER_BYTES})")
+    count = len(header) - ("__metadata__" in header) if isinstance(header, dict) else -1
+    if not 0 <= count <= MAX_TENSORS:
+        raise CheckpointError(f"{path}: {count} tensors in the header, expected at most "
+                              f"{MAX_TENSORS} in one file (shard larger checkpoints)")
+
+
+def check_finite(tensor: Tensor, source: str | Path, key: str, cast: str = "") -> None:
+    """Refuse a floating-point tensor holding NaN or infinite values (also what a cast to a
+    narrower dtype, ``cast`` in the message, overflowed).
+
+    Raises:
+        CheckpointError: naming ``source`` and ``key`` and how many values are not finite.
+    """
+    if not tensor.is_floating_point() or tensor.device.type == "meta" or not tensor.numel():
+        return
+    bad = int((~torch.isfinite(tensor)).sum())
+    if bad:
+        raise CheckpointError(f"{source}: tensor {key!r}: {bad} of {tensor.numel()} values are "
+                              f"NaN or infinite{cast}; expected finite weights")
 
 
 def sha256_file(path: Path) -> str:
@@ -129,6 +172,8 @@ def load_weights(model: nn.Module, path: Path) -> None:
     unexpected = sorted(set(tensors) - set(expected))
     if unexpected:
         raise CheckpointError(f"{path}: unexpected tensor {unexpected[0]!r} (not in the model)")
+    for key in expected:
+        check_finite(tensors[key].to(expected[key].dtype), path, key)
     with torch.no_grad():
         for key, ref in expected.items():
             ref.copy_(tensors[key])

@@ -443,13 +443,189 @@ def run_cases() -> dict[str, dict[str, Any]]:
     }
 
 
+def output_cases() -> dict[str, dict[str, Any]]:
+    """Destinations that are finished work, links, FIFOs or impossible paths; two writers."""
+    run = ["copytree", "$HOSTILE_RUN", "run"]
+    ok = ["write", "spec.yaml", yaml.safe_dump(BASE, sort_keys=False)]
+    ckpt = "run/checkpoints/step_0000002"
+    hf = _hf()["setup"]
+
+    def analyze_json(target: str, *ops: list[Any]) -> dict[str, Any]:
+        return {"argv": ["analyze", "run", "--json", target], "setup": [run, *ops]}
+
+    def explain_html(target: str, *ops: list[Any]) -> dict[str, Any]:
+        return {"argv": ["explain", "run", "--head", "L0.H0", "--input", "copy", "--html",
+                         target], "setup": [run, *ops]}
+
+    def train_out(out: str, *ops: list[Any], extra: tuple[str, ...] = ()) -> dict[str, Any]:
+        return {"argv": ["train", "spec.yaml", "--out", out, "--quiet", *extra],
+                "setup": [ok, *ops]}
+
+    return {
+        "json onto the run's weights": analyze_json("run/model.safetensors"),
+        "json onto the run's manifest": analyze_json("run/manifest.json"),
+        "json onto the run's spec": analyze_json("run/spec.yaml"),
+        "json onto a checkpoint's trainer.json": analyze_json(f"{ckpt}/trainer.json"),
+        "html onto the run's report": explain_html("run/report.html"),
+        "html onto a checkpoint's weights": explain_html(f"{ckpt}/model.safetensors"),
+        "json is a FIFO": analyze_json("pipe", ["fifo", "pipe"]),
+        "json is a symlink": analyze_json("out.json", ["write", "elsewhere.txt", "keep"],
+                                          ["symlink", "out.json", "elsewhere.txt"]),
+        "json is a dangling symlink": analyze_json("out.json",
+                                                   ["symlink", "out.json", "nowhere/x"]),
+        "json path of 5000 characters": analyze_json("x" * 5000 + ".json"),
+        "json path with a NUL": analyze_json("out\x00.json"),
+        "train out of 5000 characters": train_out("r" * 5000),
+        "train out with a NUL": train_out("r\x00un"),
+        "train out is a dangling symlink": train_out("r", ["symlink", "r", "nowhere"]),
+        "train out is a checkpoint": train_out(ckpt, run, extra=("--overwrite",)),
+        "train out is an HF model": train_out("hf", *hf, extra=("--overwrite",)),
+        "train out inside a run": train_out("run/checkpoints", run, extra=("--overwrite",)),
+        "train resume through a symlinked checkpoints": {
+            "argv": ["train", "spec.yaml", "--out", "run", "--resume", "--quiet"],
+            "setup": [ok, ["copytree", "$HOSTILE_RUN", "other"], run,
+                      ["delete", "run/checkpoints"],
+                      ["symlink", "run/checkpoints", "../other/checkpoints"]]},
+        "convert out into a finished run": {
+            "argv": ["convert", "--hf", "hf", "--out", "run"], "setup": [run, *hf]},
+        "convert out into a finished run (overwrite)": {
+            "argv": ["convert", "--hf", "hf", "--out", "run", "--overwrite"],
+            "setup": [run, *hf]},
+        "convert out is the source": {"argv": ["convert", "--hf", "hf", "--out", "hf"],
+                                      "setup": hf},
+        "convert out is the source (overwrite)": {
+            "argv": ["convert", "--hf", "hf", "--out", "hf", "--overwrite"], "setup": hf},
+        "convert out is a dangling symlink": {
+            "argv": ["convert", "--hf", "hf", "--out", "o"],
+            "setup": [*hf, ["symlink", "o", "nowhere"]]},
+        "convert out holds a model": {"argv": ["convert", "--hf", "hf", "--out", "hf2"],
+                                      "setup": [*hf, ["copytree", "hf", "hf2"]]},
+        "convert copies a tokenizer linked outside": {
+            "argv": ["convert", "--hf", "hf", "--out", "out"],
+            "setup": [*hf, ["write", "secret.txt", "password"],
+                      ["symlink", "hf/tokenizer.json", "../secret.txt"]]},
+        "export tokenizer linked outside": {
+            "argv": ["export", "run", "--hf", "out", "--tokenizer", "tok"],
+            "setup": [run, ["write", "secret.txt", "password"],
+                      ["symlink", "tok/tokenizer.json", "../secret.txt"]]},
+        "export into a checkpoint (overwrite)": {
+            "argv": ["export", "run", "--hf", ckpt, "--overwrite"], "setup": [run]},
+        "export peft into the run (overwrite)": {
+            "argv": ["export", "run", "--hf", "out", "--peft", "run", "--overwrite"],
+            "setup": [run]},
+        "export peft is a file (overwrite)": {
+            "argv": ["export", "run", "--hf", "hf", "--peft", "a.txt", "--overwrite"],
+            "setup": [run, *hf, ["write", "a.txt", "x"]]},
+        "demo out holds an HF model": {"argv": ["demo", "--out", "hf"], "setup": hf},
+        "demo out is a symlink": {"argv": ["demo", "--out", "d"],
+                                  "setup": [["mkdir", "real"], ["symlink", "d", "real"]]},
+        "second train writer (overwrite)": train_out(
+            "run", run, ["lock", "run/.headwise.lock"], extra=("--overwrite",)),
+        "second writer: verify": {"argv": ["verify", "spec.yaml", "--run", "run"],
+                                  "setup": [ok, run, ["lock", "run/.headwise.lock"]]},
+        "second writer: report": {"argv": ["report", "run"],
+                                  "setup": [run, ["lock", "run/.headwise.lock"]]},
+    }
+
+
+def sealed_cases() -> dict[str, dict[str, Any]]:
+    """Files a report quotes that the run's manifest does not seal; unbounded run files."""
+    run = ["copytree", "$HOSTILE_RUN", "run"]
+    forged = {"enforced": True, "evaluations": 1, "held_at_step": 20, "steps": 20,
+              "contract_holds": True, "history": [], "clauses": [
+                  {"index": 0, "description": "forged", "lever": None, "failed_evals": 0,
+                   "first_failed_at": None, "held_at": 20, "multiplier": None}]}
+    return {
+        "run enforcement.json added": {"argv": ["report", "run"], "setup": [
+            run, ["write", "run/enforcement.json", json.dumps(forged)]]},
+        "run enforcement.json malformed": {"argv": ["report", "run"], "setup": [
+            run, ["write", "run/enforcement.json", '{"clauses": 5}']]},
+        "run metrics.jsonl edited": {"argv": ["report", "run"], "setup": [
+            run, ["write", "run/metrics.jsonl", '{"step": 2, "tasks": {"copy": '
+                                                '{"accuracy": 1.0}}}\n']]},
+        "run contract.json edited": {"argv": ["analyze", "run"], "setup": [
+            run, ["write", "run/contract.json", "{}"]]},
+        "run report.html edited": {"argv": ["analyze", "run"], "setup": [
+            run, ["write", "run/report.html", "<p>all heads verified</p>"]]},
+        "run weights 100 GB (sparse)": {"argv": ["analyze", "run"], "setup": [
+            run, ["delete", "run/model.safetensors"],
+            ["sparse", "run/model.safetensors", 100 * GIB]]},
+        "run manifest 100 GB (sparse)": {"argv": ["analyze", "run"], "setup": [
+            run, ["delete", "run/manifest.json"], ["sparse", "run/manifest.json", 100 * GIB]]},
+        "run metrics 100 GB (sparse)": {"argv": ["report", "run"], "setup": [
+            run, ["delete", "run/metrics.jsonl"], ["sparse", "run/metrics.jsonl", 100 * GIB]]},
+    }
+
+
+def exact_cases() -> dict[str, dict[str, Any]]:
+    """Inputs that were read loosely: huge or broken text and tokenizers, out-of-range weights,
+    weight files with 500000 tensors."""
+    hf = _hf()["setup"]
+    tok = [*hf, ["added_tokens", "hf/tokenizer.json", 0]]  # a valid two-word tokenizer
+    text_argv = ["analyze", "--hf", "hf", "--text", "t.txt"]
+    big = _gpt2()[1]
+    return {
+        "text not utf-8": {"argv": text_argv, "setup": [
+            *tok, ["bytes", "t.txt", base64.b64encode(b"ok line\n\xff\xfe bad\n").decode()]]},
+        "text one 50 MB line": {"argv": text_argv, "setup": [*tok, ["sparse", "t.txt", 50 << 20]]},
+        "text 100 GB (sparse)": {"argv": text_argv, "setup": [*tok, ["sparse", "t.txt",
+                                                                      100 * GIB]]},
+        "tokenizer 10^6 added tokens": {"argv": text_argv, "setup": [
+            *hf, ["write", "t.txt", "a a a\n"], ["added_tokens", "hf/tokenizer.json", 10**6]]},
+        "tokenizer 200000 added tokens": {"argv": text_argv, "setup": [
+            *hf, ["write", "t.txt", "a a a\n"], ["added_tokens", "hf/tokenizer.json", 200_000]]},
+        "hf float64 weights of 1e300": _hf(tensor_changes={
+            "wte.weight": [big["wte.weight"][0], "float64", 1e300]}),
+        "hf NaN weight": _hf(tensor_changes={"ln_f.bias": [[8], "float32", float("nan")]}),
+        "hf 500000 empty tensors": {"argv": ["analyze", "--hf", "hf"], "setup": [
+            hf[0], ["empty_tensors", "hf/model.safetensors", 500_000]]},
+        "text task not utf-8 (tokenizer)": _text_task(b"the cat \xff sat on the mat\n" * 20),
+        "text tokenizer beyond the model's vocabulary": {"argv": text_argv, "setup": [
+            *hf, ["write", "t.txt", "a a a\n"], ["added_tokens", "hf/tokenizer.json", 50]]},
+    }
+
+
+def _text_task(corpus: bytes) -> dict[str, Any]:
+    """Train on ``corpus`` through a small WordLevel tokenizer."""
+    words = {"[UNK]": 0, "the": 1, "cat": 2, "sat": 3, "on": 4, "mat": 5}
+    tokenizer = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+                 "normalizer": None, "pre_tokenizer": {"type": "Whitespace"},
+                 "post_processor": None, "decoder": None,
+                 "model": {"type": "WordLevel", "vocab": words, "unk_token": "[UNK]"}}
+    spec = _set(_set(BASE, "data/tasks/copy", {"task": "text", "path": "corpus.txt",
+                                               "seq_len": 6, "tokenizer": "tok"}),
+                "model/vocab_size", 64)
+    case = _train(yaml.safe_dump(spec, sort_keys=False))
+    case["setup"] += [["bytes", "corpus.txt", base64.b64encode(corpus).decode()],
+                      ["write", "tok/tokenizer.json", json.dumps(tokenizer)]]
+    return case
+
+
 def all_cases() -> list[dict[str, Any]]:
     """Every case with its ``id`` (category: name)."""
     out = []
     for group, cases in (("yaml", yaml_cases()), ("model", model_cases()),
                          ("train", train_cases()), ("data", data_cases()),
                          ("heads", head_cases()), ("contract", contract_cases()),
-                         ("cli", cli_cases()), ("hf", hf_cases()), ("run", run_cases())):
+                         ("cli", cli_cases()), ("hf", hf_cases()), ("run", run_cases()),
+                         ("output", output_cases()), ("sealed", sealed_cases()),
+                         ("exact", exact_cases())):
         for name, case in cases.items():
             out.append({"id": f"{group}: {name}", **case})
     return out
+
+
+# Hostile inputs of the scenario tests (test_writers.py), whose outcome is more than exit 2.
+# A contract laxer than BASE's: ``verify`` with it must not rewrite the run's own verdict.
+LAXER_CONTRACT = [{"head": "L0.H0", "score": "previous_token", "at_least": 0.01}]
+# An adapter pattern that backtracks exponentially on any module name (a regular expression
+# from a file), and alphas that are not finite positive numbers.
+BACKTRACKING_PATTERN = "(" + ".*" * 12 + ")*x"
+BAD_ALPHAS = [float("nan"), float("inf"), -4.0, 0, "8"]
+# Bytes a byte-level corpus must be read as: CR LF, a lone CR, bytes that are not UTF-8.
+RAW_CORPUS = b"ab\r\ncd\rE\xff\xfe\x00gh\n" * 6
+# An enforcement history of the wrong shape, under a manifest forged to seal it.
+MALFORMED_ENFORCEMENT = {"steps": 20, "held_at_step": 20, "clauses": [{"index": "zero"}],
+                         "history": []}
+# A tokenizer file elsewhere that a link in a model directory points to.
+SECRET = b"api_key = 0123456789abcdef\n"

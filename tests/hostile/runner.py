@@ -23,6 +23,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+HELD: list[int] = []  # lock files a case holds open until it ends
+
 
 def _setup(op: list[Any], subs: dict[str, str]) -> None:
     kind, *args = op
@@ -59,15 +61,41 @@ def _setup(op: list[Any], subs: dict[str, str]) -> None:
             node = node[key]
         node[last] = args[2]
         Path(args[0]).write_text(json.dumps(data))
-    elif kind == "tensors":  # safetensors from {name: [shape, dtype]} and metadata
+    elif kind == "tensors":  # safetensors from {name: [shape, dtype(, value)]} and metadata
         import torch
         from safetensors.torch import save_file
 
-        tensors = {k: torch.full(shape, 0.01 if dtype.startswith("float") else 1,
-                                 dtype=getattr(torch, dtype))
-                   for k, (shape, dtype) in args[1].items()}
+        tensors = {k: torch.full(v[0], v[2] if len(v) > 2 else 0.01 if v[1].startswith(
+                       "float") else 1, dtype=getattr(torch, v[1])) for k, v in args[1].items()}
         Path(args[0]).parent.mkdir(parents=True, exist_ok=True)
         save_file(tensors, args[0], metadata=args[2] if len(args) > 2 else None)
+    elif kind == "empty_tensors":  # a safetensors file of N empty tensors (header only)
+        header = json.dumps({f"t{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}
+                             for i in range(args[1])}).encode()
+        Path(args[0]).write_bytes(len(header).to_bytes(8, "little") + header)
+    elif kind == "added_tokens":  # a tokenizer.json with N added tokens
+        vocab = {"[UNK]": 0, "a": 1}
+        added = [{"id": 2 + i, "content": f"t{i}", "single_word": False, "lstrip": False,
+                  "rstrip": False, "normalized": True, "special": False}
+                 for i in range(args[1])]
+        Path(args[0]).write_text(json.dumps({
+            "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": None, "pre_tokenizer": {"type": "Whitespace"},
+            "post_processor": None, "decoder": None,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}}))
+    elif kind == "symlink":  # args[0] -> args[1] (the target need not exist)
+        Path(args[0]).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(args[1], args[0])
+    elif kind == "fifo":
+        os.mkfifo(args[0])
+    elif kind == "lock":  # hold the run's writer lock (another open file: flock conflicts)
+        import fcntl
+
+        fd = os.open(args[0], os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, b"1\n", 0)  # pid 1: a process that is running
+        HELD.append(fd)
     else:
         raise ValueError(f"unknown set-up operation {kind!r}")
 
@@ -102,6 +130,8 @@ def main() -> None:
                 err.write(f"{type(e).__name__}: {e}\n"
                           + "".join(traceback.format_exception(e)[-3:]))
             seconds = time.perf_counter() - t0
+            while HELD:
+                os.close(HELD.pop())
             os.chdir(home)
             shutil.rmtree(tmp, ignore_errors=True)
             out.write(json.dumps({"id": case["id"], "code": code, "stderr": err.getvalue(),
