@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from headwise.atomic import write_bytes_atomic
 from headwise.data import Mixture
@@ -38,11 +39,13 @@ from headwise.training.checkpoint import (
 from headwise.training.config import TrainConfig
 from headwise.training.device import place
 from headwise.training.distributed import DistContext, setup, teardown, wrap
+from headwise.training.fsdp import Sharding, shard
 from headwise.training.evaluate import EVAL_SEED_OFFSET, evaluate, forward
 from headwise.training.interrupt import Interrupted, catch_signals
 from headwise.training.metrics import LogWindow, ProgressBar, task_loss
 from headwise.training.run_log import Figures, RunLog
 from headwise.training.safetensors_io import save_weights
+from headwise.training.sharded_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
 
 # Fields that must match a checkpoint's for an exact resume.
 _RESUME_FIELDS = ("batch_size", "lr", "weight_decay", "betas", "warmup_steps", "min_lr_ratio",
@@ -114,6 +117,10 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
               {"params": no_decay, "weight_decay": 0.0}]
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
                 for p in decay + no_decay)
+    # A sharded model's replicated parameters (task gates) get groups of their own: one fused
+    # update cannot mix sharded and whole tensors.
+    groups = [{**g, "params": [p for p in g["params"] if isinstance(p, DTensor) == sharded]}
+              for g in groups for sharded in (True, False)]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr,
                              betas=config.betas, fused=fused or None)
 
@@ -185,12 +192,16 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
         if mix is not None and cfg is not None:
             mix.check_model(cfg.vocab_size, cfg.max_seq_len)
     place(model, config.device, "train.device")
-    ctx = setup(model)
+    ctx = setup(model, config.parallel)
     try:
+        # Sharded before the optimizer is made: it holds each rank's shards. Figures are drawn
+        # on rank 0 alone, which a sharded model cannot run by itself: none under fsdp.
+        sharding = shard(model, ctx) if ctx.sharded else None
         run = _start(model, data, eval_data or data, config,
                      Path(out_dir) if out_dir is not None else None,
                      list(objectives), list(callbacks), list(optimizer_hooks), progress, ctx,
-                     dict(figures or {}))
+                     {} if sharding is not None else dict(figures or {}))
+        run.sharding = sharding
         if resume:
             _restore(run)
         result = _run(run)
@@ -225,6 +236,7 @@ class _Run:
     extra: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     grad_norm: Tensor | None = None
+    sharding: Sharding | None = None
 
 
 def _start(model: nn.Module, data: Mixture, eval_data: Mixture, config: TrainConfig,
@@ -254,7 +266,8 @@ def _restore(run: _Run) -> None:
     ckpt = latest_checkpoint(run.out_dir)
     if ckpt is None:
         return
-    info = load_checkpoint(ckpt, run.model, run.optimizer)
+    info = (load_sharded_checkpoint(ckpt, run.model, run.optimizer, run.ctx)
+            if run.sharding is not None else load_checkpoint(ckpt, run.model, run.optimizer))
     _check_resume_config(run.config, info.config, ckpt)
     run.start = run.done = run.saved = info.step
     run.extra, run.stopped = info.extra, info.stopped
@@ -325,8 +338,11 @@ def _step(run: _Run, step_model: Callable[..., Tensor], step: int, hooks: list[A
         total = total + term
     run.optimizer.zero_grad(set_to_none=True)
     total.backward()
+    if run.sharding is not None:
+        run.sharding.sync_grads()
     if config.grad_clip > 0:
-        run.grad_norm = clip_grad_norm(params, config.grad_clip)
+        run.grad_norm = (run.sharding.clip_grad_norm(params, config.grad_clip)
+                         if run.sharding is not None else clip_grad_norm(params, config.grad_clip))
     run.optimizer.step()
     run.done = step + 1
     run.window.add(step_stats, total, terms)
@@ -386,6 +402,8 @@ def _finish(run: _Run) -> TrainResult:
     """Write the final weights and ``config.json`` (rank 0) and describe the run."""
     if run.done == run.start and run.config.eval_every:  # resumed at the end: report only
         run.metrics = {"kind": "eval", "step": run.done, **_evaluate(run)}
+    if run.sharding is not None:  # the whole model on every rank again, no process group
+        run.sharding.unshard()
     weights = None
     if run.out_dir is not None:
         weights = run.out_dir / "model.safetensors"
@@ -424,6 +442,15 @@ def _checkpoint(run: _Run) -> None:
     assert run.out_dir is not None
     ctx = run.ctx
     rng = ctx.gather(torch.get_rng_state())
+    if run.sharding is not None:  # every rank writes its shard
+        save_sharded_checkpoint(run.out_dir, run.done, run.model, run.optimizer, ctx,
+                                data_generator=run.gen, torch_rng=rng,
+                                objective_weights={o.name: float(o.weight)
+                                                   for o in run.objectives},
+                                extra=run.extra, config=run.config.to_dict(),
+                                stopped=run.stopped)
+        run.saved = run.done
+        return
     if ctx.is_main:
         w = run.window
         tensors, names = w.sums.state()
