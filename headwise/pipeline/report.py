@@ -30,7 +30,7 @@ from headwise.pipeline.compile import Compiled
 from headwise.pipeline.heldout import contract_of, verify_data
 from headwise.pipeline.run import load_run
 from headwise.training import list_checkpoints, load_weights
-from headwise.training.manifest import verify_manifest
+from headwise.training.checkpoint import load_checkpoint_weights
 
 # Structural masks that impose a role (the mask is the role's support, headwise.patterns).
 MASK_ROLES = {"previous_token": "previous_token", "self_only": "self",
@@ -145,8 +145,7 @@ def run_trajectory(run_dir: Path, compiled: Compiled) -> Trajectory | None:
 
     def models() -> Iterator[tuple[int, nn.Module]]:
         for step, path in ckpts:
-            verify_manifest(path)  # a corrupt checkpoint is refused, naming the file
-            load_weights(model, path / "model.safetensors")
+            load_checkpoint_weights(model, path)  # a corrupt one is refused, naming the file
             yield step, model
 
     try:

@@ -62,7 +62,7 @@ def main() -> None:
         gates = LearnedGates(model, n_tasks=2, layers=[1])
         objectives.append(gates.l0_penalty(0.01))
     if "freeze" in levers:
-        hooks.append(freeze(model, ["L0.H1", "L1.H2", "blocks.*.mlp"]).attach)
+        hooks.append(freeze(model, ["L0.H1", "L1.H2", "blocks.*.mlp", "*.lora_*"]).attach)
     config = TrainConfig(steps=args.steps, batch_size=8, lr=3e-3, warmup_steps=3,
                          eval_every=4, eval_batches=2, checkpoint_every=4, log_every=1,
                          parallel=args.parallel)
