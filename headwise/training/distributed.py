@@ -5,8 +5,8 @@ in the environment) it initialises the default process group (``gloo`` for a CPU
 ``nccl`` for a CUDA model, which moves to ``cuda:LOCAL_RANK``) unless the caller already did.
 ``train.parallel`` says what the ranks share: ``ddp`` (the default under ``torchrun``): ``wrap``
 puts the model in ``DistributedDataParallel``; ``fsdp``: the loop shards it in place
-(``headwise.training.fsdp``; a group is made even for one rank). Every rank draws the same global batch
-from an identically seeded generator and keeps the contiguous shard
+(``headwise.training.fsdp``; a group is made even for one rank). Every rank draws the same
+global batch from an identically seeded generator and keeps the contiguous shard
 ``[rank * B / N, (rank + 1) * B / N)``; since DDP averages gradients over ranks and each rank's
 loss is the mean over its (equally many) examples, an update equals one process's update on
 the whole global batch, up to floating-point summation order. Only rank 0 writes files.

@@ -87,10 +87,14 @@ class Sharding:
         (replicated gradients are counted once), ``coef = min(1, max_norm / (norm + 1e-6))``,
         as ``torch.nn.utils.clip_grad_norm_`` and the single-process loop compute it.
         """
-        local, whole = [], []
+        local: list[DTensor] = []
+        whole: list[Tensor] = []
         for p in params:
             if p.grad is not None:
-                (local if isinstance(p.grad, DTensor) else whole).append(p.grad)
+                if isinstance(p.grad, DTensor):
+                    local.append(p.grad)
+                else:
+                    whole.append(p.grad)
         sq = torch.zeros((), dtype=torch.float32)
         for g in local:
             sq = sq + g.to_local().float().pow(2).sum()

@@ -39,8 +39,8 @@ from headwise.training.checkpoint import (
 from headwise.training.config import TrainConfig
 from headwise.training.device import place
 from headwise.training.distributed import DistContext, setup, teardown, wrap
-from headwise.training.fsdp import Sharding, shard
 from headwise.training.evaluate import EVAL_SEED_OFFSET, evaluate, forward
+from headwise.training.fsdp import Sharding, shard
 from headwise.training.interrupt import Interrupted, catch_signals
 from headwise.training.metrics import LogWindow, ProgressBar, task_loss
 from headwise.training.run_log import Figures, RunLog
@@ -113,14 +113,14 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     for _, p in model.named_parameters():
         if p.requires_grad:
             (decay if p.dim() >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": config.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
                 for p in decay + no_decay)
     # A sharded model's replicated parameters (task gates) get groups of their own: one fused
     # update cannot mix sharded and whole tensors.
-    groups = [{**g, "params": [p for p in g["params"] if isinstance(p, DTensor) == sharded]}
-              for g in groups for sharded in (True, False)]
+    groups = [{"params": [p for p in params if isinstance(p, DTensor) == sharded],
+               "weight_decay": wd}
+              for params, wd in ((decay, config.weight_decay), (no_decay, 0.0))
+              for sharded in (True, False)]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr,
                              betas=config.betas, fused=fused or None)
 
