@@ -95,19 +95,19 @@ class Sharding:
                     local.append(p.grad)
                 else:
                     whole.append(p.grad)
-        sq = torch.zeros((), dtype=torch.float32)
-        for g in local:
-            sq = sq + g.to_local().float().pow(2).sum()
+        sq = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
+        for d in local:
+            sq = sq + d.to_local().float().pow(2).sum()
         if self.ctx.world_size > 1:
             dist.all_reduce(sq, op=dist.ReduceOp.SUM)
-        for g in whole:
-            sq = sq + g.float().pow(2).sum()
+        for w in whole:
+            sq = sq + w.float().pow(2).sum()
         total = sq.sqrt()
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for g in local:
-            g.to_local().mul_(coef.to(g.dtype))
-        for g in whole:
-            g.mul_(coef.to(g.dtype))
+        for d in local:
+            d.to_local().mul_(coef.to(d.dtype))
+        for w in whole:
+            w.mul_(coef.to(w.dtype))
         return total
 
     @torch.no_grad()
