@@ -81,8 +81,8 @@ class FreezeHandle:
         for h in self._grad_hooks:
             h.remove()
         self._params = {n: params[n] for n in self.masks}
-        self._local_masks = {n: distribute_tensor(self.masks[n], p.device_mesh, p.placements,
-                                                  src_data_rank=None).to_local()
+        self._local_masks = {n: distribute_tensor(self.masks[n].to(p.device), p.device_mesh,
+                                                  p.placements, src_data_rank=None).to_local()
                              for n, p in self._params.items() if isinstance(p, DTensor)}
         modules = dict(self.model.named_modules())
         self._grad_hooks = [
