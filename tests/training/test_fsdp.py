@@ -22,8 +22,8 @@ from headwise.config import ModelConfig
 from headwise.errors import CheckpointError, ConfigError
 from headwise.model import build_model
 from headwise.training import TrainConfig, list_checkpoints, load_checkpoint
-from headwise.training.distributed import resolve_parallel
-from headwise.training.sharded_checkpoint import load_sharded_weights
+from headwise.training.distributed import DistContext, resolve_parallel
+from headwise.training.sharded_checkpoint import load_sharded_checkpoint, load_sharded_weights
 
 SCRIPT = Path(__file__).with_name("run_levers.py")
 LEVERS = "freeze,lora,masks"
@@ -153,6 +153,10 @@ def test_sigterm_and_resume_under_torchrun_is_bitwise(tmp_path: Path) -> None:
             assert torch.equal(value, a[key]), key
     with pytest.raises(CheckpointError, match="train.parallel: fsdp on 2 ranks"):
         load_checkpoint(final, model)
+    optimizer = torch.optim.AdamW(model.parameters())
+    with pytest.raises(CheckpointError, match="written by 2 ranks, resumed on 1; exact resume "
+                                              "needs the same number of ranks"):
+        load_sharded_checkpoint(final, model, optimizer, DistContext(parallel="fsdp"))
     shard = sorted((final / "shards").glob("*.safetensors"))[1]
     data = bytearray(shard.read_bytes())
     data[-3] ^= 0xFF
