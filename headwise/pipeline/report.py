@@ -30,7 +30,7 @@ from headwise.pipeline.compile import Compiled
 from headwise.pipeline.heldout import contract_of, verify_data
 from headwise.pipeline.run import load_run
 from headwise.training import list_checkpoints, load_weights
-from headwise.training.checkpoint import load_checkpoint_weights
+from headwise.training.sharded_checkpoint import load_checkpoint_weights
 
 # Structural masks that impose a role (the mask is the role's support, headwise.patterns).
 MASK_ROLES = {"previous_token": "previous_token", "self_only": "self",

@@ -72,6 +72,15 @@ class CheckpointInfo:
 
 
 CHECKPOINT_FILES = ("model.safetensors", "trainer.safetensors", "trainer.json")
+SHARDS = "shards"  # the shards' directory in a sharded checkpoint (``sharded_checkpoint``)
+
+
+def _world_size(path: Path) -> str:
+    """The world size in a sharded checkpoint's ``trainer.json`` (``?``: unreadable)."""
+    try:
+        return str(int(json.loads((Path(path) / "trainer.json").read_text())["world_size"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return "?"
 
 
 def checkpoint_dir(out_dir: Path, step: int) -> Path:
@@ -200,22 +209,6 @@ def _save(final: Path, tmp: Path, step: int, model: nn.Module,
     return final
 
 
-def load_checkpoint_weights(model: nn.Module, path: Path) -> None:
-    """Load a checkpoint's model weights into ``model`` in this process, whether the checkpoint
-    is one file or shards written by several ranks (``train.parallel: fsdp``).
-
-    Raises:
-        CheckpointError: naming the file that is missing, corrupt or does not fit the model.
-    """
-    from headwise.training.sharded_checkpoint import is_sharded, load_sharded_weights
-
-    if is_sharded(path):
-        load_sharded_weights(model, path)
-    else:
-        verify_manifest(path, CHECKPOINT_FILES)
-        load_weights(model, Path(path) / "model.safetensors")
-
-
 def load_checkpoint(path: Path, model: nn.Module,
                     optimizer: torch.optim.Optimizer | None = None) -> CheckpointInfo:
     """Load a checkpoint directory into ``model`` (and ``optimizer``); return the rest.
@@ -224,12 +217,10 @@ def load_checkpoint(path: Path, model: nn.Module,
         CheckpointError: naming the file (and key) that is missing, truncated, corrupt or does
             not match the model or optimizer (or a checkpoint of sharded training).
     """
-    from headwise.training.sharded_checkpoint import is_sharded, sharded_world_size
-
     path = Path(path)
-    if is_sharded(path):
+    if (path / SHARDS).is_dir():  # ``headwise.training.sharded_checkpoint`` reads these
         raise CheckpointError(f"{path}: written by train.parallel: fsdp on "
-                              f"{sharded_world_size(path)} ranks; resume it with that setting "
+                              f"{_world_size(path)} ranks; resume it with that setting "
                               "under torchrun with as many ranks")
     verified = verify_manifest(path, CHECKPOINT_FILES)  # every file hashed once, here
     meta_path = path / "trainer.json"

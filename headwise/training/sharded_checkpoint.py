@@ -36,7 +36,12 @@ from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceSt
 
 from headwise.atomic import fsync_dir, write_bytes_atomic
 from headwise.errors import CheckpointError
-from headwise.training.checkpoint import CheckpointInfo, checkpoint_dir
+from headwise.training.checkpoint import (
+    CHECKPOINT_FILES,
+    SHARDS,
+    CheckpointInfo,
+    checkpoint_dir,
+)
 from headwise.training.distributed import DistContext
 from headwise.training.manifest import FORMAT as MANIFEST_FORMAT
 from headwise.training.manifest import (
@@ -45,10 +50,9 @@ from headwise.training.manifest import (
     verify_manifest,
     write_manifest,
 )
-from headwise.training.safetensors_io import load_tensors, save_tensors, sha256_file
+from headwise.training.safetensors_io import load_tensors, load_weights, save_tensors, sha256_file
 
 FORMAT = "headwise-trainer-sharded/1"
-SHARDS = "shards"
 FILES = ("trainer.json", "trainer.safetensors")
 _IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
 
@@ -158,15 +162,6 @@ def _read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
-def sharded_world_size(path: Path) -> int | None:
-    """The world size a sharded checkpoint was written with (``None``: unreadable)."""
-    try:
-        meta = json.loads((Path(path) / "trainer.json").read_text())
-        return int(meta["world_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def load_sharded_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
                             ctx: DistContext) -> CheckpointInfo:
     """Load a sharded checkpoint into the sharded ``model`` and its ``optimizer`` (every rank).
@@ -235,3 +230,17 @@ def load_sharded_weights(model: nn.Module, path: Path) -> None:
     except Exception as e:
         raise CheckpointError(f"{path / SHARDS}: the shards do not hold this model's weights "
                               f"({str(e).splitlines()[0][:200]})") from None
+
+
+def load_checkpoint_weights(model: nn.Module, path: Path) -> None:
+    """Load a checkpoint's model weights into a plain ``model`` in this process, whether the
+    checkpoint is one file or shards (``load_sharded_weights``).
+
+    Raises:
+        CheckpointError: naming the file that is missing, corrupt or does not fit the model.
+    """
+    if is_sharded(path):
+        load_sharded_weights(model, path)
+    else:
+        verify_manifest(path, CHECKPOINT_FILES)
+        load_weights(model, Path(path) / "model.safetensors")
