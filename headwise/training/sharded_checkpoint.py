@@ -62,6 +62,13 @@ def is_sharded(path: Path) -> bool:
     return (Path(path) / SHARDS).is_dir()
 
 
+def _model_state(model: nn.Module) -> dict[str, Tensor]:
+    """``model.<name>`` -> tensor of the model's state, a tied weight once (by its first name:
+    loading it restores both names, which share the tensor)."""
+    unique = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    return {f"model.{k}": v for k, v in model.state_dict().items() if k in unique}
+
+
 def _named_params(model: nn.Module) -> dict[int, str]:
     return {id(p): n for n, p in model.named_parameters()}
 
@@ -103,7 +110,7 @@ def save_sharded_checkpoint(out_dir: Path, step: int, model: nn.Module,
         (tmp / SHARDS).mkdir(parents=True)
     ctx.barrier()
     opt_tensors, groups, keys = _optimizer_state(model, optimizer)
-    state = {**{f"model.{k}": v for k, v in model.state_dict().items()}, **opt_tensors}
+    state = {**_model_state(model), **opt_tensors}
     dcp.save(state, storage_writer=HuggingFaceStorageWriter(str(tmp / SHARDS),
                                                             save_distributed=True))
     ctx.barrier()
@@ -178,7 +185,7 @@ def load_sharded_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim
     if meta["world_size"] != ctx.world_size:
         raise CheckpointError(f"{path}: written by {meta['world_size']} ranks, resumed on "
                               f"{ctx.world_size}; exact resume needs the same number of ranks")
-    state: dict[str, Tensor] = {f"model.{k}": v for k, v in model.state_dict().items()}
+    state: dict[str, Tensor] = _model_state(model)
     params = {n: p for n, p in model.named_parameters()}
     current = [[n for n in (_named_params(model)[id(p)] for p in g["params"])]
                for g in optimizer.param_groups]
@@ -223,7 +230,7 @@ def load_sharded_weights(model: nn.Module, path: Path) -> None:
     """
     path = Path(path)
     _read_meta(path)
-    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    state = _model_state(model)
     try:
         dcp.load(state, storage_reader=HuggingFaceStorageReader(str(path / SHARDS)),
                  no_dist=True)

@@ -1,7 +1,7 @@
 """A small training run with every lever, for subprocess tests of ``train.parallel``.
 
 Usage: python run_levers.py OUT_DIR [--parallel none|ddp|fsdp] [--resume] [--sleep S]
-       [--steps N] [--levers freeze,lora,gates,masks]
+       [--steps N] [--levers freeze,lora,gates,masks] [--tied] [--bf16]
 
 Run it directly (one process) or under ``torchrun`` (ddp, fsdp). The model has every dimension
 distinct (2 layers, 3 heads of 5 dims, d_model 15, 24-dim FFN, untied or tied embeddings) so a
@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--levers", default="")
     ap.add_argument("--tied", action="store_true")
+    ap.add_argument("--bf16", action="store_true")
     args = ap.parse_args()
     levers = set(filter(None, args.levers.split(",")))
     torch.set_num_threads(1)
@@ -65,7 +66,7 @@ def main() -> None:
         hooks.append(freeze(model, ["L0.H1", "L1.H2", "blocks.*.mlp", "*.lora_*"]).attach)
     config = TrainConfig(steps=args.steps, batch_size=8, lr=3e-3, warmup_steps=3,
                          eval_every=4, eval_batches=2, checkpoint_every=4, log_every=1,
-                         parallel=args.parallel)
+                         parallel=args.parallel, bf16=args.bf16)
 
     def slow(opt: torch.optim.Optimizer) -> None:
         if args.sleep:

@@ -93,19 +93,19 @@ def test_fsdp_equals_one_process_and_keeps_frozen_heads_bitwise(tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_fsdp_learned_gates_equal_ddp(tmp_path: Path) -> None:
+def test_fsdp_learned_gates_bf16_tied_equal_ddp(tmp_path: Path) -> None:
     """Learned task gates (replicated, sampled from each rank's RNG like dropout) with every
-    other lever: the sharded run equals a DDP run with the same per-rank randomness."""
-    levers = LEVERS + ",gates"
+    other lever, bfloat16 autocast and tied embeddings: the sharded run equals a DDP run with
+    the same per-rank randomness and the same per-rank bf16 rounding."""
+    args = ["--levers", LEVERS + ",gates", "--bf16", "--tied"]
     ddp = subprocess.Popen(_torchrun(str(SCRIPT), str(tmp_path / "ddp"), "--parallel", "ddp",
-                                     "--levers", levers), env=_env(), stderr=subprocess.PIPE)
+                                     *args), env=_env(), stderr=subprocess.PIPE)
     _check(subprocess.run(_torchrun(str(SCRIPT), str(tmp_path / "fsdp"), "--parallel", "fsdp",
-                                    "--levers", levers), env=_env(), capture_output=True,
-                          timeout=300))
+                                    *args), env=_env(), capture_output=True, timeout=300))
     assert ddp.wait(timeout=300) == 0, ddp.stderr.read().decode()[-3000:]  # type: ignore
     a = load_file(tmp_path / "ddp" / "model.safetensors")
     b = load_file(tmp_path / "fsdp" / "model.safetensors")
-    assert "blocks.1.attn.head_gate.log_alpha" in b
+    assert "blocks.1.attn.head_gate.log_alpha" in b and "unembed.weight" not in b  # tied
     assert _max_diff(a, b) < 1e-5
 
 
