@@ -8,7 +8,10 @@ a ``"train"`` line goes to ``metrics.jsonl``; every ``eval_every`` steps (and at
 keep state in ``state.extra``, or set ``state.stop``); every ``checkpoint_every`` steps (and at
 the end) a checkpoint is saved. ``resume=True`` restores the latest checkpoint's weights,
 optimizer, RNG states, objective weights and callback state, so the run continues exactly as
-if never interrupted (bitwise on CPU).
+if never interrupted (bitwise on CPU). Under ``torchrun`` the ranks share the work as
+``config.parallel`` says: DDP (``headwise.training.distributed``), or FSDP2 sharding
+(``headwise.training.fsdp``: the model is sharded in place before the optimizer is made, its
+checkpoints are ``headwise.training.sharded_checkpoint``'s, and it is whole again at the end).
 """
 
 from __future__ import annotations
@@ -173,11 +176,13 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
         figures: with ``"tensorboard" in config.log``, images logged at every checkpoint:
             tag -> ``fn(model, batch) -> PNG bytes`` on the first held-out batch (the pipeline
             passes the role-score heatmap; ``headwise.pipeline.analyze.role_heatmap_png``).
+            None under ``parallel: fsdp`` (drawn on rank 0 alone, which cannot run a sharded
+            model by itself).
 
     Raises:
         ConfigError: data that does not fit the model, ``resume`` without ``out_dir``, two
             objectives with one name, a config that differs from the checkpoint's in a field
-            exact resume needs.
+            exact resume needs, a ``parallel`` that does not fit how the process started.
         CheckpointError: a corrupt or mismatched checkpoint.
     """
     if resume and out_dir is None:
@@ -194,8 +199,7 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
     place(model, config.device, "train.device")
     ctx = setup(model, config.parallel)
     try:
-        # Sharded before the optimizer is made: it holds each rank's shards. Figures are drawn
-        # on rank 0 alone, which a sharded model cannot run by itself: none under fsdp.
+        # Sharded before the optimizer is made: it holds each rank's shards.
         sharding = shard(model, ctx) if ctx.sharded else None
         run = _start(model, data, eval_data or data, config,
                      Path(out_dir) if out_dir is not None else None,
