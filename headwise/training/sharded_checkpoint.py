@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -232,8 +233,10 @@ def load_sharded_weights(model: nn.Module, path: Path) -> None:
     _read_meta(path)
     state = _model_state(model)
     try:
-        dcp.load(state, storage_reader=HuggingFaceStorageReader(str(path / SHARDS)),
-                 no_dist=True)
+        with warnings.catch_warnings():  # "assuming ... a single process": it is one
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(state, storage_reader=HuggingFaceStorageReader(str(path / SHARDS)),
+                     no_dist=True)
     except Exception as e:
         raise CheckpointError(f"{path / SHARDS}: the shards do not hold this model's weights "
                               f"({str(e).splitlines()[0][:200]})") from None
