@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -181,3 +182,51 @@ def test_parallel_field_and_launch_checks(monkeypatch: pytest.MonkeyPatch) -> No
     assert resolve_parallel(None) == "ddp"
     with pytest.raises(ConfigError, match="got 'none' in a run of 2 ranks"):
         resolve_parallel("none")
+
+
+def test_one_rank_fsdp_resumes_bitwise_and_matches_none(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """In this process, as ``torchrun --nproc-per-node 1`` would start it: an ``fsdp`` run on
+    one rank equals a ``none`` run (up to the clipping norm's summation order), and a run
+    resumed from its sharded step-4 checkpoint ends bitwise where the whole run does."""
+    import socket
+
+    from headwise.data import CopyTask, Mixture
+    from headwise.training import train
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    cfg = ModelConfig(n_layers=2, n_heads=3, d_head=5, d_model=15, d_ff=24, vocab_size=20,
+                      max_seq_len=12, dropout=0.0, bias="none")
+    data = Mixture({"copy": CopyTask(length=4, vocab_size=20)})
+
+    def run(out: Path, parallel: str, resume: bool = False) -> dict[str, torch.Tensor]:
+        config = TrainConfig(steps=8, batch_size=4, lr=1e-2, checkpoint_every=4,
+                             parallel=parallel)
+        model = build_model(cfg, seed=0)
+        train(model, data, config, out_dir=out, resume=resume, progress=False,
+              optimizer_hooks=[lambda opt: opt.register_step_post_hook(
+                  lambda *_: updates.append(1))])
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+    updates: list[int] = []
+
+    whole = run(tmp_path / "whole", "fsdp")
+    plain = run(tmp_path / "plain", "none")
+    assert _max_diff(whole, plain) < 1e-6
+    assert _max_diff(whole, build_model(cfg, seed=0).state_dict()) > 1e-3
+    # the same run, resumed from its step-4 checkpoint (later ones removed), ends bitwise equal
+    shutil.copytree(tmp_path / "whole", tmp_path / "again")
+    for step, path in list_checkpoints(tmp_path / "again"):
+        if step > 4:
+            shutil.rmtree(path)
+    (tmp_path / "again" / "model.safetensors").unlink()
+    updates.clear()
+    again = run(tmp_path / "again", "fsdp", resume=True)
+    assert len(updates) == 4  # it continued from step 4
+    for key in whole:
+        assert torch.equal(again[key], whole[key]), key
