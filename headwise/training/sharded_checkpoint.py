@@ -56,6 +56,7 @@ from headwise.training.safetensors_io import load_tensors, load_weights, save_te
 FORMAT = "headwise-trainer-sharded/1"
 FILES = ("trainer.json", "trainer.safetensors")
 _IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
+_SCALAR_DTYPES = ("float32", "float64", "bfloat16", "float16", "int64")  # AdamW's ``step``
 
 
 def is_sharded(path: Path) -> bool:
@@ -201,6 +202,10 @@ def load_sharded_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim
         p = params[name]
         opt_state = optimizer.state[p]
         for key, dtype in keys.items():  # allocated here, filled by the load below
+            if dtype is not None and dtype not in _SCALAR_DTYPES:
+                raise CheckpointError(f"{path / 'trainer.json'}: optimizer state {name}.{key} "
+                                      f"has dtype {str(dtype)[:40]!r}, expected one of "
+                                      f"{list(_SCALAR_DTYPES)}")
             opt_state[key] = (torch.zeros_like(p) if dtype is None else torch.zeros(
                 (), dtype=getattr(torch, dtype), device=p.device if on_device else "cpu"))
             state[f"optimizer.{name}.{key}"] = opt_state[key]
