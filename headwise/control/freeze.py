@@ -17,6 +17,12 @@ freezing would keep moving it. So the handle snapshots each partial parameter an
 ``optimizer.step()`` (``register_step_post_hook``), copies the frozen elements back from the
 snapshot: the frozen slices are bitwise equal to their values at ``freeze`` time whatever the
 optimizer does. Call ``handle.refresh()`` after loading new weights into a frozen model.
+
+A model sharded after ``freeze`` (``train.parallel: fsdp``) has new parameter objects, each a
+``DTensor`` holding some rows on each rank: ``attach`` re-binds the handle to them. The gradient
+mask then goes on the gathered (whole) parameter that the module uses during its forward and
+backward, before the gradient is reduce-scattered, and the snapshot and the copy-back work on
+each rank's rows of mask, snapshot and parameter.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from headwise.control._common import as_headset, attention, model_shape
 from headwise.heads import Head, HeadSet, is_selector, kv_head
@@ -48,6 +55,7 @@ class FreezeHandle:
         params = dict(model.named_parameters(remove_duplicate=False))
         self._params = {n: params[n] for n in masks}
         self._snapshots: dict[str, Tensor] = {}
+        self._local_masks: dict[str, Tensor] = {}
         self._grad_hooks = [self._params[n].register_hook(
             lambda g, m=m: g * m.to(g.device, g.dtype)) for n, m in masks.items()]
         self._opt_hooks: list[Any] = []
@@ -55,17 +63,37 @@ class FreezeHandle:
 
     def refresh(self) -> None:
         """Re-take the snapshot of the frozen slices (after loading weights)."""
-        self._snapshots = {n: p.detach().clone() for n, p in self._params.items()}
+        self._snapshots = {n: _local(p).detach().clone() for n, p in self._params.items()}
 
     @torch.no_grad()
     def restore_frozen(self) -> None:
         """Copy the snapshot back into every frozen slice (done after each optimizer step)."""
         for n, p in self._params.items():
-            mask = self.masks[n].to(p.device)
-            p.copy_(torch.where(mask, p, self._snapshots[n]))
+            mask = self._local_masks.get(n, self.masks[n]).to(p.device)
+            local = _local(p)
+            local.copy_(torch.where(mask, local, self._snapshots[n]))
+
+    def _rebind(self) -> None:
+        """Follow the model's parameters if it was sharded since ``freeze`` (see module doc)."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        if all(params[n] is p for n, p in self._params.items()):
+            return
+        for h in self._grad_hooks:
+            h.remove()
+        self._params = {n: params[n] for n in self.masks}
+        self._local_masks = {n: distribute_tensor(self.masks[n].to(p.device), p.device_mesh,
+                                                  p.placements, src_data_rank=None).to_local()
+                             for n, p in self._params.items() if isinstance(p, DTensor)}
+        modules = dict(self.model.named_modules())
+        self._grad_hooks = [
+            modules[n.rsplit(".", 1)[0]].register_forward_pre_hook(
+                _mask_gathered(n.rsplit(".", 1)[1], m, set()))
+            for n, m in self.masks.items() if isinstance(self._params[n], DTensor)]
+        self.refresh()
 
     def attach(self, optimizer: torch.optim.Optimizer) -> FreezeHandle:
         """Restore frozen slices after every ``optimizer.step()``; returns ``self``."""
+        self._rebind()
         self._opt_hooks.append(optimizer.register_step_post_hook(
             lambda opt, args, kwargs: self.restore_frozen()))
         return self
@@ -84,6 +112,23 @@ class FreezeHandle:
         for n, p in self.model.named_parameters(remove_duplicate=False):
             if n in self._previous:
                 p.requires_grad_(self._previous[n])
+
+
+def _local(p: Tensor) -> Tensor:
+    """This rank's rows of a sharded parameter (the parameter itself when not sharded)."""
+    return p.to_local() if isinstance(p, DTensor) else p
+
+
+def _mask_gathered(attr: str, mask: Tensor, hooked: set[int]) -> Any:
+    """A forward pre-hook that masks the gradient of the module's gathered ``attr`` (once per
+    gathered tensor: FSDP reuses it at every step)."""
+    def pre(module: nn.Module, args: Any) -> None:
+        w = getattr(module, attr)
+        if isinstance(w, DTensor) or id(w) in hooked or not w.requires_grad:
+            return
+        hooked.add(id(w))
+        w.register_hook(lambda g: g * mask.to(g.device, g.dtype))
+    return pre
 
 
 def _head_masks(model: nn.Module, heads: HeadSet) -> dict[str, Tensor]:

@@ -34,7 +34,8 @@ from headwise.pipeline.run_analysis import analyse_run, metrics_curve, run_role_
 from headwise.render import figures
 from headwise.report.build import build_report, expected_vs_observed, write_report
 from headwise.training import list_checkpoints, load_weights
-from headwise.training.manifest import check_sealed, seal, verify_manifest
+from headwise.training.manifest import check_sealed, seal
+from headwise.training.sharded_checkpoint import load_checkpoint_weights
 
 # Structural masks that impose a role (the mask is the role's support, headwise.patterns).
 MASK_ROLES = {"previous_token": "previous_token", "self_only": "self",
@@ -204,8 +205,7 @@ def run_trajectory(run_dir: Path, compiled: Compiled) -> Trajectory | None:
 
     def models() -> Iterator[tuple[int, nn.Module]]:
         for step, path in ckpts:
-            verify_manifest(path)  # a corrupt checkpoint is refused, naming the file
-            load_weights(model, path / "model.safetensors")
+            load_checkpoint_weights(model, path)  # a corrupt one is refused, naming the file
             yield step, model
 
     try:

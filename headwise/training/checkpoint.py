@@ -72,6 +72,15 @@ class CheckpointInfo:
 
 
 CHECKPOINT_FILES = ("model.safetensors", "trainer.safetensors", "trainer.json")
+SHARDS = "shards"  # the shards' directory in a sharded checkpoint (``sharded_checkpoint``)
+
+
+def _world_size(path: Path) -> str:
+    """The world size in a sharded checkpoint's ``trainer.json`` (``?``: unreadable)."""
+    try:
+        return str(int(json.loads((Path(path) / "trainer.json").read_text())["world_size"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return "?"
 
 
 def checkpoint_dir(out_dir: Path, step: int) -> Path:
@@ -206,9 +215,13 @@ def load_checkpoint(path: Path, model: nn.Module,
 
     Raises:
         CheckpointError: naming the file (and key) that is missing, truncated, corrupt or does
-            not match the model or optimizer.
+            not match the model or optimizer (or a checkpoint of sharded training).
     """
     path = Path(path)
+    if (path / SHARDS).is_dir():  # ``headwise.training.sharded_checkpoint`` reads these
+        raise CheckpointError(f"{path}: written by train.parallel: fsdp on "
+                              f"{_world_size(path)} ranks; resume it with that setting "
+                              "under torchrun with as many ranks")
     verified = verify_manifest(path, CHECKPOINT_FILES)  # every file hashed once, here
     meta_path = path / "trainer.json"
     try:

@@ -39,6 +39,11 @@ class TrainConfig:
         log: where metrics go: ``jsonl`` (``metrics.jsonl``, always; the report and resume
             read it) and optionally ``tensorboard`` (event files in ``out_dir/tensorboard``;
             needs the ``headwise[tensorboard]`` extra, see ``headwise.training.tensorboard``).
+        parallel: how ranks started by ``torchrun`` share the work: ``ddp`` (each rank holds
+            the whole model, ``headwise.training.distributed``), ``fsdp`` (each rank holds 1/N
+            of the parameters, gradients and optimizer state, ``headwise.training.fsdp``) or
+            ``none`` (one process; an error under ``torchrun`` with more than one rank).
+            Default (``None``): ``ddp`` under ``torchrun``, ``none`` otherwise.
 
     Raises:
         ConfigError: naming the field, its value and what is allowed.
@@ -61,6 +66,7 @@ class TrainConfig:
     log: tuple[str, ...] = ("jsonl",)
     device: str = "auto"
     compile: bool = False
+    parallel: str | None = None
 
     def __post_init__(self) -> None:
         for name, low in (("steps", 1), ("batch_size", 1), ("warmup_steps", 0), ("seed", 0),
@@ -86,6 +92,13 @@ class TrainConfig:
             if not isinstance(getattr(self, name), bool):
                 raise field_error(name, getattr(self, name), "true or false")
         check_device_name(self.device)
+        if self.parallel is not None and self.parallel not in PARALLEL:
+            raise field_error("parallel", self.parallel,
+                              f"one of {list(PARALLEL)}" + did_you_mean(str(self.parallel),
+                                                                        PARALLEL))
+        if self.parallel == "fsdp" and self.compile:
+            raise field_error("compile", self.compile, "false with parallel: fsdp (a sharded "
+                              "model's forward is not compiled)")
         object.__setattr__(self, "log", _log_sinks(self.log))
         if self.warmup_steps > self.steps:
             raise field_error("warmup_steps", self.warmup_steps,
@@ -136,6 +149,7 @@ def _number(x: object) -> bool:
 
 
 LOG_SINKS = ("jsonl", "tensorboard")
+PARALLEL = ("none", "ddp", "fsdp")
 
 
 def _log_sinks(value: object) -> tuple[str, ...]:

@@ -2,9 +2,11 @@
 
 ``train()`` calls ``setup`` once. Started by ``torchrun --nproc_per_node=N`` (``WORLD_SIZE`` > 1
 in the environment) it initialises the default process group (``gloo`` for a CPU model,
-``nccl`` for a CUDA model, which moves to ``cuda:LOCAL_RANK``) unless the caller already did, and
-``wrap`` puts the model in ``DistributedDataParallel``. Every rank draws the same global batch
-from an identically seeded generator and keeps the contiguous shard
+``nccl`` for a CUDA model, which moves to ``cuda:LOCAL_RANK``) unless the caller already did.
+``train.parallel`` says what the ranks share: ``ddp`` (the default under ``torchrun``): ``wrap``
+puts the model in ``DistributedDataParallel``; ``fsdp``: the loop shards it in place
+(``headwise.training.fsdp``; a group is made even for one rank). Every rank draws the same
+global batch from an identically seeded generator and keeps the contiguous shard
 ``[rank * B / N, (rank + 1) * B / N)``; since DDP averages gradients over ranks and each rank's
 loss is the mean over its (equally many) examples, an update equals one process's update on
 the whole global batch, up to floating-point summation order. Only rank 0 writes files.
@@ -40,11 +42,17 @@ class DistContext:
     device: torch.device = torch.device("cpu")
     owns_group: bool = False
     host_group: Any = None  # a gloo group for host-side flags (None: the default group)
+    parallel: str = "none"  # "none" | "ddp" | "fsdp" (``TrainConfig.parallel``, resolved)
 
     @property
     def enabled(self) -> bool:
         """Whether more than one process takes part."""
         return self.world_size > 1
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model is sharded over the ranks (``parallel: fsdp``)."""
+        return self.parallel == "fsdp"
 
     @property
     def is_main(self) -> bool:
@@ -106,16 +114,41 @@ class DistContext:
             dist.barrier()
 
 
-def setup(model: nn.Module) -> DistContext:
+def resolve_parallel(parallel: str | None) -> str:
+    """``train.parallel`` for this process: the default is ``ddp`` under ``torchrun``.
+
+    Raises:
+        ConfigError: ``none`` under ``torchrun`` with more than one rank, or ``ddp`` / ``fsdp``
+            in a process that ``torchrun`` did not start.
+    """
+    launched = "WORLD_SIZE" in os.environ or (dist.is_available() and dist.is_initialized())
+    world = (dist.get_world_size() if dist.is_available() and dist.is_initialized()
+             else int(os.environ.get("WORLD_SIZE", "1")))
+    if parallel is None:
+        return "ddp" if world > 1 else "none"
+    if parallel == "none" and world > 1:
+        raise ConfigError(f"train.parallel: got 'none' in a run of {world} ranks, expected "
+                          "ddp or fsdp under torchrun (or one process without torchrun)")
+    if parallel != "none" and not launched:
+        raise ConfigError(f"train.parallel: got {parallel!r} without torchrun, expected none "
+                          f"(or start with `torchrun --nproc-per-node N`)")
+    return parallel
+
+
+def setup(model: nn.Module, parallel: str | None = None) -> DistContext:
     """Detect ``torchrun``'s environment and join (or create) the process group.
 
-    The model stays where it is for one process; under DDP a CUDA model moves to
-    ``cuda:LOCAL_RANK``.
+    The model stays where it is for one process; under DDP or FSDP a CUDA model moves to
+    ``cuda:LOCAL_RANK``. ``parallel`` is ``TrainConfig.parallel`` (``resolve_parallel``).
+
+    Raises:
+        ConfigError: a ``parallel`` that does not fit how the process was started.
     """
+    mode = resolve_parallel(parallel)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
-    if world <= 1 and not (dist.is_available() and dist.is_initialized()):
+    if mode != "fsdp" and world <= 1 and not (dist.is_available() and dist.is_initialized()):
         return DistContext(device=device)
     owns = False
     if device.type == "cuda":
@@ -127,16 +160,17 @@ def setup(model: nn.Module) -> DistContext:
         owns = True
     host = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
     return DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device,
-                       owns_group=owns, host_group=host)
+                       owns_group=owns, host_group=host, parallel=mode)
 
 
 def wrap(model: nn.Module, ctx: DistContext) -> nn.Module:
-    """``DistributedDataParallel(model)`` when distributed, else ``model`` itself.
+    """``DistributedDataParallel(model)`` under DDP, else ``model`` itself (a sharded model
+    is sharded in place).
 
     Hooks and objectives keep addressing the inner model (its hook names are fixed at build
     time); ``find_unused_parameters`` tolerates heads or adapters a task's forward skips.
     """
-    if not ctx.enabled:
+    if not ctx.enabled or ctx.sharded:
         return model
     from torch.nn.parallel import DistributedDataParallel
 

@@ -8,7 +8,10 @@ a ``"train"`` line goes to ``metrics.jsonl``; every ``eval_every`` steps (and at
 keep state in ``state.extra``, or set ``state.stop``); every ``checkpoint_every`` steps (and at
 the end) a checkpoint is saved. ``resume=True`` restores the latest checkpoint's weights,
 optimizer, RNG states, objective weights and callback state, so the run continues exactly as
-if never interrupted (bitwise on CPU).
+if never interrupted (bitwise on CPU). Under ``torchrun`` the ranks share the work as
+``config.parallel`` says: DDP (``headwise.training.distributed``), or FSDP2 sharding
+(``headwise.training.fsdp``: the model is sharded in place before the optimizer is made, its
+checkpoints are ``headwise.training.sharded_checkpoint``'s, and it is whole again at the end).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from headwise.atomic import write_bytes_atomic
 from headwise.control.objective import Objective
@@ -40,11 +44,13 @@ from headwise.training.config import TrainConfig
 from headwise.training.device import place
 from headwise.training.distributed import DistContext, setup, teardown, wrap
 from headwise.training.evaluate import EVAL_SEED_OFFSET, evaluate, forward
+from headwise.training.fsdp import Sharding, shard
 from headwise.training.interrupt import Interrupted, catch_signals
 from headwise.training.metrics import LogWindow, task_loss
 from headwise.training.progress import ProgressBar
 from headwise.training.run_log import Figures, RunLog
 from headwise.training.safetensors_io import save_weights
+from headwise.training.sharded_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
 
 # Fields that must match a checkpoint's for an exact resume.
 _RESUME_FIELDS = ("batch_size", "lr", "weight_decay", "betas", "warmup_steps", "min_lr_ratio",
@@ -112,10 +118,14 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     for _, p in model.named_parameters():
         if p.requires_grad:
             (decay if p.dim() >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": config.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
                 for p in decay + no_decay)
+    # A sharded model's replicated parameters (task gates) get groups of their own: one fused
+    # update cannot mix sharded and whole tensors.
+    groups = [{"params": [p for p in params if isinstance(p, DTensor) == sharded],
+               "weight_decay": wd}
+              for params, wd in ((decay, config.weight_decay), (no_decay, 0.0))
+              for sharded in (True, False)]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr,
                              betas=config.betas, fused=fused or None)
 
@@ -170,6 +180,8 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
         figures: with ``"tensorboard" in config.log``, images logged at every checkpoint:
             tag -> ``fn(model, batch) -> PNG bytes`` on the first held-out batch (the pipeline
             passes the role-score heatmap; ``headwise.pipeline.run_analysis.role_heatmap_png``).
+            None under ``parallel: fsdp`` (drawn on rank 0 alone, which cannot run a sharded
+            model by itself).
         extra: entries put in the callback state (``TrainState.extra``) from the start, so
             every checkpoint holds them; on resume they replace the checkpoint's entries of the
             same keys (the pipeline records the run's flags here).
@@ -177,7 +189,7 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
     Raises:
         ConfigError: data that does not fit the model, ``resume`` without ``out_dir``, two
             objectives with one name, a config that differs from the checkpoint's in a field
-            exact resume needs.
+            exact resume needs, a ``parallel`` that does not fit how the process started.
         CheckpointError: a corrupt or mismatched checkpoint.
     """
     if resume and out_dir is None:
@@ -192,12 +204,15 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
         if mix is not None and cfg is not None:
             mix.check_model(cfg.vocab_size, cfg.max_seq_len)
     place(model, config.device, "train.device")
-    ctx = setup(model)
+    ctx = setup(model, config.parallel)
     try:
+        # Sharded before the optimizer is made: it holds each rank's shards.
+        sharding = shard(model, ctx) if ctx.sharded else None
         run = _start(model, data, eval_data or data, config,
                      Path(out_dir) if out_dir is not None else None,
                      list(objectives), list(callbacks), list(optimizer_hooks), progress, ctx,
-                     dict(figures or {}))
+                     {} if sharding is not None else dict(figures or {}))
+        run.sharding = sharding
         if resume:
             _restore(run)
         run.extra.update(extra or {})
@@ -233,6 +248,7 @@ class _Run:
     extra: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     grad_norm: Tensor | None = None
+    sharding: Sharding | None = None
 
 
 def _start(model: nn.Module, data: Mixture, eval_data: Mixture, config: TrainConfig,
@@ -262,7 +278,8 @@ def _restore(run: _Run) -> None:
     ckpt = latest_checkpoint(run.out_dir)
     if ckpt is None:
         return
-    info = load_checkpoint(ckpt, run.model, run.optimizer)
+    info = (load_sharded_checkpoint(ckpt, run.model, run.optimizer, run.ctx)
+            if run.sharding is not None else load_checkpoint(ckpt, run.model, run.optimizer))
     _check_resume_config(run.config, info.config, ckpt)
     run.start = run.done = run.saved = info.step
     run.extra, run.stopped = info.extra, info.stopped
@@ -333,8 +350,11 @@ def _step(run: _Run, step_model: Callable[..., Tensor], step: int, hooks: list[A
         total = total + term
     run.optimizer.zero_grad(set_to_none=True)
     total.backward()
+    if run.sharding is not None:
+        run.sharding.sync_grads()
     if config.grad_clip > 0:
-        run.grad_norm = clip_grad_norm(params, config.grad_clip)
+        run.grad_norm = (run.sharding.clip_grad_norm(params, config.grad_clip)
+                         if run.sharding is not None else clip_grad_norm(params, config.grad_clip))
     run.optimizer.step()
     run.done = step + 1
     run.window.add(step_stats, total, terms)
@@ -394,6 +414,8 @@ def _finish(run: _Run) -> TrainResult:
     """Write the final weights and ``config.json`` (rank 0) and describe the run."""
     if run.done == run.start and run.config.eval_every:  # resumed at the end: report only
         run.metrics = {"kind": "eval", "step": run.done, **_evaluate(run)}
+    if run.sharding is not None:  # the whole model on every rank again, no process group
+        run.sharding.unshard()
     weights = None
     if run.out_dir is not None:
         weights = run.out_dir / "model.safetensors"
@@ -432,6 +454,15 @@ def _checkpoint(run: _Run) -> None:
     assert run.out_dir is not None
     ctx = run.ctx
     rng = ctx.gather(torch.get_rng_state())
+    if run.sharding is not None:  # every rank writes its shard
+        save_sharded_checkpoint(run.out_dir, run.done, run.model, run.optimizer, ctx,
+                                data_generator=run.gen, torch_rng=rng,
+                                objective_weights={o.name: float(o.weight)
+                                                   for o in run.objectives},
+                                extra=run.extra, config=run.config.to_dict(),
+                                stopped=run.stopped)
+        run.saved = run.done
+        return
     if ctx.is_main:
         w = run.window
         tensors, names = w.sums.state()
