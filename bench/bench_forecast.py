@@ -211,7 +211,8 @@ def with_signals(rec: dict, key: str) -> dict:
     (``gradient_signals`` on the held-out mixture, with the run's objectives) and cached."""
     from forecast_signals import gradient_signals
 
-    from headwise.pipeline.run import load_run, verify_data
+    from headwise.pipeline.finished import load_run
+    from headwise.pipeline.heldout import verify_data
     from headwise.training.checkpoint import list_checkpoints
     from headwise.training.safetensors_io import load_weights
 

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(run_dir: str, device: str, forecaster: Forecaster | None = None) -> dict[str, Any]:
-    from headwise.pipeline.run import load_run
+    from headwise.pipeline.finished import load_run
     from headwise.pipeline.run_analysis import analyse_run
 
     compiled = load_run(run_dir, device=device)

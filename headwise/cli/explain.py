@@ -38,7 +38,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load the run, build the input, print the walkthrough (exit 1 if a cross-check fails)."""
     from headwise.analysis.explain import explain_head
-    from headwise.pipeline.run import load_run
+    from headwise.pipeline.finished import load_run
     from headwise.render.html import page
     from headwise.training.device import model_device
 

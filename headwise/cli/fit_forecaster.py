@@ -35,7 +35,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Fit on the runs' trajectories, write the file, print what it measured."""
     from headwise.forecast.roles import fit_forecaster, measured_text
-    from headwise.pipeline.run import load_run
+    from headwise.pipeline.finished import load_run
     from headwise.pipeline.run_report import run_trajectory
 
     check_output_file(args.out, "--out")

@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     Under ``torchrun --nproc_per_node=N`` every rank trains its shard (DDP inside ``train()``)
     and verifies; rank 0 writes the run directory and prints.
     """
-    from headwise.pipeline.run import is_main_process, train_run
+    from headwise.pipeline.run import train_run
+    from headwise.pipeline.run_dir import is_main_process
     from headwise.pipeline.run_report import write_run_report
     from headwise.training import list_checkpoints
     from headwise.training.interrupt import Interrupted

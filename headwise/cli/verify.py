@@ -25,7 +25,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Verify and print one row per clause."""
-    from headwise.pipeline.run import verify_run
+    from headwise.pipeline.finished import verify_run
 
     verdict, written = verify_run(Path(args.spec), args.run, args.device)
     out = console()

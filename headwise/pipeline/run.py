@@ -1,28 +1,15 @@
-"""Runs: train a spec into a run directory, verify a run against a spec, rebuild a run's model.
+"""Training a spec into a run directory (``train_run``): the command line's flags and overrides
+checked against the spec, enforcement and forecasts attached, the outcome written.
 
-A run directory holds ``spec.yaml`` (the spec as trained: the file, with any ``--set`` /
-``--seed`` overrides applied), ``run.json`` (where the spec came from, so relative paths in it
-keep resolving, the flags that shape the training (``headwise.pipeline.resume``) and, once
-finished, the step its weights are from),
-``config.json``, ``model.safetensors``, ``manifest.json`` (size and sha256 of the files that
-define the model and of those commands quote, written last: a run without it did not finish),
-``checkpoints/``, ``metrics.jsonl``, ``contract.json``, ``enforcement.json`` (with
-``--enforce``), ``report.json``, ``report.html`` and ``.headwise.lock`` (the writer's lock,
-``headwise.atomic.hold_lock``: one process writes a run at a time).
-
-Lifecycle: ``--resume`` continues the same run (its recorded flags) from the latest checkpoint
-or refuses (exit 2) when there is none; it never retrains over a run. A directory left by a run
-interrupted before its first checkpoint holds no work and can be trained into again.
+What a run directory holds and its lifecycle: ``headwise.pipeline.run_dir``; a finished run's
+model and verification: ``headwise.pipeline.finished``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +19,6 @@ from headwise.atomic import (
     RUN,
     check_output_dir,
     hold_lock,
-    linked_entries,
-    remove_entries,
-    write_bytes_atomic,
 )
 from headwise.contract import (
     Contract,
@@ -47,7 +31,7 @@ from headwise.contract import (
     summary,
     verify,
 )
-from headwise.errors import CheckpointError, SpecError
+from headwise.errors import SpecError
 from headwise.forecast.roles import Forecaster, load_forecaster
 from headwise.memory import check_memory, training_bytes
 from headwise.pipeline.compile import Compiled, compile_spec
@@ -55,27 +39,19 @@ from headwise.pipeline.heldout import probe_sampler, verify_data
 from headwise.pipeline.resume import (
     RUN_ENTRY,
     RunFlags,
-    check_resume,
     read_run_info,
     recorded_info,
     resume_flags,
     run_info,
 )
 from headwise.pipeline.run_analysis import role_heatmap_png, run_role_table
-from headwise.runspec import Spec, load_spec, spec_from_dict
+from headwise.pipeline.run_dir import is_main_process, prepare_run_dir, write_json, write_outcome
+from headwise.runspec import Spec
 from headwise.runspec.overrides import load_spec_with, overrides_of
-from headwise.runspec.yaml_io import parse_yaml, read_spec_text
-from headwise.training import TrainConfig, TrainResult, list_checkpoints, train
-from headwise.training.device import check_device_name, model_device, place, resolve_device
-from headwise.training.manifest import MANIFEST, seal, verify_manifest, write_manifest
+from headwise.training import TrainConfig, TrainResult, train
+from headwise.training.device import check_device_name, model_device, place
 from headwise.training.progress import EvalLines
 
-RUN_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors", MANIFEST,
-             "metrics.jsonl", "contract.json", "enforcement.json", "report.json", "report.html")
-# The files that define a finished run's model, covered by its manifest.
-MODEL_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors")
-# What commands read or quote besides the model, sealed by the manifest too when present.
-SEALED_FILES = ("metrics.jsonl", "contract.json", "enforcement.json")
 MAX_STEPS = 10**9
 FIGURES = {"roles/heatmap": role_heatmap_png}  # logged at checkpoints with log: [tensorboard]
 
@@ -89,57 +65,6 @@ class RunOutcome:
     train: TrainResult
     contract: ContractResult | None
     enforcement: dict[str, Any] | None
-
-
-def holds_work(out: Path) -> bool:
-    """Whether ``out`` holds something a new run must not silently replace.
-
-    A directory with ``run.json`` but neither weights nor a checkpoint is what a run
-    interrupted during set-up leaves: no work, so it may be trained into again.
-    """
-    if not any((out / name).exists() for name in (*RUN_FILES, "checkpoints")):
-        return False
-    if not (out / "run.json").is_file():
-        return True
-    return (out / "model.safetensors").exists() or bool(list_checkpoints(out))
-
-
-def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
-                    flags: RunFlags | None = None, spec_dir: Path | None = None) -> int | None:
-    """Create ``out`` and write ``spec.yaml`` and ``run.json``; refuse to clobber a run.
-
-    Returns:
-        With ``resume``, the step the run continues from; else ``None``.
-
-    Raises:
-        SpecError: ``resume`` and ``overwrite`` together; ``out`` holds a run and neither
-            flag was given; or a resume that ``check_resume`` refuses.
-    """
-    if resume and overwrite:
-        raise SpecError("--resume and --overwrite: conflicting options; expected one of them "
-                        "(--resume continues the run, --overwrite replaces it)")
-    linked = linked_entries(out, (*RUN_FILES, "checkpoints"))
-    if resume:
-        if linked:
-            raise SpecError(f"{out / linked[0]}: is a symbolic link; expected the run's own "
-                            "files (a resume never continues another run's)")
-        return check_resume(out, spec)
-    if holds_work(out) and not overwrite:
-        raise SpecError(f"{out}: already holds a run; pass --resume to continue it, "
-                        "--overwrite to replace it, or choose another --out")
-    remove_entries(out, (*RUN_FILES, "checkpoints"))  # links unlinked, never followed
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(out / "spec.yaml", spec.text.encode())
-        write_json(out / "run.json", run_info(flags or RunFlags().filled(), spec, spec_dir))
-    except OSError as e:
-        raise SpecError(f"{out}: cannot write the run directory ({e.strerror or e})") from None
-    return None
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically."""
-    write_bytes_atomic(path, json.dumps(data, indent=1, default=str).encode())
 
 
 def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
@@ -217,7 +142,7 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
                        if flags.enforce and verdict is not None else None)
         if main:
             write_json(out / "run.json", {**info, "step": result.step})
-            _write_outcome(out, verdict, enforcement)
+            write_outcome(out, verdict, enforcement)
     return RunOutcome(out, compiled, result, verdict, enforcement)
 
 
@@ -330,17 +255,6 @@ def _verify_trained(compiled: Compiled, contract: Contract,
     return verify(compiled.model, contract, data) if contract else None
 
 
-def _write_outcome(out: Path, verdict: ContractResult | None,
-                   enforcement: dict[str, Any] | None) -> None:
-    """``contract.json`` and ``enforcement.json``, then the manifest (the run is finished)
-    sealing them with the model's files and ``metrics.jsonl``."""
-    if verdict is not None:
-        write_json(out / "contract.json", verdict.to_dict())
-    if enforcement is not None:
-        write_json(out / "enforcement.json", enforcement)
-    write_manifest(out, [*MODEL_FILES, *(n for n in SEALED_FILES if (out / n).is_file())])
-
-
 def check_steps(steps: int) -> int:
     """``steps`` if it is a valid ``--steps``.
 
@@ -397,78 +311,3 @@ def read_forecaster(path: str | Path | None, option: str = "--forecaster") -> Fo
         return load_forecaster(path)
     except ValueError as e:  # every message starts with the file
         raise SpecError(f"{option}: {e}") from None
-
-
-def is_main_process() -> bool:
-    """Rank 0 under ``torchrun`` (or a single process): the one that writes run files."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
-def load_run(run: str | Path, spec_source: str | Path | None = None,
-             device: str = "cpu") -> Compiled:
-    """Rebuild a trained run's model with its levers from its (or the given) spec.
-
-    Args:
-        device: where to put the model (``--device``: auto, cpu, cuda, cuda:N); the weights
-            load on any device.
-
-    Raises:
-        CheckpointError: ``run`` is not a finished run directory.
-        SpecError: the spec is invalid.
-        ConfigError: an unknown or unavailable device.
-    """
-    resolve_device(device, "--device")  # an unavailable device fails before any work
-    run = Path(run)
-    if not run.is_dir():
-        raise CheckpointError(f"{run}: no such run directory")
-    if spec_source is None and not (run / "spec.yaml").is_file():
-        raise CheckpointError(f"{run}: no spec.yaml; expected a run directory written by "
-                              "`headwise train`")
-    weights = run / "model.safetensors"
-    if not weights.is_file() or not (run / MANIFEST).is_file():
-        missing = "model.safetensors" if not weights.is_file() else MANIFEST
-        raise CheckpointError(f"{run}: no {missing}; has training finished? (resume with "
-                              "`headwise train SPEC --out RUN --resume`)")
-    verify_manifest(run, ("spec.yaml", "model.safetensors"))
-    if spec_source is not None:
-        spec = load_spec(spec_source)
-    else:  # relative paths in the run's spec resolve against the spec's original directory
-        text, name = read_spec_text(run / "spec.yaml")
-        spec_dir = read_run_info(run).get("spec_dir")
-        spec = spec_from_dict(parse_yaml(text, name),
-                              base=Path(spec_dir) if spec_dir else run, text=text)
-    compiled = compile_spec(spec, weights=weights)
-    place(compiled.model, device, "--device")
-    compiled.model.eval()
-    return compiled
-
-
-def verify_run(spec_source: str | Path, run: str | Path,
-               device: str = "cpu") -> tuple[ContractResult, Path]:
-    """Verify ``spec``'s contract on the trained ``run``; write the verdict into the run.
-
-    The verdict of the run's own spec (byte for byte its ``spec.yaml``) goes to
-    ``run/contract.json``; another spec's goes beside it to ``run/contract.<sha12>.json``
-    (the first 12 hex digits of the spec's sha256), never over the run's own. Either is sealed
-    in the run's manifest.
-
-    Returns:
-        The verdict and the file it was written to.
-
-    Raises:
-        SpecError: the spec has no contract, or is invalid.
-        CheckpointError: the run's weights do not fit the spec's model.
-        StorageError: another process is writing the run.
-    """
-    compiled = load_run(run, spec_source, device)
-    if not compiled.spec.contract:
-        raise SpecError("contract: missing; expected a list of clauses to verify")
-    verdict = verify(compiled.model, compiled.spec.contract, verify_data(compiled))
-    run = Path(run)
-    text = compiled.spec.text.encode()
-    name = ("contract.json" if (run / "spec.yaml").read_bytes() == text
-            else f"contract.{hashlib.sha256(text).hexdigest()[:12]}.json")
-    with hold_lock(run):
-        write_json(run / name, verdict.to_dict())
-        seal(run, [name])
-    return verdict, run / name

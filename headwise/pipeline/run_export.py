@@ -17,7 +17,7 @@ from headwise.errors import ConfigError
 from headwise.interop.hf_export import check_destinations, tokenizer_files
 from headwise.interop.hf_export import export_hf as export_model
 from headwise.interop.load import TOKENIZER_FILES
-from headwise.pipeline.run import load_run
+from headwise.pipeline.finished import load_run
 from headwise.runspec import Spec
 
 

@@ -28,9 +28,10 @@ from headwise.errors import CheckpointError
 from headwise.jsonfile import read_json_object
 from headwise.patterns import DEFAULT_WINDOW
 from headwise.pipeline.compile import Compiled
+from headwise.pipeline.finished import load_run
 from headwise.pipeline.heldout import verify_data
-from headwise.pipeline.run import SEALED_FILES, load_run
 from headwise.pipeline.run_analysis import analyse_run, metrics_curve, run_role_table
+from headwise.pipeline.run_dir import SEALED_FILES
 from headwise.render import figures
 from headwise.report.build import build_report, expected_vs_observed, write_report
 from headwise.training import list_checkpoints, load_weights

@@ -47,8 +47,8 @@ def _induction_score(pattern: torch.Tensor, tokens: torch.Tensor) -> float:
 def test_task_floors_bare_on_unseen_probe_and_task_data_train_and_verify(
         tmp_path: Path) -> None:
     from headwise.data.batch import IGNORE
+    from headwise.pipeline.finished import load_run
     from headwise.pipeline.heldout import verify_data
-    from headwise.pipeline.run import load_run
 
     torch.set_num_threads(1)
     spec = tmp_path / "spec.yaml"

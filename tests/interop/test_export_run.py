@@ -13,7 +13,7 @@ from headwise.cli import main
 from headwise.errors import ConfigError
 from headwise.interop import load_hf
 from headwise.interop.hf_export import export_hf as interop_export_hf
-from headwise.pipeline.run import load_run
+from headwise.pipeline.finished import load_run
 
 transformers = pytest.importorskip("transformers")
 

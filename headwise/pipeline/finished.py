@@ -1,0 +1,88 @@
+"""A finished run: rebuild its model with its levers, verify it against a spec."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from headwise.atomic import hold_lock
+from headwise.contract import ContractResult, verify
+from headwise.errors import CheckpointError, SpecError
+from headwise.pipeline.compile import Compiled, compile_spec
+from headwise.pipeline.heldout import verify_data
+from headwise.pipeline.resume import read_run_info
+from headwise.pipeline.run_dir import write_json
+from headwise.runspec import load_spec, spec_from_dict
+from headwise.runspec.yaml_io import parse_yaml, read_spec_text
+from headwise.training.device import place, resolve_device
+from headwise.training.manifest import MANIFEST, seal, verify_manifest
+
+
+def load_run(run: str | Path, spec_source: str | Path | None = None,
+             device: str = "cpu") -> Compiled:
+    """Rebuild a trained run's model with its levers from its (or the given) spec.
+
+    Args:
+        device: where to put the model (``--device``: auto, cpu, cuda, cuda:N); the weights
+            load on any device.
+
+    Raises:
+        CheckpointError: ``run`` is not a finished run directory.
+        SpecError: the spec is invalid.
+        ConfigError: an unknown or unavailable device.
+    """
+    resolve_device(device, "--device")  # an unavailable device fails before any work
+    run = Path(run)
+    if not run.is_dir():
+        raise CheckpointError(f"{run}: no such run directory")
+    if spec_source is None and not (run / "spec.yaml").is_file():
+        raise CheckpointError(f"{run}: no spec.yaml; expected a run directory written by "
+                              "`headwise train`")
+    weights = run / "model.safetensors"
+    if not weights.is_file() or not (run / MANIFEST).is_file():
+        missing = "model.safetensors" if not weights.is_file() else MANIFEST
+        raise CheckpointError(f"{run}: no {missing}; has training finished? (resume with "
+                              "`headwise train SPEC --out RUN --resume`)")
+    verify_manifest(run, ("spec.yaml", "model.safetensors"))
+    if spec_source is not None:
+        spec = load_spec(spec_source)
+    else:  # relative paths in the run's spec resolve against the spec's original directory
+        text, name = read_spec_text(run / "spec.yaml")
+        spec_dir = read_run_info(run).get("spec_dir")
+        spec = spec_from_dict(parse_yaml(text, name),
+                              base=Path(spec_dir) if spec_dir else run, text=text)
+    compiled = compile_spec(spec, weights=weights)
+    place(compiled.model, device, "--device")
+    compiled.model.eval()
+    return compiled
+
+
+def verify_run(spec_source: str | Path, run: str | Path,
+               device: str = "cpu") -> tuple[ContractResult, Path]:
+    """Verify ``spec``'s contract on the trained ``run``; write the verdict into the run.
+
+    The verdict of the run's own spec (byte for byte its ``spec.yaml``) goes to
+    ``run/contract.json``; another spec's goes beside it to ``run/contract.<sha12>.json``
+    (the first 12 hex digits of the spec's sha256), never over the run's own. Either is sealed
+    in the run's manifest.
+
+    Returns:
+        The verdict and the file it was written to.
+
+    Raises:
+        SpecError: the spec has no contract, or is invalid.
+        CheckpointError: the run's weights do not fit the spec's model.
+        StorageError: another process is writing the run.
+    """
+    compiled = load_run(run, spec_source, device)
+    if not compiled.spec.contract:
+        raise SpecError("contract: missing; expected a list of clauses to verify")
+    verdict = verify(compiled.model, compiled.spec.contract, verify_data(compiled))
+    run = Path(run)
+    text = compiled.spec.text.encode()
+    name = ("contract.json" if (run / "spec.yaml").read_bytes() == text
+            else f"contract.{hashlib.sha256(text).hexdigest()[:12]}.json")
+    with hold_lock(run):
+        write_json(run / name, verdict.to_dict())
+        seal(run, [name])
+    return verdict, run / name

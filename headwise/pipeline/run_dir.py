@@ -1,0 +1,104 @@
+"""Run directories: what a run directory holds, creating one, and writing its outcome files.
+
+A run directory holds ``spec.yaml`` (the spec as trained: the file, with any ``--set`` /
+``--seed`` overrides applied), ``run.json`` (where the spec came from, so relative paths in it
+keep resolving, the flags that shape the training (``headwise.pipeline.resume``) and, once
+finished, the step its weights are from),
+``config.json``, ``model.safetensors``, ``manifest.json`` (size and sha256 of the files that
+define the model and of those commands quote, written last: a run without it did not finish),
+``checkpoints/``, ``metrics.jsonl``, ``contract.json``, ``enforcement.json`` (with
+``--enforce``), ``report.json``, ``report.html`` and ``.headwise.lock`` (the writer's lock,
+``headwise.atomic.hold_lock``: one process writes a run at a time).
+
+Lifecycle: ``--resume`` continues the same run (its recorded flags) from the latest checkpoint
+or refuses (exit 2) when there is none; it never retrains over a run. A directory left by a run
+interrupted before its first checkpoint holds no work and can be trained into again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from headwise.atomic import linked_entries, remove_entries, write_bytes_atomic
+from headwise.contract import ContractResult
+from headwise.errors import SpecError
+from headwise.pipeline.resume import RunFlags, check_resume, run_info
+from headwise.runspec import Spec
+from headwise.training import list_checkpoints
+from headwise.training.manifest import MANIFEST, write_manifest
+
+RUN_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors", MANIFEST,
+             "metrics.jsonl", "contract.json", "enforcement.json", "report.json", "report.html")
+# The files that define a finished run's model, covered by its manifest.
+MODEL_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors")
+# What commands read or quote besides the model, sealed by the manifest too when present.
+SEALED_FILES = ("metrics.jsonl", "contract.json", "enforcement.json")
+
+def holds_work(out: Path) -> bool:
+    """Whether ``out`` holds something a new run must not silently replace.
+
+    A directory with ``run.json`` but neither weights nor a checkpoint is what a run
+    interrupted during set-up leaves: no work, so it may be trained into again.
+    """
+    if not any((out / name).exists() for name in (*RUN_FILES, "checkpoints")):
+        return False
+    if not (out / "run.json").is_file():
+        return True
+    return (out / "model.safetensors").exists() or bool(list_checkpoints(out))
+
+
+def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
+                    flags: RunFlags | None = None, spec_dir: Path | None = None) -> int | None:
+    """Create ``out`` and write ``spec.yaml`` and ``run.json``; refuse to clobber a run.
+
+    Returns:
+        With ``resume``, the step the run continues from; else ``None``.
+
+    Raises:
+        SpecError: ``resume`` and ``overwrite`` together; ``out`` holds a run and neither
+            flag was given; or a resume that ``check_resume`` refuses.
+    """
+    if resume and overwrite:
+        raise SpecError("--resume and --overwrite: conflicting options; expected one of them "
+                        "(--resume continues the run, --overwrite replaces it)")
+    linked = linked_entries(out, (*RUN_FILES, "checkpoints"))
+    if resume:
+        if linked:
+            raise SpecError(f"{out / linked[0]}: is a symbolic link; expected the run's own "
+                            "files (a resume never continues another run's)")
+        return check_resume(out, spec)
+    if holds_work(out) and not overwrite:
+        raise SpecError(f"{out}: already holds a run; pass --resume to continue it, "
+                        "--overwrite to replace it, or choose another --out")
+    remove_entries(out, (*RUN_FILES, "checkpoints"))  # links unlinked, never followed
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(out / "spec.yaml", spec.text.encode())
+        write_json(out / "run.json", run_info(flags or RunFlags().filled(), spec, spec_dir))
+    except OSError as e:
+        raise SpecError(f"{out}: cannot write the run directory ({e.strerror or e})") from None
+    return None
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically."""
+    write_bytes_atomic(path, json.dumps(data, indent=1, default=str).encode())
+
+
+def write_outcome(out: Path, verdict: ContractResult | None,
+                   enforcement: dict[str, Any] | None) -> None:
+    """``contract.json`` and ``enforcement.json``, then the manifest (the run is finished)
+    sealing them with the model's files and ``metrics.jsonl``."""
+    if verdict is not None:
+        write_json(out / "contract.json", verdict.to_dict())
+    if enforcement is not None:
+        write_json(out / "enforcement.json", enforcement)
+    write_manifest(out, [*MODEL_FILES, *(n for n in SEALED_FILES if (out / n).is_file())])
+
+
+def is_main_process() -> bool:
+    """Rank 0 under ``torchrun`` (or a single process): the one that writes run files."""
+    return int(os.environ.get("RANK", "0")) == 0
