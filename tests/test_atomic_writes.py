@@ -73,7 +73,7 @@ def _convert(d: Path, seed: int) -> None:
 
 
 WRITERS = {
-    "save_lora": lambda d, seed: save_lora(_model(seed), d),
+    "save_lora": lambda d, seed: save_lora(_model(seed), d, overwrite=True),
     "export_peft": lambda d, seed: export_peft(_model(seed), d, "gpt2", overwrite=True),
     "save_weights": lambda d, seed: save_weights(build_model(CONFIG, seed=seed),
                                                  d / "model.safetensors"),

@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save
 from torch import Tensor, nn
 
-from headwise.atomic import write_bytes_atomic
+from headwise.atomic import ADAPTER, check_output_dir, write_bytes_atomic
 from headwise.control._common import as_headset, model_shape
 from headwise.control.lora_layer import LoRALinear
 from headwise.errors import CheckpointError
@@ -174,16 +174,23 @@ def lora_state_dict(model: nn.Module) -> dict[str, Tensor]:
     return out
 
 
-def save_lora(model: nn.Module, path_dir: str | os.PathLike[str]) -> Path:
+def save_lora(model: nn.Module, path_dir: str | os.PathLike[str], *,
+              overwrite: bool = False) -> Path:
     """Write the adapters alone: ``adapter.safetensors`` + ``adapter_config.json``.
+
+    The directory follows the output rule (``headwise.atomic.check_output_dir``): an existing
+    adapter is replaced only with ``overwrite``; a run, checkpoint or model directory, a link
+    or a file never.
 
     Raises:
         ValueError: the model has no adapters.
+        ConfigError: a destination the output rule refuses.
     """
     config = getattr(model, "lora_config", None)
     if config is None:
         raise ValueError("save_lora: the model has no LoRA adapters (apply_lora first)")
     out = Path(path_dir)
+    check_output_dir(out, "save_lora", overwrite=overwrite, replaces=(ADAPTER,))
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.contiguous().cpu() for k, v in lora_state_dict(model).items()}
     write_bytes_atomic(out / WEIGHTS, save(tensors, metadata={"format": "pt"}))

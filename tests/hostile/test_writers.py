@@ -251,3 +251,25 @@ def test_convert_overwrite_unlinks_links_and_never_copies_through_them(tmp_path:
     with pytest.raises(CheckpointError, match="is a link to .*secret.txt, outside"):
         convert(hf, tmp_path / "out2")
     assert not (tmp_path / "out2").exists()
+
+
+def test_save_lora_replaces_an_adapter_only_with_overwrite_and_never_a_run(tmp_path: Path) -> None:
+    from headwise import ModelConfig, build_model
+    from headwise.control.lora import apply_lora, save_lora
+    from headwise.errors import ConfigError
+
+    model = build_model(ModelConfig(n_layers=1, n_heads=2, d_model=8, vocab_size=8,
+                                    max_seq_len=6), seed=0)
+    apply_lora(model, targets=["q_proj"], rank=2)
+    first = save_lora(model, tmp_path / "adapter")
+    before = (first / "adapter.safetensors").read_bytes()
+    with pytest.raises(ConfigError, match="adapter"):
+        save_lora(model, tmp_path / "adapter")
+    assert (first / "adapter.safetensors").read_bytes() == before
+    save_lora(model, tmp_path / "adapter", overwrite=True)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text("{}")
+    with pytest.raises(ConfigError, match="run"):
+        save_lora(model, run, overwrite=True)
+    assert sorted(p.name for p in run.iterdir()) == ["run.json"]
