@@ -35,6 +35,14 @@ def _show(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def printable_name(value: object, path: str, what: str = "a name") -> str:
+    """A non-empty string of printable characters: names are printed to terminals, where a
+    control character (an escape sequence) would be obeyed, not shown."""
+    if not isinstance(value, str) or not value or not value.isprintable():
+        raise fail(path, value, f"{what} of printable characters")
+    return value
+
+
 def mapping(value: object, path: str, what: str = "a mapping") -> dict[str, Any]:
     """``value`` as a dict with string keys."""
     if not isinstance(value, Mapping):

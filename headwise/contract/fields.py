@@ -84,10 +84,11 @@ def subject(path: str, raw: dict[str, Any], keys: Sequence[str], n_layers: int,
 
 
 def name(path: str, raw: dict[str, Any]) -> str | None:
-    """The optional ``name`` the user gives a clause."""
+    """The optional ``name`` the user gives a clause (printed: printable characters only)."""
     v = raw.get("name")
-    if v is not None and not isinstance(v, str):
-        raise SpecError(f"{path}.name: got {show(v, 60)}, expected a string")
+    if v is not None and (not isinstance(v, str) or not v.isprintable()):
+        raise SpecError(f"{path}.name: got {show(v, 60)}, expected a string of printable "
+                        "characters")
     return v
 
 

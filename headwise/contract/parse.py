@@ -21,6 +21,7 @@ from headwise.errors import SpecError
 from headwise.validate import fail, mapping
 
 EXAMPLE = "{head: L0.H0, score: previous_token, at_least: 0.9}"
+MAX_CLAUSES = 512  # each clause is measured at every evaluation point
 
 
 def parse_contract(clauses: Any, n_layers: int, n_heads: int, tasks: Sequence[str],
@@ -37,6 +38,9 @@ def parse_contract(clauses: Any, n_layers: int, n_heads: int, tasks: Sequence[st
         return Contract.empty(n_layers, n_heads, tasks)
     if not isinstance(clauses, (list, tuple)):
         raise fail("contract", clauses, f"a list of clauses such as {EXAMPLE}")
+    if len(clauses) > MAX_CLAUSES:
+        raise SpecError(f"contract: got {len(clauses)} clauses, expected at most {MAX_CLAUSES} "
+                        "(any_of / all_of name many heads in one clause)")
     ctx = ParseContext(n_layers, n_heads, tuple(tasks))
     parsed = tuple(_parse(i, raw, ctx) for i, raw in enumerate(clauses))
     _check_together(parsed)

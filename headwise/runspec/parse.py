@@ -125,6 +125,7 @@ def parse_data(value: Any, config: ModelConfig, base: Path | None,
         raise SpecError("data.tasks: got an empty mapping, expected at least one task")
     entries = {}
     for name, entry in raw_tasks.items():
+        check.printable_name(name, "data.tasks", "a task name")
         path = check.join("data.tasks", name)
         entry = check.mapping({} if entry is None else entry, path,
                               "a mapping {task: KIND, weight: W, ...task settings}")

@@ -52,6 +52,7 @@ def parse_probes(value: Any, config: ModelConfig, data: DataSpec,
     raw = check.mapping(value, "probes", "a mapping of probe name -> settings")
     out = []
     for name, entry in raw.items():
+        check.printable_name(name, "probes", "a probe name")
         path = check.join("probes", name)
         if name == "default" or name in data.names:
             raise SpecError(f"{path}: the name is taken (the held-out data and each task are "

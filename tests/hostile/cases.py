@@ -195,6 +195,8 @@ def data_cases() -> dict[str, dict[str, Any]]:
         "eval_examples inf": _raw(yaml.safe_dump(BASE).replace(
             "tasks:", "eval_examples: .inf\n  tasks:")),
         "vocab too small for task": _spec("model/vocab_size", 3),
+        "task name with a terminal escape": _spec(
+            "data/tasks", {"\x1b[31mred": {"task": "copy", "length": 3}}),
     }
 
 
@@ -239,6 +241,12 @@ def contract_cases() -> dict[str, dict[str, Any]]:
         "clause unknown score": _spec("contract", [{**c, "score": "wisdom", "at_least": 0.1}]),
         "clause head out of range": _spec("contract", [{**c, "head": "L7.H0", "at_least": 0.1}]),
         "contract not a list": _spec("contract", {"a": 1}),
+        "clause name with a terminal escape": _spec(
+            "contract", [{**c, "at_least": 0.1, "name": "\x1b]0;title\x07"}]),
+        "3000 ablation clauses": _spec(
+            "contract", [{"ablate": "L0.H1", "task": "copy", "drop_at_most": 0.5}] * 3000),
+        "probe name with a terminal escape": _spec(
+            "probes", {"\x1b[2Jp": {"random": {"length": 4}}}),
         "probe examples 10^9": _spec("probes", {"p": {"random": {"length": 4},
                                                       "examples": 10**9}}),
         "probe half_len 10^9": _spec("probes", {"p": {"repeated": {"half_len": 10**9}}}),

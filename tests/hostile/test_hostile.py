@@ -55,14 +55,14 @@ def run_corpus(cases: list[dict], tmp_path: Path, run: Path) -> list[dict]:
 
 def test_every_hostile_input_exits_2_with_one_line(tmp_path: Path, trained_run: Path) -> None:
     cases = all_cases()
-    assert len(cases) >= 100
     results = {r["id"]: r for r in run_corpus(cases, tmp_path, trained_run)}
     missing = [c["id"] for c in cases if c["id"] not in results]
     assert not missing, f"never finished (killed or hung): {missing[:5]}"
     bad = []
     for r in results.values():
         lines = r["stderr"].strip().splitlines()
-        if r["code"] != 2 or len(lines) != 1 or r["seconds"] > CASE_SECONDS:
+        raw_control = any(not ch.isprintable() for line in lines for ch in line)
+        if r["code"] != 2 or len(lines) != 1 or r["seconds"] > CASE_SECONDS or raw_control:
             bad.append(f"{r['id']}: exit {r['code']}, {r['seconds']:.1f}s, "
                        f"{len(lines)} lines: {r['stderr'].strip()[-300:]}")
     assert not bad, f"{len(bad)} of {len(cases)} cases failed:\n" + "\n".join(bad)
