@@ -19,7 +19,8 @@ def check_tokens(tokens: Tensor, vocab_size: int, attention_mask: Tensor | None 
     batch of outside data, not inside a training step.
 
     Args:
-        n_tasks: check ``task_ids`` against ``[0, n_tasks)`` (models with task gates).
+        n_tasks: check ``task_ids`` against ``[0, n_tasks)`` (models with task gates); without
+            it, task ids must still be >= 0 (a negative id would index from the end).
 
     Raises:
         ValueError: naming the tensor whose shape, dtype or range is wrong.
@@ -30,11 +31,11 @@ def check_tokens(tokens: Tensor, vocab_size: int, attention_mask: Tensor | None 
         if low < 0 or high >= vocab_size:
             raise ValueError(f"tokens: ids must lie in [0, {vocab_size}), got range "
                              f"[{low}, {high}]")
-    if n_tasks is not None and task_ids is not None and task_ids.numel():
+    if task_ids is not None and task_ids.numel():
         low, high = torch.stack([task_ids.min(), task_ids.max()]).tolist()
-        if low < 0 or high >= n_tasks:
-            raise ValueError(f"task_ids: got range [{low}, {high}], expected ids in "
-                             f"[0, {n_tasks})")
+        if low < 0 or (n_tasks is not None and high >= n_tasks):
+            expected = f"ids in [0, {n_tasks})" if n_tasks is not None else "ids >= 0"
+            raise ValueError(f"task_ids: got range [{low}, {high}], expected {expected}")
 
 
 def gate_tasks(model: nn.Module) -> int | None:
@@ -55,6 +56,8 @@ def check_shapes(tokens: Tensor, attention_mask: Tensor | None,
         got = (f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, Tensor)
                else type(tokens).__name__)
         raise ValueError(f"tokens: expected a (B, T) long tensor, got {got}")
+    if tokens.is_meta:  # no data: the forward would compute on nothing and return garbage
+        raise ValueError("tokens: got a tensor on the meta device, expected token ids with data")
     if attention_mask is not None and attention_mask.shape != tokens.shape:
         raise ValueError(f"attention_mask: expected shape {tuple(tokens.shape)} like tokens, "
                          f"got {tuple(attention_mask.shape)}")
