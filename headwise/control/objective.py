@@ -5,9 +5,9 @@ One training step of a lever, in order (``headwise.training.evaluate.forward``):
 1. ``prepare(batch)``: per-batch state (which examples a stochastic ablation zeroes, the batch
    a second forward will read, a probe-like batch's term); the default does nothing;
 2. the model's forward with every lever's ``hooks()`` attached (hooks capture or edit values);
-3. ``loss(tokens, attention_mask)`` after the hooks are detached: ``(weight * loss, logs)``.
-   ``loss`` consumes and clears whatever ``prepare`` and the hooks left, so no state leaks
-   into the next step or an evaluation forward.
+3. ``loss(tokens, attention_mask)`` after the hooks are detached: ``(weight * loss, logs)``;
+4. ``reset()``, always, also when the forward or a loss raised: drop whatever ``prepare`` and
+   the hooks left, so no per-step state leaks into the next step or an evaluation forward.
 
 ``weight`` is what a caller (a schedule, the contract enforcer) changes between steps; ``name``
 is unique in a run (checkpoints store weights by name).
@@ -36,6 +36,10 @@ class Objective(Protocol):
     def hooks(self) -> list[Hook]:
         """Hooks to attach during the forward pass."""
         ...
+
+    def reset(self) -> None:
+        """Drop the per-step state ``prepare`` and the hooks left (default: none)."""
+        return None
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:

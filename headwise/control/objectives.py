@@ -88,6 +88,10 @@ class _PatternCapture:
         return [Hook(f"blocks.{l}.attn.hook_pattern", grab(l), hs, read_only=True)
                 for l, hs in self._want.items()]
 
+    def clear(self) -> None:
+        """Forget what the last forward captured."""
+        self._captured.clear()
+
     def patterns(self) -> Tensor:
         """The patterns (B, h, T, T) of the last forward, heads in ``names`` order; clears them.
 
@@ -249,6 +253,9 @@ class PatternObjective(Objective):
         """Hooks on ``hook_pattern`` restricted to the supervised heads."""
         return self._capture.hooks()
 
+    def reset(self) -> None:
+        self._capture.clear()
+
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
         """``weight * mean_heads(loss_head)`` and ``{"pattern/L0.H0": loss_head, ...}``."""
@@ -309,6 +316,9 @@ class RoleBound(Objective):
 
     def hooks(self) -> list[Hook]:
         return self._capture.hooks()
+
+    def reset(self) -> None:
+        self._capture.clear()
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:

@@ -57,6 +57,9 @@ class HeadDiversity(Objective):
         return [Hook(f"blocks.{self.layer}.attn.{point}", grab, tuple(range(self.n_heads)),
                      read_only=True)]
 
+    def reset(self) -> None:
+        self._value = None
+
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
         if self._value is None:
@@ -116,6 +119,9 @@ class FFNPenalty(Objective):
                 self._values[layer] = x
             return fn
         return [Hook(f"blocks.{l}.hook_mlp_out", grab(l)) for l in self.layers]
+
+    def reset(self) -> None:
+        self._values.clear()
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:

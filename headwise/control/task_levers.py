@@ -131,6 +131,9 @@ class StochasticAblation(Objective):
         return [Hook(f"blocks.{l}.attn.hook_z", fn, self.heads.in_layer(l))
                 for l in self.heads.layers]
 
+    def reset(self) -> None:
+        self._keep = None
+
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
         """No loss term of its own (it acts on the forward); logs the share ablated."""
@@ -154,6 +157,9 @@ class _SecondForward(Objective):
 
     def prepare(self, batch: Any) -> None:
         self._batch = batch if self.weight > 0.0 else None  # no second forward at weight 0
+
+    def reset(self) -> None:
+        self._batch = None
 
     def _run(self, batch: Any, hooks: list[Hook]) -> Tensor:
         with self.model.hooks(*hooks):  # type: ignore[operator]
@@ -234,6 +240,9 @@ class TaskLossWeight(Objective):
             self._logits = x
         return [Hook("hook_logits", grab)]
 
+    def reset(self) -> None:
+        self._logits = self._batch = None
+
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
         """``weight * CE`` over the task's scored positions in the last batch (0 if none)."""
@@ -308,6 +317,9 @@ class OnProbeData(Objective):
 
     def hooks(self) -> list[Hook]:
         return []
+
+    def reset(self) -> None:
+        self._term = None  # the probe pool is drawn once per run and kept
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:

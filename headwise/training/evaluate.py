@@ -44,24 +44,29 @@ def forward(model: Callable[..., Tensor], inner: nn.Module, batch: Batch,
         inner: the unwrapped model, whose hook points the objectives' hooks attach to.
         hooks: the objectives' hooks, made once by the caller (default: made here).
     """
-    for obj in objectives:  # per-batch levers (e.g. stochastic ablation by task) see the batch
-        obj.prepare(batch)
-    if hooks is None:
-        hooks = [h for obj in objectives for h in obj.hooks()]
-    attached = inner.hooks(*hooks) if hooks else contextlib.nullcontext()  # type: ignore[operator]
-    with autocast(device, bf16):
-        with attached:
-            logits = model(batch.tokens, attention_mask=batch.attention_mask,
-                           task_ids=batch.task_ids)
-        # Losses after the hooks are detached: a lever whose loss runs a forward of its own
-        # (AblatedMargin) must not fire the other levers' hooks, which would overwrite what
-        # they captured from this forward and leak their ablations into its forward.
-        terms = []
+    try:
+        for obj in objectives:  # per-batch levers (e.g. stochastic ablation by task) see it
+            obj.prepare(batch)
+        if hooks is None:
+            hooks = [h for obj in objectives for h in obj.hooks()]
+        attached = (inner.hooks(*hooks) if hooks  # type: ignore[operator]
+                    else contextlib.nullcontext())
+        with autocast(device, bf16):
+            with attached:
+                logits = model(batch.tokens, attention_mask=batch.attention_mask,
+                               task_ids=batch.task_ids)
+            # Losses after the hooks are detached: a lever whose loss runs a forward of its own
+            # (AblatedMargin) must not fire the other levers' hooks, which would overwrite what
+            # they captured from this forward and leak their ablations into its forward.
+            terms = []
+            for obj in objectives:
+                value, logs = obj.loss(batch.tokens, batch.attention_mask)
+                terms.append((torch.as_tensor(value, dtype=torch.float32, device=logits.device)
+                              if not isinstance(value, Tensor) else value, logs))
+        return logits, terms
+    finally:  # the one reset of every lever's per-step state, whatever happened
         for obj in objectives:
-            value, logs = obj.loss(batch.tokens, batch.attention_mask)
-            terms.append((torch.as_tensor(value, dtype=torch.float32, device=logits.device)
-                          if not isinstance(value, Tensor) else value, logs))
-    return logits, terms
+            obj.reset()
 
 
 @torch.no_grad()

@@ -213,3 +213,29 @@ def test_levers_in_one_step_do_not_depend_on_their_order() -> None:
     assert first == pytest.approx(last, rel=1e-6)
     alone = terms(["margin"])["margin"]
     assert first["margin"] == pytest.approx(alone, rel=1e-6) and alone > 0
+
+
+def test_a_failed_step_leaves_no_lever_state_behind() -> None:
+    """The one forward resets every lever, also when the forward raises mid-way: the next
+    (evaluation) forward sees no ablation draw, batch or captured pattern of the failed step."""
+    from headwise.control.objectives import PatternObjective
+    from headwise.hooks import Hook
+    from headwise.training.evaluate import forward
+
+    model, batch = make(), _batch()
+    levers = [StochasticAblation(model, "L1.H0", [0, 1, 2], 1.0, name="s"),
+              AblatedMargin(model, "L1.H1", [0], 1.0), TaskLossWeight(model, 1, 2.0),
+              PatternObjective(model, "L0.H1", "previous_token")]
+
+    def boom(x: torch.Tensor, ctx: object) -> None:
+        raise RuntimeError("out of memory")
+
+    hooks = [h for lever in levers for h in lever.hooks()] + [Hook("blocks.1.hook_resid_pre", boom)]
+    with pytest.raises(RuntimeError, match="out of memory"):
+        forward(model, model, batch, levers, False, torch.device("cpu"), hooks)
+    assert levers[0]._keep is None and levers[1]._batch is None
+    assert levers[2]._logits is None and levers[2]._batch is None
+    assert levers[3]._capture._captured == {}
+    clean = model(batch.tokens, task_ids=batch.task_ids)  # no leftover ablation in the model
+    logits, _ = forward(model, model, batch, [], False, torch.device("cpu"))
+    assert torch.equal(clean, logits)
