@@ -3,6 +3,8 @@
 
 The model is built from hook points (every component declares its own), so they live in
 ``headwise.model``; ``headwise.hooks`` re-exports them with the interventions built on them.
+A model's name -> hook point map (``hook_points``) is built once and rebuilt only after a module
+of the process is registered, so attaching hooks at every training step walks no module tree.
 
 A hook function has the TransformerLens signature ``fn(value, hook) -> Tensor | None``: it may
 read ``value``, return a replacement (same shape) or edit it in place. ``hook`` is a
@@ -25,6 +27,7 @@ attribution (``run_with_cache(..., detach=False)``) are not read-only.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +35,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.module import register_module_module_registration_hook
 
 HookFn = Callable[[Tensor, "HookContext"], "Tensor | None"]
 
@@ -186,9 +190,48 @@ def _checked(out: object, like: Tensor, name: str) -> Tensor:
     return out
 
 
+# The name -> HookPoint map of a model is built once and reused while the module tree is
+# unchanged. Any sub-module registration anywhere (attribute assignment, ``add_module``,
+# ``ModuleList.append``, an adapter replacing a Linear with ``setattr``) bumps this counter
+# through torch's global registration hook, which makes every stored map stale.
+_tree_version = 0
+_maps: weakref.WeakKeyDictionary[nn.Module, tuple[int, dict[str, HookPoint]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _on_register(module: nn.Module, name: str, submodule: nn.Module | None) -> None:
+    global _tree_version
+    _tree_version += 1
+
+
+register_module_module_registration_hook(_on_register)
+
+
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:
-    """Every hook point of ``model`` by its name."""
-    return {m.name: m for m in model.modules() if isinstance(m, HookPoint)}
+    """Every hook point of ``model`` by its name, in module order (do not mutate the dict).
+
+    The map is built by one walk of the module tree and kept until a sub-module is registered
+    anywhere in the process (assignment, ``add_module``, ``ModuleList.append``, an adapter
+    wrapping a Linear); then the next call walks again. Each walk names the points by their
+    module paths when ``model`` owns the names (a class attribute ``names_hook_points``, set by
+    ``Transformer``, so a module moved in from elsewhere is renamed); in any other module (a
+    wrapper such as ``torch.compile``'s) points keep their names and only unnamed ones take
+    their path. Edits that bypass torch's registration (``del`` of a sub-module,
+    ``ModuleList.insert``, writing ``_modules`` directly) are not seen: assign the new module
+    (or ``None``) instead.
+    """
+    entry = _maps.get(model)
+    if entry is not None and entry[0] == _tree_version:
+        return entry[1]
+    rename = bool(getattr(model, "names_hook_points", False))
+    points: dict[str, HookPoint] = {}
+    for path, m in model.named_modules():
+        if isinstance(m, HookPoint):
+            if rename or not m.name:
+                m.name = path
+            points[m.name] = m
+    _maps[model] = (_tree_version, points)
+    return points
 
 
 def _as_hooks(items: Iterable[Any]) -> list[Hook]:
