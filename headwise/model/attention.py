@@ -79,6 +79,7 @@ class Attention(nn.Module):
                                tuple[Tensor, Tensor, Tensor, Tensor, Tensor]] = {}
         self._rest_memo: tuple[Tensor, Tensor, Tensor, Tensor, tuple[int, ...]] | None = None
         self._explicit_memo: tuple[Any, Tensor | None, Tensor | None] | None = None
+        self._bias_memo: tuple[Any, Tensor] | None = None
         self.head_gate: nn.Module | None = None
         self.hook_q = HookPoint(head_axis=2)  # (B, T, H, Dh)
         self.hook_k = HookPoint(head_axis=2, kv_group=self.group)  # (B, T, H_kv, Dh)
@@ -146,15 +147,14 @@ class Attention(nn.Module):
 
         allowed = self._allowed(B, T, key_padding, task_ids, x.device)  # (B|1, H|1, T, T)|None
         explicit = self.explicit_heads()
-        beside = bool(explicit) and not (self.hook_attn_scores.writes or self.hook_pattern.writes)
         if explicit and T <= EXPLICIT_MAX_KEYS and x.device.type == "cpu":
             explicit = tuple(range(H))  # short rows: cheaper than fused + the hooked heads
-            z = self._explicit(q, *gqa_kv(k, v, self.group, masked=True)[:2], allowed, explicit)
-        elif not explicit or beside:
+        reads_only = not (self.hook_attn_scores.writes or self.hook_pattern.writes)
+        if not explicit or (reads_only and len(explicit) < H):
             z = self._fused(q, k, v, allowed)  # (B, H, T, Dh)
-            if beside:
+            if explicit:  # captures of some heads: their patterns beside, off the output
                 self._patterns_beside(q, k, allowed, explicit)
-        elif len(explicit) == H:
+        elif len(explicit) == H:  # every head: one explicit pass, its output used
             z = self._explicit(q, *gqa_kv(k, v, self.group, masked=True)[:2], allowed, explicit)
         else:
             z = self._split(q, k, v, allowed, explicit)
@@ -247,8 +247,12 @@ class Attention(nn.Module):
 
     def _patterns_beside(self, q: Tensor, k: Tensor, allowed: Tensor | None,
                          heads: tuple[int, ...]) -> None:
-        """Scores and patterns of ``heads`` for read-only hooks, off the output's path."""
-        if len(heads) < self.n_heads or self.group > 1:
+        """Scores and patterns of ``heads`` (not all) for read-only hooks, off the output's
+        path; one head is a view of q and k (nothing gathered), several are one gather."""
+        if len(heads) == 1:
+            h = heads[0]
+            q, k = q.narrow(1, h, 1), k.narrow(1, h // self.group, 1)
+        else:
             _, _, _, idx, kv_idx = self._head_index(heads, q.device)
             q, k = q.index_select(1, idx), k.index_select(1, kv_idx)
         self._pattern(q, k, allowed, heads)
@@ -257,18 +261,40 @@ class Attention(nn.Module):
                  heads: tuple[int, ...]) -> Tensor:
         """(B, h, T, T) pattern of ``heads`` from their q and k (B, h, T, Dh); the hooks at
         ``hook_attn_scores`` and ``hook_pattern`` run on the way."""
-        idx = self._head_index(heads, qh.device)[3]
-        # Scale q, not the (T, T) scores, and mask in place: each pass over (B, h, T, T) counts.
-        scores = (qh * (1.0 / math.sqrt(self.d_head))) @ kh.transpose(-1, -2)  # (B, h, T, T)
-        blocked, no_key = self._explicit_masks(allowed, heads, idx, qh.shape[2], qh.device)
-        if blocked is not None:
-            scores = scores.masked_fill_(blocked, float("-inf"))
+        B, h, T, Dh = qh.shape
+        scale = 1.0 / math.sqrt(self.d_head)
+        # Each pass over a fresh (B, h, T, T) buffer costs about as much as the matmul itself
+        # (on CPU, mostly first-touch page faults), so the causal mask is added inside the
+        # matmul (baddbmm onto a -inf bias) and a softmax that nothing differentiates or reads
+        # the scores of is written over them.
+        if allowed is None and self.causal:
+            scores = torch.baddbmm(self._causal_bias(T, qh), qh.reshape(B * h, T, Dh),
+                                   kh.reshape(B * h, T, Dh).transpose(-1, -2), alpha=scale)
+            scores, no_key = scores.view(B, h, T, T), None
+        else:
+            idx = self._head_index(heads, qh.device)[3]
+            scores = (qh * scale) @ kh.transpose(-1, -2)  # (B, h, T, T)
+            blocked, no_key = self._explicit_masks(allowed, heads, idx, T, qh.device)
+            if blocked is not None:
+                scores = scores.masked_fill_(blocked, float("-inf"))
         scores = self.hook_attn_scores(scores, heads)
         if no_key is not None:
             pattern = softmax_keys(scores.masked_fill(no_key, 0.0)).masked_fill(no_key, 0.0)
+        elif (T >= CPU_SOFTMAX_WIDTH and not scores.requires_grad
+              and not self.hook_attn_scores.active):
+            pattern = torch.softmax(scores, dim=-1, out=scores)
         else:
             pattern = softmax_keys(scores)
         return self.hook_pattern(pattern, heads)  # (B, h, T, T)
+
+    def _causal_bias(self, T: int, like: Tensor) -> Tensor:
+        """(T, T) additive causal mask: 0 on and below the diagonal, -inf above (made once per
+        length, dtype and device)."""
+        key = (T, like.dtype, like.device)
+        if self._bias_memo is None or self._bias_memo[0] != key:
+            bias = torch.full((T, T), float("-inf"), dtype=like.dtype, device=like.device)
+            self._bias_memo = (key, bias.triu_(1))
+        return self._bias_memo[1]
 
     def _head_index(self, heads: tuple[int, ...], device: torch.device
                     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
