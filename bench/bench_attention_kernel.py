@@ -44,8 +44,8 @@ import torch
 import headwise.model.attention as attention_module
 from headwise import ModelConfig, build_model
 from headwise.control import apply_masks, previous_token
-from headwise.model.attention import softmax_keys
 from headwise.model.hook_point import Hook
+from headwise.model.kernels import softmax_keys
 
 SHAPES = {"demo": {"n_heads": 4, "d_model": 64, "batch": 64},
           "gpt2": {"n_heads": 8, "d_model": 256, "batch": 8}}

@@ -7,20 +7,30 @@ Per head h (Vaswani et al. 2017)::
     pattern_h = softmax(scores_h)     (a row with no allowed key is all zeros)
     z_h = pattern_h v_h;  out = concat_h(z_h) W_O + b_O
 
-The module picks its path itself. Without hooks at ``hook_attn_scores`` / ``hook_pattern`` every
-head runs through ``torch.nn.functional.scaled_dot_product_attention``. When the hooks there are
-all read-only captures (``Hook(read_only=True)``: run_with_cache, pattern objectives), every head
-still runs fused and the requested heads' scores and patterns are computed *beside* it for the
-hooks: the outputs are bit-identical to the no-hook forward, and a loss on a captured pattern
-still trains q and k through it. When a hook may write (or reads a gradient) the requested heads
-are computed explicitly and their pattern is on the output's path: q/k/v are gathered once into
-(fused heads, explicit heads) order, the fused kernel runs on the first group only and the
-explicit path on the second (no head is computed twice); the kernel computes each (example,
-head) on its own, so the outputs of heads that stay fused are the very same numbers whatever is
-requested (tested bit for bit). Exception, on CPU: a sequence of at most ``EXPLICIT_MAX_KEYS``
-(15) tokens with hooks there runs *every* head explicitly, which is cheaper at that length
-(PyTorch's CPU kernels, fused and softmax, are slowest on rows shorter than 16); its outputs
-equal the fused ones to float rounding, not bit for bit.
+The module picks its path itself; a capture costs only what it adds:
+
+- no hooks at ``hook_attn_scores`` / ``hook_pattern``: every head runs through
+  ``torch.nn.functional.scaled_dot_product_attention``;
+- read-only captures (``Hook(read_only=True)``: run_with_cache, pattern objectives) of *some*
+  heads: every head still runs fused and the requested heads' scores and patterns are computed
+  *beside* it, from views of q and k (one head: nothing gathered). The outputs are
+  bit-identical to the no-hook forward, and a loss on a captured pattern still trains q and k;
+- hooks on *every* head of the layer (read-only or not): one explicit pass whose pattern gives
+  the output (no fused call); outputs equal the fused ones to float rounding (~1e-7), not bit
+  for bit;
+- a hook that may write (or reads a gradient) on some heads: those heads are computed
+  explicitly and their pattern is on the output's path: q/k/v are gathered once into (fused
+  heads, explicit heads) order, the fused kernel runs on the first group only and the explicit
+  path on the second (no head is computed twice); the kernel computes each (example, head) on
+  its own, so the heads that stay fused give the very same numbers (tested bit for bit);
+- on CPU, a sequence of at most ``EXPLICIT_MAX_KEYS`` (15) tokens with hooks there runs *every*
+  head explicitly, which is cheaper at that length (PyTorch's CPU kernels, fused and softmax,
+  are slowest on rows shorter than 16); outputs equal the fused ones to float rounding.
+
+Explicit scores of a causal layer without other masks are masked inside the matmul (``baddbmm``
+onto a cached additive ``-inf`` mask), and a softmax that nothing differentiates and whose
+scores no hook reads is written over the scores: each pass over a fresh (B, h, T, T) buffer
+costs about as much as the matmul (``bench/bench_attention_kernel.py --captures``).
 
 Optional slots installed by ``headwise.control`` (never set by the builder):
 ``head_mask`` (structural masks) and ``head_gate`` (task gates).
@@ -38,6 +48,7 @@ from torch import Tensor, nn
 
 from headwise.heads import kv_head
 from headwise.model.hook_point import HookPoint
+from headwise.model.kernels import CPU_SOFTMAX_WIDTH, gqa_kv, softmax_keys
 from headwise.model.positional import Rotary
 
 # On CPU, when hooks ask for some heads' scores or patterns and the sequence has at most this many
@@ -343,46 +354,6 @@ class Attention(nn.Module):
         out = result.sum(2)
         bias = getattr(self.o_proj, "bias", None)
         return out + bias if bias is not None else out
-
-
-# Below this many keys PyTorch's CPU softmax leaves its vectorised kernel for a scalar loop.
-CPU_SOFTMAX_WIDTH = 16
-
-
-def softmax_keys(scores: Tensor) -> Tensor:
-    """``softmax(scores, dim=-1)``, padded on CPU when a row has fewer than 16 keys.
-
-    PyTorch's CPU softmax (forward and backward) falls back to a scalar loop when the softmax
-    axis is shorter than its vector width: forward + backward of a (64, 1, 14, 14) softmax takes
-    ~3x as long as this padded one, and ~6x as long as a (64, 1, 16, 16) one
-    (``bench/bench_attention_kernel.py --softmax``, docs/benchmarks.md).
-    Padding the row with ``-inf`` keys to 16 puts it back on the vector kernel; the extra keys
-    get exactly 0 and the real keys the same probabilities to float rounding. Longer rows (and
-    other devices) go straight to ``torch.softmax``.
-    """
-    T = scores.shape[-1]
-    if T >= CPU_SOFTMAX_WIDTH or scores.device.type != "cpu":
-        return torch.softmax(scores, dim=-1)
-    padded = F.pad(scores, (0, CPU_SOFTMAX_WIDTH - T), value=float("-inf"))
-    return torch.softmax(padded, dim=-1)[..., :T].contiguous()
-
-
-def gqa_kv(k: Tensor, v: Tensor, group: int, masked: bool) -> tuple[Tensor, Tensor, bool]:
-    """k and v (B, H_kv, T, Dh) as SDPA should get them, and its ``enable_gqa`` flag.
-
-    ``enable_gqa`` is kept only for an unmasked half-precision call: on CUDA only the flash
-    backend supports it, and flash takes neither a mask nor float32, so any other call would
-    fall back to the math kernel (full T x T scores). There k/v are expanded to all H heads
-    (``repeat_interleave`` over the group, as HuggingFace does), which every backend supports.
-
-    Returns:
-        ``(k, v, enable_gqa)``; k/v unchanged when ``group == 1`` or ``enable_gqa`` is True.
-    """
-    if group == 1:
-        return k, v, False
-    if not masked and k.dtype in (torch.float16, torch.bfloat16):
-        return k, v, True
-    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), False
 
 
 def effective_weight(linear: nn.Module) -> Tensor:

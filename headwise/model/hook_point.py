@@ -17,12 +17,14 @@ name *query* heads and act on the kv heads they read (GQA: a kv head is shared b
 
 A hook marked ``read_only`` promises to return ``None`` and never edit its value (a capture).
 It gets the value itself when it holds exactly the hook's heads (no copy), and it lets
-attention compute requested scores and patterns *beside* the fused kernel instead of routing
-those heads through the explicit path: with only read-only hooks attached, the forward's
-outputs are bit-identical to the forward without hooks (``headwise.model.attention``). Its
-value is then off the output's path: gradients reach q and k through it (a loss on a captured
-pattern trains them) but a gradient of the output with respect to it is zero, so captures for
-attribution (``run_with_cache(..., detach=False)``) are not read-only.
+attention compute the requested heads' scores and patterns *beside* the fused kernel instead of
+routing them through the explicit path: with read-only hooks on some heads of a layer, the
+forward's outputs are bit-identical to the forward without hooks; with hooks on every head,
+the layer runs one explicit pass and its outputs equal the fused ones to float rounding
+(``headwise.model.attention``). A pattern captured beside the kernel is off the output's path:
+gradients reach q and k through it (a loss on a captured pattern trains them) but a gradient
+of the output with respect to it is zero, so captures for attribution
+(``run_with_cache(..., detach=False)``) are not read-only.
 """
 
 from __future__ import annotations
