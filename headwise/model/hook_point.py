@@ -225,7 +225,9 @@ def hook_points(model: nn.Module) -> dict[str, HookPoint]:
     entry = _maps.get(model)
     if entry is not None and entry[0] == _tree_version:
         return entry[1]
-    rename = bool(getattr(model, "names_hook_points", False))
+    # the class's own attribute: a wrapper that forwards attribute lookups to the model it
+    # wraps (torch.compile's OptimizedModule) must not rename the points by its own paths
+    rename = bool(getattr(type(model), "names_hook_points", False))
     points: dict[str, HookPoint] = {}
     for path, m in model.named_modules():
         if isinstance(m, HookPoint):

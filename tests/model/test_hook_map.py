@@ -77,16 +77,26 @@ def test_appended_block_and_cleared_module_are_seen(model: Transformer) -> None:
 
 
 def test_a_wrapper_keeps_the_models_names(model: Transformer) -> None:
+    """Like ``torch.compile``'s OptimizedModule: the model under ``_orig_mod``, attribute
+    lookups forwarded to it."""
+
     class Wrapper(nn.Module):
         def __init__(self, inner: nn.Module) -> None:
             super().__init__()
-            self.inner = inner
+            self._orig_mod = inner
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "_orig_mod":
+                return self._modules["_orig_mod"]
+            return getattr(self._orig_mod, name)
 
         def forward(self, tokens: Tensor) -> Tensor:
-            return self.inner(tokens)
+            return self._orig_mod(tokens)
 
     wrapper = Wrapper(model)
-    assert hook_points(wrapper) == walked(model)  # names of the model, not "inner.*"
+    assert wrapper.names_hook_points  # forwarded, as OptimizedModule does
+    assert hook_points(wrapper) == walked(model)  # names of the model, not "_orig_mod.*"
+    assert hook_points(model) == walked(model)
 
 
 def test_training_steps_do_not_walk_the_module_tree(model: Transformer,
