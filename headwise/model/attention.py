@@ -160,10 +160,11 @@ class Attention(nn.Module):
         explicit = self.explicit_heads()
         if explicit and T <= EXPLICIT_MAX_KEYS and x.device.type == "cpu":
             explicit = tuple(range(H))  # short rows: cheaper than fused + the hooked heads
-        reads_only = not (self.hook_attn_scores.writes or self.hook_pattern.writes)
-        if not explicit or (reads_only and len(explicit) < H):
+        beside = 0 < len(explicit) < H and not (self.hook_attn_scores.writes
+                                                or self.hook_pattern.writes)
+        if not explicit or beside:
             z = self._fused(q, k, v, allowed)  # (B, H, T, Dh)
-            if explicit:  # captures of some heads: their patterns beside, off the output
+            if beside:  # captures of some heads: their patterns beside, off the output
                 self._patterns_beside(q, k, allowed, explicit)
         elif len(explicit) == H:  # every head: one explicit pass, its output used
             z = self._explicit(q, *gqa_kv(k, v, self.group, masked=True)[:2], allowed, explicit)
