@@ -35,6 +35,7 @@ within a round; figures are medians over rounds, one torch thread, float32.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -126,7 +127,8 @@ def measure_softmax(T: int, reps: int, iters: int) -> dict[str, float]:
 CAPTURE_SHAPES = ((64, 32), (256, 8), (1024, 2))  # (T, B)
 
 
-def measure_captures(T: int, B: int, reps: int, iters: int) -> dict[str, float]:
+def measure_captures(T: int, B: int, reps: int, iters: int,
+                     clock: str = "wall") -> dict[str, float]:
     """No-grad forward seconds of one GPT-2-shaped Attention per capture path (see module
     docstring), medians over rounds; each round runs every path once, in rotating order."""
     model = _model("gpt2", T, "plain")
@@ -153,6 +155,7 @@ def measure_captures(T: int, B: int, reps: int, iters: int) -> dict[str, float]:
         attn._pattern(q, k, None, every)
         attn.o_proj(z.transpose(1, 2).reshape(B, T, H * Dh))
 
+    now = {"wall": time.perf_counter, "cpu": time.process_time}[clock]
     paths: dict[str, Callable[[], None]] = {
         "no hook": lambda: attn(x), "one head": capture((1,)), "every head": capture(None),
         "every head beside fused": beside_every_head}
@@ -161,7 +164,10 @@ def measure_captures(T: int, B: int, reps: int, iters: int) -> dict[str, float]:
         for r in range(reps + 1):
             names = list(paths)
             for name in names[r % len(names):] + names[:r % len(names)]:
-                t = _time(paths[name], iters)
+                t0 = now()
+                for _ in range(iters):
+                    paths[name]()
+                t = (now() - t0) / iters
                 if r:  # the first round warms up
                     out[name].append(t)
     return {k: statistics.median(v) for k, v in out.items()}
@@ -177,16 +183,19 @@ def main() -> None:
                     help="time torch.softmax vs softmax_keys alone (lengths 8-20)")
     ap.add_argument("--captures", action="store_true",
                     help="time the capture paths at T=64/256/1024 (GPT-2 shape)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="--captures: wall-clock or process CPU seconds (cpu: loaded machine)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.captures:
         print(f"captures, no-grad forward of one Attention (H=8, d_model 256), reps={args.reps} "
-              f"iters={args.iters} threads=1 torch={torch.__version__}\n")
+              f"iters={args.iters} threads=1 torch={torch.__version__} clock={args.clock} "
+              f"load average {os.getloadavg()}\n")
         print("| T, B | no hook (ms) | one head (ms) | every head: explicit pass (ms) "
               "| every head beside fused (ms) | no hook / one head | beside / explicit |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         for T, B in CAPTURE_SHAPES:
-            m = measure_captures(T, B, args.reps, args.iters)
+            m = measure_captures(T, B, args.reps, args.iters, args.clock)
             a, o, e, f = (m[k] * 1e3 for k in ("no hook", "one head", "every head",
                                                "every head beside fused"))
             print(f"| {T}, {B} | {a:.2f} | {o:.2f} | {e:.2f} | {f:.2f} | {a / o:.3f} "

@@ -93,7 +93,7 @@ def _modes(system: str, state: str) -> dict[str, Callable[[], object]]:
     }
 
 
-def worker(system: str, states: list[str], reps: int, warmup: int) -> None:
+def worker(system: str, states: list[str], reps: int, warmup: int, clock: str) -> None:
     """Print one JSON line: {shape: {mode: median seconds}} for ``system``."""
     sys.path.insert(0, str(HERE))
     from bench_forward import interleaved, medians
@@ -103,14 +103,14 @@ def worker(system: str, states: list[str], reps: int, warmup: int) -> None:
     for state in states:
         modes = _modes(system, state)
         with torch.no_grad():
-            out[Path(state).stem] = medians(interleaved(modes, reps, warmup))
+            out[Path(state).stem] = medians(interleaved(modes, reps, warmup, clock))
     print(json.dumps(out))
 
 
-def _run(python: str, system: str, states: list[str], reps: int,
-         warmup: int) -> dict[str, dict[str, float]]:
+def _run(python: str, system: str, states: list[str], reps: int, warmup: int,
+         clock: str) -> dict[str, dict[str, float]]:
     cmd = [python, str(Path(__file__).resolve()), "--worker", system, "--reps", str(reps),
-           "--warmup", str(warmup), *states]
+           "--warmup", str(warmup), "--clock", clock, *states]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
@@ -119,7 +119,7 @@ def _run(python: str, system: str, states: list[str], reps: int,
 
 
 def compare(tl_python: str, shapes: list[tuple[int, int]], rounds: int, reps: int,
-            warmup: int) -> dict[str, Any]:
+            warmup: int, clock: str) -> dict[str, Any]:
     """Alternate our process and TL's for ``rounds``; per shape and mode: medians, ratios."""
     sys.path.insert(0, str(HERE))
     from bench_forward import SHAPE, build
@@ -137,8 +137,8 @@ def compare(tl_python: str, shapes: list[tuple[int, int]], rounds: int, reps: in
             states.append(path)
         runs: dict[str, list[dict[str, dict[str, float]]]] = {"ours": [], "tl": []}
         for _ in range(rounds):
-            runs["ours"].append(_run(sys.executable, "ours", states, reps, warmup))
-            runs["tl"].append(_run(tl_python, "tl", states, reps, warmup))
+            runs["ours"].append(_run(sys.executable, "ours", states, reps, warmup, clock))
+            runs["tl"].append(_run(tl_python, "tl", states, reps, warmup, clock))
     table: dict[str, Any] = {}
     for T, B in shapes:
         key = f"{T}x{B}"
@@ -159,21 +159,24 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall-clock or process CPU seconds (cpu: for a loaded machine)")
     ap.add_argument("--venv", default=str(VENV), help="the TL venv (created when missing)")
     ap.add_argument("--setup-only", action="store_true", help="create the TL venv and stop")
     ap.add_argument("--worker", choices=("ours", "tl"), help=argparse.SUPPRESS)
     ap.add_argument("states", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        return worker(args.worker, args.states, args.reps, args.warmup)
+        return worker(args.worker, args.states, args.reps, args.warmup, args.clock)
     tl_python = ensure_env(Path(args.venv))
     if args.setup_only:
         print(tl_python)
         return
     shapes = [(int(t), int(b)) for t, b in (s.split("x") for s in args.shapes.split(","))]
     print(f"torch {torch.__version__}, {TL_PIN}, one thread, {args.rounds} rounds x "
-          f"{args.reps} reps (+{args.warmup} warm-up), load average {os.getloadavg()}")
-    table = compare(str(tl_python), shapes, args.rounds, args.reps, args.warmup)
+          f"{args.reps} reps (+{args.warmup} warm-up), clock {args.clock}, "
+          f"load average {os.getloadavg()}")
+    table = compare(str(tl_python), shapes, args.rounds, args.reps, args.warmup, args.clock)
     print("| T x B | mode | headwise (s) | TL 3.9 (s) | TL / headwise, paired (min-max) |")
     print("|---|---|---:|---:|---:|")
     for key, r in table.items():
