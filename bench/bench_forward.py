@@ -85,7 +85,8 @@ def paired(times: dict[str, list[float]], num: str, den: str) -> float:
     return statistics.median(a / b for a, b in zip(times[num], times[den], strict=True))
 
 
-def speed(T: int, B: int, reps: int, warmup: int, clock: str = "wall") -> dict[str, float]:
+def speed(T: int, B: int, reps: int, warmup: int, clock: str = "wall",
+          train: bool = True) -> dict[str, float]:
     ours, ref = build()
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, SHAPE["vocab_size"], (B, T), generator=g)
@@ -121,14 +122,15 @@ def speed(T: int, B: int, reps: int, warmup: int, clock: str = "wall") -> dict[s
         "ours_fwd_all_patterns": cached(patterns, None),
     }, reps, warmup, clock)
     bwd_times = interleaved({"ref_fwd_bwd": fwd_bwd(ref), "ours_fwd_bwd": fwd_bwd(ours)},
-                            reps, warmup, clock)
+                            reps, warmup, clock) if train else {}
     times = {**fwd_times, **bwd_times}
     ratios = {
         "fwd_vs_ref": paired(times, "ref_fwd", "ours_fwd"),
-        "fwd_bwd_vs_ref": paired(times, "ref_fwd_bwd", "ours_fwd_bwd"),
         "one_head_vs_nohook": paired(times, "ours_fwd", "ours_fwd_one_head"),
         "all_vs_nohook": paired(times, "ours_fwd", "ours_fwd_all_patterns"),
     }
+    if train:
+        ratios["fwd_bwd_vs_ref"] = paired(times, "ref_fwd_bwd", "ours_fwd_bwd")
     return {**medians(times), **{f"ratio_{k}": v for k, v in ratios.items()},
             "max_abs_diff": diff}
 
@@ -290,6 +292,7 @@ def main() -> None:
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="wall-clock or process CPU seconds (cpu: for a loaded machine)")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--no-train", action="store_true", help="skip the forward+backward timings")
     ap.add_argument("--no-speed", action="store_true", help="skip the in-process timings")
     ap.add_argument("--tl-python", default=None,
                     help="a Python with transformer_lens 3.x (HookedTransformer)")
@@ -306,7 +309,7 @@ def main() -> None:
           f"warmup {args.warmup}, clock {args.clock}, load average {os.getloadavg()}")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     for T, B in [] if args.no_speed else shapes:
-        r = speed(T, B, args.reps, args.warmup, args.clock)
+        r = speed(T, B, args.reps, args.warmup, args.clock, train=not args.no_train)
         print(f"\n## T={T} B={B}   (max |logits diff| vs reference {r['max_abs_diff']:.2e})")
         print(f"{'system':<28}{'median s (' + args.clock + ')':>16}")
         for k, v in r.items():
@@ -322,7 +325,8 @@ def main() -> None:
             ("all_vs_nohook", "ours_fwd", "ours_fwd_all_patterns",
              "all patterns cached vs no-hook forward"),
         ):
-            print(f"  {what:<58}{r['ratio_' + key]:.3f}x ({r[num] / r[den]:.3f}x)")
+            if "ratio_" + key in r:
+                print(f"  {what:<58}{r['ratio_' + key]:.3f}x ({r[num] / r[den]:.3f}x)")
     if not args.no_memory:
         T, B = 1024, 2
         print(f"\n## peak memory growth of one no-grad forward, T={T} B={B} (VmHWM)")
