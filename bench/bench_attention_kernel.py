@@ -1,4 +1,4 @@
-"""Which attention path is cheaper for short sequences on CPU (issue 12): the evidence for
+"""Which attention path is cheaper for short sequences on CPU: the evidence for
 ``headwise.model.attention.EXPLICIT_MAX_KEYS``.
 
 For each sequence length T it times one ``Attention`` module (forward, and forward + backward),
