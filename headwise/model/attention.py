@@ -278,7 +278,8 @@ class Attention(nn.Module):
         # Each pass over a fresh (B, h, T, T) buffer costs about as much as the matmul itself
         # (on CPU, mostly first-touch page faults), so the causal mask is added inside the
         # matmul (baddbmm onto a -inf bias) and a softmax that nothing differentiates or reads
-        # the scores of is written over them.
+        # the scores of is written over them (not under autocast, which may want a float32
+        # pattern from half-precision scores).
         if allowed is None and self.causal:
             scores = torch.baddbmm(self._causal_bias(T, qh), qh.reshape(B * h, T, Dh),
                                    kh.reshape(B * h, T, Dh).transpose(-1, -2), alpha=scale)
@@ -293,7 +294,8 @@ class Attention(nn.Module):
         if no_key is not None:
             pattern = softmax_keys(scores.masked_fill(no_key, 0.0)).masked_fill(no_key, 0.0)
         elif (T >= CPU_SOFTMAX_WIDTH and not scores.requires_grad
-              and not self.hook_attn_scores.active):
+              and not self.hook_attn_scores.active
+              and not torch.is_autocast_enabled(scores.device.type)):  # (autocast: float32 out)
             pattern = torch.softmax(scores, dim=-1, out=scores)
         else:
             pattern = softmax_keys(scores)
