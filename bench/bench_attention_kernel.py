@@ -1,4 +1,4 @@
-"""Which attention path is cheaper for short sequences on CPU (issue 12): the evidence for
+"""Which attention path is cheaper for short sequences on CPU: the evidence for
 ``headwise.model.attention.EXPLICIT_MAX_KEYS``.
 
 For each sequence length T it times one ``Attention`` module (forward, and forward + backward),
@@ -17,16 +17,25 @@ With ``--softmax`` it times the softmax alone instead, forward + backward on a (
 score tensor (the demo's B=64): ``torch.softmax`` vs ``softmax_keys`` (rows shorter than 16
 keys padded with ``-inf`` to 16), the evidence for ``softmax_keys``.
 
-Each (situation, path) pair runs ``--reps`` rounds of ``--iters`` calls, the two paths
-alternating within a round; figures are medians over rounds, one torch thread, float32.
+With ``--captures`` it times what read-only captures of patterns cost at longer lengths, one
+GPT-2-shaped ``Attention`` module (H=8, d_model 256; T=64 B=32, T=256 B=8, T=1024 B=2), no-grad
+forward: no hook; one head captured (the fused call with that head's pattern beside it); every
+head captured (the module's one explicit pass, output used); and, for comparison, every head's
+pattern beside a fused call over every head (the alternative the module does not take, built
+from its own ``_fused`` and ``_pattern``).
+
+Each (situation, path) pair runs ``--reps`` rounds of ``--iters`` calls, the paths alternating
+within a round; figures are medians over rounds, one torch thread, float32.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_attention_kernel.py [--shape demo|gpt2]
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_attention_kernel.py --softmax
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_attention_kernel.py --captures
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -36,8 +45,8 @@ import torch
 import headwise.model.attention as attention_module
 from headwise import ModelConfig, build_model
 from headwise.control import apply_masks, previous_token
-from headwise.model.attention import softmax_keys
 from headwise.model.hook_point import Hook
+from headwise.model.kernels import softmax_keys
 
 SHAPES = {"demo": {"n_heads": 4, "d_model": 64, "batch": 64},
           "gpt2": {"n_heads": 8, "d_model": 256, "batch": 8}}
@@ -115,6 +124,55 @@ def measure_softmax(T: int, reps: int, iters: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
+CAPTURE_SHAPES = ((64, 32), (256, 8), (1024, 2))  # (T, B)
+
+
+def measure_captures(T: int, B: int, reps: int, iters: int,
+                     clock: str = "wall") -> dict[str, float]:
+    """No-grad forward seconds of one GPT-2-shaped Attention per capture path (see module
+    docstring), medians over rounds; each round runs every path once, in rotating order."""
+    model = _model("gpt2", T, "plain")
+    attn = model.blocks[0].attn  # type: ignore[index]
+    H, Dh = attn.n_heads, attn.d_head
+    x = torch.randn(B, T, SHAPES["gpt2"]["d_model"], generator=torch.Generator().manual_seed(T))
+    every = tuple(range(H))
+
+    def capture(heads: tuple[int, ...] | None) -> Callable[[], None]:
+        hook = Hook("", lambda v, ctx: None, heads, read_only=True)
+
+        def run() -> None:
+            attn.hook_pattern.attach(hook)
+            try:
+                attn(x)
+            finally:
+                attn.hook_pattern.detach(hook)
+        return run
+
+    def beside_every_head() -> None:
+        q, k, v = (p(x).view(B, T, H, Dh).transpose(1, 2)
+                   for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        z = attn._fused(q, k, v, None)
+        attn._pattern(q, k, None, every)
+        attn.o_proj(z.transpose(1, 2).reshape(B, T, H * Dh))
+
+    now = {"wall": time.perf_counter, "cpu": time.process_time}[clock]
+    paths: dict[str, Callable[[], None]] = {
+        "no hook": lambda: attn(x), "one head": capture((1,)), "every head": capture(None),
+        "every head beside fused": beside_every_head}
+    out: dict[str, list[float]] = {k: [] for k in paths}
+    with torch.no_grad():
+        for r in range(reps + 1):
+            names = list(paths)
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                t0 = now()
+                for _ in range(iters):
+                    paths[name]()
+                t = (now() - t0) / iters
+                if r:  # the first round warms up
+                    out[name].append(t)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="demo")
@@ -123,8 +181,26 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--softmax", action="store_true",
                     help="time torch.softmax vs softmax_keys alone (lengths 8-20)")
+    ap.add_argument("--captures", action="store_true",
+                    help="time the capture paths at T=64/256/1024 (GPT-2 shape)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="--captures: wall-clock or process CPU seconds (cpu: loaded machine)")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.captures:
+        print(f"captures, no-grad forward of one Attention (H=8, d_model 256), reps={args.reps} "
+              f"iters={args.iters} threads=1 torch={torch.__version__} clock={args.clock} "
+              f"load average {os.getloadavg()}\n")
+        print("| T, B | no hook (ms) | one head (ms) | every head: explicit pass (ms) "
+              "| every head beside fused (ms) | no hook / one head | beside / explicit |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for T, B in CAPTURE_SHAPES:
+            m = measure_captures(T, B, args.reps, args.iters, args.clock)
+            a, o, e, f = (m[k] * 1e3 for k in ("no hook", "one head", "every head",
+                                               "every head beside fused"))
+            print(f"| {T}, {B} | {a:.2f} | {o:.2f} | {e:.2f} | {f:.2f} | {a / o:.3f} "
+                  f"| {f / e:.2f} |", flush=True)
+        return
     if args.softmax:
         print(f"softmax fwd+bwd, (64, 1, T, T), reps={args.reps} iters={args.iters} threads=1 "
               f"torch={torch.__version__}\n")

@@ -1,18 +1,19 @@
-"""Forward-pass benchmark (issue 2): headwise vs a nanoGPT-style SDPA reference, hooks' cost.
+"""Forward-pass benchmark: headwise vs a nanoGPT-style SDPA reference, and what captures cost.
 
 Run from the repository root::
 
     .venv/bin/python bench/bench_forward.py                       # speed + memory
-    .venv/bin/python bench/bench_forward.py --tl-python /tmp/tlvenv3/bin/python   # + TL
+    .venv/bin/python bench/bench_forward.py --tl-python bench/.cache/tlvenv3/bin/python  # + TL
 
 Speed: both systems in one process, one thread, interleaved (each repetition runs every system
 once, in turn), median of ``--reps`` after ``--warmup`` runs. Forward runs under
 ``torch.no_grad()``; forward+backward uses cross-entropy on random targets.
 Memory: one subprocess per mode; the figure is the growth of the peak resident set size
 (``VmHWM``) across one no-grad forward, i.e. the forward's transient and cached memory.
-TransformerLens (optional): ``--tl-python`` names a Python whose environment has
-``transformer_lens`` (never a headwise dependency); it and our run_with_cache are timed in
-alternating subprocesses with identical weights (the TL worker checks its logits against ours).
+TransformerLens (optional, memory only): ``--tl-python`` / ``--tl4-python`` name a Python whose
+environment has ``transformer_lens`` 3.x / 4.x (never a headwise dependency). Speed against
+TransformerLens is ``bench_tl_cache.py``, which also builds that environment and reuses
+``_tl_model`` from here.
 """
 
 from __future__ import annotations
@@ -53,18 +54,25 @@ def build(seed: int = 0) -> tuple[Any, Any]:
     return ours, ref
 
 
-def interleaved(systems: dict[str, Callable[[], object]], reps: int,
-                warmup: int) -> dict[str, list[float]]:
+# What a timing reads: wall-clock seconds, or this process's CPU seconds (user + system, every
+# thread), which a loaded shared machine inflates far less: a process waiting for a core
+# accrues none. ``--clock`` chooses; the figures say which.
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def interleaved(systems: dict[str, Callable[[], object]], reps: int, warmup: int,
+                clock: str = "wall") -> dict[str, list[float]]:
     """Seconds per repetition per system; every repetition runs each system once, in turn."""
+    now = CLOCKS[clock]
     for _ in range(warmup):
         for fn in systems.values():
             fn()
     times: dict[str, list[float]] = {k: [] for k in systems}
     for _ in range(reps):
         for name, fn in systems.items():
-            t0 = time.perf_counter()
+            t0 = now()
             fn()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(now() - t0)
     return times
 
 
@@ -77,7 +85,8 @@ def paired(times: dict[str, list[float]], num: str, den: str) -> float:
     return statistics.median(a / b for a, b in zip(times[num], times[den], strict=True))
 
 
-def speed(T: int, B: int, reps: int, warmup: int) -> dict[str, float]:
+def speed(T: int, B: int, reps: int, warmup: int, clock: str = "wall",
+          train: bool = True) -> dict[str, float]:
     ours, ref = build()
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, SHAPE["vocab_size"], (B, T), generator=g)
@@ -111,16 +120,17 @@ def speed(T: int, B: int, reps: int, warmup: int) -> dict[str, float]:
         "ref_fwd": fwd(ref), "ours_fwd": fwd(ours),
         "ours_fwd_one_head": cached(patterns[:1], "L0.H0"),
         "ours_fwd_all_patterns": cached(patterns, None),
-    }, reps, warmup)
+    }, reps, warmup, clock)
     bwd_times = interleaved({"ref_fwd_bwd": fwd_bwd(ref), "ours_fwd_bwd": fwd_bwd(ours)},
-                            reps, warmup)
+                            reps, warmup, clock) if train else {}
     times = {**fwd_times, **bwd_times}
     ratios = {
         "fwd_vs_ref": paired(times, "ref_fwd", "ours_fwd"),
-        "fwd_bwd_vs_ref": paired(times, "ref_fwd_bwd", "ours_fwd_bwd"),
         "one_head_vs_nohook": paired(times, "ours_fwd", "ours_fwd_one_head"),
         "all_vs_nohook": paired(times, "ours_fwd", "ours_fwd_all_patterns"),
     }
+    if train:
+        ratios["fwd_bwd_vs_ref"] = paired(times, "ref_fwd_bwd", "ours_fwd_bwd")
     return {**medians(times), **{f"ratio_{k}": v for k, v in ratios.items()},
             "max_abs_diff": diff}
 
@@ -265,26 +275,6 @@ def _gpt2_state(s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def timing_worker(system: str, T: int, B: int, reps: int, warmup: int, state: str) -> None:
-    """Median seconds of run_with_cache(all patterns) for ``ours``, ``tl`` or ``tl4``."""
-    torch.set_num_threads(1)
-    saved = torch.load(state, weights_only=True)
-    tokens = saved["tokens"]
-    if system in ("tl", "tl4"):
-        model = _tl_model(state) if system == "tl" else _tl4_model(state)
-        run = lambda: model.run_with_cache(  # noqa: E731
-            tokens, names_filter=lambda n: n.endswith("hook_pattern"))
-        plain = lambda: model(tokens)  # noqa: E731
-    else:
-        ours, _ = build()
-        names = [f"blocks.{l}.attn.hook_pattern" for l in range(SHAPE["n_layers"])]
-        run = lambda: ours.run_with_cache(tokens, names)  # noqa: E731
-        plain = lambda: ours(tokens)  # noqa: E731
-    with torch.no_grad():
-        res = medians(interleaved({"all_patterns": run, "no_hooks": plain}, reps, warmup))
-    print(json.dumps({"system": system, **res}))
-
-
 def _sub(python: str, *args: object) -> dict[str, float]:
     cmd = [python, str(Path(__file__).resolve()), *map(str, args)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -294,66 +284,34 @@ def _sub(python: str, *args: object) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def tl_compare(others: list[tuple[str, str]], T: int, B: int, rounds: int, reps: int,
-               warmup: int) -> dict[str, float]:
-    """Alternate processes (ours, then each of ``others`` = [(system, python)]) for ``rounds``;
-    ratios pair each other process with the ours process of the same round."""
-    ours, _ = build()
-    tokens = torch.randint(0, SHAPE["vocab_size"], (B, T),
-                           generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        logits = ours(tokens)
-    with tempfile.TemporaryDirectory() as tmp:
-        state = os.path.join(tmp, "state.pt")
-        torch.save({"state": ours.state_dict(), "tokens": tokens, "logits": logits}, state)
-        results: dict[str, list[float]] = {}
-        for _ in range(rounds):
-            for system, python in [("ours", sys.executable), *others]:
-                r = _sub(python, "--timing-worker", system, T, B, reps, warmup, state)
-                for key in ("all_patterns", "no_hooks"):
-                    results.setdefault(f"{system}_{key}", []).append(r[key])
-    out = {k: statistics.median(v) for k, v in results.items()}
-    for system, _ in others:
-        for key in ("all_patterns", "no_hooks"):
-            pairs = [t / o for o, t in zip(results[f"ours_{key}"], results[f"{system}_{key}"],
-                                           strict=True)]
-            out[f"ratio_{system}_{key}"] = statistics.median(pairs)
-            out[f"ratio_{system}_{key}_min"] = min(pairs)
-            out[f"ratio_{system}_{key}_max"] = max(pairs)
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--shapes", default="256x8,1024x2", help="TxB list")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                    help="wall-clock or process CPU seconds (cpu: for a loaded machine)")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--no-train", action="store_true", help="skip the forward+backward timings")
     ap.add_argument("--no-speed", action="store_true", help="skip the in-process timings")
     ap.add_argument("--tl-python", default=None,
                     help="a Python with transformer_lens 3.x (HookedTransformer)")
     ap.add_argument("--tl4-python", default=None,
                     help="a Python with transformer_lens 4.x (TransformerBridge)")
-    ap.add_argument("--tl-rounds", type=int, default=3)
     ap.add_argument("--memory-worker", nargs=3, metavar=("MODE", "T", "B"))
-    ap.add_argument("--timing-worker", nargs=6,
-                    metavar=("SYSTEM", "T", "B", "REPS", "WARMUP", "STATE"))
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.memory_worker:
         mode, T, B = args.memory_worker
         return memory_worker(mode, int(T), int(B))
-    if args.timing_worker:
-        system, T, B, reps, warmup, state = args.timing_worker
-        return timing_worker(system, int(T), int(B), int(reps), int(warmup), state)
 
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, reps {args.reps}, "
-          f"warmup {args.warmup}")
+          f"warmup {args.warmup}, clock {args.clock}, load average {os.getloadavg()}")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     for T, B in [] if args.no_speed else shapes:
-        r = speed(T, B, args.reps, args.warmup)
+        r = speed(T, B, args.reps, args.warmup, args.clock, train=not args.no_train)
         print(f"\n## T={T} B={B}   (max |logits diff| vs reference {r['max_abs_diff']:.2e})")
-        print(f"{'system':<28}{'median s':>10}")
+        print(f"{'system':<28}{'median s (' + args.clock + ')':>16}")
         for k, v in r.items():
             if not k.startswith(("ratio_", "max_abs")):
                 print(f"{k:<28}{v:>10.4f}")
@@ -363,11 +321,12 @@ def main() -> None:
             ("fwd_bwd_vs_ref", "ref_fwd_bwd", "ours_fwd_bwd",
              "no hooks, forward+backward vs reference (>= 0.95)"),
             ("one_head_vs_nohook", "ours_fwd", "ours_fwd_one_head",
-             "one head's pattern cached vs no-hook forward (>= 0.9)"),
+             "one head's pattern cached vs no-hook forward (>= 0.95)"),
             ("all_vs_nohook", "ours_fwd", "ours_fwd_all_patterns",
              "all patterns cached vs no-hook forward"),
         ):
-            print(f"  {what:<58}{r['ratio_' + key]:.3f}x ({r[num] / r[den]:.3f}x)")
+            if "ratio_" + key in r:
+                print(f"  {what:<58}{r['ratio_' + key]:.3f}x ({r[num] / r[den]:.3f}x)")
     if not args.no_memory:
         T, B = 1024, 2
         print(f"\n## peak memory growth of one no-grad forward, T={T} B={B} (VmHWM)")
@@ -380,21 +339,6 @@ def main() -> None:
             print(f"{mode:<12}{r['peak_growth_mib']:>10.1f} MiB")
         pattern_mib = SHAPE["n_layers"] * B * SHAPE["n_heads"] * T * T * 4 / 2**20
         print(f"(all patterns as float32 = {pattern_mib:.0f} MiB)")
-    others = [(n, p) for n, p in (("tl", args.tl_python), ("tl4", args.tl4_python)) if p]
-    names = {"tl": "TransformerLens 3 HookedTransformer", "tl4": "TransformerLens 4 bridge"}
-    for T, B in shapes if others else []:
-        r = tl_compare(others, T, B, args.tl_rounds, args.reps, args.warmup)
-        print(f"\n## TransformerLens, T={T} B={B}, medians over {args.tl_rounds} rounds of "
-              "alternating processes")
-        for k, v in r.items():
-            if not k.startswith("ratio_"):
-                print(f"{k:<24}{v:>10.4f}")
-        for system, _ in others:
-            for key, what in (("all_patterns", "all patterns cached (goal >= 1.5)"),
-                              ("no_hooks", "no hooks")):
-                k = f"ratio_{system}_{key}"
-                print(f"headwise vs {names[system]}, {what}: {r[k]:.2f}x "
-                      f"(paired per round; min {r[k + '_min']:.2f}, max {r[k + '_max']:.2f})")
 
 
 if __name__ == "__main__":

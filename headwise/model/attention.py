@@ -7,20 +7,30 @@ Per head h (Vaswani et al. 2017)::
     pattern_h = softmax(scores_h)     (a row with no allowed key is all zeros)
     z_h = pattern_h v_h;  out = concat_h(z_h) W_O + b_O
 
-The module picks its path itself. Without hooks at ``hook_attn_scores`` / ``hook_pattern`` every
-head runs through ``torch.nn.functional.scaled_dot_product_attention``. When the hooks there are
-all read-only captures (``Hook(read_only=True)``: run_with_cache, pattern objectives), every head
-still runs fused and the requested heads' scores and patterns are computed *beside* it for the
-hooks: the outputs are bit-identical to the no-hook forward, and a loss on a captured pattern
-still trains q and k through it. When a hook may write (or reads a gradient) the requested heads
-are computed explicitly and their pattern is on the output's path: q/k/v are gathered once into
-(fused heads, explicit heads) order, the fused kernel runs on the first group only and the
-explicit path on the second (no head is computed twice); the kernel computes each (example,
-head) on its own, so the outputs of heads that stay fused are the very same numbers whatever is
-requested (tested bit for bit). Exception, on CPU: a sequence of at most ``EXPLICIT_MAX_KEYS``
-(15) tokens with hooks there runs *every* head explicitly, which is cheaper at that length
-(PyTorch's CPU kernels, fused and softmax, are slowest on rows shorter than 16); its outputs
-equal the fused ones to float rounding, not bit for bit.
+The module picks its path itself; a capture costs only what it adds:
+
+- no hooks at ``hook_attn_scores`` / ``hook_pattern``: every head runs through
+  ``torch.nn.functional.scaled_dot_product_attention``;
+- read-only captures (``Hook(read_only=True)``: run_with_cache, pattern objectives) of *some*
+  heads: every head still runs fused and the requested heads' scores and patterns are computed
+  *beside* it, from views of q and k (one head: nothing gathered). The outputs are
+  bit-identical to the no-hook forward, and a loss on a captured pattern still trains q and k;
+- hooks on *every* head of the layer (read-only or not): one explicit pass whose pattern gives
+  the output (no fused call); outputs equal the fused ones to float rounding (~1e-7), not bit
+  for bit;
+- a hook that may write (or reads a gradient) on some heads: those heads are computed
+  explicitly and their pattern is on the output's path: q/k/v are gathered once into (fused
+  heads, explicit heads) order, the fused kernel runs on the first group only and the explicit
+  path on the second (no head is computed twice); the kernel computes each (example, head) on
+  its own, so the heads that stay fused give the very same numbers (tested bit for bit);
+- on CPU, a sequence of at most ``EXPLICIT_MAX_KEYS`` (15) tokens with hooks there runs *every*
+  head explicitly, which is cheaper at that length (PyTorch's CPU kernels, fused and softmax,
+  are slowest on rows shorter than 16); outputs equal the fused ones to float rounding.
+
+Explicit scores of a causal layer without other masks are masked inside the matmul (``baddbmm``
+onto a cached additive ``-inf`` mask), and a softmax that nothing differentiates and whose
+scores no hook reads is written over the scores: each pass over a fresh (B, h, T, T) buffer
+costs about as much as the matmul (``bench/bench_attention_kernel.py --captures``).
 
 Optional slots installed by ``headwise.control`` (never set by the builder):
 ``head_mask`` (structural masks) and ``head_gate`` (task gates).
@@ -38,6 +48,7 @@ from torch import Tensor, nn
 
 from headwise.heads import kv_head
 from headwise.model.hook_point import HookPoint
+from headwise.model.kernels import CPU_SOFTMAX_WIDTH, gqa_kv, softmax_keys
 from headwise.model.positional import Rotary
 
 # On CPU, when hooks ask for some heads' scores or patterns and the sequence has at most this many
@@ -79,6 +90,7 @@ class Attention(nn.Module):
                                tuple[Tensor, Tensor, Tensor, Tensor, Tensor]] = {}
         self._rest_memo: tuple[Tensor, Tensor, Tensor, Tensor, tuple[int, ...]] | None = None
         self._explicit_memo: tuple[Any, Tensor | None, Tensor | None] | None = None
+        self._bias_memo: tuple[Any, Tensor] | None = None
         self.head_gate: nn.Module | None = None
         self.hook_q = HookPoint(head_axis=2)  # (B, T, H, Dh)
         self.hook_k = HookPoint(head_axis=2, kv_group=self.group)  # (B, T, H_kv, Dh)
@@ -146,15 +158,15 @@ class Attention(nn.Module):
 
         allowed = self._allowed(B, T, key_padding, task_ids, x.device)  # (B|1, H|1, T, T)|None
         explicit = self.explicit_heads()
-        beside = bool(explicit) and not (self.hook_attn_scores.writes or self.hook_pattern.writes)
         if explicit and T <= EXPLICIT_MAX_KEYS and x.device.type == "cpu":
             explicit = tuple(range(H))  # short rows: cheaper than fused + the hooked heads
-            z = self._explicit(q, *gqa_kv(k, v, self.group, masked=True)[:2], allowed, explicit)
-        elif not explicit or beside:
+        beside = 0 < len(explicit) < H and not (self.hook_attn_scores.writes
+                                                or self.hook_pattern.writes)
+        if not explicit or beside:
             z = self._fused(q, k, v, allowed)  # (B, H, T, Dh)
-            if beside:
+            if beside:  # captures of some heads: their patterns beside, off the output
                 self._patterns_beside(q, k, allowed, explicit)
-        elif len(explicit) == H:
+        elif len(explicit) == H:  # every head: one explicit pass, its output used
             z = self._explicit(q, *gqa_kv(k, v, self.group, masked=True)[:2], allowed, explicit)
         else:
             z = self._split(q, k, v, allowed, explicit)
@@ -247,8 +259,12 @@ class Attention(nn.Module):
 
     def _patterns_beside(self, q: Tensor, k: Tensor, allowed: Tensor | None,
                          heads: tuple[int, ...]) -> None:
-        """Scores and patterns of ``heads`` for read-only hooks, off the output's path."""
-        if len(heads) < self.n_heads or self.group > 1:
+        """Scores and patterns of ``heads`` (not all) for read-only hooks, off the output's
+        path; one head is a view of q and k (nothing gathered), several are one gather."""
+        if len(heads) == 1:
+            h = heads[0]
+            q, k = q.narrow(1, h, 1), k.narrow(1, h // self.group, 1)
+        else:
             _, _, _, idx, kv_idx = self._head_index(heads, q.device)
             q, k = q.index_select(1, idx), k.index_select(1, kv_idx)
         self._pattern(q, k, allowed, heads)
@@ -257,18 +273,42 @@ class Attention(nn.Module):
                  heads: tuple[int, ...]) -> Tensor:
         """(B, h, T, T) pattern of ``heads`` from their q and k (B, h, T, Dh); the hooks at
         ``hook_attn_scores`` and ``hook_pattern`` run on the way."""
-        idx = self._head_index(heads, qh.device)[3]
-        # Scale q, not the (T, T) scores, and mask in place: each pass over (B, h, T, T) counts.
-        scores = (qh * (1.0 / math.sqrt(self.d_head))) @ kh.transpose(-1, -2)  # (B, h, T, T)
-        blocked, no_key = self._explicit_masks(allowed, heads, idx, qh.shape[2], qh.device)
-        if blocked is not None:
-            scores = scores.masked_fill_(blocked, float("-inf"))
+        B, h, T, Dh = qh.shape
+        scale = 1.0 / math.sqrt(self.d_head)
+        # Each pass over a fresh (B, h, T, T) buffer costs about as much as the matmul itself
+        # (on CPU, mostly first-touch page faults), so the causal mask is added inside the
+        # matmul (baddbmm onto a -inf bias) and a softmax that nothing differentiates or reads
+        # the scores of is written over them (not under autocast, which may want a float32
+        # pattern from half-precision scores).
+        if allowed is None and self.causal:
+            scores = torch.baddbmm(self._causal_bias(T, qh), qh.reshape(B * h, T, Dh),
+                                   kh.reshape(B * h, T, Dh).transpose(-1, -2), alpha=scale)
+            scores, no_key = scores.view(B, h, T, T), None
+        else:
+            idx = self._head_index(heads, qh.device)[3]
+            scores = (qh * scale) @ kh.transpose(-1, -2)  # (B, h, T, T)
+            blocked, no_key = self._explicit_masks(allowed, heads, idx, T, qh.device)
+            if blocked is not None:
+                scores = scores.masked_fill_(blocked, float("-inf"))
         scores = self.hook_attn_scores(scores, heads)
         if no_key is not None:
             pattern = softmax_keys(scores.masked_fill(no_key, 0.0)).masked_fill(no_key, 0.0)
+        elif (T >= CPU_SOFTMAX_WIDTH and not scores.requires_grad
+              and not self.hook_attn_scores.active
+              and not torch.is_autocast_enabled(scores.device.type)):  # (autocast: float32 out)
+            pattern = torch.softmax(scores, dim=-1, out=scores)
         else:
             pattern = softmax_keys(scores)
         return self.hook_pattern(pattern, heads)  # (B, h, T, T)
+
+    def _causal_bias(self, T: int, like: Tensor) -> Tensor:
+        """(T, T) additive causal mask: 0 on and below the diagonal, -inf above (made once per
+        length, dtype and device)."""
+        key = (T, like.dtype, like.device)
+        if self._bias_memo is None or self._bias_memo[0] != key:
+            bias = torch.full((T, T), float("-inf"), dtype=like.dtype, device=like.device)
+            self._bias_memo = (key, bias.triu_(1))
+        return self._bias_memo[1]
 
     def _head_index(self, heads: tuple[int, ...], device: torch.device
                     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -317,46 +357,6 @@ class Attention(nn.Module):
         out = result.sum(2)
         bias = getattr(self.o_proj, "bias", None)
         return out + bias if bias is not None else out
-
-
-# Below this many keys PyTorch's CPU softmax leaves its vectorised kernel for a scalar loop.
-CPU_SOFTMAX_WIDTH = 16
-
-
-def softmax_keys(scores: Tensor) -> Tensor:
-    """``softmax(scores, dim=-1)``, padded on CPU when a row has fewer than 16 keys.
-
-    PyTorch's CPU softmax (forward and backward) falls back to a scalar loop when the softmax
-    axis is shorter than its vector width: forward + backward of a (64, 1, 14, 14) softmax takes
-    ~3x as long as this padded one, and ~6x as long as a (64, 1, 16, 16) one
-    (``bench/bench_attention_kernel.py --softmax``, docs/benchmarks.md).
-    Padding the row with ``-inf`` keys to 16 puts it back on the vector kernel; the extra keys
-    get exactly 0 and the real keys the same probabilities to float rounding. Longer rows (and
-    other devices) go straight to ``torch.softmax``.
-    """
-    T = scores.shape[-1]
-    if T >= CPU_SOFTMAX_WIDTH or scores.device.type != "cpu":
-        return torch.softmax(scores, dim=-1)
-    padded = F.pad(scores, (0, CPU_SOFTMAX_WIDTH - T), value=float("-inf"))
-    return torch.softmax(padded, dim=-1)[..., :T].contiguous()
-
-
-def gqa_kv(k: Tensor, v: Tensor, group: int, masked: bool) -> tuple[Tensor, Tensor, bool]:
-    """k and v (B, H_kv, T, Dh) as SDPA should get them, and its ``enable_gqa`` flag.
-
-    ``enable_gqa`` is kept only for an unmasked half-precision call: on CUDA only the flash
-    backend supports it, and flash takes neither a mask nor float32, so any other call would
-    fall back to the math kernel (full T x T scores). There k/v are expanded to all H heads
-    (``repeat_interleave`` over the group, as HuggingFace does), which every backend supports.
-
-    Returns:
-        ``(k, v, enable_gqa)``; k/v unchanged when ``group == 1`` or ``enable_gqa`` is True.
-    """
-    if group == 1:
-        return k, v, False
-    if not masked and k.dtype in (torch.float16, torch.bfloat16):
-        return k, v, True
-    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), False
 
 
 def effective_weight(linear: nn.Module) -> Tensor:

@@ -3,6 +3,8 @@
 
 The model is built from hook points (every component declares its own), so they live in
 ``headwise.model``; ``headwise.hooks`` re-exports them with the interventions built on them.
+A model's name -> hook point map (``hook_points``) is built once and rebuilt only after a module
+of the process is registered, so attaching hooks at every training step walks no module tree.
 
 A hook function has the TransformerLens signature ``fn(value, hook) -> Tensor | None``: it may
 read ``value``, return a replacement (same shape) or edit it in place. ``hook`` is a
@@ -15,16 +17,19 @@ name *query* heads and act on the kv heads they read (GQA: a kv head is shared b
 
 A hook marked ``read_only`` promises to return ``None`` and never edit its value (a capture).
 It gets the value itself when it holds exactly the hook's heads (no copy), and it lets
-attention compute requested scores and patterns *beside* the fused kernel instead of routing
-those heads through the explicit path: with only read-only hooks attached, the forward's
-outputs are bit-identical to the forward without hooks (``headwise.model.attention``). Its
-value is then off the output's path: gradients reach q and k through it (a loss on a captured
-pattern trains them) but a gradient of the output with respect to it is zero, so captures for
-attribution (``run_with_cache(..., detach=False)``) are not read-only.
+attention compute the requested heads' scores and patterns *beside* the fused kernel instead of
+routing them through the explicit path: with read-only hooks on some heads of a layer, the
+forward's outputs are bit-identical to the forward without hooks; with hooks on every head,
+the layer runs one explicit pass and its outputs equal the fused ones to float rounding
+(``headwise.model.attention``). A pattern captured beside the kernel is off the output's path:
+gradients reach q and k through it (a loss on a captured pattern trains them) but a gradient
+of the output with respect to it is zero, so captures for attribution
+(``run_with_cache(..., detach=False)``) are not read-only.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +37,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.module import register_module_module_registration_hook
 
 HookFn = Callable[[Tensor, "HookContext"], "Tensor | None"]
 
@@ -186,9 +192,50 @@ def _checked(out: object, like: Tensor, name: str) -> Tensor:
     return out
 
 
+# The name -> HookPoint map of a model is built once and reused while the module tree is
+# unchanged. Any sub-module registration anywhere (attribute assignment, ``add_module``,
+# ``ModuleList.append``, an adapter replacing a Linear with ``setattr``) bumps this counter
+# through torch's global registration hook, which makes every stored map stale.
+_tree_version = 0
+_maps: weakref.WeakKeyDictionary[nn.Module, tuple[int, dict[str, HookPoint]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _on_register(module: nn.Module, name: str, submodule: nn.Module | None) -> None:
+    global _tree_version
+    _tree_version += 1
+
+
+register_module_module_registration_hook(_on_register)
+
+
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:
-    """Every hook point of ``model`` by its name."""
-    return {m.name: m for m in model.modules() if isinstance(m, HookPoint)}
+    """Every hook point of ``model`` by its name, in module order (do not mutate the dict).
+
+    The map is built by one walk of the module tree and kept until a sub-module is registered
+    anywhere in the process (assignment, ``add_module``, ``ModuleList.append``, an adapter
+    wrapping a Linear); then the next call walks again. Each walk names the points by their
+    module paths when ``model`` owns the names (a class attribute ``names_hook_points``, set by
+    ``Transformer``, so a module moved in from elsewhere is renamed); in any other module (a
+    wrapper such as ``torch.compile``'s) points keep their names and only unnamed ones take
+    their path. Edits that bypass torch's registration (``del`` of a sub-module,
+    ``ModuleList.insert``, writing ``_modules`` directly) are not seen: assign the new module
+    (or ``None``) instead.
+    """
+    entry = _maps.get(model)
+    if entry is not None and entry[0] == _tree_version:
+        return entry[1]
+    # the class's own attribute: a wrapper that forwards attribute lookups to the model it
+    # wraps (torch.compile's OptimizedModule) must not rename the points by its own paths
+    rename = bool(getattr(type(model), "names_hook_points", False))
+    points: dict[str, HookPoint] = {}
+    for path, m in model.named_modules():
+        if isinstance(m, HookPoint):
+            if rename or not m.name:
+                m.name = path
+            points[m.name] = m
+    _maps[model] = (_tree_version, points)
+    return points
 
 
 def _as_hooks(items: Iterable[Any]) -> list[Hook]:

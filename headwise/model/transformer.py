@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from headwise.model import head_params
 from headwise.model.cache import ActivationCache, run_with_cache
 from headwise.model.factored import FactoredMatrix
-from headwise.model.hook_point import Hook, HookPoint, attach_hooks
+from headwise.model.hook_point import Hook, HookPoint, attach_hooks, hook_points
 from headwise.model.inputs import check_shapes, check_tokens
 
 if TYPE_CHECKING:
@@ -42,6 +42,8 @@ class Transformer(nn.Module):
         dropout: embedding dropout.
     """
 
+    names_hook_points = True  # hook points are named by their paths in this model
+
     def __init__(self, config: ModelConfig, *, embed: nn.Embedding, pos_embed: nn.Module | None,
                  token_type_embed: nn.Embedding | None, embed_norm: nn.Module | None,
                  blocks: Sequence[nn.Module], ln_final: nn.Module | None, unembed: nn.Linear,
@@ -59,9 +61,7 @@ class Transformer(nn.Module):
         self.hook_embed = HookPoint()
         self.hook_pos_embed = HookPoint()
         self.hook_logits = HookPoint()
-        for name, module in self.named_modules():
-            if isinstance(module, HookPoint):
-                module.name = name
+        hook_points(self)  # names every hook point by its module path
 
     def hidden(self, tokens: Tensor, attention_mask: Tensor | None = None,
                token_type_ids: Tensor | None = None, task_ids: Tensor | None = None) -> Tensor:
@@ -105,8 +105,9 @@ class Transformer(nn.Module):
             self.unembed(self.hidden(tokens, attention_mask, token_type_ids, task_ids)))
 
     def hook_points(self) -> dict[str, HookPoint]:
-        """Every hook point of the model by name, in module order."""
-        return {n: m for n, m in self.named_modules() if isinstance(m, HookPoint)}
+        """Every hook point of the model by name, in module order (``hook_point.hook_points``,
+        mapped once and rebuilt only after a module change)."""
+        return dict(hook_points(self))
 
     def hooks(self, *hooks: Hook | tuple[Any, ...] | Iterable[Hook]
               ) -> AbstractContextManager[None]:

@@ -24,8 +24,9 @@ from torch import Tensor, nn
 import headwise.model.attention as attention
 from headwise.hooks import Hook
 from headwise.model import build_model
-from headwise.model.attention import EXPLICIT_MAX_KEYS, softmax_keys
+from headwise.model.attention import EXPLICIT_MAX_KEYS
 from headwise.model.hook_point import HookPoint
+from headwise.model.kernels import softmax_keys
 
 KINDS = ["mha", "gqa_rope"]
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from ref_attention import full_allowed, make_attention, reference_attention
 
-from headwise.model.attention import gqa_kv
+from headwise.model.kernels import gqa_kv
 
 B, T, D, H, HKV, DH = 2, 5, 12, 6, 2, 4  # group of 3: a wrong repeat order cannot pass
 

@@ -1,0 +1,164 @@
+"""Read-only captures of scores and patterns at lengths past the short-row rule: what each costs
+(which kernel runs) and that every capture equals explicit maths.
+
+- Some heads captured: every head runs fused, the captured heads' patterns are computed beside
+  it from views of q and k; the output is bit-identical to the no-hook forward.
+- Every head captured: one explicit pass whose output is used (no fused call); output and
+  gradients equal the no-hook forward's to float rounding.
+- Captured scores are the masked scaled scores (the softmax is not written over them when they
+  are read); a pattern captured without gradient is the softmax of those scores.
+Reference: ``ref_attention.reference_attention`` (per head, per example, from the formulas).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from ref_attention import full_allowed, make_attention, reference_attention
+from torch import Tensor
+
+from headwise.hooks import Hook, attach_hooks
+from headwise.model import Attention
+from headwise.model.attention import EXPLICIT_MAX_KEYS
+
+T = EXPLICIT_MAX_KEYS + 5  # 20: past the short-row rule and the CPU softmax's vector width
+B = 2
+TOL = 1e-5
+KINDS = {"mha": (3, 3, False), "gqa_rope": (4, 2, True)}  # H, H_kv, rope
+
+
+def _setup(kind: str, padding: bool) -> tuple[Attention, Tensor, Tensor | None, Tensor, Tensor]:
+    H, Hkv, rope = KINDS[kind]
+    attn = make_attention(5 * H, H, Hkv, 5 if not rope else 6, causal=True, rope=rope,
+                          max_seq_len=T).eval()
+    x = torch.randn(B, T, attn.q_proj.in_features, generator=torch.Generator().manual_seed(4))
+    kp = None
+    if padding:
+        kp = torch.ones(B, T, dtype=torch.bool)
+        kp[1, :3] = False  # example 1: first three keys padding
+    allowed = full_allowed(B, H, T, True, kp)
+    with torch.no_grad():
+        ref_out, _, ref_pattern = reference_attention(attn, x, allowed,
+                                                      rope_base=1e4 if rope else None)
+    return attn, x, kp, ref_out, ref_pattern
+
+
+def _fused_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def counted(*args: Any, **kw: Any) -> Tensor:
+        calls.append(args[0].shape[1])  # heads in the call
+        return sdpa(*args, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", counted)
+    return calls
+
+
+def _capture(heads: tuple[int, ...] | None, got: dict[str, Tensor],
+             points: tuple[str, ...] = ("hook_pattern",)) -> list[Hook]:
+    def store(v: Tensor, ctx: Any) -> None:
+        got[ctx.name] = v
+
+    return [Hook(p, store, heads, read_only=True) for p in points]
+
+
+CASES = list(itertools.product(KINDS, [False, True]))
+
+
+@pytest.mark.parametrize("kind, padding", CASES, ids=[f"{k}-pad{p}" for k, p in CASES])
+def test_one_head_capture_is_beside_the_fused_kernel(kind: str, padding: bool,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    attn, x, kp, _, ref_pattern = _setup(kind, padding)
+    with torch.no_grad():
+        plain = attn(x, kp)
+        calls = _fused_calls(monkeypatch)
+        for h in range(attn.n_heads):
+            got: dict[str, Tensor] = {}
+            with attach_hooks(attn, _capture((h,), got)):
+                out = attn(x, kp)
+            assert torch.equal(out, plain), h
+            assert got["hook_pattern"].shape == (B, 1, T, T)
+            torch.testing.assert_close(got["hook_pattern"][:, 0], ref_pattern[:, h],
+                                       atol=TOL, rtol=0)
+    assert calls == [attn.n_heads] * attn.n_heads  # one fused call over every head each time
+
+
+@pytest.mark.parametrize("kind, padding", CASES, ids=[f"{k}-pad{p}" for k, p in CASES])
+def test_every_head_capture_is_one_explicit_pass(kind: str, padding: bool,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    attn, x, kp, ref_out, ref_pattern = _setup(kind, padding)
+    calls = _fused_calls(monkeypatch)
+    got: dict[str, Tensor] = {}
+    with torch.no_grad(), attach_hooks(attn, _capture(None, got)):
+        out = attn(x, kp)
+    assert calls == []  # no fused call: the explicit pass gives the output
+    torch.testing.assert_close(out, ref_out, atol=TOL, rtol=0)
+    torch.testing.assert_close(got["hook_pattern"], ref_pattern, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("kind, padding", CASES, ids=[f"{k}-pad{p}" for k, p in CASES])
+@pytest.mark.parametrize("heads", [(1,), None], ids=["one_head", "every_head"])
+def test_capture_with_gradient_trains_like_the_no_hook_forward(
+        kind: str, padding: bool, heads: tuple[int, ...] | None) -> None:
+    """The output's gradient is the no-hook forward's; a loss on the captured pattern adds the
+    gradient of the reference pattern's loss (checked through ``torch.autograd.grad``)."""
+    attn, x, kp, _, _ = _setup(kind, padding)
+    params = [p for p in attn.parameters()]
+    plain_grads = torch.autograd.grad(attn(x, kp).square().mean(), params)
+    got: dict[str, Tensor] = {}
+    with attach_hooks(attn, _capture(heads, got)):
+        out = attn(x, kp)
+    grads = torch.autograd.grad(out.square().mean(), params, retain_graph=True)
+    for g, ref in zip(grads, plain_grads, strict=True):
+        torch.testing.assert_close(g, ref, atol=TOL, rtol=1e-4)
+    # d(pattern . W) against the reference pattern built from the same parameters
+    weight = torch.rand(got["hook_pattern"].shape, generator=torch.Generator().manual_seed(5))
+    pattern_grads = torch.autograd.grad((got["hook_pattern"] * weight).sum(), params,
+                                        allow_unused=True)
+    H = attn.n_heads
+    allowed = full_allowed(B, H, T, True, kp)
+    rope = 1e4 if attn.rotary is not None else None
+    ref_pattern = reference_attention(attn, x, allowed, rope_base=rope)[2]
+    ref_pattern = ref_pattern if heads is None else ref_pattern[:, list(heads)]
+    ref_grads = torch.autograd.grad((ref_pattern * weight).sum(), params, allow_unused=True)
+    for g, ref in zip(pattern_grads, ref_grads, strict=True):
+        if ref is None:
+            assert g is None or g.abs().max() == 0
+        else:
+            torch.testing.assert_close(g, ref, atol=TOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize("heads", [(2,), None], ids=["one_head", "every_head"])
+def test_captured_scores_are_not_overwritten_by_the_softmax(heads: tuple[int, ...] | None
+                                                            ) -> None:
+    attn, x, kp, _, ref_pattern = _setup("gqa_rope", padding=False)
+    got: dict[str, Tensor] = {}
+    with torch.no_grad(), attach_hooks(attn, _capture(heads, got,
+                                                      ("hook_attn_scores", "hook_pattern"))):
+        attn(x, kp)
+    scores, pattern = got["hook_attn_scores"], got["hook_pattern"]
+    above = torch.ones(T, T, dtype=torch.bool).triu(1)
+    assert (scores[..., above] == float("-inf")).all()
+    assert torch.isfinite(scores[..., ~above]).all()
+    torch.testing.assert_close(torch.softmax(scores, -1), pattern, atol=1e-6, rtol=0)
+    want = ref_pattern if heads is None else ref_pattern[:, list(heads)]
+    torch.testing.assert_close(pattern, want, atol=TOL, rtol=0)
+
+
+def test_causal_mask_follows_the_length() -> None:
+    """The additive causal mask is kept per length: a shorter call after a longer one (and
+    back) is masked for its own length."""
+    attn, x, _, ref_out, ref_pattern = _setup("mha", padding=False)
+    for t in (T, T - 3, T):
+        got: dict[str, Tensor] = {}
+        with torch.no_grad(), attach_hooks(attn, _capture(None, got)):
+            out = attn(x[:, :t])
+        torch.testing.assert_close(got["hook_pattern"], ref_pattern[:, :, :t, :t], atol=TOL,
+                                   rtol=0)
+        if t == T:
+            torch.testing.assert_close(out, ref_out, atol=TOL, rtol=0)
