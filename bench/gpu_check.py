@@ -1,4 +1,4 @@
-"""GPU check (issue 12): forward / backward / cache ratios and a bf16 training step on CUDA.
+"""GPU check: forward / backward / cache ratios and a bf16 training step on CUDA.
 
 Run by ``bench/gpu_check.sh`` on a CUDA machine (prints JSON lines; exits 1 on a failed
 check). The ratios are those of ``bench_forward.py`` (same GPT-2-shaped model, same reference

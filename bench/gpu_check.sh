@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check (issue 12), <= 5 minutes on one CUDA device. Run from the repository root after
+# GPU check, <= 5 minutes on one CUDA device. Run from the repository root after
 # `bash scripts/setup.sh test` with a CUDA build of torch:
 #   bash bench/gpu_check.sh [OUT_DIR]
 # 1. fused-vs-reference forward and forward+backward ratios, one-head and all-heads cache
