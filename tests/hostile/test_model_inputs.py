@@ -1,4 +1,4 @@
-"""Model inputs are checked where they enter: ids in range, no meta-device tokens."""
+"""Hostile model inputs where data enters the library: negative task ids, meta-device tokens."""
 
 from __future__ import annotations
 
