@@ -53,6 +53,20 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Put the finished directory ``tmp`` at ``final`` in one rename (an existing ``final``, e.g.
+    a step saved again after a resume, is moved aside first and removed after), then sync the
+    parent so the rename is durable."""
+    if final.exists():
+        old = final.with_name(f".old-{final.name}-{os.getpid()}")
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file, fsync and ``os.replace``.
 

@@ -1,4 +1,5 @@
-"""Bounded JSON reading: the one way headwise reads a JSON object from a file it was handed.
+"""Bounded reads: the one way headwise reads a file it was handed (bytes of bounded size), and a
+JSON object from one.
 
 A JSON file from a user or a downloaded checkpoint (an HF ``config.json``, an adapter config, a
 forecaster) must be a regular file of bounded size holding one JSON object; anything else
@@ -14,6 +15,18 @@ from pathlib import Path
 from typing import Any
 
 MAX_JSON_BYTES = 64 << 20  # configs and index files are kilobytes in practice
+
+
+def read_bounded(path: Path, max_bytes: int, what: str,
+                 error: Callable[[str], Exception] = ValueError) -> bytes:
+    """The bytes of the regular file ``path``, refused (naming ``what`` and the file) when it is
+    not one or holds more than ``max_bytes``: sizes are checked before anything is read."""
+    if not path.is_file():
+        raise error(f"{what}: {path} is not a regular file")
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise error(f"{what}: {path} has {size} bytes, expected at most {max_bytes}")
+    return path.read_bytes()
 
 
 def read_json_object(path: Path, error: Callable[[str], Exception] = ValueError,

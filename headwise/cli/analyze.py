@@ -131,6 +131,7 @@ def _hf(name: str, text: str | None, revision: str | None, device: str) -> dict[
     from headwise.analysis.role_table import RoleTable
     from headwise.data.text import decode_text
     from headwise.interop.hub_cache import resolve_model
+    from headwise.jsonfile import read_bounded
     from headwise.pipeline.hf_analysis import analyze_hf
 
     directory = str(resolve_model(name, revision, field="--hf"))
@@ -138,13 +139,8 @@ def _hf(name: str, text: str | None, revision: str | None, device: str) -> dict[
     source = "16 sequences of random tokens repeated once"
     if text is not None:
         path = Path(text)
-        if not path.is_file():
-            raise SpecError(f"--text: {path} is not a file")
-        size = path.stat().st_size
-        if size > MAX_TEXT_BYTES:
-            raise SpecError(f"--text: {path} has {size} bytes, expected at most "
-                            f"{MAX_TEXT_BYTES} (a few thousand lines score every head)")
-        content = decode_text(path.read_bytes(), f"--text: {path}", SpecError)
+        data = read_bounded(path, MAX_TEXT_BYTES, "--text", SpecError)  # a few thousand lines do
+        content = decode_text(data, f"--text: {path}", SpecError)
         lines = [line for line in content.splitlines() if line.strip()]
         if not lines:
             raise SpecError(f"--text: {path} has no non-empty line")

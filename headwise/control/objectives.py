@@ -113,6 +113,20 @@ class _PatternCapture:
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
+class _OnCapturedPatterns(Objective):
+    """An objective on the patterns its ``_capture`` takes in the forward: the capture's hooks
+    (read-only, restricted to the objective's heads), cleared at the step's reset."""
+
+    _capture: _PatternCapture
+
+    def hooks(self) -> list[Hook]:
+        """Hooks on ``hook_pattern`` restricted to the supervised heads."""
+        return self._capture.hooks()
+
+    def reset(self) -> None:
+        self._capture.clear()
+
+
 class _ShapeMemo:
     """The last value made for a batch shape and device.
 
@@ -195,7 +209,7 @@ def row_loss(P: Tensor, Q: Tensor, kind: str) -> Tensor:
     raise ValueError(f"kind: got {kind!r}, expected one of {list(LOSS_KINDS)}")
 
 
-class PatternObjective(Objective):
+class PatternObjective(_OnCapturedPatterns):
     """Pull chosen heads' attention patterns towards a target.
 
     Targets (``Q`` rows, see module docstring for valid rows and the loss maths): a role name
@@ -249,13 +263,6 @@ class PatternObjective(Objective):
         self._fixed_matrix = isinstance(target, Tensor)
         self._memo = _ShapeMemo()
 
-    def hooks(self) -> list[Hook]:
-        """Hooks on ``hook_pattern`` restricted to the supervised heads."""
-        return self._capture.hooks()
-
-    def reset(self) -> None:
-        self._capture.clear()
-
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
         """``weight * mean_heads(loss_head)`` and ``{"pattern/L0.H0": loss_head, ...}``."""
@@ -282,7 +289,7 @@ class PatternObjective(Objective):
         return Q, defined & real_tokens(tokens, attention_mask)
 
 
-class RoleBound(Objective):
+class RoleBound(_OnCapturedPatterns):
     """Keep chosen heads' score for ``role`` within ``[min, max]``, row by row.
 
     The role's per-row score is the one ``headwise.patterns`` defines (attention mass on the
@@ -313,12 +320,6 @@ class RoleBound(Objective):
         self._capture = _PatternCapture(model, heads, "heads")
         self.heads = self._capture.heads
         self._memo = _ShapeMemo()
-
-    def hooks(self) -> list[Hook]:
-        return self._capture.hooks()
-
-    def reset(self) -> None:
-        self._capture.clear()
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:

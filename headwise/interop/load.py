@@ -31,6 +31,7 @@ from headwise.interop.weights import (
     read_safetensors,
     read_state_dict,
 )
+from headwise.jsonfile import read_bounded
 from headwise.model import Transformer, build_model
 from headwise.training.safetensors_io import check_finite, save_tensors
 
@@ -213,13 +214,7 @@ def read_tokenizer_files(directory: Path, names: tuple[str, ...] = TOKENIZER_FIL
             raise CheckpointError(f"{option}: {file} is a link to {real}, outside {root}; "
                                   "expected the checkpoint's own file (headwise does not copy "
                                   "what links elsewhere point to)")
-        if not real.is_file():
-            raise CheckpointError(f"{option}: {file} is not a regular file")
-        size = real.stat().st_size
-        if size > MAX_TOKENIZER_FILE_BYTES:
-            raise CheckpointError(f"{option}: {file} has {size} bytes, expected at most "
-                                  f"{MAX_TOKENIZER_FILE_BYTES}")
-        out[name] = real.read_bytes()
+        out[name] = read_bounded(real, MAX_TOKENIZER_FILE_BYTES, option, CheckpointError)
     return out
 
 

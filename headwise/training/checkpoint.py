@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.atomic import fsync_dir, write_bytes_atomic
+from headwise.atomic import fsync_dir, publish_dir, write_bytes_atomic
 from headwise.errors import CheckpointError, StorageError
 from headwise.training.manifest import verify_manifest, write_manifest
 from headwise.training.safetensors_io import load_tensors, load_weights, save_tensors, save_weights
@@ -198,14 +198,7 @@ def _save(final: Path, tmp: Path, step: int, model: nn.Module,
     write_bytes_atomic(tmp / "trainer.json", json.dumps(meta, indent=1).encode())
     write_manifest(tmp, CHECKPOINT_FILES)
     fsync_dir(tmp)
-    if final.exists():  # re-saving a step (e.g. after a resume): move the old one aside first
-        old = final.with_name(f".old-{final.name}-{os.getpid()}")
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, final)
-    fsync_dir(final.parent)
+    publish_dir(tmp, final)  # re-saving a step (after a resume) replaces it
     return final
 
 

@@ -23,7 +23,6 @@ reads the whole model back in one process, without ``torchrun`` (the report's tr
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import warnings
 from collections.abc import Mapping
@@ -35,7 +34,7 @@ import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
 
-from headwise.atomic import fsync_dir, write_bytes_atomic
+from headwise.atomic import fsync_dir, publish_dir, write_bytes_atomic
 from headwise.errors import CheckpointError
 from headwise.training.checkpoint import (
     CHECKPOINT_FILES,
@@ -136,14 +135,7 @@ def save_sharded_checkpoint(out_dir: Path, step: int, model: nn.Module,
         write_manifest(tmp, FILES)
         fsync_dir(tmp / SHARDS)
         fsync_dir(tmp)
-        if final.exists():  # re-saving a step (after a resume): move the old one aside first
-            old = final.with_name(f".old-{final.name}-{os.getpid()}")
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, final)
-        fsync_dir(final.parent)
+        publish_dir(tmp, final)  # re-saving a step (after a resume) replaces it
     ctx.barrier()
     return final
 
