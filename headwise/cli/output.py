@@ -85,7 +85,7 @@ def print_outcome(out: Console, outcome: RunOutcome) -> None:
     """Summary after ``headwise train`` / ``headwise demo``."""
     run = outcome.run_dir
     metrics = outcome.train.metrics
-    out.print(f"trained {outcome.train.step} steps; held-out accuracy: {task_line(metrics)}")
+    out.print(f"trained {outcome.train.step} steps; eval-batch accuracy: {task_line(metrics)}")
     if outcome.enforcement is not None:
         out.print(enforcement_table(outcome.enforcement))
     if outcome.contract is not None:

@@ -93,7 +93,7 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     forecaster (or the one in the JSON file ``forecaster``, e.g. from
     ``headwise fit-forecaster``) predicts final roles and ``warn`` gets a line per contract
     clause forecast to fail (``headwise.contract.forecast``). With ``progress``, a line per
-    evaluation point (held-out accuracy, clauses held, ETA) goes to stdout.
+    evaluation point (eval-batch accuracy, clauses held, ETA) goes to stdout.
 
     ``enforce_config`` sets enforcement (default: the spec's ``enforce:`` section); ``enforcer``
     is the callback class that applies it (a subclass may instrument it, as the benchmarks do).

@@ -3,7 +3,7 @@
 ``write_run_report`` gathers what ``headwise.analysis.build_report`` renders (role scores,
 ablation importance, the contract verdicts, score trajectories over the run's checkpoints,
 expected vs observed patterns of masked and supervised heads, a walkthrough of one gated head)
-and adds the enforcement summary, the gate table and held-out accuracy curves; it writes
+and adds the enforcement summary, the gate table and eval-batch accuracy curves; it writes
 ``report.json`` and the self-contained ``report.html`` into the run directory.
 """
 
@@ -75,7 +75,7 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
     if curve:
         last = curve[-1]
         for name, m in last.get("tasks", {}).items():
-            meta[f"held-out accuracy: {name}"] = m.get("accuracy")
+            meta[f"eval-batch accuracy: {name}"] = m.get("accuracy")
         meta["trained steps"] = last.get("step")
     if enforcement is not None:
         meta.update(_enforcement_meta(enforcement))
@@ -94,8 +94,8 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
         steps = [r["step"] for r in curve]
         series = {name: [r["tasks"].get(name, {}).get("accuracy") for r in curve]
                   for name in compiled.task_names}
-        extra["held-out accuracy per task during training"] = figures.lines(
-            steps, series, "held-out accuracy", ylabel="accuracy")
+        extra["eval-batch accuracy per task during training"] = figures.lines(
+            steps, series, "eval-batch accuracy", ylabel="accuracy")
     if enforcement is not None and enforcement.get("history"):
         extra.update(_enforcement_figures(enforcement))
     if analysis.gates is not None:
