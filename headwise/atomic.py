@@ -189,6 +189,18 @@ def check_output_file(path: str | Path | None, option: str) -> Path | None:
     return target
 
 
+def check_empty_dir(path: Path, option: str, overwrite: bool) -> None:
+    """A directory destination that holds anything is written into only with ``overwrite``
+    (whose writer then replaces its own files and leaves the rest).
+
+    Raises:
+        ConfigError: ``path`` is a non-empty directory and ``overwrite`` is false.
+    """
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise ConfigError(f"{option}: {path} is not empty; choose another directory or pass "
+                          "overwrite=True (--overwrite) to replace its HuggingFace files")
+
+
 def check_output_dir(path: str | Path, option: str, *, overwrite: bool,
                      replaces: Iterable[str] = (), sources: Iterable[Path] = ()) -> str | None:
     """Refuse, before any work, a directory destination headwise must not write into.

@@ -22,7 +22,14 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from headwise.atomic import ADAPTER, MODEL, check_output_dir, remove_entries, write_bytes_atomic
+from headwise.atomic import (
+    ADAPTER,
+    MODEL,
+    check_empty_dir,
+    check_output_dir,
+    remove_entries,
+    write_bytes_atomic,
+)
 from headwise.config import ModelConfig
 from headwise.control.lora import lora_modules
 from headwise.errors import CheckpointError, ConfigError
@@ -191,9 +198,7 @@ def tokenizer_files(path: Path) -> dict[str, bytes]:
 def check_destinations(out: Path, peft: str | Path | None, overwrite: bool) -> None:
     """Refuse ``out`` and ``peft`` (the output rule) before anything is written or deleted."""
     check_output_dir(out, "out", overwrite=True, replaces=(MODEL,))  # the kind; then:
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"out: {out} is not empty; choose another directory or pass "
-                          "overwrite=True (--overwrite) to replace its HuggingFace files")
+    check_empty_dir(out, "out", overwrite)
     if peft is None:
         return
     if Path(peft).absolute() == out.absolute():

@@ -14,7 +14,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from headwise.atomic import MODEL, check_output_dir, remove_entries, write_bytes_atomic
+from headwise.atomic import (
+    MODEL,
+    check_empty_dir,
+    check_output_dir,
+    remove_entries,
+    write_bytes_atomic,
+)
 from headwise.config import ModelConfig
 from headwise.errors import CheckpointError, ConfigError
 from headwise.interop.bert import POOLER_KEYS, BertPooler
@@ -173,6 +179,7 @@ def convert(hf_dir: str | Path, out_dir: str | Path, *, strict: bool = True,
     hf_dir = resolve_model(hf_dir, revision, field="hf_dir", revision_field="revision")
     out = Path(out_dir)
     check_output_dir(out, "out", overwrite=overwrite, replaces=(MODEL,), sources=[Path(hf_dir)])
+    check_empty_dir(out, "out", overwrite)
     copies = read_tokenizer_files(Path(hf_dir))
     model = load_hf(hf_dir, strict=strict)
     if overwrite:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -91,3 +92,16 @@ def test_convert_copies_tokenizer(hf_model_dir, tmp_path):
 def test_missing_tokenizer(tmp_path):
     with pytest.raises(CheckpointError, match=r"tokenizer\.json: file not found"):
         load_tokenizer(tmp_path)
+
+
+def test_cli_convert_into_a_non_empty_directory_needs_overwrite(hf_model_dir, tmp_path, capsys):
+    """A non-empty --out is written into only with --overwrite, which keeps the other files."""
+    _, path = hf_model_dir("gpt2")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main(["convert", "--hf", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not empty" in err[0] and sorted(os.listdir(out)) == ["notes.txt"]
+    assert main(["convert", "--hf", str(path), "--out", str(out), "--overwrite"]) == 0
+    assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").is_file()
