@@ -20,6 +20,7 @@ import os
 import re
 from pathlib import Path
 
+from headwise.atomic import CHECKPOINT, RUN, work_in
 from headwise.errors import CheckpointError
 
 # An HF repo id: ``name`` or ``org/name`` (letters, digits, ``-_.``; no ``..`` or ``--``).
@@ -103,6 +104,11 @@ def resolve_model(path_or_id: str | Path, revision: str | None = None, *,
     """
     path = Path(path_or_id).expanduser()
     if path.is_dir():
+        if work_in(path) in (RUN, CHECKPOINT):
+            raise CheckpointError(f"{field}: {path} is {work_in(path)}, not a HuggingFace "
+                                  "checkpoint; expected a directory with config.json (analyze a "
+                                  "run with `headwise analyze RUN`, export it with `headwise "
+                                  "export RUN --hf DIR`)")
         if revision is not None:
             raise CheckpointError(f"{revision_field}: got {revision!r} with the local directory "
                                   f"{path}; a revision applies only to a model id")

@@ -33,6 +33,9 @@ def load_run(run: str | Path, spec_source: str | Path | None = None,
     """
     resolve_device(device, "--device")  # an unavailable device fails before any work
     run = Path(run)
+    if run.is_file() and run.suffix in (".yaml", ".yml"):
+        raise CheckpointError(f"{run}: is a spec, expected a run directory (train it first: "
+                              f"`headwise train {run} --out RUN`)")
     if not run.is_dir():
         raise CheckpointError(f"{run}: no such run directory")
     if spec_source is None and not (run / "spec.yaml").is_file():

@@ -356,3 +356,20 @@ def test_interrupt_line_printed_by_rank_0_only(tmp_path: Path, monkeypatch: pyte
     if lines:
         assert ("interrupted at step 7; resume with" in err if stop == "signal"
                 else "interrupted before the first checkpoint" in err)
+
+
+def test_analyze_names_a_run_given_as_hf_and_a_spec_given_as_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text("{}")
+    (run / "spec.yaml").write_text("model: {}\n")
+    assert main(["analyze", "--hf", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is a headwise run, not a HuggingFace checkpoint" in err
+    assert "headwise analyze RUN" in err
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("model: {}\n")
+    assert main(["analyze", str(spec)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is a spec, expected a run directory" in err and f"headwise train {spec}" in err
