@@ -9,6 +9,7 @@ and never compare kind strings.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,7 @@ class ParseContext:
     tasks: tuple[str, ...]
 
 
-class ClauseKind:
+class ClauseKind(ABC):
     """One clause kind. Subclasses set ``name`` and ``keys`` and implement ``claims``,
     ``parse``, ``describe``, ``measured_on``, ``measure`` and ``lever``; the rest has defaults
     that fit a clause with a measured value and ``at_least``/``at_most`` bounds."""
@@ -39,24 +40,28 @@ class ClauseKind:
     name: str = ""
     keys: frozenset[str] = frozenset()
 
+    @abstractmethod
     def claims(self, raw: Mapping[str, Any]) -> bool:
         """Whether a raw clause mapping is of this kind (entries are asked in registry order)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def parse(self, path: str, index: int, raw: dict[str, Any], ctx: ParseContext) -> Clause:
         """The validated clause (``SpecError`` naming ``path.key`` on bad input)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def describe(self, clause: Clause) -> str:
         """One line: subject and what is measured."""
-        raise NotImplementedError
+        ...
 
     def threshold_text(self, clause: Clause) -> str:
         return bounds_text(clause.at_least, clause.at_most)
 
+    @abstractmethod
     def measured_on(self, clause: Clause) -> str:
         """What the clause is measured on, in words (``headwise plan``)."""
-        raise NotImplementedError
+        ...
 
     def bounded(self, clause: Clause) -> list[tuple[tuple[Any, ...], str]]:
         """``(key, words)`` per quantity whose bounds other clauses of the contract must not
@@ -70,7 +75,8 @@ class ClauseKind:
 
     def check_together(self, clauses: Sequence[Clause]) -> None:
         """Reject clauses of this kind that contradict each other in a way ``bounded`` cannot
-        express (``SpecError``)."""
+        express (``SpecError``); by default there is no such contradiction."""
+        return None
 
     def measure_all(self, model: nn.Module, clauses: Sequence[Clause],
                     data: VerifyData) -> dict[int, ClauseResult]:
@@ -78,8 +84,9 @@ class ClauseKind:
         pass may serve several clauses."""
         return {c.index: self.measure(model, c, data) for c in clauses}
 
+    @abstractmethod
     def measure(self, model: nn.Module, clause: Clause, data: VerifyData) -> ClauseResult:
-        raise NotImplementedError
+        ...
 
     def violation(self, result: ClauseResult) -> float:
         """Signed violation (``> 0``: fails by that much; ``< 0``: holds with that margin):
@@ -96,7 +103,8 @@ class ClauseKind:
         enforcer backs the other levers off (tasks are never traded away)."""
         return False
 
+    @abstractmethod
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         """The clause's lever (``None``: nothing can move it), its objectives added to the run
         at weight 0."""
-        raise NotImplementedError
+        ...

@@ -90,6 +90,9 @@ class ScoreKind(ClauseKind):
                 out[c.index] = _result(c, table, probe)
         return out
 
+    def measure(self, model: nn.Module, clause: Clause, data: VerifyData) -> ClauseResult:
+        return self.measure_all(model, [clause], data)[clause.index]
+
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         heads = [h for h in clause.heads if h not in ctx.masked]
         if not heads:  # a structural mask fixes every head's pattern: nothing to drive
