@@ -1,6 +1,6 @@
 """The residual stream as a stack of parts: per-head results, component outputs, states by layer.
 
-TransformerLens's ``ActivationCache`` helpers, as functions of ``(model, cache)``; names,
+TransformerLens's ``ActivationCache`` methods, as functions of ``(model, cache)``; names,
 arguments and labels follow it, except head labels, written as headwise's ``L0.H1``. In a
 pre-norm model (eval mode, no embedding norm) the stream is a sum::
 
