@@ -212,7 +212,7 @@ def with_signals(rec: dict, key: str) -> dict:
     from forecast_signals import gradient_signals
 
     from headwise.pipeline.finished import load_run
-    from headwise.pipeline.heldout import verify_data
+    from headwise.pipeline.heldout import enforcement_data
     from headwise.training.checkpoint import list_checkpoints
     from headwise.training.safetensors_io import load_weights
 
@@ -221,7 +221,7 @@ def with_signals(rec: dict, key: str) -> dict:
     if not path.is_file():
         run_dir = CACHE / "runs" / f"{name}_s{seed}"
         compiled = load_run(run_dir)
-        data, t0 = verify_data(compiled), time.perf_counter()
+        data, t0 = enforcement_data(compiled), time.perf_counter()
         out: dict[str, Any] = {"steps": [], "loss": [], "alignment": [], "param_alignment": []}
         for step, ckpt in list_checkpoints(run_dir):
             load_weights(compiled.model, ckpt / "model.safetensors")

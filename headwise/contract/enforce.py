@@ -11,15 +11,22 @@ measured violation::
 
 with ``v_c`` the signed violation (``ClauseKind.violation``: negative when the clause holds, so
 a multiplier relaxes once its clause holds with margin). Task clauses are constraints too and
-are never traded away: while one fails, every other multiplier is halved (the other levers back
-off) and the floor's own lever (the task's loss weight) rises.
+are never traded away: while one fails, its own lever (the task's loss weight) rises with its
+multiplier; the other levers keep theirs (halving them while a floor failed switched off the
+very levers that build a task's circuit; docs/benchmarks.md has the comparison).
 
 Each kind builds its own lever (``ClauseKind.lever``; the table is in docs/contracts.md). A
 lever's weight is ``lambda * scale`` (an ablation probability is capped at ``p_max``; a loss
 term's weight is ``max(0, lambda - loss_from)``). The settings are an ``EnforceConfig``. The
 multipliers and the whole history live in ``TrainState.extra["enforce"]``, so they are saved in
-checkpoints and ``--resume`` continues exactly. Training stops at the first evaluation point
-where the whole contract holds.
+checkpoints and ``--resume`` continues exactly.
+
+Everything the enforcer reads is the *enforcement* set; the verdict a run reports is measured
+afterwards on the verification set, which enforcement never sees
+(``headwise.pipeline.heldout``). With ``stop: end`` (the default) training runs its whole
+budget with the constraints kept, and the model kept is the one of the last evaluation point
+at which the whole contract held (``headwise.contract.kept``); ``stop: first_hold`` ends
+training at the first such point.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headwise.contract.clause import Clause, Contract
+from headwise.contract.kept import KeptModel
 from headwise.contract.kinds import KINDS
 from headwise.contract.lever import ClauseLever, Compiled, EnforceConfig, PlanContext, ProbeSampler
 from headwise.contract.results import ClauseResult, ContractResult, VerifyData
@@ -68,21 +76,18 @@ class Enforcer:
     data: VerifyData
     levers: dict[int, ClauseLever | None]
     config: EnforceConfig = field(default_factory=EnforceConfig)
+    kept: KeptModel = field(default_factory=KeptModel)
 
     def __call__(self, state: TrainState) -> None:
         record = state.extra.setdefault("enforce", {"history": [], "multipliers": {},
                                                     "chosen": {}, "clauses": {}})
         result = self.measure(state)
         lambdas = record["multipliers"]
-        tasks_fail = any(not r.passed and KINDS[r.clause.kind].guards_task(r.clause)
-                         for r in result.results)
         violations = {str(r.clause.index): KINDS[r.clause.kind].violation(r)
                       for r in result.results}
         levered = [r for r in result.results if self.levers.get(r.clause.index) is not None]
         self.dual_step(lambdas, {str(r.clause.index): violations[str(r.clause.index)]
-                                 for r in levered},
-                       {str(r.clause.index) for r in levered
-                        if KINDS[r.clause.kind].guards_task(r.clause)}, tasks_fail)
+                                 for r in levered})
         for r in levered:
             key = str(r.clause.index)
             self._apply(self.levers[r.clause.index], lambdas[key], r,  # type: ignore[arg-type]
@@ -90,29 +95,48 @@ class Enforcer:
         point: dict[str, Any] = {"step": state.step, "passed": result.passed, "clauses": {}}
         for r in result.results:
             key = str(r.clause.index)
-            _track(record["clauses"].setdefault(key, _entry(r.clause, self.levers.get(
-                r.clause.index))), r.passed, state.step)
+            lever = self.levers.get(r.clause.index)
+            _track(record["clauses"].setdefault(key, _entry(r.clause, lever)), r, state.step)
             point["clauses"][key] = {"measured": r.measured, "violation": violations[key],
-                                     "multiplier": lambdas.get(key), "passed": r.passed}
+                                     "multiplier": lambdas.get(key), "passed": r.passed,
+                                     "saturated": self._saturated(lever, lambdas.get(key))}
         record["history"].append(point)
         if result.passed:
-            record["held_at"] = state.step
-            state.stop = True
+            record["held_at"] = record.get("held_at") or state.step
+            self.kept.keep(state.model, state.out_dir, state.rank, record, state.step)
+            state.stop = self.config.stop == "first_hold"
 
     def measure(self, state: TrainState) -> ContractResult:
-        """The contract measured at an evaluation point (a subclass may time or log it)."""
+        """The contract measured on the enforcement set at an evaluation point (a subclass
+        may time or log it)."""
         return verify(state.model, self.contract, self.data)
 
-    def dual_step(self, lambdas: dict[str, float], violations: dict[str, float],
-                  guards: set[str], tasks_fail: bool) -> None:
+    def dual_step(self, lambdas: dict[str, float], violations: dict[str, float]) -> None:
         """Projected dual ascent, in place: ``lambdas[k] <- clip(lambda_k + eta v_k, 0, max)``
-        for each levered clause ``k``; while a task clause fails, the multipliers of the
-        clauses not in ``guards`` are halved first (the other levers back off)."""
+        for each levered clause ``k``."""
         for key, v in violations.items():
             lam = float(lambdas.get(key, 0.0))
-            if tasks_fail and key not in guards:
-                lam *= 0.5  # task floors first: the other levers back off
             lambdas[key] = min(max(lam + self.config.eta * v, 0.0), self.config.lambda_max)
+
+    def restore_kept(self, model: Any, out_dir: Any, extra: dict[str, Any],
+                     final_step: int) -> int:
+        """Put the kept model back into ``model`` unless it is the final one; returns the
+        step whose weights ``model`` now holds (the final step when the contract never held
+        on the enforcement set: nothing was kept)."""
+        record = extra.get("enforce", {})
+        step = record.get("kept_step")
+        if step is None or step == final_step:
+            return final_step
+        self.kept.restore(model, out_dir, record)
+        return int(step)
+
+    def _saturated(self, lever: ClauseLever | None, lam: float | None) -> bool:
+        """Whether the lever is at its limit: the multiplier at ``lambda_max`` or the
+        ablation probability at its cap."""
+        if lever is None or lam is None:
+            return False
+        capped = lever.cap is not None and lam * lever.scale >= lever.cap
+        return lam >= self.config.lambda_max or (capped and not lever.loss_terms)
 
     def _apply(self, lever: ClauseLever, lam: float, result: ClauseResult,
                chosen: dict[str, str], key: str) -> None:
@@ -128,35 +152,75 @@ class Enforcer:
             obj.weight = max(0.0, lam - lever.loss_from) if loss_term else weight
 
 
-def _track(entry: dict[str, Any], passed: bool, step: int) -> None:
-    """Update a clause's entry: the step from which it holds, its failures."""
+def _track(entry: dict[str, Any], result: ClauseResult, step: int) -> None:
+    """Update a clause's entry: the step from which it holds, its failures, its best value."""
+    passed = result.passed
     entry["held_at"] = (entry["held_at"] or step) if passed else None
     if not passed:
         entry["failed_evals"] += 1
         entry["first_failed_at"] = entry["first_failed_at"] or step
+    value, violation = result.measured, KINDS[result.clause.kind].violation(result)
+    best = entry.get("best")
+    if value is not None and (best is None or violation < best["violation"]):
+        entry["best"] = {"step": step, "violation": violation, "value": value}
 
 
 def _entry(clause: Clause, lever: ClauseLever | None) -> dict[str, Any]:
     return {"index": clause.index, "description": clause.label,
             "lever": None if lever is None else lever.description,
             "lever_objectives": [] if lever is None else [o.name for o in lever.objectives],
-            "first_failed_at": None, "failed_evals": 0, "held_at": None}
+            "first_failed_at": None, "failed_evals": 0, "held_at": None, "best": None}
 
 
-def summary(extra: dict[str, Any], final: ContractResult, steps_done: int) -> dict[str, Any]:
+def summary(extra: dict[str, Any], final: ContractResult, steps_done: int,
+            kept_step: int | None = None) -> dict[str, Any]:
     """What enforcement did, for ``enforcement.json`` and the report.
 
-    Per clause: its lever, its final multiplier, when it first failed, the step from which it
-    held (``None``: it fails at the end), and whether it holds at the end; ``history``: every
-    evaluation point's measured value, violation and multiplier per clause.
+    ``final`` is the verdict on the verification set. Per clause: its lever, its final
+    multiplier, when it first failed, the step from which it held on the enforcement set
+    (``None``: it fails there at the end), whether it holds on the verification set, and for a
+    clause that does not: its best value on the enforcement set and where, whether its lever
+    saturated, and what would help. ``history``: every evaluation point's measured value,
+    violation and multiplier per clause (enforcement set). ``kept_step``: the step whose
+    weights the run kept (the last evaluation point at which the contract held on the
+    enforcement set; the final step when it never did).
     """
     record = extra.get("enforce", {"history": [], "multipliers": {}, "clauses": {}})
     holds = {r.clause.index: r.passed for r in final.results}
-    clauses = [{**entry, "multiplier": record["multipliers"].get(key),
-                "holds_at_end": holds.get(entry["index"])}
-               for key, entry in sorted(record["clauses"].items(), key=lambda kv: int(kv[0]))]
+    history = record["history"]
+    clauses = []
+    for key, entry in sorted(record["clauses"].items(), key=lambda kv: int(kv[0])):
+        best = entry.get("best") or {}
+        item = {k: v for k, v in entry.items() if k != "best"}
+        item.update(multiplier=record["multipliers"].get(key),
+                    holds_at_end=holds.get(entry["index"]))
+        if not holds.get(entry["index"], True):
+            saturated = bool(history) and bool(history[-1]["clauses"].get(key, {})
+                                               .get("saturated"))
+            item.update(best_value=best.get("value"), best_step=best.get("step"),
+                        saturated=saturated,
+                        advice=_advice(entry, saturated, history, key))
+        clauses.append(item)
     acted = any(v for v in record["multipliers"].values())
-    return {"enforced": acted, "evaluations": len(record["history"]),
-            "held_at_step": record.get("held_at"), "steps": steps_done,
-            "contract_holds": final.passed, "clauses": clauses,
-            "history": record["history"]}
+    return {"enforced": acted, "evaluations": len(history),
+            "held_at_step": record.get("held_at"), "kept_step": kept_step,
+            "steps": steps_done, "contract_holds": final.passed,
+            "enforcement_set_holds": bool(history) and any(p["passed"] for p in history),
+            "clauses": clauses, "history": history}
+
+
+def _advice(entry: dict[str, Any], saturated: bool, history: list[dict[str, Any]],
+            key: str) -> str:
+    """What would help a clause that fails at the end, in words."""
+    if entry["lever"] is None:
+        return ("no lever moves it: change the spec (a structural mask, a gate or an "
+                "objective on the head), or drop the clause")
+    held = any(p["clauses"].get(key, {}).get("passed") for p in history)
+    if held:
+        return ("it held on the enforcement set but not on the verification set: raise "
+                "enforce.margin, or data.eval_examples so both sets measure it closer")
+    if saturated:
+        return ("its lever saturated: a structural lever (a mask or a gate on the head) "
+                "or a larger enforce.lambda_max / p_max")
+    return ("its multiplier was still rising: a larger budget (train.steps, "
+            "--enforce-budget), or `headwise plan --pilot N` to see whether it moves")

@@ -23,6 +23,7 @@ ProbeSampler = Callable[[str, int, int], Batch]
 passes ``headwise.pipeline.heldout.probe_sampler(spec)``)."""
 
 # The lever of "H carries T": one stage of parts, or "others" then "margin" (see EnforceConfig).
+STOPS = ("end", "first_hold")  # EnforceConfig.stop
 CARRIER_STAGES = ((("others",), ("margin",)), (("others", "margin"),), (("others",),),
                   (("margin",),))
 
@@ -44,6 +45,9 @@ class EnforceConfig:
             probability has reached ``p_max``, weighted by the multiplier's excess over ``p_max
             / ablation_scale``. One of ``CARRIER_STAGES``; default ``(("others",),
             ("margin",))``, chosen by measurement (docs/benchmarks.md).
+        stop: ``"end"`` (train the whole budget with the constraints kept; keep the model of
+            the last evaluation point at which the contract held on the enforcement set) or
+            ``"first_hold"`` (stop at the first such point).
 
     Raises:
         ConfigError: a value out of range or carrier stages not in ``CARRIER_STAGES`` (the
@@ -56,8 +60,11 @@ class EnforceConfig:
     ablation_scale: float = 0.15
     margin: float = 0.05
     carrier_stages: tuple[tuple[str, ...], ...] = (("others",), ("margin",))
+    stop: str = "end"
 
     def __post_init__(self) -> None:
+        if self.stop not in STOPS:
+            raise field_error("stop", self.stop, f"one of {list(STOPS)}")
         for name in ("eta", "lambda_max", "ablation_scale"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:

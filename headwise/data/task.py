@@ -31,6 +31,10 @@ class Task(ABC):
     input_format: ClassVar[str] = ""
     # Whether every sequence starts with ``BOS`` (a task marker goes right after it).
     starts_with_bos: ClassVar[bool] = True
+    # Tasks read from a file hold disjoint parts of it, chosen by a ``split`` argument: the
+    # training data, the enforcement set (``"eval"``) and the verification set (``"verify"``).
+    # Generated tasks have none: their held-out sets are drawn from seeds of their own.
+    splits: ClassVar[tuple[str, ...]] = ()
 
     @property
     @abstractmethod

@@ -4,10 +4,11 @@ The file is read once and encoded either as its bytes exactly as stored (vocabul
 byte values; no newline translation, no decoding) or with a HuggingFace ``tokenizers``
 ``tokenizer.json`` from a local path (never downloaded), after strict UTF-8 decoding (invalid
 bytes are an error naming their offset; lines are at most ``MAX_LINE_BYTES``). The
-first ``1 - eval_fraction`` of the ids form the ``"train"`` split and the rest the ``"eval"``
-split, so held-out evaluation never sees training text. An example is a window of
-``seq_len + 1`` consecutive ids at a uniformly random start: ``tokens = w[:-1]``,
-``targets = w[1:]`` (every position scored). Text tasks do not use the synthetic tasks' special
+first ``1 - eval_fraction`` of the ids form the ``"train"`` split; the rest is held out, its
+first half the ``"eval"`` split (the enforcement set) and its second half the ``"verify"`` split
+(the verification set), so neither held-out set sees training text or the other's. An
+example is a window of ``seq_len + 1`` consecutive ids at a uniformly random start:
+``tokens = w[:-1]``, ``targets = w[1:]`` (every position scored). Text tasks do not use the synthetic tasks' special
 ids; mixing them with synthetic tasks needs a model vocabulary covering both.
 """
 
@@ -45,8 +46,9 @@ class TextTask(Task):
         path: the text file (UTF-8).
         seq_len: T.
         tokenizer: ``None`` for bytes, or a directory holding ``tokenizer.json`` (or that file).
-        split: ``"train"`` or ``"eval"``.
-        eval_fraction: share of the ids (at the end of the file) held out for ``"eval"``.
+        split: ``"train"``, ``"eval"`` or ``"verify"``.
+        eval_fraction: share of the ids (at the end of the file) held out, split in halves
+            for ``"eval"`` and ``"verify"``.
 
     Raises:
         ConfigError: a missing file or tokenizer, a bad split, or a split shorter than
@@ -55,6 +57,7 @@ class TextTask(Task):
 
     name: ClassVar[str] = "text"
     starts_with_bos: ClassVar[bool] = False
+    splits: ClassVar[tuple[str, ...]] = ("train", "eval", "verify")
     path: str
     seq_len: int = 64
     tokenizer: str | None = None
@@ -65,8 +68,8 @@ class TextTask(Task):
 
     def __post_init__(self) -> None:
         check_int(self.name, "seq_len", self.seq_len, 1)
-        if self.split not in ("train", "eval"):
-            raise field_error(f"{self.name}.split", self.split, "'train' or 'eval'")
+        if self.split not in self.splits:
+            raise field_error(f"{self.name}.split", self.split, "'train', 'eval' or 'verify'")
         if not (isinstance(self.eval_fraction, (int, float)) and 0 < self.eval_fraction < 1):
             raise field_error(f"{self.name}.eval_fraction", self.eval_fraction,
                               "a number in (0, 1)")
@@ -83,7 +86,8 @@ class TextTask(Task):
                      BYTES_PER_CHAR * size)
         ids, vocab = _encode(path, self.tokenizer, self.name)
         cut = int(round(len(ids) * (1 - self.eval_fraction)))
-        part = ids[:cut] if self.split == "train" else ids[cut:]
+        half = cut + (len(ids) - cut) // 2
+        part = {"train": ids[:cut], "eval": ids[cut:half], "verify": ids[half:]}[self.split]
         if len(part) < self.seq_len + 1:
             raise ConfigError(
                 f"{self.name}.path: the {self.split!r} split of {self.path!r} has {len(part)} "

@@ -27,7 +27,7 @@ from headwise.control.objectives import (
     HeadDiversity,
     PatternObjective,
 )
-from headwise.data import Batch, Mixture, build_task
+from headwise.data import TASKS, Batch, Mixture, build_task
 from headwise.errors import HeadwiseError, SpecError
 from headwise.heads import Head, HeadSet
 from headwise.model import build_model
@@ -56,8 +56,11 @@ class Compiled:
         spec: the spec.
         model: the model with every lever installed.
         data: the training mixture (task ids in ``spec.data.names`` order).
-        eval_data: the mixture the held-out set is drawn from (text tasks: eval split).
-        eval_batch: the held-out batch the contract is verified on.
+        eval_data: the mixture the enforcement set is drawn from (file-backed tasks: their
+            ``eval`` split).
+        eval_batch: the enforcement set's batch: what multipliers, the stop and the kept
+            evaluation point read (the verification set is drawn apart, at the end:
+            ``headwise.pipeline.heldout.verification_data``).
         objectives: loss terms for ``train()`` (pattern objectives, entropy, diversity, L0),
             each with a unique ``name`` (``pattern[L0.H1]``): checkpoints store weights by name.
         optimizer_hooks: callables ``fn(optimizer)`` for ``train()`` (freezing).
@@ -205,18 +208,24 @@ def _freeze(spec: Spec, model: nn.Module) -> FreezeHandle | None:
 
 
 def _data(spec: Spec) -> tuple[Mixture, Mixture]:
-    train, held_out = {}, {}
+    """The training mixture and the enforcement set's mixture."""
+    return held_out_mixture(spec, "train"), held_out_mixture(spec, "eval")
+
+
+def held_out_mixture(spec: Spec, split: str) -> Mixture:
+    """The spec's mixture on one split of its file-backed tasks (``"train"``, ``"eval"``: the
+    enforcement set, ``"verify"``: the verification set; ``headwise.data.Task.splits``);
+    generated tasks are the same on every split (their sets differ by seed)."""
+    tasks = {}
     for t in spec.data.tasks:
-        path = f"data.tasks.{t.name}"
         kwargs = dict(t.kwargs)
+        if TASKS[t.task].splits:
+            kwargs["split"] = split
         try:
-            train[t.name] = build_task(t.task, kwargs, path)
-            if t.task == "text":
-                kwargs["split"] = "eval"
-            held_out[t.name] = build_task(t.task, kwargs, path)
+            tasks[t.name] = build_task(t.task, kwargs, f"data.tasks.{t.name}")
         except HeadwiseError as e:
             raise SpecError(str(e)) from None
     weights = {t.name: t.weight for t in spec.data.tasks}
     markers = (dict(zip(spec.data.names, spec.data.markers, strict=True))
                if spec.data.markers else None)
-    return Mixture(train, weights, markers), Mixture(held_out, weights, markers)
+    return Mixture(tasks, weights, markers)

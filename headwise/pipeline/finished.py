@@ -9,7 +9,7 @@ from headwise.atomic import hold_lock
 from headwise.contract import ContractResult, verify
 from headwise.errors import CheckpointError, SpecError
 from headwise.pipeline.compile import Compiled, compile_spec
-from headwise.pipeline.heldout import verify_data
+from headwise.pipeline.heldout import verification_data
 from headwise.pipeline.resume import read_run_info
 from headwise.pipeline.run_dir import write_json
 from headwise.runspec import load_spec, spec_from_dict
@@ -80,7 +80,7 @@ def verify_run(spec_source: str | Path, run: str | Path,
     compiled = load_run(run, spec_source, device)
     if not compiled.spec.contract:
         raise SpecError("contract: missing; expected a list of clauses to verify")
-    verdict = verify(compiled.model, compiled.spec.contract, verify_data(compiled))
+    verdict = verify(compiled.model, compiled.spec.contract, verification_data(compiled))
     run = Path(run)
     text = compiled.spec.text.encode()
     name = ("contract.json" if (run / "spec.yaml").read_bytes() == text

@@ -1,10 +1,18 @@
-"""The held-out data a run is verified on: its batches and probes, and probe-like samples.
+"""The two held-out sets of a run, and probe-like samples for levers.
 
-``probe_sampler(spec)`` draws fresh examples like a named probe: the data of a lever for a score
-clause (enforcement trains on data drawn like the clause's, never on the verification examples).
+- ``enforcement_data(compiled)``: the *enforcement* set (``data.eval_seed``; file-backed tasks'
+  ``eval`` split). Enforcement's multipliers, its stop and the kept evaluation point read it,
+  as do the forecast watch and progress lines: everything that acts during training.
+- ``verification_data(compiled)``: the *verification* set (``data.verify_seed``; their
+  ``verify`` split), drawn apart from both. ``train_run`` reads it once, after training, for
+  the verdict ``contract.json``, the exit code and the report show; ``verify`` and ``analyze``
+  read it too. A guarantee measured on the data that steered it would not be one.
+- ``probe_sampler(spec)``: fresh examples drawn like a named probe, the training data of a
+  score clause's lever (never either held-out set's examples).
 
-``verify_data(compiled)`` is what verification, enforcement, ``headwise analyze`` and the
-forecast watch measure on.
+Each set is one batch per task and the probes score clauses read (``default``: the mixture;
+each task's name: its part of it; ``repeated`` and the declared probes:
+``headwise.pipeline.spec_probes``), drawn on the CPU and placed on the model's device.
 """
 
 from __future__ import annotations
@@ -17,32 +25,30 @@ import torch
 
 from headwise.contract import VerifyData
 from headwise.data import Batch
-from headwise.pipeline.compile import Compiled
+from headwise.pipeline.compile import Compiled, held_out_mixture
 from headwise.pipeline.spec_probes import declared_probe, repeated_probe, spec_probes
 from headwise.runspec import Spec
 from headwise.runspec.probes import default_half_len
 from headwise.training.device import model_device
 
 
-def verify_data(compiled: Compiled) -> VerifyData:
-    """Held-out data for verification: one batch per task, and probes for role scores.
-
-    Probes: ``default`` (the held-out mixture), each task's name (its part of it),
-    ``repeated`` (random halves repeated once, sized by the training data) and the spec's
-    declared probes (``headwise.pipeline.spec_probes``). The
-    batches are drawn on the CPU (seeded) and placed on the model's device.
-    """
-    data = _verify_data_cpu(compiled)
-    device = model_device(compiled.model)
-    if device.type == "cpu":
-        return data
-    return VerifyData(tasks={k: b.to(device) for k, b in data.tasks.items()},
-                      probes={k: b.to(device) for k, b in data.probes.items()},
-                      n_boot=data.n_boot)
+def enforcement_data(compiled: Compiled) -> VerifyData:
+    """The enforcement set: ``compiled.eval_batch`` by task, and probes from
+    ``data.eval_seed``."""
+    return _on_device(compiled, _sets(compiled.eval_batch, compiled,
+                                      compiled.spec.data.eval_seed))
 
 
-def _verify_data_cpu(compiled: Compiled) -> VerifyData:
-    batch = compiled.eval_batch
+def verification_data(compiled: Compiled) -> VerifyData:
+    """The verification set: ``data.eval_examples`` examples of the ``verify`` split drawn
+    from ``data.verify_seed``, and probes from the seeds after it."""
+    spec = compiled.spec
+    gen = torch.Generator().manual_seed(spec.data.verify_seed)
+    batch = held_out_mixture(spec, "verify").sample(spec.data.eval_examples, gen)
+    return _on_device(compiled, _sets(batch, compiled, spec.data.verify_seed))
+
+
+def _sets(batch: Batch, compiled: Compiled, seed: int) -> VerifyData:
     tasks: dict[str, Batch] = {}
     for i, name in enumerate(compiled.task_names):
         rows = (batch.task_ids == i).nonzero().flatten()
@@ -50,8 +56,17 @@ def _verify_data_cpu(compiled: Compiled) -> VerifyData:
             mask = batch.attention_mask[rows] if batch.attention_mask is not None else None
             tasks[name] = Batch(batch.tokens[rows], batch.targets[rows], mask,
                                 batch.task_ids[rows])
-    probes: dict[str, Any] = {"default": batch, **tasks, **spec_probes(compiled.spec)}
+    probes: dict[str, Any] = {"default": batch, **tasks, **spec_probes(compiled.spec, seed)}
     return VerifyData(tasks=tasks, probes=probes)
+
+
+def _on_device(compiled: Compiled, data: VerifyData) -> VerifyData:
+    device = model_device(compiled.model)
+    if device.type == "cpu":
+        return data
+    return VerifyData(tasks={k: b.to(device) for k, b in data.tasks.items()},
+                      probes={k: b.to(device) for k, b in data.probes.items()},
+                      n_boot=data.n_boot)
 
 
 def probe_sampler(spec: Spec) -> Callable[[str, int, int], Batch]:

@@ -35,7 +35,7 @@ from headwise.errors import SpecError
 from headwise.forecast.roles import Forecaster, load_forecaster
 from headwise.memory import check_memory, training_bytes
 from headwise.pipeline.compile import Compiled, compile_spec
-from headwise.pipeline.heldout import probe_sampler, verify_data
+from headwise.pipeline.heldout import enforcement_data, probe_sampler, verification_data
 from headwise.pipeline.resume import (
     RUN_ENTRY,
     RunFlags,
@@ -51,6 +51,7 @@ from headwise.runspec.overrides import load_spec_with, overrides_of
 from headwise.training import TrainConfig, TrainResult, train
 from headwise.training.device import check_device_name, model_device, place
 from headwise.training.progress import EvalLines
+from headwise.training.safetensors_io import save_weights
 
 MAX_STEPS = 10**9
 FIGURES = {"roles/heatmap": role_heatmap_png}  # logged at checkpoints with log: [tensorboard]
@@ -79,8 +80,12 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
               warn: Callable[[str], None] = print) -> RunOutcome:
     """Train a spec into ``out``, verify its contract and write the report.
 
-    With ``enforce``, training stops at the first evaluation point where the contract holds and
-    never runs past ``train.steps x enforce_budget`` (1 to 1.3; the schedule spans the budget).
+    With ``enforce``, training runs ``train.steps x enforce_budget`` steps (1 to 1.3; the
+    schedule spans the budget) with the contract's constraints, measured on the enforcement
+    set, and keeps the model of the last evaluation point at which the whole contract held
+    there (``enforce.stop: first_hold``: it stops at the first). The verdict written to
+    ``contract.json`` (and returned) is measured once, after training, on the verification
+    set (``headwise.pipeline.heldout``), with or without ``enforce``.
     ``device`` overrides the spec's ``train.device`` (``--device``), ``steps`` its
     ``train.steps`` (``headwise train --steps N``), ``seed`` its ``train.seed`` and each
     ``overrides`` item ``path.to.key=value`` a key (``--set``; ``headwise.runspec.overrides``).
@@ -120,10 +125,15 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     compiled = compile_spec(spec)
     place(compiled.model, spec.train.device, "--device" if device is not None else "train.device")
     contract = spec.contract
-    data = verify_data(compiled)  # on the training device: enforcement verifies mid-run
-    callbacks = _enforcer(compiled, contract, data, flags, enforce_config or spec.enforce,
-                          enforcer)
+    config = enforce_config or spec.enforce
+    data = enforcement_data(compiled)  # on the training device: enforcement measures mid-run
+    enforcing = _enforcer(compiled, contract, data, flags, config, enforcer)
+    callbacks: list[Callable[[Any], None]] = [enforcing] if enforcing is not None else []
     train_config = _budgeted(spec.train, flags.enforce_budget or 1.0)
+    if enforcing is not None and config.stop == "end" and train_config.parallel == "fsdp":
+        raise SpecError("enforce.stop: got 'end' with train.parallel: fsdp, expected "
+                        "'first_hold' (keeping the model of an evaluation point is not "
+                        "supported on sharded training)")
     if watch_with is not None:
         callbacks.append(_forecast_watch(compiled, data, contract, forecast_every, warn,
                                          train_config.steps, watch_with))
@@ -137,11 +147,16 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
                        optimizer_hooks=compiled.optimizer_hooks, resume=resume,
                        eval_data=compiled.eval_data, progress=progress, figures=FIGURES,
                        extra={RUN_ENTRY: info} if main else None)
-        verdict = _verify_trained(compiled, contract, data)
-        enforcement = (summary(result.extra, verdict, result.step)
-                       if flags.enforce and verdict is not None else None)
+        step = result.step
+        if enforcing is not None:
+            step = enforcing.restore_kept(compiled.model, out, result.extra, result.step)
+            if main and step != result.step:  # the run's weights are the kept model's
+                save_weights(compiled.model, out / "model.safetensors")
+        verdict = _verify_trained(compiled, contract)
+        enforcement = (summary(result.extra, verdict, result.step, step)
+                       if enforcing is not None and verdict is not None else None)
         if main:
-            write_json(out / "run.json", {**info, "step": result.step})
+            write_json(out / "run.json", {**info, "step": step, "trained_steps": result.step})
             write_outcome(out, verdict, enforcement)
     return RunOutcome(out, compiled, result, verdict, enforcement)
 
@@ -152,14 +167,15 @@ def _flags(out: Path, resume: bool, given: RunFlags) -> RunFlags:
 
 
 def _enforcer(compiled: Compiled, contract: Contract, data: VerifyData, flags: RunFlags,
-              config: EnforceConfig, enforcer: type[Enforcer]) -> list[Callable[[Any], None]]:
-    """``[enforcer]`` with ``--enforce`` (else ``[]``), after checking every clause has a lever.
+              config: EnforceConfig, enforcer: type[Enforcer]) -> Enforcer | None:
+    """The enforcer with ``--enforce`` (else ``None``), after checking every clause has a
+    lever.
 
     Raises:
         SpecError: a clause no lever can move, without ``--allow-unenforced``.
     """
     if not flags.enforce:
-        return []
+        return None
     levers = plan(compiled, contract, probe_sampler(compiled.spec), config)
     missing = [c for c in contract if levers.get(c.index) is None]
     if missing and not flags.allow_unenforced:
@@ -167,7 +183,7 @@ def _enforcer(compiled: Compiled, contract: Contract, data: VerifyData, flags: R
         raise SpecError(f"{c.path}: no lever can move this clause ({c.describe()}, "
                         f"{c.threshold_text()}); see `headwise plan`, or pass "
                         "--allow-unenforced to enforce the others")
-    return [enforcer(contract, data, levers, config)]
+    return enforcer(contract, data, levers, config)
 
 
 def _run_spec(spec: Spec, flags: RunFlags, *, device: str | None,
@@ -232,7 +248,7 @@ def _prepare(out: Path, spec: Spec, spec_source: str | Path, resume: bool, overw
     print(f"resuming from step {step}", flush=True)
     old = read_run_info(out)
     info = run_info(flags, spec, Path(old["spec_dir"]) if old.get("spec_dir") else spec_dir)
-    if {k: v for k, v in old.items() if k != "step"} != info:
+    if {k: v for k, v in old.items() if k not in ("step", "trained_steps")} != info:
         write_json(out / "run.json", info)  # lost, written by an older version, or extended
     return info
 
@@ -246,13 +262,14 @@ def _clauses_held(extra: dict[str, Any]) -> str | None:
     return f"contract {sum(bool(c['passed']) for c in clauses)}/{len(clauses)} held"
 
 
-def _verify_trained(compiled: Compiled, contract: Contract,
-                    data: VerifyData) -> ContractResult | None:
-    """The trained model's verdict (``None`` without a contract), measured on the CPU."""
+def _verify_trained(compiled: Compiled, contract: Contract) -> ContractResult | None:
+    """The trained model's verdict on the verification set, read here once, after training
+    (``None`` without a contract), measured on the CPU."""
+    if not contract:
+        return None
     if model_device(compiled.model).type != "cpu":  # verification and reports run on CPU
         compiled.model.to("cpu")
-        data = verify_data(compiled)
-    return verify(compiled.model, contract, data) if contract else None
+    return verify(compiled.model, contract, verification_data(compiled))
 
 
 def check_steps(steps: int) -> int:

@@ -1,9 +1,9 @@
 """What a trained run's heads do: role scores, ablation importance per task, gates, trajectories.
 
-``analyse_run(compiled)`` measures on the held-out data that verification uses
-(``headwise.pipeline.run.verify_data``): pattern role scores on the held-out mixture (with each
-example's task id, so gates apply), the induction score on the ``repeated`` probe, the effect of
-ablating each head on each task, and the gate table.
+``analyse_run(compiled)`` measures on the verification set
+(``headwise.pipeline.heldout.verification_data``): pattern role scores on its mixture (with
+each example's task id, so gates apply), the induction score on the ``repeated`` probe, the
+effect of ablating each head on each task, and the gate table.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from headwise.analysis.roles import role_scores
 from headwise.contract import VerifyData
 from headwise.control.gates import GateTable, gate_table
 from headwise.pipeline.compile import Compiled
-from headwise.pipeline.heldout import verify_data
+from headwise.pipeline.heldout import verification_data
 from headwise.render.figures import heatmap
 
 # Roles shown for every head (the TransformerLens variants are left to the Python API).
@@ -48,7 +48,7 @@ class RunAnalysis:
 def analyse_run(compiled: Compiled, n_boot: int = 200) -> RunAnalysis:
     """Measure a compiled (trained) model on its held-out data (see module docstring)."""
     model = compiled.model
-    data = verify_data(compiled)
+    data = verification_data(compiled)
     table = run_role_table(model, data)
     importance = ablation_importance(model, data.tasks, n_boot=n_boot)
     gates = gate_table(model, list(compiled.task_names)) if compiled.gates is not None else None

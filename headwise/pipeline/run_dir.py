@@ -6,9 +6,11 @@ keep resolving, the flags that shape the training (``headwise.pipeline.resume``)
 finished, the step its weights are from),
 ``config.json``, ``model.safetensors``, ``manifest.json`` (size and sha256 of the files that
 define the model and of those commands quote, written last: a run without it did not finish),
-``checkpoints/``, ``metrics.jsonl``, ``contract.json``, ``enforcement.json`` (with
-``--enforce``), ``report.json``, ``report.html`` and ``.headwise.lock`` (the writer's lock,
-``headwise.atomic.hold_lock``: one process writes a run at a time).
+``checkpoints/``, ``metrics.jsonl``, ``contract.json``, ``enforcement.json`` and
+``kept.safetensors`` (with ``--enforce``: the model of the last evaluation point at which the
+contract held, ``headwise.contract.kept``), ``report.json``, ``report.html`` and
+``.headwise.lock`` (the writer's lock, ``headwise.atomic.hold_lock``: one process writes a run
+at a time).
 
 Lifecycle: ``--resume`` continues the same run (its recorded flags) from the latest checkpoint
 or refuses (exit 2) when there is none; it never retrains over a run. A directory left by a run
@@ -24,6 +26,7 @@ from typing import Any
 
 from headwise.atomic import linked_entries, remove_entries, write_bytes_atomic
 from headwise.contract import ContractResult
+from headwise.contract.kept import KEPT
 from headwise.errors import SpecError
 from headwise.pipeline.resume import RunFlags, check_resume, run_info
 from headwise.runspec import Spec
@@ -31,7 +34,8 @@ from headwise.training import list_checkpoints
 from headwise.training.manifest import MANIFEST, write_manifest
 
 RUN_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors", MANIFEST,
-             "metrics.jsonl", "contract.json", "enforcement.json", "report.json", "report.html")
+             "metrics.jsonl", "contract.json", "enforcement.json", "report.json", "report.html",
+             KEPT)
 # The files that define a finished run's model, covered by its manifest.
 MODEL_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors")
 # What commands read or quote besides the model, sealed by the manifest too when present.

@@ -29,7 +29,7 @@ from headwise.jsonfile import read_json_object
 from headwise.patterns import DEFAULT_WINDOW
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.finished import load_run
-from headwise.pipeline.heldout import verify_data
+from headwise.pipeline.heldout import verification_data
 from headwise.pipeline.run_analysis import analyse_run, metrics_curve, run_role_table
 from headwise.pipeline.run_dir import SEALED_FILES
 from headwise.render import figures
@@ -113,7 +113,7 @@ def report_existing_run(run_dir: str | Path) -> dict[str, Path]:
     spec = compiled.spec
     verdict = None
     if spec.contract:
-        verdict = verify(compiled.model, spec.contract, verify_data(compiled))
+        verdict = verify(compiled.model, spec.contract, verification_data(compiled))
     enforcement = None
     if (run_dir / "enforcement.json").exists():
         check_sealed(run_dir, ["enforcement.json"])
@@ -201,7 +201,7 @@ def run_trajectory(run_dir: Path, compiled: Compiled) -> Trajectory | None:
     ckpts = list_checkpoints(run_dir)
     if not ckpts:
         return None
-    model, data = compiled.model, verify_data(compiled)
+    model, data = compiled.model, verification_data(compiled)
     final = Path(run_dir) / "model.safetensors"
 
     def models() -> Iterator[tuple[int, nn.Module]]:

@@ -1,6 +1,7 @@
 """The probe data sets a run's score clauses measure on: the default ones and the declared ones.
 
-- ``default``: the held-out mixture; each task's name: its part of it (``verify_data``).
+- ``default``: the held-out mixture; each task's name: its part of it
+  (``headwise.pipeline.heldout``).
 - ``repeated``: random halves repeated once, ``[BOS, (marker), r, r]``, sized by the training
   data (``headwise.runspec.probes.default_half_len``: no position beyond the longest training
   sequence), with symbols drawn below any task marker and without repeats within a half.
@@ -8,8 +9,9 @@
 
 Every probe is a ``Batch`` framed like the training data (``BOS`` when the tasks use one, then
 the marker of the task it runs as) with that task's id, so task gates apply as in training.
-Each draws from its own seeded generator (``data.eval_seed + 1 + index``): reproducible, and
-independent of the held-out set and of training.
+Each draws from its own seeded generator (the held-out set's seed ``+ 1 + index``: for the
+enforcement set ``data.eval_seed``, for the verification set ``data.verify_seed``):
+reproducible, and independent of the held-out sets, of each other and of training.
 """
 
 from __future__ import annotations
@@ -77,14 +79,15 @@ def declared_probe(spec: Spec, probe: ProbeSpec, gen: torch.Generator) -> Batch:
     return batch
 
 
-def spec_probes(spec: Spec) -> dict[str, Batch]:
-    """``repeated`` (when one fits the training data) and every declared probe, by name."""
+def spec_probes(spec: Spec, seed: int) -> dict[str, Batch]:
+    """``repeated`` (when one fits the training data) and every declared probe, by name, drawn
+    from seeds after ``seed`` (a held-out set's)."""
     out: dict[str, Batch] = {}
     half = default_half_len(spec.data)
     if half:
-        gen = torch.Generator().manual_seed(spec.data.eval_seed + 1)
+        gen = torch.Generator().manual_seed(seed + 1)
         out["repeated"] = repeated_probe(spec, half, DEFAULT_EXAMPLES, gen)
     for i, probe in enumerate(spec.probes):
-        gen = torch.Generator().manual_seed(spec.data.eval_seed + 2 + i)
+        gen = torch.Generator().manual_seed(seed + 2 + i)
         out[probe.name] = declared_probe(spec, probe, gen)
     return out

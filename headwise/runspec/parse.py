@@ -20,6 +20,8 @@ from headwise.errors import HeadwiseError, SpecError
 from headwise.heads import Head, HeadSet
 from headwise.runspec.levers import parse_entropy, parse_mask, parse_objective
 from headwise.runspec.schema import (
+    MAX_PROBES,
+    VERIFY_SEED_OFFSET,
     AdapterSpec,
     DataSpec,
     FFNSpec,
@@ -109,14 +111,14 @@ def _pretrained_config(path: Path) -> ModelConfig:
 def parse_data(value: Any, config: ModelConfig, base: Path | None,
                gated: bool = False) -> DataSpec:
     """``data: {tasks: {name: {task: KIND, weight: W, ...kwargs}}, eval_examples, eval_seed,
-    task_tokens}``; ``gated``: the spec has task gates (``task_tokens: auto`` then adds no
-    markers: the gates already tell the model which task it is doing)."""
+    verify_seed, task_tokens}``; ``gated``: the spec has task gates (``task_tokens: auto`` then
+    adds no markers: the gates already tell the model which task it is doing)."""
     from headwise.data import TASKS
 
     data = check.mapping(value, "data", "a mapping with keys tasks, eval_examples, eval_seed, "
-                         "task_tokens")
-    check.keys(data, ["tasks", "eval_examples", "eval_seed", "task_tokens"], "data",
-               required=["tasks"])
+                         "verify_seed, task_tokens")
+    check.keys(data, ["tasks", "eval_examples", "eval_seed", "verify_seed", "task_tokens"],
+               "data", required=["tasks"])
     raw_tasks = data["tasks"]
     if isinstance(raw_tasks, list) and all(isinstance(t, str) for t in raw_tasks):
         raw_tasks = {t: {} for t in raw_tasks}
@@ -156,12 +158,28 @@ def parse_data(value: Any, config: ModelConfig, base: Path | None,
             raise SpecError(f"{path}: the task's sequences have T={length} positions{marked}, "
                             f"more than model.max_seq_len={config.max_seq_len}")
         tasks.append(TaskSpec(name, kind, weight, MappingProxyType(kwargs), task.seq_len))
+    eval_seed = check.integer(data.get("eval_seed", 12345), "data.eval_seed", 0)
     return DataSpec(
         tuple(tasks),
         eval_examples=check.integer(data.get("eval_examples", 512), "data.eval_examples", 1),
-        eval_seed=check.integer(data.get("eval_seed", 12345), "data.eval_seed", 0),
+        eval_seed=eval_seed,
         markers=tuple(markers),
+        verify_seed=_verify_seed(data.get("verify_seed"), eval_seed),
     )
+
+
+def _verify_seed(value: Any, eval_seed: int) -> int:
+    """``data.verify_seed`` (default ``eval_seed + VERIFY_SEED_OFFSET``): the verification set
+    and its probes draw from ``verify_seed + k`` as the enforcement set does from ``eval_seed
+    + k`` (``k < MAX_PROBES + 2``), so the two ranges must not meet."""
+    if value is None:
+        return eval_seed + VERIFY_SEED_OFFSET
+    seed = check.integer(value, "data.verify_seed", 0)
+    if abs(seed - eval_seed) < MAX_PROBES + 2:
+        raise SpecError(f"data.verify_seed: got {seed}, expected a seed at least "
+                        f"{MAX_PROBES + 2} away from data.eval_seed={eval_seed} (the "
+                        "verification set is drawn apart from the enforcement set)")
+    return seed
 
 
 def _markers(value: Any, kinds: list[type], config: ModelConfig, gated: bool) -> list[int]:

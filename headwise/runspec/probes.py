@@ -23,7 +23,7 @@ from typing import Any
 import headwise.validate as check
 from headwise.config import ModelConfig
 from headwise.errors import HeadwiseError, SpecError
-from headwise.runspec.schema import DataSpec, ProbeSpec
+from headwise.runspec.schema import MAX_PROBES, DataSpec, ProbeSpec
 
 DEFAULT_EXAMPLES = 128
 GENERATORS = {"repeated": "half_len", "random": "length"}  # generator -> its size argument
@@ -50,6 +50,8 @@ def parse_probes(value: Any, config: ModelConfig, data: DataSpec,
     if value is None:
         return ()
     raw = check.mapping(value, "probes", "a mapping of probe name -> settings")
+    if len(raw) > MAX_PROBES:
+        raise SpecError(f"probes: got {len(raw)} probes, expected at most {MAX_PROBES}")
     out = []
     for name, entry in raw.items():
         check.printable_name(name, "probes", "a probe name")

@@ -59,17 +59,28 @@ class TaskSpec:
     seq_len: int = 0
 
 
+MAX_PROBES = 256
+"""The most ``probes:`` a spec declares (each held-out set draws its probes from seeds after
+its own: ``data.verify_seed`` keeps the two ranges apart)."""
+VERIFY_SEED_OFFSET = 1_000_000
+"""The default ``data.verify_seed`` is ``data.eval_seed`` plus this."""
+
+
 @dataclass(frozen=True)
 class DataSpec:
-    """The training mixture, and the held-out set the contract is verified on:
-    ``eval_examples`` examples drawn with their own seed ``eval_seed`` (text tasks use their
-    ``eval`` split). ``markers``: each task's marker token id (``data.task_tokens``), or
-    empty when examples carry no task marker."""
+    """The training mixture and the two held-out sets: the *enforcement* set
+    (``eval_examples`` examples drawn with the seed ``eval_seed``; file-backed tasks: their
+    ``eval`` split), which enforcement's multipliers, stop and kept evaluation point read, and
+    the *verification* set (as many examples drawn with ``verify_seed``; file-backed tasks:
+    their ``verify`` split), read once at the end for the reported verdict. Probes are drawn
+    from seeds after each set's seed. ``markers``: each task's marker token id
+    (``data.task_tokens``), or empty when examples carry no task marker."""
 
     tasks: tuple[TaskSpec, ...]
     eval_examples: int = 512
     eval_seed: int = 12345
     markers: tuple[int, ...] = ()
+    verify_seed: int = 12345 + VERIFY_SEED_OFFSET
 
     @property
     def names(self) -> tuple[str, ...]:

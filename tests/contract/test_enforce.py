@@ -19,7 +19,7 @@ from headwise.control.task_levers import (
     StochasticAblation,
 )
 from headwise.pipeline import compile_spec
-from headwise.pipeline.heldout import probe_sampler, verify_data
+from headwise.pipeline.heldout import enforcement_data, probe_sampler
 from headwise.runspec import load_spec
 
 DEFAULTS = EnforceConfig()
@@ -77,7 +77,7 @@ def test_multipliers_follow_dual_ascent_and_back_off_for_a_failing_floor() -> No
     compiled = compile_spec(spec)
     contract = spec.contract
     levers = plan(compiled, contract)
-    enforcer = Enforcer(contract, verify_data(compiled), levers)
+    enforcer = Enforcer(contract, enforcement_data(compiled), levers)
     state = SimpleNamespace(step=20, model=compiled.model, extra={}, stop=False)
     enforcer(state)  # type: ignore[arg-type]
     point = state.extra["enforce"]["history"][0]["clauses"]

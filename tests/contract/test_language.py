@@ -48,7 +48,7 @@ def test_task_floors_bare_on_unseen_probe_and_task_data_train_and_verify(
         tmp_path: Path) -> None:
     from headwise.data.batch import IGNORE
     from headwise.pipeline.finished import load_run
-    from headwise.pipeline.heldout import verify_data
+    from headwise.pipeline.heldout import verification_data
 
     torch.set_num_threads(1)
     spec = tmp_path / "spec.yaml"
@@ -62,7 +62,7 @@ def test_task_floors_bare_on_unseen_probe_and_task_data_train_and_verify(
     assert by[0]["ci"] is not None and by[0]["ci"][0] <= by[0]["measured"] <= by[0]["ci"][1]
     # The measured values are the definitions, computed here by hand on the trained model.
     compiled = load_run(run)
-    data = verify_data(compiled)
+    data = verification_data(compiled)
     batch = data.tasks["induction"]
     with torch.no_grad():
         logits = compiled.model(batch.tokens, task_ids=batch.task_ids)
