@@ -8,8 +8,9 @@ first ``1 - eval_fraction`` of the ids form the ``"train"`` split; the rest is h
 first half the ``"eval"`` split (the enforcement set) and its second half the ``"verify"`` split
 (the verification set), so neither held-out set sees training text or the other's. An
 example is a window of ``seq_len + 1`` consecutive ids at a uniformly random start:
-``tokens = w[:-1]``, ``targets = w[1:]`` (every position scored). Text tasks do not use the synthetic tasks' special
-ids; mixing them with synthetic tasks needs a model vocabulary covering both.
+``tokens = w[:-1]``, ``targets = w[1:]`` (every position scored). Text tasks do not use the
+synthetic tasks' special ids; mixing them with synthetic tasks needs a model vocabulary
+covering both.
 """
 
 from __future__ import annotations
