@@ -5,12 +5,17 @@ torch thread: plainly (``train_run``) and with enforcement (``train_run(enforce=
 enforced run's callback is a subclass of ``Enforcer`` that times each call (passed as
 ``train_run(enforcer=...)``), to measure the share of its wall time spent verifying the
 contract at evaluation points. ``--set name=value`` sets a field of ``EnforceConfig``
-(``carrier_stages`` as ``others>margin``, ``others+margin``, ``others`` or ``margin``).
-Prints a markdown table: clauses held plain / enforced, steps used, the tasks' held-out
-accuracy and exact match, wall times, the verification share, then the total share of clauses
-held and every clause that fails with ``--enforce``.
+(``carrier_stages`` as ``others>margin``, ``others+margin``, ``others`` or ``margin``);
+``--variant halving`` enforces with the earlier floor rule (while a task clause fails, every
+other multiplier is halved before its step), for comparison.
+Prints a markdown table: clauses held plain / enforced on the verification set, and enforced on
+the enforcement set at the kept step, steps trained and the step kept, the tasks' accuracy and
+exact match on the verification set, wall times, the share of the enforced run's time spent
+measuring the contract, then the total share of clauses held and every clause that fails on
+the verification set with ``--enforce``.
 
     python bench/contract_suite.py [--jobs 1] [--only NAME ...] [--json PATH] [--set NAME=VALUE]
+        [--variant halving]
 
 ``--jobs 2`` runs two subprocesses at a time (faster on two cores, but each wall time then
 includes contention: compare only ratios measured the same way).
@@ -34,6 +39,33 @@ from headwise.render.numbers import fixed
 SUITE = Path(__file__).resolve().parent.parent / "headwise" / "examples" / "suite"
 
 
+def halving_enforcer() -> Any:
+    """The earlier floor rule, as an ``Enforcer`` subclass: while a task clause fails on the
+    enforcement set, every other levered multiplier is halved before its dual step."""
+    from headwise.contract import Enforcer
+    from headwise.contract.kinds import KINDS
+
+    class HalvingEnforcer(Enforcer):
+        def measure(self, state: Any) -> Any:
+            self._last = super().measure(state)
+            return self._last
+
+        def dual_step(self, lambdas: dict[str, float], violations: dict[str, float]) -> None:
+            results = self._last.results
+            guards = {str(r.clause.index) for r in results
+                      if KINDS[r.clause.kind].guards_task(r.clause)}
+            if any(not r.passed and str(r.clause.index) in guards for r in results):
+                for key in violations:
+                    if key not in guards and key in lambdas:
+                        lambdas[key] *= 0.5
+            super().dual_step(lambdas, violations)
+
+    return HalvingEnforcer
+
+
+VARIANTS = {"halving": halving_enforcer}
+
+
 def run_one(spec: Path, enforce: bool, out: Path, config: Any = None,
             enforcer: Any = None) -> dict[str, Any]:
     """Train ``spec`` once (in this process) and return what the table needs.
@@ -44,6 +76,7 @@ def run_one(spec: Path, enforce: bool, out: Path, config: Any = None,
     import torch
 
     from headwise.contract import EnforceConfig, Enforcer
+    from headwise.pipeline.compile import held_out_mixture
     from headwise.pipeline.run import train_run
     from headwise.training.evaluate import evaluate
 
@@ -61,15 +94,20 @@ def run_one(spec: Path, enforce: bool, out: Path, config: Any = None,
                         enforce_config=config or EnforceConfig(), enforcer=TimedEnforcer)
     wall = time.perf_counter() - start
     compiled = outcome.compiled
-    record = evaluate(compiled.model, compiled.eval_data, batch_size=256, n_batches=2,
-                      seed=compiled.spec.data.eval_seed)
+    spec_data = compiled.spec.data
+    record = evaluate(compiled.model, held_out_mixture(compiled.spec, "verify"), batch_size=256,
+                      n_batches=2, seed=spec_data.verify_seed)
     verdict = outcome.contract
     assert verdict is not None
+    enforcement = outcome.enforcement or {}
+    at_kept = enforcement.get("enforcement_set") or {}
     return {
         "spec": spec.stem, "enforce": enforce, "wall_s": wall, "verify_s": sum(timings),
         "evaluations": len(timings), "steps": outcome.train.step,
+        "kept_step": enforcement.get("kept_step", outcome.train.step),
         "max_steps": compiled.spec.train.steps,
         "held": sum(r.passed for r in verdict.results), "n_clauses": len(verdict.results),
+        "held_enforcement_set": at_kept.get("passed"),
         "clauses": [{"index": r.clause.index, "name": r.clause.label,
                      "kind": r.clause.kind, "threshold": r.clause.threshold_text(),
                      "measured": r.measured, "passed": r.passed} for r in verdict.results],
@@ -97,16 +135,20 @@ def enforce_config(sets: list[str]) -> Any:
         if name not in fields:
             raise SystemExit(f"--set: EnforceConfig has no field {name!r}; expected one of "
                              f"{sorted(fields)}")
-        values[name] = STAGES[text] if name == "carrier_stages" else float(text)
+        values[name] = (STAGES[text] if name == "carrier_stages" else
+                        text if name == "stop" else float(text))
     return EnforceConfig(**values)
 
 
-def spawn(spec: Path, enforce: bool, tmp: Path, sets: list[str]) -> dict[str, Any]:
+def spawn(spec: Path, enforce: bool, tmp: Path, sets: list[str],
+          variant: str | None = None) -> dict[str, Any]:
     """``run_one`` in a fresh subprocess (one thread, nothing shared between runs)."""
     out = tmp / f"{spec.stem}-{'enf' if enforce else 'plain'}"
     cmd = [sys.executable, __file__, "--worker", str(spec), str(out)]
     if enforce:
         cmd.append("--enforce")
+    if variant:
+        cmd += ["--variant", variant]
     for item in sets:
         cmd += ["--set", item]
     return run_worker(cmd, f"{spec.stem} (enforce={enforce})")
@@ -131,7 +173,7 @@ def table(results: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
     """The markdown table and the summary lines."""
     lines = ["| spec | clauses held plain / enforced | steps plain / enforced (of) "
              "| task acc / exact, plain | task acc / exact, enforced | wall s plain / enforced "
-             "| verification share of enforced |", "|---|---|---|---|---|---|---|"]
+             "| contract measuring share of enforced |", "|---|---|---|---|---|---|---|"]
     held = total = plain_held = 0
     misses = []
     for plain, enf in results:
@@ -139,10 +181,13 @@ def table(results: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
         plain_held += plain["held"]
         total += enf["n_clauses"]
         share = enf["verify_s"] / enf["wall_s"]
+        on_enf = {True: "held", False: "failed", None: "never held"}[enf["held_enforcement_set"]]
+        kept = f", kept {enf['kept_step']}" if enf["kept_step"] != enf["steps"] else ""
         lines.append(
             f"| {enf['spec']} | {plain['held']}/{plain['n_clauses']} / "
-            f"{enf['held']}/{enf['n_clauses']} | {plain['steps']} / {enf['steps']} "
-            f"({enf['max_steps']}) | {_tasks(plain)} | {_tasks(enf)} | "
+            f"{enf['held']}/{enf['n_clauses']} (enforcement set: {on_enf}) | "
+            f"{plain['steps']} / {enf['steps']}{kept} ({enf['max_steps']}) | "
+            f"{_tasks(plain)} | {_tasks(enf)} | "
             f"{plain['wall_s']:.1f} / {enf['wall_s']:.1f} | {share:.1%} "
             f"({enf['evaluations']} evals) |")
         for c in enf["clauses"]:
@@ -167,12 +212,15 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the raw results here")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="set a field of EnforceConfig (repeatable)")
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default=None,
+                        help="enforce with an earlier rule, for comparison")
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--enforce", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(run_one(Path(args.worker[0]), args.enforce, Path(args.worker[1]),
-                                 enforce_config(args.set))))
+                                 enforce_config(args.set),
+                                 VARIANTS[args.variant]() if args.variant else None)))
         return
     specs = sorted(SUITE.glob("*.yaml"))
     if args.only:
@@ -182,7 +230,8 @@ def main() -> None:
                          f"expected some of {sorted(p.stem for p in SUITE.glob('*.yaml'))}")
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
         jobs = [(s, e) for s in specs for e in (False, True)]  # interleaved plain / enforced
-        done = list(pool.map(lambda job: spawn(job[0], job[1], Path(tmp), args.set), jobs))
+        done = list(pool.map(lambda job: spawn(job[0], job[1], Path(tmp), args.set,
+                                               args.variant), jobs))
     by = {(r["spec"], r["enforce"]): r for r in done}
     results = [(by[(s.stem, False)], by[(s.stem, True)]) for s in specs]
     if args.json:

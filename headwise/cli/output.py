@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from headwise.render.numbers import fixed
+
 if TYPE_CHECKING:
     from headwise.pipeline.run import RunOutcome
 
@@ -64,11 +66,14 @@ def task_line(metrics: dict[str, Any]) -> str:
 
 
 def enforcement_table(summary: dict[str, Any]) -> Table:
-    """One row per clause that failed at some evaluation point during training."""
-    held = summary.get("held_at_step")
-    title = (f"enforcement: contract held at step {held}" if held is not None else
-             f"enforcement: {summary['steps']} steps, contract "
-             f"{'holds' if summary['contract_holds'] else 'still fails'} at the end")
+    """One row per clause: its lever, multiplier, and when it failed and held on the
+    enforcement set."""
+    held, kept = summary.get("held_at_step"), summary.get("kept_step")
+    title = (f"enforcement: {summary['steps']} steps; the contract held on the enforcement "
+             f"set first at step {held}, last at step {kept} (the model kept)"
+             if held is not None else
+             f"enforcement: {summary['steps']} steps; the contract never held on the "
+             "enforcement set")
     table = Table(title=title)
     for col in ("#", "clause", "lever", "multiplier", "first failed", "held from"):
         table.add_column(col)
@@ -81,6 +86,21 @@ def enforcement_table(summary: dict[str, Any]) -> Table:
     return table
 
 
+def failing_lines(summary: dict[str, Any]) -> list[str]:
+    """For each clause failing on the verification set: its best value during training, its
+    lever's state and what would help."""
+    out = []
+    for c in summary["clauses"]:
+        if c.get("holds_at_end") is False and "advice" in c:
+            best = c.get("best_value")
+            where = ("" if best is None else
+                     f"best {fixed(best)} at step {c.get('best_step')} on the enforcement set; ")
+            out.append(f"contract[{c['index']}] {c['description']} still fails: {where}"
+                       f"{'lever saturated' if c.get('saturated') else 'lever not saturated'}"
+                       f"; {c['advice']}")
+    return out
+
+
 def print_outcome(out: Console, outcome: RunOutcome) -> None:
     """Summary after ``headwise train`` / ``headwise demo``."""
     run = outcome.run_dir
@@ -88,8 +108,15 @@ def print_outcome(out: Console, outcome: RunOutcome) -> None:
     out.print(f"trained {outcome.train.step} steps; eval-batch accuracy: {task_line(metrics)}")
     if outcome.enforcement is not None:
         out.print(enforcement_table(outcome.enforcement))
+        kept = outcome.enforcement.get("kept_step")
+        if kept is not None and kept != outcome.train.step:
+            out.print(f"kept the model of step {kept} (the last evaluation point at which the "
+                      "contract held on the enforcement set)")
     if outcome.contract is not None:
+        out.print("the verdict, on the verification set (never read during training):")
         out.print(outcome.contract.to_rich_table())
+        for line in failing_lines(outcome.enforcement or {"clauses": []}):
+            out.print(line)
         verdict = "HOLDS" if outcome.contract.passed else "FAILS"
         n = len(outcome.contract.results)
         out.print(f"contract {verdict}: {n} clause{'' if n == 1 else 's'}, "

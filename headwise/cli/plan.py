@@ -16,14 +16,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Compile a spec (no training) and print, per contract clause, its kind, "
                     "what it is measured on, the lever --enforce drives and its starting "
                     "weight. Exit code 0: every clause has a lever; 1: some have none; 2: bad "
-                    "input.")
+                    "input, or a clause the spec's masks or gates make impossible.")
     p.add_argument("spec", help="the YAML spec (reference: docs/spec.md)")
 
 
 def run(args: argparse.Namespace) -> int:
     from headwise.contract import plan
     from headwise.pipeline import compile_spec
-    from headwise.pipeline.heldout import probe_sampler
+    from headwise.pipeline.heldout import enforcement_data, probe_sampler
     from headwise.runspec import SpecError, load_spec
 
     spec = load_spec(args.spec)
@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("contract: missing; expected a list of clauses to plan for")
     compiled = compile_spec(spec)
     contract = spec.contract
-    levers = plan(compiled, contract, probe_sampler(spec), spec.enforce)
+    levers = plan(compiled, contract, probe_sampler(spec), spec.enforce,
+                  enforcement_data(compiled))
     table = Table(title=f"enforcement plan: {args.spec}")
     for col in ("#", "clause", "kind", "bound", "measured on", "lever", "start weight"):
         table.add_column(col)

@@ -101,9 +101,30 @@ class AblationKind(ClauseKind):
                             {u: number_or_none(v) for u, v in values.items()},
                             imp.ci(unit, task, c.metric), {"clean": imp.clean[task][c.metric]})
 
+    def check_possible(self, ctx: PlanContext, clause: Clause) -> None:
+        if clause.at_least is not None and clause.at_least > 0:
+            refuse_gated_drop(ctx, clause, clause.task or "")
+
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         task_ids = [list(ctx.compiled.task_names).index(clause.task or "")]
         return ablation_lever(ctx, clause, task_ids, [] if clause.at_most is None else task_ids)
+
+
+def refuse_gated_drop(ctx: PlanContext, clause: Clause, task: str) -> None:
+    """Refuse a positive drop demanded on ``task`` of heads its fixed gates switch off (the set
+    ablated together, or each head alone: ``any_of`` needs one head on, others every one)."""
+    off = ctx.gated_off(task)
+    if not off:
+        return
+    heads = list(clause.heads)
+    dead = [h for h in heads if h in off]
+    impossible = (len(dead) == len(heads) if clause.quantifier in ("set", "any_of")
+                  else bool(dead))
+    if impossible:
+        raise SpecError(f"{clause.path}: {clause.describe()} {clause.threshold_text()} cannot "
+                        f"hold: the fixed gates switch {names(dead)} off on {task} examples "
+                        "(heads.<selector>.tasks), so ablating them there changes nothing; "
+                        f"expected heads that serve {task}")
 
 
 def clean_needed(clause: Clause, tasks: tuple[str, ...]) -> list[tuple[tuple[Any, ...], float]]:
@@ -149,7 +170,8 @@ def ablation_lever(ctx: PlanContext, clause: Clause, carried: list[int],
     for what, heads, tasks in parts:
         name = (f"enforce:{'ablate-' if what != 'margin' else ''}{what}[{names(heads)}]"
                 f"[{clause.path}]")
-        obj = ctx.add(_PARTS[what][0](ctx.compiled.model, ctx.heads(heads), tasks), name)
+        obj = ctx.add(_PARTS[what][0](ctx.compiled.model, ctx.heads(heads), tasks,
+                                      mode=clause.mode or "zero"), name)
         if what == "margin":
             lever.loss_terms.append(obj)  # a loss term: weight = multiplier excess, not p
         lever.objectives.append(obj)

@@ -44,7 +44,8 @@ from headwise.training import TrainState
 
 
 def plan(compiled: Compiled, contract: Contract, probes: ProbeSampler | None = None,
-         config: EnforceConfig | None = None) -> dict[int, ClauseLever | None]:
+         config: EnforceConfig | None = None,
+         data: VerifyData | None = None) -> dict[int, ClauseLever | None]:
     """Each clause's lever (``None``: no lever can move it), adding the lever objectives to
     ``compiled.objectives`` at weight 0. Call before ``train()``.
 
@@ -54,10 +55,25 @@ def plan(compiled: Compiled, contract: Contract, probes: ProbeSampler | None = N
         probes: draws examples like a named probe, for score clauses measured ``on`` one
             (needed only when a clause is).
         config: the enforcement settings (default ``EnforceConfig()``).
+        data: the enforcement set; with it, clauses the run's structure makes impossible are
+            refused first (``check_possible``).
+
+    Raises:
+        SpecError: with ``data``, an impossible clause.
     """
     ctx = PlanContext(compiled, contract.n_layers, contract.n_heads, config or EnforceConfig(),
-                      probes)
+                      probes, data)
+    if data is not None:
+        check_possible(ctx, contract)
     return {c.index: KINDS[c.kind].lever(ctx, c) for c in contract}
+
+
+def check_possible(ctx: PlanContext, contract: Contract) -> None:
+    """Refuse, before any training, a clause that a structural mask or a fixed gate makes
+    impossible (``ClauseKind.check_possible``; ``SpecError`` naming the clause and the mask or
+    gate)."""
+    for c in contract:
+        KINDS[c.kind].check_possible(ctx, c)
 
 
 @dataclass
@@ -183,7 +199,8 @@ def summary(extra: dict[str, Any], final: ContractResult, steps_done: int,
     saturated, and what would help. ``history``: every evaluation point's measured value,
     violation and multiplier per clause (enforcement set). ``kept_step``: the step whose
     weights the run kept (the last evaluation point at which the contract held on the
-    enforcement set; the final step when it never did).
+    enforcement set; the final step when it never did); ``enforcement_set``: the verdict and
+    values measured there at that step, beside the verification set's ``final``.
     """
     record = extra.get("enforce", {"history": [], "multipliers": {}, "clauses": {}})
     holds = {r.clause.index: r.passed for r in final.results}
@@ -202,11 +219,14 @@ def summary(extra: dict[str, Any], final: ContractResult, steps_done: int,
                         advice=_advice(entry, saturated, history, key))
         clauses.append(item)
     acted = any(v for v in record["multipliers"].values())
+    at = next((p for p in reversed(history) if p["step"] == kept_step), None)
+    enforcement_set = None if at is None else {
+        "step": at["step"], "passed": at["passed"],
+        "measured": {k: c["measured"] for k, c in at["clauses"].items()}}
     return {"enforced": acted, "evaluations": len(history),
             "held_at_step": record.get("held_at"), "kept_step": kept_step,
             "steps": steps_done, "contract_holds": final.passed,
-            "enforcement_set_holds": bool(history) and any(p["passed"] for p in history),
-            "clauses": clauses, "history": history}
+            "enforcement_set": enforcement_set, "clauses": clauses, "history": history}
 
 
 def _advice(entry: dict[str, Any], saturated: bool, history: list[dict[str, Any]],

@@ -17,7 +17,7 @@ from torch import nn
 
 from headwise.analysis.importance import ablation_importance
 from headwise.contract import fields
-from headwise.contract.ablation import ablation_lever, clean_needed
+from headwise.contract.ablation import ablation_lever, clean_needed, refuse_gated_drop
 from headwise.contract.clause import METRICS, MODES, UNIT_METRICS, Clause, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.lever import ClauseLever, PlanContext
@@ -116,6 +116,11 @@ class ExclusiveKind(ClauseKind):
         if others is not None and c.at_most is not None:
             v = max(v, others - c.at_most)
         return v
+
+    def check_possible(self, ctx: PlanContext, clause: Clause) -> None:
+        if clause.at_least is not None and clause.at_least > 0:
+            for task in clause.tasks:
+                refuse_gated_drop(ctx, clause, task)
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         task_names = list(ctx.compiled.task_names)

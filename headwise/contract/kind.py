@@ -99,9 +99,14 @@ class ClauseKind(ABC):
         return -margin(result.measured, c.at_least, c.at_most) / scale
 
     def guards_task(self, clause: Clause) -> bool:
-        """Whether the clause bounds a task's own performance: while such a clause fails, the
-        enforcer backs the other levers off (tasks are never traded away)."""
+        """Whether the clause bounds a task's own performance (a task floor)."""
         return False
+
+    def check_possible(self, ctx: PlanContext, clause: Clause) -> None:
+        """Refuse a clause the run's structure makes impossible, before any training
+        (``SpecError`` naming the clause and what forbids it: a structural mask, a gate); by
+        default nothing does."""
+        return None
 
     @abstractmethod
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:

@@ -130,6 +130,7 @@ class PlanContext:
     n_heads: int
     config: EnforceConfig
     probes: ProbeSampler | None = None
+    data: Any = None  # the enforcement set (VerifyData), for checks that read a probe's shape
 
     def heads(self, heads: Head | Sequence[Head]) -> HeadSet:
         items = [heads] if isinstance(heads, Head) else list(heads)
@@ -138,7 +139,25 @@ class PlanContext:
     @property
     def masked(self) -> set[Head]:
         """Heads whose pattern a structural mask fixes."""
-        return {h for r in self.compiled.spec.heads if r.mask is not None for h in r.heads}
+        return set(self.masks)
+
+    @property
+    def masks(self) -> dict[Head, str]:
+        """Each structurally masked head and its mask's name."""
+        return {h: r.mask.name for r in self.compiled.spec.heads if r.mask is not None
+                for h in r.heads}
+
+    def gated_off(self, task: str) -> set[Head]:
+        """Heads that fixed task gates switch off on ``task``'s examples (their output is
+        zero there, so ablating them changes nothing)."""
+        gates = getattr(self.compiled, "gates", None)
+        assignment = getattr(gates, "assignment", None)
+        if assignment is None:  # no gates, or learned ones (they may open)
+            return set()
+        task_id = list(self.compiled.task_names).index(task)
+        on = set(assignment.get(task_id, ()))
+        return {Head(l, h) for l in gates.gates for h in range(self.n_heads)  # type: ignore[union-attr]
+                if Head(l, h) not in on}
 
     def add(self, obj: Any, name: str) -> Any:
         """Add a lever objective to the run at weight 0 (names are unique: checkpoints store

@@ -5,7 +5,8 @@ for several heads. Measured by ``role_scores`` on the probe (one pass per probe 
 clause on it); the deciding head is the best (``any_of``) or the worst one. Lever: the role's
 pattern objective for a lower bound on a target role (``any_of``: on the head chosen at the
 first evaluation point), else a row-wise ``RoleBound``; a head whose structural mask fixes its
-pattern has nothing to drive.
+pattern has nothing to drive, and a bound its mask cannot reach is refused before training
+(``reachable``: the role's mass on the keys the mask allows, computed exactly on the probe).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.roles import ROLES, role_scores
@@ -25,14 +26,17 @@ from headwise.contract.lever import ClauseLever, PlanContext, names
 from headwise.contract.results import ClauseResult, VerifyData
 from headwise.control.objectives import PatternObjective, RoleBound
 from headwise.errors import SpecError
-from headwise.heads import HeadSet
-from headwise.patterns import ROLE_NAMES, TARGET_ROLES
+from headwise.heads import Head, HeadSet
+from headwise.patterns import ROLE_NAMES, TARGET_ROLES, RoleTarget, role_target
 
 # Role scores whose lever is another role's (TransformerLens variants measure the same role).
 ROLE_OF_SCORE = {**{r: r for r in ROLE_NAMES}, "previous_token_tl": "previous_token",
                  "induction_tl": "induction", "duplicate_token_tl": "duplicate_token"}
 _RANGE = {"copying_eig": (-1.0, 1.0)}
 SUBJECTS = ("head", "any_of", "all_of")
+# Roles scored as attention mass on a support (``headwise.patterns``): their reachable range
+# under a mask is exact.
+MASS_ROLES = tuple(r for r in TARGET_ROLES if r != "uniform")
 
 
 class ScoreKind(ClauseKind):
@@ -93,6 +97,29 @@ class ScoreKind(ClauseKind):
     def measure(self, model: nn.Module, clause: Clause, data: VerifyData) -> ClauseResult:
         return self.measure_all(model, [clause], data)[clause.index]
 
+    def check_possible(self, ctx: PlanContext, clause: Clause) -> None:
+        role, masks = clause.score or "", ctx.masks
+        masked = [h for h in clause.heads if h in masks]
+        if ctx.data is None or role not in MASS_ROLES or not masked:
+            return
+        if clause.quantifier == "any_of" and len(masked) < len(clause.heads):
+            return  # an unmasked head can reach any value
+        tokens, mask, kw = ctx.data.probe(clause.on, clause.path)
+        model = ctx.compiled.model
+        target = role_target(role, tokens, mask, causal=bool(model.config.causal))
+        reach = {h: reachable(model, h, target, kw.get("task_ids")) for h in masked}
+        lo, hi = clause.at_least, clause.at_most
+        bad = [h for h, (low, high) in reach.items()
+               if (lo is not None and high < lo) or (hi is not None and low > hi)]
+        if bad and (clause.quantifier != "any_of" or len(bad) == len(clause.heads)):
+            h = bad[0]
+            low, high = reach[h]
+            raise SpecError(
+                f"{clause.path}: {clause.describe()} {clause.threshold_text()} cannot hold: "
+                f"{h}'s structural mask {masks[h]} lets its {role} score range only over "
+                f"[{low:.3f}, {high:.3f}] on probe {clause.on or 'default'}; expected a bound "
+                "the mask allows (or another mask)")
+
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         heads = [h for h in clause.heads if h not in ctx.masked]
         if not heads:  # a structural mask fixes every head's pattern: nothing to drive
@@ -122,6 +149,23 @@ class ScoreKind(ClauseKind):
                                           hi is not None and f"<= {hi:g}" or "") if x)
         return ClauseLever("bound", f"row-wise {role} bound {bounds} on {names(heads)}{where}",
                            [obj])
+
+
+def reachable(model: nn.Module, head: Head, target: RoleTarget,
+              task_ids: Tensor | None) -> tuple[float, float]:
+    """The lowest and highest ``target`` role score ``head`` can have under its structural
+    mask, exactly: per defined row, the mass on the support is at most 1 if the mask allows a
+    support key (else 0), and at least 1 if every allowed key is a support key (else 0)."""
+    T = target.support.shape[-1]
+    attn: Any = model.blocks[head.layer].attn  # type: ignore[index,union-attr]
+    per_head = attn.head_mask(T, task_ids, target.support.device)  # (H|B,H, T, T)
+    m = per_head[..., head.head, :, :]
+    allowed = target.allowed & (m if m.dim() == 3 else m[None])  # (B, T, T)
+    rows = target.rows
+    high = (target.support & allowed).any(-1)
+    low = allowed.any(-1) & ~(allowed & ~target.support).any(-1)
+    n = rows.sum().clamp_min(1)
+    return float((low & rows).sum() / n), float((high & rows).sum() / n)
 
 
 def _result(c: Clause, table: RoleTable, probe: str) -> ClauseResult:

@@ -4,18 +4,21 @@ These are the differentiable levers behind a contract's task-level clauses
 (``headwise.contract``); they follow the trainer's ``Objective`` protocol, whose
 ``prepare(batch)`` the trainer calls before each forward so a lever knows each example's task:
 
-- ``StochasticAblation(model, heads, tasks, p)``: on examples of ``tasks``, each example
-  independently with probability ``weight`` (= p), the heads' outputs (``hook_z``) are zeroed for
-  that forward. Training under this noise makes the tasks *not need* those heads ("T does not
-  need H", an ablation ``drop_at_most`` clause); ablating the *other* heads of H's layer makes
-  H *sufficient* for the tasks: dropout on heads, by task.
+- ``StochasticAblation(model, heads, tasks, p, mode)``: on examples of ``tasks``, each example
+  independently with probability ``weight`` (= p), the heads' outputs (``hook_z``) are ablated
+  for that forward: zeroed (``mode="zero"``), replaced by their mean over the batch's examples
+  of those tasks, per position (``"mean"``), or by another such example's (``"resample"``): the
+  ablation the clause is measured with (``headwise.hooks.ablate``). Training under this noise
+  makes the tasks *not need* those heads ("T does not need H", an ablation ``drop_at_most``
+  clause); ablating the *other* heads of H's layer makes H *sufficient* for the tasks: dropout
+  on heads, by task.
 - ``AblatedMargin(model, heads, tasks)``: makes the tasks *need* the heads ("H carries T", a
   ``drop_at_least`` clause): a second forward with the heads zeroed, and a multiclass hinge on
   its logits, ``relu(delta + z_target - max_{j != target} z_j)`` per scored position, which is
   zero exactly where the ablated model predicts a wrong token by a margin ``delta``. The clause
   measures the ablated accuracy, the share of positions with ``z_target > max_j z_j``; the hinge
   is its convex surrogate, and unlike ``-CE`` its gradient does not vanish when the ablated
-  model is confidently right.
+  model is confidently right. Its ``mode`` ablates as ``StochasticAblation``'s does.
 - ``TaskLossWeight(model, task, weight)``: adds ``weight x`` the mean cross-entropy of one
   task's examples in the batch, raising that task's share of the loss (the lever of a task
   floor: the task is never traded away for another clause).
@@ -76,11 +79,41 @@ def _rows_of(task_ids: Tensor, tasks: list[int]) -> Tensor:
     return mine
 
 
-def _zero_hooks(heads: Any) -> list[Hook]:
-    """Hooks zeroing ``heads``' outputs on every row."""
-    def fn(z: Tensor, ctx: HookContext) -> Tensor:
+ABLATION_MODES = ("zero", "mean", "resample")
+
+
+def _sources(tokens: Tensor, rows: Tensor, salt: int) -> Tensor:
+    """(B,) for each row of ``rows`` another such row of the batch (a random cycle through
+    them, hashed from the tokens: no host sync); the others map to themselves."""
+    B = tokens.shape[0]
+    key = (~rows).to(torch.float32) * 2.0 + row_uniforms(tokens, salt)  # rows first
+    order = key.argsort()  # order[j]: the row at rank j
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(B, device=tokens.device)
+    k = rows.sum().clamp_min(1)
+    src = order[(rank + 1) % k]
+    return torch.where(rows, src, torch.arange(B, device=tokens.device))
+
+
+def _ablated(z: Tensor, mode: str, rows: Tensor, src: Tensor | None) -> Tensor:
+    """What ``mode`` puts in place of ``z`` (B, T, h, Dh): zeros, the mean over ``rows`` per
+    position, or row ``src[b]``'s value (the replacement carries no gradient, as a fixed
+    reference would not)."""
+    if mode == "zero":
         return torch.zeros_like(z)
-    return [Hook(f"blocks.{l}.attn.hook_z", fn, heads.in_layer(l)) for l in heads.layers]
+    ref = z.detach()
+    if mode == "mean":
+        w = rows.to(z.dtype)[:, None, None, None]
+        mean = (ref * w).sum(0, keepdim=True) / w.sum().clamp_min(1.0)
+        return mean.expand_as(z)
+    assert src is not None
+    return ref[src]
+
+
+def _check_mode(what: str, mode: str) -> str:
+    if mode not in ABLATION_MODES:
+        raise ValueError(f"{what}: mode got {mode!r}, expected one of {list(ABLATION_MODES)}")
+    return mode
 
 
 def _check(what: str, heads: Any, task_ids: list[int]) -> list[int]:
@@ -98,13 +131,16 @@ class StochasticAblation(Objective):
         task_ids: task indices whose examples are ablated.
         weight: the ablation probability per example, in [0, 1].
         name: the lever's name (checkpoints store weights by name; it salts the draws).
+        mode: ``zero``, ``mean`` or ``resample`` (see the module docstring).
 
     Raises:
-        ValueError: an empty head set or task list, or ``weight`` outside [0, 1].
+        ValueError: an empty head set or task list, ``weight`` outside [0, 1], or an unknown
+            mode.
     """
 
     def __init__(self, model: nn.Module, heads: Any, task_ids: list[int], weight: float = 0.0,
-                 name: str = "ablate") -> None:
+                 name: str = "ablate", mode: str = "zero") -> None:
+        self.mode = _check_mode("StochasticAblation", mode)
         self.heads = as_headset(model, heads, "heads")
         self.task_ids = _check("StochasticAblation", self.heads, task_ids)
         if not 0.0 <= weight <= 1.0:
@@ -113,33 +149,44 @@ class StochasticAblation(Objective):
         self.weight = float(weight)
         self.name = name
         self._keep: Tensor | None = None
+        self._rows: Tensor | None = None
+        self._src: Tensor | None = None
 
     def prepare(self, batch: Any) -> None:
         """Draw which examples of the batch are ablated in the coming forward (on its device)."""
         p = min(max(self.weight, 0.0), 1.0)
         if p <= 0.0:
-            self._keep = None
+            self.reset()
             return
-        draw = row_uniforms(batch.tokens, salt_of(self.name)) < p  # (B,)
-        self._keep = (~(draw & _rows_of(batch.task_ids, self.task_ids))).to(torch.float32)
+        salt = salt_of(self.name)
+        draw = row_uniforms(batch.tokens, salt) < p  # (B,)
+        rows = _rows_of(batch.task_ids, self.task_ids)
+        self._keep = (~(draw & rows)).to(torch.float32)
+        self._rows = rows
+        self._src = (_sources(batch.tokens, rows, salt + 1) if self.mode == "resample"
+                     else None)
 
     def hooks(self) -> list[Hook]:
         def fn(z: Tensor, ctx: HookContext) -> Tensor:
             if self._keep is None:
                 return z
-            return z * self._keep.to(dtype=z.dtype)[:, None, None, None]  # z: (B, T, h, Dh)
+            keep = self._keep.to(dtype=z.dtype)[:, None, None, None]  # z: (B, T, h, Dh)
+            if self.mode == "zero":
+                return z * keep
+            assert self._rows is not None
+            return z * keep + _ablated(z, self.mode, self._rows, self._src) * (1 - keep)
         return [Hook(f"blocks.{l}.attn.hook_z", fn, self.heads.in_layer(l))
                 for l in self.heads.layers]
 
     def reset(self) -> None:
-        self._keep = None
+        self._keep = self._rows = self._src = None
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
         """No loss term of its own (it acts on the forward); logs the share ablated."""
         zero = torch.zeros((), device=tokens.device)
         share = zero if self._keep is None else 1.0 - self._keep.mean()
-        self._keep = None
+        self.reset()
         return zero, {f"{self.name}/ablated": share}
 
 
@@ -183,12 +230,26 @@ class AblatedMargin(_SecondForward):
         weight: the term's weight (0: no second forward).
         name: the lever's name.
         delta: the logit margin.
+        mode: how the heads are ablated: ``zero``, ``mean`` or ``resample`` (over the
+            batch's examples of ``tasks``).
     """
 
     def __init__(self, model: nn.Module, heads: Any, task_ids: list[int], weight: float = 0.0,
-                 name: str = "ablated-margin", delta: float = MARGIN_DELTA) -> None:
+                 name: str = "ablated-margin", delta: float = MARGIN_DELTA,
+                 mode: str = "zero") -> None:
         super().__init__("AblatedMargin", model, heads, task_ids, weight, name)
         self.delta = float(delta)
+        self.mode = _check_mode("AblatedMargin", mode)
+
+    def _ablation_hooks(self, batch: Any) -> list[Hook]:
+        rows = _rows_of(batch.task_ids, self.task_ids)
+        src = (_sources(batch.tokens, rows, salt_of(self.name)) if self.mode == "resample"
+               else None)
+
+        def fn(z: Tensor, ctx: HookContext) -> Tensor:
+            return _ablated(z, self.mode, rows, src)
+        return [Hook(f"blocks.{l}.attn.hook_z", fn, self.heads.in_layer(l))
+                for l in self.heads.layers]
 
     def hooks(self) -> list[Hook]:
         return []
@@ -199,7 +260,7 @@ class AblatedMargin(_SecondForward):
         batch, self._batch = self._batch, None
         if batch is None:
             return self._idle(tokens, "ablated_accuracy")
-        logits = self._run(batch, _zero_hooks(self.heads)).float()  # (B, T, V)
+        logits = self._run(batch, self._ablation_hooks(batch)).float()  # (B, T, V)
         valid = (batch.targets != IGNORE) & _rows_of(batch.task_ids, self.task_ids)[:, None]
         y = batch.targets.clamp_min(0)[..., None]  # (B, T, 1)
         z_y = logits.gather(-1, y)[..., 0]  # (B, T)

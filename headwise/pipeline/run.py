@@ -26,7 +26,9 @@ from headwise.contract import (
     EnforceConfig,
     Enforcer,
     ForecastWatch,
+    PlanContext,
     VerifyData,
+    check_possible,
     plan,
     summary,
     verify,
@@ -128,6 +130,9 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     config = enforce_config or spec.enforce
     data = enforcement_data(compiled)  # on the training device: enforcement measures mid-run
     enforcing = _enforcer(compiled, contract, data, flags, config, enforcer)
+    if enforcing is None and contract:  # plain runs refuse impossible clauses too
+        check_possible(PlanContext(compiled, contract.n_layers, contract.n_heads, config,
+                                   data=data), contract)
     callbacks: list[Callable[[Any], None]] = [enforcing] if enforcing is not None else []
     train_config = _budgeted(spec.train, flags.enforce_budget or 1.0)
     if enforcing is not None and config.stop == "end" and train_config.parallel == "fsdp":
@@ -176,7 +181,7 @@ def _enforcer(compiled: Compiled, contract: Contract, data: VerifyData, flags: R
     """
     if not flags.enforce:
         return None
-    levers = plan(compiled, contract, probe_sampler(compiled.spec), config)
+    levers = plan(compiled, contract, probe_sampler(compiled.spec), config, data)
     missing = [c for c in contract if levers.get(c.index) is None]
     if missing and not flags.allow_unenforced:
         c = missing[0]

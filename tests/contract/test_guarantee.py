@@ -1,0 +1,190 @@
+"""The guarantee's rules: the verification set is read once, after training; impossible clauses
+are refused before training; the levers ablate as the clauses measure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from headwise.cli import main
+from headwise.contract import plan
+from headwise.contract.score import reachable
+from headwise.control.task_levers import AblatedMargin, StochasticAblation
+from headwise.heads import Head
+from headwise.hooks import ablate
+from headwise.patterns import role_target
+from headwise.pipeline import compile_spec
+from headwise.pipeline import run as run_module
+from headwise.pipeline.heldout import enforcement_data, verification_data
+from headwise.runspec import load_spec
+from headwise.training.checkpoint import checkpoint_dir
+
+SPEC = """
+model: {n_layers: 1, n_heads: 2, d_model: 32, vocab_size: 12, max_seq_len: 10}
+data: {tasks: {copy: {length: 4}}, eval_examples: 64}
+train: {steps: 40, batch_size: 16, lr: 3.0e-3, eval_every: 20, seed: 0}
+contract:
+  - {head: L0.H1, score: previous_token, at_least: 0.9}
+"""
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def test_the_verification_set_is_read_once_after_training(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trained, reads = [], []
+    real_train, real_read = run_module.train, run_module.verification_data
+
+    def train(*args: object, **kwargs: object) -> object:
+        out = real_train(*args, **kwargs)  # type: ignore[arg-type]
+        trained.append(True)
+        return out
+
+    def read(compiled: object) -> object:
+        if not trained:
+            raise AssertionError("the verification set was read before training ended")
+        reads.append(compiled)
+        return real_read(compiled)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(run_module, "train", train)
+    monkeypatch.setattr(run_module, "verification_data", read)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    assert main(["train", str(spec), "--out", str(tmp_path / "r"), "--quiet",
+                 "--enforce"]) in (0, 1)
+    assert len(reads) == 1
+
+
+def test_the_two_held_out_sets_are_drawn_apart() -> None:
+    spec = load_spec(SPEC + "probes: {long: {repeated: {half_len: 4}}}\n")
+    compiled = compile_spec(spec)
+    enf, ver = enforcement_data(compiled), verification_data(compiled)
+    assert spec.data.verify_seed != spec.data.eval_seed
+    for name in ("default", "repeated", "long"):
+        a, b = enf.probes[name].tokens, ver.probes[name].tokens
+        assert a.shape == b.shape and not torch.equal(a, b), name
+    # No verification sequence is an enforcement sequence (the task has 8^4 contents).
+    seen = {tuple(r.tolist()) for r in enf.probes["default"].tokens}
+    assert sum(tuple(r.tolist()) in seen for r in ver.probes["default"].tokens) <= 2
+
+
+def test_a_verify_seed_near_the_eval_seed_is_refused(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("eval_examples: 64}", "eval_examples: 64, eval_seed: 5, "
+                                                       "verify_seed: 7}"))
+    assert main(["plan", str(spec)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("headwise plan: error: data.verify_seed: got 7, expected a seed at least")
+
+
+def test_reachable_range_under_a_mask_is_the_exact_mass_bound() -> None:
+    spec = load_spec(SPEC.replace("contract:", "heads:\n  L0.H0: {mask: first_token}\n"
+                                               "  L0.H1: {mask: {local: {window: 2}}}\ncontract:"))
+    compiled = compile_spec(spec)
+    tokens = torch.randint(0, 12, (3, 9), generator=torch.Generator().manual_seed(0))
+    target = role_target("previous_token", tokens, None, causal=True)
+    # first_token: only query 1 can reach key 0 = its previous token; 8 defined rows (q >= 1).
+    assert reachable(compiled.model, Head(0, 0), target, None) == (pytest.approx(1 / 8),
+                                                                   pytest.approx(1 / 8))
+    # local(2) allows self and previous: any mass on the previous key from 0 to 1.
+    assert reachable(compiled.model, Head(0, 1), target, None) == (0.0, 1.0)
+
+
+def test_a_clause_a_mask_makes_impossible_exits_2_before_training(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("contract:", "heads:\n  L0.H1: {mask: first_token}\n"
+                                              "contract:"))
+    for argv in (["plan", str(spec)], ["train", str(spec), "--out", str(tmp_path / "r")],
+                 ["train", str(spec), "--out", str(tmp_path / "r"), "--enforce"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "error: contract[0]: L0.H1: previous_token" in err[0]
+        assert "structural mask first_token" in err[0] and "[0.111, 0.111]" in err[0]
+    assert not (tmp_path / "r" / "model.safetensors").exists()
+
+
+GATED = """
+model: {n_layers: 2, n_heads: 2, d_model: 32, vocab_size: 16, max_seq_len: 10}
+data: {tasks: {copy: {length: 4}, reverse: {length: 4}}, eval_examples: 64}
+train: {steps: 20, batch_size: 16, eval_every: 10}
+heads:
+  L1.H0: {tasks: [copy]}
+contract:
+  - CLAUSE
+"""
+
+
+@pytest.mark.parametrize("clause", [
+    "{ablate: L1.H0, task: reverse, drop_at_least: 0.2}",
+    "{heads: L1.H0, tasks: [reverse], exclusive: true}",
+])
+def test_a_drop_demanded_of_a_gated_off_head_exits_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], clause: str) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(GATED.replace("CLAUSE", clause))
+    assert main(["plan", str(spec)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "error: contract[0]: " in err and "switch L1.H0 off on reverse" in err
+    # The same drop on the task the head serves is possible.
+    spec.write_text(GATED.replace("CLAUSE", clause.replace("reverse", "copy")))
+    assert main(["plan", str(spec)]) == 0
+
+
+@pytest.mark.parametrize("mode", ["mean", "resample"])
+def test_an_ablation_clause_trains_with_the_ablation_it_is_measured_with(mode: str) -> None:
+    spec = load_spec(SPEC.replace(
+        "  - {head: L0.H1, score: previous_token, at_least: 0.9}",
+        f"  - {{ablate: L0.H1, task: copy, mode: {mode}, drop_at_most: 0.05}}\n"
+        f"  - {{ablate: L0.H0, task: copy, mode: {mode}, drop_at_least: 0.3}}"))
+    compiled = compile_spec(spec)
+    levers = plan(compiled, spec.contract)
+    spare = levers[0].objectives[0]  # type: ignore[union-attr]
+    others, margin = levers[1].objectives  # type: ignore[union-attr]
+    assert isinstance(spare, StochasticAblation) and isinstance(margin, AblatedMargin)
+    assert (spare.mode, others.mode, margin.mode) == (mode, mode, mode)
+    if mode == "resample":
+        return
+    # With p = 1 on one task, the lever's forward is the measurement's mean ablation with the
+    # batch as its reference (headwise.hooks.ablate).
+    model = compiled.model.eval()
+    batch = compiled.data.sample(16, torch.Generator().manual_seed(1))
+    spare.weight = 1.0
+    spare.prepare(batch)
+    with torch.no_grad(), model.hooks(*spare.hooks()):
+        lever = model(batch.tokens, task_ids=batch.task_ids)
+    with torch.no_grad(), model.hooks(*ablate(model, "L0.H1", "mean",
+                                              reference=batch.tokens)):
+        reference = model(batch.tokens, task_ids=batch.task_ids)
+    torch.testing.assert_close(lever, reference, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        clean = model(batch.tokens, task_ids=batch.task_ids)
+    assert not torch.allclose(lever, clean, atol=1e-3)
+
+
+def test_the_kept_model_is_the_last_evaluation_point_that_held(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("steps: 40", "steps: 100").replace(
+        "seed: 0}", "seed: 0, checkpoint_every: 20}"))
+    run = tmp_path / "r"
+    assert main(["train", str(spec), "--out", str(run), "--quiet", "--enforce"]) == 0
+    e = json.loads((run / "enforcement.json").read_text())
+    held = [p["step"] for p in e["history"] if p["passed"]]
+    assert held and e["kept_step"] == held[-1]
+    kept = load_file(str(run / "model.safetensors"))
+    if e["kept_step"] != 100:  # the run's weights are those of the kept step's checkpoint
+        at = load_file(str(checkpoint_dir(run, e["kept_step"]) / "model.safetensors"))
+        assert all(torch.equal(kept[k], at[k]) for k in kept)
+    else:
+        assert (run / "kept.safetensors").is_file()
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert "model.safetensors" in json.dumps(manifest)
