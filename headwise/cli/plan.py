@@ -18,6 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "weight. Exit code 0: every clause has a lever; 1: some have none; 2: bad "
                     "input, or a clause the spec's masks or gates make impossible.")
     p.add_argument("spec", help="the YAML spec (reference: docs/spec.md)")
+    p.add_argument("--pilot", type=int, default=None, metavar="N",
+                   help="also train N plain steps in memory and show which clauses and task "
+                        "floors move (measured on the enforcement set)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,9 +47,32 @@ def run(args: argparse.Namespace) -> int:
                       f"{lever.scale:g}{'' if lever.cap is None else f', cap {lever.cap:g}'})")
     out = console()
     out.print(table)
+    if args.pilot is not None:
+        out.print(_pilot_table(load_spec(args.spec), args.pilot))
     unmoved = [c.path for c in contract if levers[c.index] is None]
     if unmoved:
         out.print(f"{len(unmoved)} clause{'s' if len(unmoved) != 1 else ''} without a lever: "
                   f"{', '.join(unmoved)} (train --enforce refuses them unless "
                   "--allow-unenforced)")
     return 1 if unmoved else 0
+
+
+def _pilot_table(spec: object, steps: int) -> Table:
+    """The pilot's table (``headwise.pipeline.pilot``), on a fresh compile of the spec."""
+    from headwise.pipeline import compile_spec
+    from headwise.pipeline.pilot import pilot
+    from headwise.render.numbers import fixed
+
+    compiled = compile_spec(spec)  # type: ignore[arg-type]
+    rows = pilot(compiled, compiled.spec.contract, steps)
+    table = Table(title=f"pilot: {steps} plain steps (enforcement set)")
+    for col in ("#", "clause", "before", "after", "towards bound", "holds", "moves"):
+        table.add_column(col)
+    for r in rows:
+        moved = ("yes" if r.towards > 0.01 else "away" if r.towards < -0.01 else "no")
+        if r.floor and moved != "yes" and not r.holds:
+            moved += " (the task is not learning)"
+        table.add_row(str(r.index), r.label, "-" if r.before is None else fixed(r.before),
+                      "-" if r.after is None else fixed(r.after), fixed(r.towards, sign=True),
+                      "yes" if r.holds else "no", moved)
+    return table

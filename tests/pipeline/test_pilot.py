@@ -1,0 +1,46 @@
+"""``headwise plan --pilot N``: which clauses and floors move in N plain steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from headwise.cli import main
+from headwise.contract import verify
+from headwise.pipeline import compile_spec
+from headwise.pipeline.heldout import enforcement_data
+from headwise.pipeline.pilot import pilot
+from headwise.runspec import load_spec
+
+SPEC = """
+model: {n_layers: 1, n_heads: 2, d_model: 32, vocab_size: 12, max_seq_len: 10}
+data: {tasks: {copy: {length: 4}}, eval_examples: 64}
+train: {steps: 40, batch_size: 16, lr: 3.0e-3, eval_every: 20, seed: 0}
+contract:
+  - {head: L0.H1, score: previous_token, at_least: 0.9}
+  - {task: copy, at_least: 0.9}
+"""
+
+
+def test_the_pilot_reports_each_clause_before_and_after_plain_steps(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    spec = load_spec(SPEC)
+    untrained = verify(compile_spec(spec).model, spec.contract,
+                       enforcement_data(compile_spec(spec)))
+    rows = pilot(compile_spec(spec), spec.contract, 40)
+    floor = rows[1]
+    assert floor.floor and not rows[0].floor
+    assert floor.before == untrained.results[1].measured
+    assert floor.after is not None and floor.before is not None
+    # The change towards the bound is the decrease of the violation 0.9 - accuracy.
+    assert floor.towards == pytest.approx((0.9 - floor.before) - (0.9 - floor.after))
+    assert floor.after > floor.before + 0.3  # copy learns in 40 steps
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC)
+    assert main(["plan", str(path), "--pilot", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "pilot: 5 plain steps (enforcement set)" in out and "task copy: accuracy" in out
+    assert main(["plan", str(path), "--pilot", "0"]) == 2
