@@ -62,7 +62,7 @@ def plan(compiled: Compiled, contract: Contract, probes: ProbeSampler | None = N
         SpecError: with ``data``, an impossible clause.
     """
     ctx = PlanContext(compiled, contract.n_layers, contract.n_heads, config or EnforceConfig(),
-                      probes, data)
+                      probes, data, {h for c in contract for h in c.heads})
     if data is not None:
         check_possible(ctx, contract)
     return {c.index: KINDS[c.kind].lever(ctx, c) for c in contract}
@@ -104,10 +104,18 @@ class Enforcer:
         levered = [r for r in result.results if self.levers.get(r.clause.index) is not None]
         self.dual_step(lambdas, {str(r.clause.index): violations[str(r.clause.index)]
                                  for r in levered})
+        assisted = record.setdefault("assisted", {})
         for r in levered:
             key = str(r.clause.index)
-            self._apply(self.levers[r.clause.index], lambdas[key], r,  # type: ignore[arg-type]
-                        record["chosen"], key)
+            lever = self.levers[r.clause.index]
+            assert lever is not None
+            self._apply(lever, lambdas[key], r, record["chosen"], key)
+            if lever.assists:
+                if key not in assisted and self._stalled(record["history"], key, r):
+                    assisted[key] = state.step
+                on = key in assisted and lambdas[key] > 0
+                for obj in lever.assists:
+                    obj.weight = self.config.assist_weight if on else 0.0
         point: dict[str, Any] = {"step": state.step, "passed": result.passed, "clauses": {}}
         for r in result.results:
             key = str(r.clause.index)
@@ -145,6 +153,16 @@ class Enforcer:
             return final_step
         self.kept.restore(model, out_dir, record)
         return int(step)
+
+    def _stalled(self, history: list[dict[str, Any]], key: str, result: ClauseResult) -> bool:
+        """Whether a failing clause has gone ``assist_patience`` evaluation points without its
+        violation falling by more than 0.01 (the task has stopped improving)."""
+        n = self.config.assist_patience
+        past = [p["clauses"][key]["violation"] for p in history[-n:] if key in p["clauses"]]
+        if result.passed or len(past) < n:
+            return False
+        now = KINDS[result.clause.kind].violation(result)
+        return min(past) - now <= 0.01
 
     def _saturated(self, lever: ClauseLever | None, lam: float | None) -> bool:
         """Whether the lever is at its limit: the multiplier at ``lambda_max`` or the
@@ -185,6 +203,7 @@ def _entry(clause: Clause, lever: ClauseLever | None) -> dict[str, Any]:
     return {"index": clause.index, "description": clause.label,
             "lever": None if lever is None else lever.description,
             "lever_objectives": [] if lever is None else [o.name for o in lever.objectives],
+            "assists": [] if lever is None else [o.name for o in lever.assists],
             "first_failed_at": None, "failed_evals": 0, "held_at": None, "best": None}
 
 
@@ -200,7 +219,8 @@ def summary(extra: dict[str, Any], final: ContractResult, steps_done: int,
     violation and multiplier per clause (enforcement set). ``kept_step``: the step whose
     weights the run kept (the last evaluation point at which the contract held on the
     enforcement set; the final step when it never did); ``enforcement_set``: the verdict and
-    values measured there at that step, beside the verification set's ``final``.
+    values measured there at that step, beside the verification set's ``final``;
+    ``assists_from``: per floor whose circuit assists switched on, the step they did.
     """
     record = extra.get("enforce", {"history": [], "multipliers": {}, "clauses": {}})
     holds = {r.clause.index: r.passed for r in final.results}
@@ -226,7 +246,8 @@ def summary(extra: dict[str, Any], final: ContractResult, steps_done: int,
     return {"enforced": acted, "evaluations": len(history),
             "held_at_step": record.get("held_at"), "kept_step": kept_step,
             "steps": steps_done, "contract_holds": final.passed,
-            "enforcement_set": enforcement_set, "clauses": clauses, "history": history}
+            "enforcement_set": enforcement_set, "assists_from": dict(record.get("assisted", {})),
+            "clauses": clauses, "history": history}
 
 
 def _advice(entry: dict[str, Any], saturated: bool, history: list[dict[str, Any]],

@@ -48,6 +48,9 @@ class EnforceConfig:
         stop: ``"end"`` (train the whole budget with the constraints kept; keep the model of
             the last evaluation point at which the contract held on the enforcement set) or
             ``"first_hold"`` (stop at the first such point).
+        assist_weight: the weight of a task floor's circuit assists once switched on.
+        assist_patience: evaluation points a failing floor must go without improving by more
+            than 0.01 before its assists switch on.
 
     Raises:
         ConfigError: a value out of range or carrier stages not in ``CARRIER_STAGES`` (the
@@ -61,8 +64,16 @@ class EnforceConfig:
     margin: float = 0.05
     carrier_stages: tuple[tuple[str, ...], ...] = (("others",), ("margin",))
     stop: str = "end"
+    assist_weight: float = 0.5
+    assist_patience: int = 3
 
     def __post_init__(self) -> None:
+        if isinstance(self.assist_weight, bool) or not isinstance(
+                self.assist_weight, (int, float)) or not self.assist_weight >= 0:
+            raise field_error("assist_weight", self.assist_weight, "a number >= 0")
+        if isinstance(self.assist_patience, bool) or not isinstance(
+                self.assist_patience, int) or self.assist_patience < 1:
+            raise field_error("assist_patience", self.assist_patience, "an integer >= 1")
         if self.stop not in STOPS:
             raise field_error("stop", self.stop, f"one of {list(STOPS)}")
         for name in ("eta", "lambda_max", "ablation_scale"):
@@ -108,7 +119,9 @@ class ClauseLever:
     chosen at the first evaluation point is driven. ``loss_terms``: objectives that are loss
     terms rather than ablation probabilities (the carrier's margin), weighted ``max(0,
     multiplier - loss_from)``: ``loss_from`` is ``EnforceConfig.staged_from`` when they form
-    a second stage, else 0.
+    a second stage, else 0. ``assists``: objectives the enforcer switches on (at
+    ``EnforceConfig.assist_weight``) once the clause fails and has stopped improving (a task
+    floor's circuit assists).
     """
 
     kind: str
@@ -119,6 +132,7 @@ class ClauseLever:
     per_head: dict[str, Objective] = field(default_factory=dict)
     loss_terms: list[Objective] = field(default_factory=list)
     loss_from: float = 0.0
+    assists: list[Objective] = field(default_factory=list)
 
 
 @dataclass
@@ -131,6 +145,7 @@ class PlanContext:
     config: EnforceConfig
     probes: ProbeSampler | None = None
     data: Any = None  # the enforcement set (VerifyData), for checks that read a probe's shape
+    named: set[Head] = field(default_factory=set)  # heads some clause of the contract names
 
     def heads(self, heads: Head | Sequence[Head]) -> HeadSet:
         items = [heads] if isinstance(heads, Head) else list(heads)

@@ -3,7 +3,10 @@
 ``{task: copy, metric: accuracy, at_least: 0.95}``; ``metric`` is ``accuracy`` (token-weighted),
 ``exact`` (per example) or ``loss`` (nats), measured on the task's held-out batch with a
 bootstrap CI (``task_metric_ci``). A lower bound (``at_most`` for loss) is a floor: its lever is
-extra weight on the task's loss, and the enforcer never trades it away for another clause.
+extra weight on the task's loss. When the task declares the circuit known to solve it
+(``headwise.data.Task.circuit``), the lever also holds that circuit's role objectives on heads
+the contract leaves free (*assists*), which the enforcer switches on only when the floor fails
+and has stopped improving.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from headwise.contract.clause import METRICS, UNIT_METRICS, Clause, holds, numbe
 from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.lever import ClauseLever, PlanContext
 from headwise.contract.results import ClauseResult, VerifyData
+from headwise.control.objectives import PatternObjective
 from headwise.control.task_levers import TaskLossWeight
+from headwise.data import TASKS
 from headwise.errors import SpecError
-from headwise.heads import HeadSet
+from headwise.heads import Head, HeadSet
 
 
 class TaskKind(ClauseKind):
@@ -75,7 +80,35 @@ class TaskKind(ClauseKind):
         task_id = list(ctx.compiled.task_names).index(clause.task)
         obj = ctx.add(TaskLossWeight(ctx.compiled.model, task_id),
                       f"enforce:task-weight[{clause.task}][{clause.path}]")
-        return ClauseLever("task_weight", f"extra loss weight on {clause.task}", [obj])
+        lever = ClauseLever("task_weight", f"extra loss weight on {clause.task}", [obj])
+        assists = _assists(ctx, clause)
+        if assists:
+            lever.assists = [ctx.add(PatternObjective(ctx.compiled.model, ctx.heads(h), role,
+                                                      kind="ce"),
+                                     f"enforce:assist:{role}[{h}][{clause.path}]")
+                             for role, h in assists]
+            lever.description += ("; if it stops improving, the task's circuit on free heads: "
+                                  + ", ".join(f"{role} on {h}" for role, h in assists))
+        return lever
+
+
+def _assists(ctx: PlanContext, clause: Clause) -> list[tuple[str, Head]]:
+    """The task's circuit placed on free heads: for each ``(role, layer)``, the first head of
+    that layer no clause names and no mask fixes (none when a layer has no free head, the
+    model is too shallow, or the task declares no circuit)."""
+    spec = ctx.compiled.spec
+    kind = next((t.task for t in spec.data.tasks if t.name == clause.task), None)
+    circuit = TASKS[kind].circuit if kind in TASKS else ()
+    taken = ctx.named | ctx.masked
+    out = []
+    for role, layer in circuit:
+        if layer >= ctx.n_layers:
+            return []
+        free = [Head(layer, h) for h in range(ctx.n_heads) if Head(layer, h) not in taken]
+        if not free:
+            return []
+        out.append((role, free[0]))
+    return out
 
 
 KIND = TaskKind()

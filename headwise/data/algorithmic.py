@@ -101,6 +101,7 @@ class KVRetrievalTask(Task):
     """Key-value pairs in context, then a query key; predict its value."""
 
     name: ClassVar[str] = "kv_retrieval"
+    circuit: ClassVar[tuple[tuple[str, int], ...]] = (("previous_token", 0), ("induction", 1))
     vocab_size: int = 64
     n_pairs: int = 4
     n_keys: int = 16

@@ -35,6 +35,12 @@ class Task(ABC):
     # training data, the enforcement set (``"eval"``) and the verification set (``"verify"``).
     # Generated tasks have none: their held-out sets are drawn from seeds of their own.
     splits: ClassVar[tuple[str, ...]] = ()
+    # The circuit known to solve the task, as ``(role, layer)`` pairs counted from the bottom:
+    # a head with that role in that layer (a previous-token head below an induction head for
+    # retrieval). Enforcement adds these roles' objectives on heads the contract leaves free
+    # when a floor on the task fails and stops improving (docs/contracts.md, "Circuit
+    # assists"). Empty: none is known.
+    circuit: ClassVar[tuple[tuple[str, int], ...]] = ()
 
     @property
     @abstractmethod

@@ -188,3 +188,55 @@ def test_the_kept_model_is_the_last_evaluation_point_that_held(tmp_path: Path) -
         assert (run / "kept.safetensors").is_file()
     manifest = json.loads((run / "manifest.json").read_text())
     assert "model.safetensors" in json.dumps(manifest)
+
+
+KV = """
+model: {n_layers: 2, n_heads: 4, d_model: 32, vocab_size: 36, max_seq_len: 11}
+data: {tasks: {kv_retrieval: {}}, eval_examples: 64}
+train: {steps: 20, batch_size: 16, eval_every: 5}
+contract:
+  - {any_of: L0.H0-1, score: previous_token, at_least: 0.5}
+  - {task: kv_retrieval, at_least: 0.9}
+"""
+
+
+def test_a_floor_that_stops_improving_switches_its_circuit_assists_on() -> None:
+    from types import SimpleNamespace
+
+    from headwise.contract import EnforceConfig, Enforcer
+    from headwise.contract.results import ClauseResult, ContractResult
+    from headwise.control.objectives import PatternObjective
+
+    spec = load_spec(KV)
+    compiled = compile_spec(spec)
+    config = EnforceConfig(assist_patience=2)
+    levers = plan(compiled, spec.contract, config=config)
+    floor = levers[1]
+    assert floor is not None
+    # The retrieval circuit on heads no clause names: previous-token in L0, induction in L1.
+    assert [(o.target, str(o.heads)) for o in floor.assists  # type: ignore[attr-defined]
+            ] == [("previous_token", "L0.H2"), ("induction", "L1.H0")]
+    assert all(isinstance(o, PatternObjective) and o.weight == 0.0 for o in floor.assists)
+    assert "previous_token on L0.H2, induction on L1.H0" in floor.description
+    values = iter([0.30, 0.50, 0.505, 0.507, 0.508])  # improves, then stalls
+
+    class Canned(Enforcer):
+        def measure(self, state: object) -> ContractResult:
+            v = next(values)
+            return ContractResult([
+                ClauseResult(spec.contract[0], True, 0.9, ">= 0.5", "L0.H0"),
+                ClauseResult(spec.contract[1], False, v, ">= 0.9", "the model")])
+
+    enforcer = Canned(spec.contract, enforcement_data(compiled), levers, config)
+    state = SimpleNamespace(step=0, model=compiled.model, extra={}, stop=False, out_dir=None,
+                            rank=0)
+    weights = []
+    for step in (5, 10, 15, 20, 25):
+        state.step = step
+        enforcer(state)  # type: ignore[arg-type]
+        weights.append(floor.assists[0].weight)
+    # Points 1-2: no history to judge; point 3 (0.505) improved 0.005 on the best of the last
+    # two (0.50): stalled, so the assists switch on from step 15 and stay on.
+    assert weights == [0.0, 0.0, config.assist_weight, config.assist_weight,
+                       config.assist_weight]
+    assert state.extra["enforce"]["assisted"] == {"1": 15}
