@@ -16,6 +16,7 @@ the verification set with ``--enforce``.
 
     python bench/contract_suite.py [--jobs 1] [--only NAME ...] [--json PATH] [--set NAME=VALUE]
         [--variant halving]
+    python bench/contract_suite.py --merge PART.json ...   # one table from several --json runs
 
 ``--jobs 2`` runs two subprocesses at a time (faster on two cores, but each wall time then
 includes contention: compare only ratios measured the same way).
@@ -214,6 +215,8 @@ def main() -> None:
                         help="set a field of EnforceConfig (repeatable)")
     parser.add_argument("--variant", choices=sorted(VARIANTS), default=None,
                         help="enforce with an earlier rule, for comparison")
+    parser.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
+                        help="print one table from the --json files of several runs")
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--enforce", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -221,6 +224,10 @@ def main() -> None:
         print(json.dumps(run_one(Path(args.worker[0]), args.enforce, Path(args.worker[1]),
                                  enforce_config(args.set),
                                  VARIANTS[args.variant]() if args.variant else None)))
+        return
+    if args.merge:
+        parts = [tuple(pair) for f in args.merge for pair in json.loads(f.read_text())]
+        print(table(sorted(parts, key=lambda pair: pair[0]["spec"])))  # type: ignore[arg-type]
         return
     specs = sorted(SUITE.glob("*.yaml"))
     if args.only:
