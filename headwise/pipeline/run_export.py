@@ -16,9 +16,8 @@ from torch import nn
 from headwise.errors import ConfigError
 from headwise.interop.hf_export import check_destinations, tokenizer_files
 from headwise.interop.hf_export import export_hf as export_model
-from headwise.interop.load import TOKENIZER_FILES
-from headwise.pipeline.finished import load_run
-from headwise.runspec import Spec
+from headwise.pipeline.finished import load_compiled
+from headwise.pipeline.loaded_run import tokenizer_source
 
 
 def export_hf(source: str | Path | nn.Module, out: str | Path, *,
@@ -70,7 +69,7 @@ def export_run(run: str | Path, out: str | Path, *, tokenizer: str | Path | None
 def _load_run(run: Path) -> tuple[nn.Module, Path | None]:
     """The run's model with its levers, after refusing spec levers HF cannot express; and the
     run's tokenizer source, if any."""
-    compiled = load_run(run)
+    compiled = load_compiled(run)
     spec = compiled.spec
     if spec.gates is not None:
         raise ConfigError("gates: the run routes tasks through task gates; a HuggingFace model "
@@ -80,15 +79,4 @@ def _load_run(run: Path) -> tuple[nn.Module, Path | None]:
             raise ConfigError(f"heads.{rule.selector}.mask: {rule.mask.name!r} is a structural "
                               "mask; a HuggingFace model has no per-head masks (export a run "
                               "without masks)")
-    return compiled.model, _run_tokenizer(spec)
-
-
-def _run_tokenizer(spec: Spec) -> Path | None:
-    if spec.model.pretrained is not None:
-        path = Path(spec.model.pretrained.path)
-        if any((path / name).is_file() for name in TOKENIZER_FILES):
-            return path
-    for task in spec.data.tasks:
-        if task.kwargs.get("tokenizer"):
-            return Path(str(task.kwargs["tokenizer"]))
-    return None
+    return compiled.model, tokenizer_source(spec)
