@@ -16,6 +16,7 @@ import headwise as hw
 from headwise.cli import main
 from headwise.contract import ContractResult
 from headwise.errors import CheckpointError, ConfigError
+from headwise.pipeline.run import train_run
 
 SPEC = """
 model: {n_layers: 1, n_heads: 2, d_model: 16, vocab_size: 12, max_seq_len: 10}
@@ -107,3 +108,26 @@ train: {steps: 2, batch_size: 4}
     ref = hf(["<s> " + t for t in texts], padding=True)["input_ids"]  # BOS by default
     assert loaded.model.to_tokens(texts).tolist() == ref
     assert loaded.model.to_str_tokens("the cat") == ["<s>", "the", "cat"]
+
+
+def test_a_pretrained_checkpoint_tokenizer_is_the_run_tokenizer(tmp_path, hf_model_dir):
+    _, gpt2 = hf_model_dir("gpt2")
+    src = shutil.copytree(gpt2, tmp_path / "gpt2")
+    words = ["[UNK]", "<|endoftext|>", "the", "cat", "sat"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]",
+                                              bos_token="<|endoftext|>",
+                                              eos_token="<|endoftext|>")
+    hf.save_pretrained(src)
+    (tmp_path / "spec.yaml").write_text(f"model: {{pretrained: {{path: {src}}}}}\n"
+                                        "data: {tasks: {copy: {length: 3}}, eval_examples: 4}\n"
+                                        "train: {steps: 1, batch_size: 2}\n")
+    run = tmp_path / "run"
+    train_run(tmp_path / "spec.yaml", run, progress=False)  # a finished run (no report)
+    loaded = hw.load_run(run)
+    assert loaded.tokenizer is loaded.model.tokenizer
+    assert (loaded.tokenizer.bos_token, loaded.tokenizer.pad_token) == ("<|endoftext|>",) * 2
+    texts = ["the cat sat", "cat"]  # BOS prepended, padded with EOS, as TransformerLens does
+    ref = hf(["<|endoftext|> " + t for t in texts])["input_ids"]
+    assert loaded.model.to_tokens(texts).tolist() == [ref[0], ref[1] + [1, 1]]
