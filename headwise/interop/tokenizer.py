@@ -110,7 +110,6 @@ def load_model_tokenizer(path: str | Path) -> ModelTokenizer:
         raise CheckpointError(f"{directory}: {e}") from None
 
 
-
 def _token(value: Any, file: Path, key: str) -> str | None:
     """A special token as ``transformers`` stores it: a string, ``null``, or an added-token
     object with ``content``."""
