@@ -211,7 +211,7 @@ def with_signals(rec: dict, key: str) -> dict:
     (``gradient_signals`` on the held-out mixture, with the run's objectives) and cached."""
     from forecast_signals import gradient_signals
 
-    from headwise.pipeline.finished import load_run
+    from headwise.pipeline.finished import load_compiled
     from headwise.pipeline.heldout import enforcement_data
     from headwise.training.checkpoint import list_checkpoints
     from headwise.training.safetensors_io import load_weights
@@ -220,7 +220,7 @@ def with_signals(rec: dict, key: str) -> dict:
     path = CACHE / key / f"{name}_s{seed}.signals_{signals_key()}.json"
     if not path.is_file():
         run_dir = CACHE / "runs" / f"{name}_s{seed}"
-        compiled = load_run(run_dir)
+        compiled = load_compiled(run_dir)
         data, t0 = enforcement_data(compiled), time.perf_counter()
         out: dict[str, Any] = {"steps": [], "loss": [], "alignment": [], "param_alignment": []}
         for step, ckpt in list_checkpoints(run_dir):

@@ -64,6 +64,7 @@ from headwise.hooks import (
 from headwise.interop import convert, export_peft, import_peft, load_hf
 from headwise.model import FactoredMatrix, Transformer, build_model
 from headwise.pipeline import compile_spec
+from headwise.pipeline.loaded_run import LoadedRun, load_run
 from headwise.pipeline.run_export import export_hf
 from headwise.runspec import Spec, load_spec
 from headwise.training import TrainConfig
@@ -93,4 +94,6 @@ __all__ = [
     "export_hf",
     # TransformerLens-style analysis
     "FactoredMatrix", "accumulated_resid", "decompose_resid", "logit_attrs", "stack_head_results",
+    # finished runs
+    "LoadedRun", "load_run",
 ]

@@ -73,10 +73,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(run_dir: str, device: str, forecaster: Forecaster | None = None) -> dict[str, Any]:
-    from headwise.pipeline.finished import load_run
+    from headwise.pipeline.finished import load_compiled
     from headwise.pipeline.run_analysis import analyse_run
 
-    compiled = load_run(run_dir, device=device)
+    compiled = load_compiled(run_dir, device=device)
     analysis = analyse_run(compiled)
     out = console()
     out.print(analysis.roles.to_rich_table("role scores (held-out data; induction on repeated "

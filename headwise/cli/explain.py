@@ -38,12 +38,12 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load the run, build the input, print the walkthrough (exit 1 if a cross-check fails)."""
     from headwise.analysis.explain import explain_head
-    from headwise.pipeline.finished import load_run
+    from headwise.pipeline.finished import load_compiled
     from headwise.render.html import page
     from headwise.training.device import model_device
 
     check_output_file(args.html, "--html")
-    compiled = load_run(args.run, device=args.device)
+    compiled = load_compiled(args.run, device=args.device)
     device = model_device(compiled.model)
     config = compiled.spec.model.config
     names = compiled.task_names

@@ -35,7 +35,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Fit on the runs' trajectories, write the file, print what it measured."""
     from headwise.forecast.roles import fit_forecaster, measured_text
-    from headwise.pipeline.finished import load_run
+    from headwise.pipeline.finished import load_compiled
     from headwise.pipeline.run_report import run_trajectory
 
     check_output_file(args.out, "--out")
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
                             "run measured by a fit on itself would grade its training data)")
     trajectories = []
     for run_dir in args.runs:
-        traj = run_trajectory(Path(run_dir), load_run(run_dir))
+        traj = run_trajectory(Path(run_dir), load_compiled(run_dir))
         if traj is None:
             raise SpecError(f"RUN: {run_dir} has no checkpoints; expected a run trained with "
                             "train.checkpoint_every >= 1")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -11,8 +12,8 @@ from typing import Any
 from rich.table import Table
 from torch import Tensor
 
-from headwise.contract.clause import Clause
-from headwise.errors import SpecError
+from headwise.contract.clause import Clause, Contract
+from headwise.errors import CheckpointError, SpecError
 from headwise.render.html import contract_html
 from headwise.render.numbers import fixed
 
@@ -113,6 +114,25 @@ class ContractResult:
                 "n_failed": sum(not r.passed for r in self.results),
                 "clauses": [r.to_dict() for r in self.results]}
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], contract: Contract,
+                  source: str) -> ContractResult:
+        """The verdict ``to_dict`` wrote for ``contract`` (a run's ``contract.json``, parsed).
+
+        Each entry must be the clause of ``contract`` at its index, as written (``clause``);
+        the values are checked field by field, never evaluated.
+
+        Raises:
+            CheckpointError: a missing or mistyped field, or a verdict of another contract
+                (naming ``source`` and the field).
+        """
+        clauses = data.get("clauses")
+        if not isinstance(clauses, list) or len(clauses) != len(contract):
+            raise CheckpointError(f"{source}: clauses: expected a list of the {len(contract)} "
+                                  "clauses of the run's contract")
+        return cls([_clause_result(entry, clause, f"{source}: clauses[{i}]")
+                    for i, (entry, clause) in enumerate(zip(clauses, contract, strict=True))])
+
     def to_rich_table(self) -> Table:
         table = Table(title=f"contract: {'PASS' if self.passed else 'FAIL'}")
         for col in ("#", "clause", "measured", "threshold", "decided by", "verdict"):
@@ -129,3 +149,39 @@ class ContractResult:
     def _repr_html_(self) -> str:
         """Jupyter rendering: the report's contract table."""
         return contract_html(self.to_dict())
+
+
+_NUMBER = (int, float)
+
+
+def _clause_result(entry: Any, clause: Clause, where: str) -> ClauseResult:
+    """One ``ClauseResult.to_dict`` entry read back for ``clause``."""
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"{where}: expected an object")
+
+    def get(name: str, types: tuple[type, ...], expected: str, optional: bool = False) -> Any:
+        value = entry.get(name)
+        # bool is an int in Python: a number field refuses true/false
+        typed = isinstance(value, types) and (bool in types or not isinstance(value, bool))
+        if typed or (value is None and optional):
+            return value
+        raise CheckpointError(f"{where}.{name}: expected {expected}")
+
+    as_written = json.loads(json.dumps(clause.source, default=str))
+    if entry.get("index") != clause.index or entry.get("clause") != as_written:
+        raise CheckpointError(f"{where}: expected the verdict of {clause.path} "
+                              f"({clause.describe()}) as the run's spec states it")
+    per_head = get("per_head", (dict,), "an object of numbers")
+    if not all(isinstance(k, str) and (v is None or isinstance(v, _NUMBER))
+               for k, v in per_head.items()):
+        raise CheckpointError(f"{where}.per_head: expected an object of numbers")
+    ci = get("ci", (list,), "a list of two numbers or null", optional=True)
+    if ci is not None and (len(ci) != 2 or not all(isinstance(x, _NUMBER) for x in ci)):
+        raise CheckpointError(f"{where}.ci: expected a list of two numbers or null")
+    return ClauseResult(
+        clause, passed=get("passed", (bool,), "true or false"),
+        measured=get("measured", _NUMBER, "a number or null", optional=True),
+        threshold=get("threshold", (str,), "a string"),
+        decided_by=get("decided_by", (str,), "a string or null", optional=True),
+        per_head=per_head, ci=None if ci is None else (float(ci[0]), float(ci[1])),
+        details=get("details", (dict,), "an object"))

@@ -21,10 +21,11 @@ from headwise.interop.registry import (
     get_converter,
     supported_model_types,
 )
-from headwise.interop.tokenizer import encode_batch, load_tokenizer
+from headwise.interop.tokenizer import encode_batch, load_model_tokenizer, load_tokenizer
 
 __all__ = ["CONVERTERS", "BertPooler", "Converter", "Rule", "convert",
            "convert_state_dict", "encode_batch", "export_peft", "get_converter", "hf_converter",
-           "import_peft", "load_converted", "load_hf", "load_pooler", "load_tokenizer",
+           "import_peft", "load_converted", "load_hf", "load_model_tokenizer", "load_pooler",
+           "load_tokenizer",
            "supported_model_types", "export_hf", "hub_cache_dir", "resolve_model",
            "snapshot_dir"]

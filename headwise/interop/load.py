@@ -2,7 +2,8 @@
 
 ``load_hf(dir)`` reads ``config.json``, picks the family converter by ``model_type``, translates
 the config, maps every tensor through the converter's key table (checking names and shapes) and
-returns a ``Transformer`` in eval mode. Nothing here touches the network.
+returns a ``Transformer`` in eval mode, with the checkpoint's tokenizer as ``model.tokenizer``
+when it has a ``tokenizer.json``. Nothing here touches the network.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from headwise.interop.converter import Converter
 from headwise.interop.hf_config import check_types
 from headwise.interop.hub_cache import resolve_model
 from headwise.interop.registry import get_converter
+from headwise.interop.tokenizer import load_model_tokenizer
 from headwise.interop.weights import (
     PICKLE,
     PICKLE_INDEX,
@@ -139,9 +141,14 @@ def load_hf(path: str | Path, *, strict: bool = True, dtype: torch.dtype = torch
         max_seq_len: lower the position limit of a RoPE model (smaller rotary tables).
         revision: with a model id, the branch, tag or commit in the cache (default ``main``).
 
+    Returns:
+        The model in eval mode; ``model.tokenizer`` is the checkpoint's
+        (``load_model_tokenizer``) when it has a ``tokenizer.json``, else ``None``.
+
     Raises:
         CheckpointError: see ``hf_converter``, ``read_state_dict``, ``convert_state_dict`` and
-            ``resolve_model`` (an id not in the cache names where it looked).
+            ``resolve_model`` (an id not in the cache names where it looked); an unreadable
+            tokenizer.
     """
     path = resolve_model(path, revision, field="path", revision_field="revision")
     converter, config = hf_converter(path)
@@ -154,6 +161,7 @@ def load_hf(path: str | Path, *, strict: bool = True, dtype: torch.dtype = torch
                                strict=strict, dtype=dtype)
     model = build_model(config, seed=0).to(dtype)
     model.load_state_dict(state, strict=True)
+    attach_tokenizer(model, Path(path))
     return model.eval()
 
 
@@ -252,7 +260,15 @@ def load_converted(out_dir: str | Path) -> Transformer:
     if extra:
         raise CheckpointError(f"{d / SAFETENSORS}: unexpected keys {extra[:5]}")
     model.load_state_dict(state, strict=False)
+    attach_tokenizer(model, d)
     return model.eval()
+
+
+def attach_tokenizer(model: Transformer, directory: Path) -> None:
+    """Set ``model.tokenizer`` from ``directory``'s ``tokenizer.json``, when it has one
+    (``load_model_tokenizer``)."""
+    if (directory / "tokenizer.json").is_file():
+        model.tokenizer = load_model_tokenizer(directory)
 
 
 def _strip(converter: Converter, hf_state: dict[str, Tensor], source: str) -> dict[str, Tensor]:

@@ -1,16 +1,26 @@
-"""Tokenizers from a local HF directory (``tokenizer.json`` via the ``tokenizers`` package)."""
+"""Tokenizers from a local HF directory (``tokenizer.json`` via the ``tokenizers`` package):
+the fast tokenizer itself (``load_tokenizer``, ``encode_batch``) and the model's tokenizer with
+its special tokens (``load_model_tokenizer``, what ``Transformer.tokenizer`` holds)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
 from headwise.data.text import read_tokenizer
-from headwise.errors import CheckpointError
+from headwise.errors import CheckpointError, ConfigError, show
+from headwise.jsonfile import read_json_object
+from headwise.model.tokenizer import ModelTokenizer
+
+# Where transformers keeps the special tokens' names (the latter wins), and those read here.
+SPECIAL_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token")
+MAX_SPECIAL_BYTES = 16 << 20  # tokenizer_config.json may hold every added token
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
@@ -68,3 +78,43 @@ def _without_padding(tokenizer: Tokenizer) -> Tokenizer:
     clone.no_padding()
     clone.no_truncation()
     return clone
+
+
+def load_model_tokenizer(path: str | Path) -> ModelTokenizer:
+    """The ``ModelTokenizer`` of an HF directory (or of a ``tokenizer.json`` file): the fast
+    tokenizer and the special tokens ``tokenizer_config.json`` and ``special_tokens_map.json``
+    beside it name (the latter wins, as in ``transformers``).
+
+    ``bos_token`` is the named BOS token; ``pad_token`` the named pad token, else the EOS token
+    (TransformerLens's fallback), else the padding token stored in ``tokenizer.json``.
+
+    Raises:
+        CheckpointError: no ``tokenizer.json``, an unreadable file, or a special token that is
+            not a string (naming the file and field) or not in the vocabulary.
+    """
+    path = Path(path)
+    directory = path.parent if path.is_file() else path
+    backend = load_tokenizer(directory) if not path.is_file() else read_tokenizer(
+        path, CheckpointError)
+    special: dict[str, str | None] = {}
+    for name in SPECIAL_FILES:
+        file = directory / name
+        if file.is_file():
+            data = read_json_object(file, CheckpointError, MAX_SPECIAL_BYTES)
+            special.update({k: _token(data[k], file, k) for k in SPECIAL_TOKENS if k in data})
+    stored = backend.padding["pad_token"] if backend.padding else None
+    pad = special.get("pad_token") or special.get("eos_token") or stored
+    try:
+        return ModelTokenizer(backend, bos_token=special.get("bos_token"), pad_token=pad)
+    except ConfigError as e:
+        raise CheckpointError(f"{directory}: {e}") from None
+
+
+def _token(value: Any, file: Path, key: str) -> str | None:
+    """A special token as ``transformers`` stores it: a string, ``null``, or an added-token
+    object with ``content``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    if value is not None and not isinstance(value, str):
+        raise CheckpointError(f"{file}: {key}: got {show(value, 80)}, expected a token string")
+    return value

@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from headwise.errors import ConfigError
 from headwise.model import head_params
 from headwise.model.cache import ActivationCache, run_with_cache
 from headwise.model.factored import FactoredMatrix
 from headwise.model.hook_point import Hook, HookPoint, attach_hooks, hook_points
 from headwise.model.inputs import check_shapes, check_tokens
+from headwise.model.tokenizer import ModelTokenizer, str_tokens_of, to_tokens
 
 if TYPE_CHECKING:
     from headwise.config import ModelConfig
@@ -40,6 +42,11 @@ class Transformer(nn.Module):
         ln_final: final norm (pre-norm models) or ``None``.
         unembed: Linear D -> V (weight shared with ``embed`` when tied).
         dropout: embedding dropout.
+
+    Attributes:
+        tokenizer: the model's ``ModelTokenizer`` (``to_tokens``, ``to_str_tokens``), or
+            ``None``; set by ``load_hf`` from a checkpoint's ``tokenizer.json`` and by
+            ``headwise.load_run``, or by assignment. Not part of the state dict.
     """
 
     names_hook_points = True  # hook points are named by their paths in this model
@@ -61,6 +68,7 @@ class Transformer(nn.Module):
         self.hook_embed = HookPoint()
         self.hook_pos_embed = HookPoint()
         self.hook_logits = HookPoint()
+        self.tokenizer: ModelTokenizer | None = None
         hook_points(self)  # names every hook point by its module path
 
     def hidden(self, tokens: Tensor, attention_mask: Tensor | None = None,
@@ -119,6 +127,45 @@ class Transformer(nn.Module):
                        **kwargs: Any) -> tuple[Tensor, ActivationCache]:
         """Run forward and cache only the named points (see ``headwise.model.cache``)."""
         return run_with_cache(self, tokens, names, heads=heads, detach=detach, **kwargs)
+
+    def to_tokens(self, input: str | Sequence[str], prepend_bos: bool | None = None,
+                  padding_side: str | None = None, truncate: bool = True,
+                  return_mask: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Token ids (B, T) of a string (B = 1) or a list of strings, on the model's device,
+        as TransformerLens's ``to_tokens`` (``headwise.model.tokenizer.to_tokens``).
+
+        Args:
+            input: the text(s).
+            prepend_bos: start with the BOS token (``None``: ``tokenizer.prepend_bos``).
+            padding_side: ``"right"`` or ``"left"`` (``None``: ``tokenizer.padding_side``).
+            truncate: keep at most ``config.max_seq_len`` ids per sequence.
+            return_mask: also return the attention mask (B, T), 1 at real tokens.
+
+        Raises:
+            ConfigError: the model has no tokenizer, or see ``tokenizer.to_tokens``.
+        """
+        tokens, mask = to_tokens(self._tokenizer(), input, prepend_bos=prepend_bos,
+                                 padding_side=padding_side,
+                                 max_len=self.config.max_seq_len if truncate else None)
+        device = self.embed.weight.device
+        return (tokens.to(device), mask.to(device)) if return_mask else tokens.to(device)
+
+    def to_str_tokens(self, input: Any, prepend_bos: bool | None = None) -> list[Any]:
+        """Each token as a string: of a string (encoded by ``to_tokens``), of the ids of one
+        sequence ((T,) or (1, T)), or a list of either (a list per element).
+
+        Raises:
+            ConfigError: the model has no tokenizer, or an input of another kind.
+        """
+        return str_tokens_of(self._tokenizer(), input, prepend_bos, self.config.max_seq_len)
+
+    def _tokenizer(self) -> ModelTokenizer:
+        if self.tokenizer is None:
+            raise ConfigError("tokenizer: the model has none; expected a model loaded with its "
+                              "tokenizer (load_hf of a directory with tokenizer.json, "
+                              "headwise.load_run of a run with one) or model.tokenizer = "
+                              "headwise.interop.load_model_tokenizer(DIR)")
+        return self.tokenizer
 
     # Per-head weights in TransformerLens's shapes (``headwise.model.head_params``): fresh
     # stacks of the effective weights (adapters included), so gradients reach the parameters.

@@ -18,7 +18,7 @@ from headwise.training.device import place, resolve_device
 from headwise.training.manifest import MANIFEST, seal, verify_manifest
 
 
-def load_run(run: str | Path, spec_source: str | Path | None = None,
+def load_compiled(run: str | Path, spec_source: str | Path | None = None,
              device: str = "cpu") -> Compiled:
     """Rebuild a trained run's model with its levers from its (or the given) spec.
 
@@ -77,7 +77,7 @@ def verify_run(spec_source: str | Path, run: str | Path,
         CheckpointError: the run's weights do not fit the spec's model.
         StorageError: another process is writing the run.
     """
-    compiled = load_run(run, spec_source, device)
+    compiled = load_compiled(run, spec_source, device)
     if not compiled.spec.contract:
         raise SpecError("contract: missing; expected a list of clauses to verify")
     verdict = verify(compiled.model, compiled.spec.contract, verification_data(compiled))

@@ -2,9 +2,11 @@
 
 ``export_run(run, out)`` rebuilds the run's model with its levers from ``spec.yaml``, refuses
 spec levers a HuggingFace model cannot express (task gates, structural masks; named by their
-spec field), picks the run's tokenizer (its pretrained checkpoint's, else its text task's) and
-hands the model to ``headwise.interop.hf_export.export_hf``. ``export_hf`` here is the public
-``headwise.export_hf``: a run directory or a model.
+spec field), picks the run's tokenizer (its pretrained checkpoint's, else its text task's),
+hands the model to ``headwise.interop.hf_export.export_hf`` and, for a run on a
+sentence-transformers checkpoint, adds that checkpoint's sentence-transformers files
+(``headwise.interop.st_export``), so the export is a sentence-transformers model too.
+``export_hf`` here is the public ``headwise.export_hf``: a run directory or a model.
 """
 
 from __future__ import annotations
@@ -16,8 +18,12 @@ from torch import nn
 from headwise.errors import ConfigError
 from headwise.interop.hf_export import check_destinations, tokenizer_files
 from headwise.interop.hf_export import export_hf as export_model
-from headwise.interop.load import TOKENIZER_FILES
-from headwise.pipeline.finished import load_run
+from headwise.interop.st_export import (
+    sentence_transformers_files,
+    write_sentence_transformers_files,
+)
+from headwise.pipeline.finished import load_compiled
+from headwise.pipeline.loaded_run import tokenizer_source
 from headwise.runspec import Spec
 
 
@@ -46,13 +52,18 @@ def export_run(run: str | Path, out: str | Path, *, tokenizer: str | Path | None
         overwrite: replace the HF files of a non-empty ``out``.
         peft: write the LoRA adapters to this directory as a PEFT adapter instead of merging.
 
+    A run on a sentence-transformers checkpoint also gets its ``modules.json``, module
+    directories (``1_Pooling/``, ...) and configs in ``out`` (``headwise.interop.st_export``);
+    with ``peft`` they describe the base model in ``out``.
+
     Returns:
         ``out`` as a Path.
 
     Raises:
         ConfigError: a config field, spec lever or installed mask/gate with no HF equivalent
             (named), ``out`` not empty without ``overwrite``, or ``out`` is the run itself.
-        CheckpointError: not a finished run, or the tokenizer path holds no tokenizer file.
+        CheckpointError: not a finished run, the tokenizer path holds no tokenizer file, or
+            the checkpoint's sentence-transformers files cannot be exported (named).
         SpecError: the run's spec is invalid.
     """
     run, out = Path(run), Path(out)
@@ -62,15 +73,21 @@ def export_run(run: str | Path, out: str | Path, *, tokenizer: str | Path | None
     check_destinations(out, peft, overwrite)  # before any work
     if tokenizer is not None:
         tokenizer_files(Path(tokenizer))  # refuses a missing one, or links leaving it
-    model, default_tokenizer = _load_run(run)
-    return export_model(model, out, tokenizer=tokenizer if tokenizer is not None
-                        else default_tokenizer, overwrite=overwrite, peft=peft)
+    model, spec = _load_run(run)
+    # Read before anything is written: a malformed file refuses the export.
+    st_files = (sentence_transformers_files(Path(spec.model.pretrained.path))
+                if spec.model.pretrained is not None else {})
+    default_tokenizer = tokenizer_source(spec)
+    export_model(model, out, tokenizer=tokenizer if tokenizer is not None
+                 else default_tokenizer, overwrite=overwrite, peft=peft)
+    write_sentence_transformers_files(st_files, out)
+    return out
 
 
-def _load_run(run: Path) -> tuple[nn.Module, Path | None]:
-    """The run's model with its levers, after refusing spec levers HF cannot express; and the
-    run's tokenizer source, if any."""
-    compiled = load_run(run)
+def _load_run(run: Path) -> tuple[nn.Module, Spec]:
+    """The run's model with its levers, after refusing spec levers HF cannot express; and its
+    spec."""
+    compiled = load_compiled(run)
     spec = compiled.spec
     if spec.gates is not None:
         raise ConfigError("gates: the run routes tasks through task gates; a HuggingFace model "
@@ -80,15 +97,4 @@ def _load_run(run: Path) -> tuple[nn.Module, Path | None]:
             raise ConfigError(f"heads.{rule.selector}.mask: {rule.mask.name!r} is a structural "
                               "mask; a HuggingFace model has no per-head masks (export a run "
                               "without masks)")
-    return compiled.model, _run_tokenizer(spec)
-
-
-def _run_tokenizer(spec: Spec) -> Path | None:
-    if spec.model.pretrained is not None:
-        path = Path(spec.model.pretrained.path)
-        if any((path / name).is_file() for name in TOKENIZER_FILES):
-            return path
-    for task in spec.data.tasks:
-        if task.kwargs.get("tokenizer"):
-            return Path(str(task.kwargs["tokenizer"]))
-    return None
+    return compiled.model, spec

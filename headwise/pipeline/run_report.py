@@ -28,7 +28,7 @@ from headwise.errors import CheckpointError
 from headwise.jsonfile import read_json_object
 from headwise.patterns import DEFAULT_WINDOW
 from headwise.pipeline.compile import Compiled
-from headwise.pipeline.finished import load_run
+from headwise.pipeline.finished import load_compiled
 from headwise.pipeline.heldout import verification_data
 from headwise.pipeline.run_analysis import analyse_run, metrics_curve, run_role_table
 from headwise.pipeline.run_dir import SEALED_FILES
@@ -109,7 +109,7 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
 def report_existing_run(run_dir: str | Path) -> dict[str, Path]:
     """Rebuild ``report.{json,html}`` of a finished run from its files."""
     run_dir = Path(run_dir)
-    compiled = load_run(run_dir)
+    compiled = load_compiled(run_dir)
     spec = compiled.spec
     verdict = None
     if spec.contract:

@@ -47,7 +47,7 @@ def _induction_score(pattern: torch.Tensor, tokens: torch.Tensor) -> float:
 def test_task_floors_bare_on_unseen_probe_and_task_data_train_and_verify(
         tmp_path: Path) -> None:
     from headwise.data.batch import IGNORE
-    from headwise.pipeline.finished import load_run
+    from headwise.pipeline.finished import load_compiled
     from headwise.pipeline.heldout import verification_data
 
     torch.set_num_threads(1)
@@ -61,7 +61,7 @@ def test_task_floors_bare_on_unseen_probe_and_task_data_train_and_verify(
     assert by[2]["details"]["probe"] == "induction" and by[3]["details"]["probe"] == "unseen"
     assert by[0]["ci"] is not None and by[0]["ci"][0] <= by[0]["measured"] <= by[0]["ci"][1]
     # The measured values are the definitions, computed here by hand on the trained model.
-    compiled = load_run(run)
+    compiled = load_compiled(run)
     data = verification_data(compiled)
     batch = data.tasks["induction"]
     with torch.no_grad():

@@ -13,7 +13,7 @@ from headwise.cli import main
 from headwise.errors import ConfigError
 from headwise.interop import load_hf
 from headwise.interop.hf_export import export_hf as interop_export_hf
-from headwise.pipeline.finished import load_run
+from headwise.pipeline.finished import load_compiled
 
 transformers = pytest.importorskip("transformers")
 
@@ -50,7 +50,7 @@ def _train(tmp_path: Path, spec_text: str) -> Path:
 
 def test_lora_run_exports_merged_weights_with_its_tokenizer(tmp_path, capsys):
     base_dir = _pretrained_llama(tmp_path / "llama")
-    # An absolute path: the run's spec.yaml is re-read from the run directory by load_run.
+    # An absolute path: the run's spec.yaml is re-read from the run directory by load_compiled.
     run = _train(tmp_path, LORA_SPEC.replace("LLAMA", str(base_dir)))
     capsys.readouterr()
     out = tmp_path / "hf"
@@ -59,7 +59,7 @@ def test_lora_run_exports_merged_weights_with_its_tokenizer(tmp_path, capsys):
     assert "LlamaForCausalLM" in printed and "tokenizer files: tokenizer.json" in printed
     assert (out / "tokenizer.json").read_bytes() == (base_dir / "tokenizer.json").read_bytes()
 
-    compiled = load_run(run)  # the run's model, adapters unmerged
+    compiled = load_compiled(run)  # the run's model, adapters unmerged
     model = compiled.model
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
     tokens = torch.randint(0, 30, (2, 9), generator=torch.Generator().manual_seed(1))
@@ -142,7 +142,7 @@ def test_plain_run_exports_and_bad_outputs_exit_2(tmp_path, capsys):
     assert main(["export", str(run), "--hf", str(run)]) == 2
     assert "is the run directory itself" in capsys.readouterr().err
     with pytest.raises(ConfigError, match=r"holds a headwise run \(spec.yaml\)"):
-        export_hf(load_run(run).model, run, overwrite=True)
+        export_hf(load_compiled(run).model, run, overwrite=True)
     assert main(["export", str(tmp_path / "nowhere"), "--hf", str(tmp_path / "o")]) == 2
     assert "no such run directory" in capsys.readouterr().err
     assert main(["export", str(run), "--hf", str(tmp_path / "hf")]) == 0
@@ -153,7 +153,7 @@ def test_plain_run_exports_and_bad_outputs_exit_2(tmp_path, capsys):
     assert main(["export", str(run), "--hf", str(tmp_path / "h2"), "--peft",
                  str(tmp_path / "p")]) == 2
     assert "peft: the model has no LoRA adapters" in capsys.readouterr().err
-    model = load_run(run).model
+    model = load_compiled(run).model
     back = load_hf(tmp_path / "hf")
     for key, value in model.state_dict().items():
         assert torch.equal(back.state_dict()[key], value), key
@@ -192,5 +192,5 @@ train: {{steps: 2, batch_size: 4}}
                                                            local_files_only=True).eval()
     tokens = torch.tensor([[1, 7, 3, 4, 1, 5]])
     with torch.no_grad():
-        torch.testing.assert_close(load_run(run).model(tokens), hf(input_ids=tokens).logits,
+        torch.testing.assert_close(load_compiled(run).model(tokens), hf(input_ids=tokens).logits,
                                    atol=1e-4, rtol=0)
