@@ -45,6 +45,7 @@ class TextTask(Task):
     name: ClassVar[str] = "text"
     starts_with_bos: ClassVar[bool] = False
     splits: ClassVar[tuple[str, ...]] = ("train", "eval", "verify")
+    next_token: ClassVar[bool] = True
     path: str
     seq_len: int = 64
     tokenizer: str | None = None
