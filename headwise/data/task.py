@@ -40,6 +40,8 @@ class Task(ABC):
     # needs ``causal=True`` (``check_causal``). The built-in generators are not refused:
     # on a bidirectional model they are studies of what reads the right neighbour.
     next_token: ClassVar[bool] = False
+    # Whether the model needs BERT's masked-LM head for this task (``headwise.data.mlm``).
+    needs_mlm_head: ClassVar[bool] = False
 
     @property
     @abstractmethod
