@@ -82,8 +82,8 @@ class PairsTask(Task):
             if not isinstance(value, str) or not value:
                 raise field_error(f"{self.name}.{key}", value, "a field name")
         check_split(self.name, self.split, self.eval_fraction)
-        rows = read_rows(Path(self.path), (self.prompt, self.completion), self.name)
-        ids, vocab = self._encode(rows)
+        ids, vocab = self._encode(read_rows(Path(self.path), (self.prompt, self.completion),
+                                            self.name))
         k = ("train", "eval", "verify").index(self.split)
         keep = [i for i, s in enumerate(deal([1] * len(ids), self.eval_fraction)) if s == k]
         if not keep:
@@ -91,19 +91,21 @@ class PairsTask(Task):
                               f"has no rows (rows are dealt whole: {len(ids)} in the file), "
                               "expected at least one")
         check_memory(f"{self.name}.path: {len(keep)} rows of {self.seq_len} ids",
-                     24 * len(keep) * self.seq_len)
+                     64 * len(keep) * self.seq_len)  # Python lists, then tensors
         T = self.seq_len
-        tokens = torch.full((len(keep), T), PAD_ID, dtype=torch.long)
-        targets = torch.full((len(keep), T), IGNORE, dtype=torch.long)
-        mask = torch.zeros((len(keep), T), dtype=torch.long)
-        for r, i in enumerate(keep):
+        tokens, targets, lengths = [], [], []
+        for i in keep:
             p, c = ids[i]
             x = p + c  # tokens x[:-1], targets x[1:] from the last prompt token on
-            tokens[r, :len(x) - 1] = torch.tensor(x[:-1])
-            targets[r, len(p) - 1:len(x) - 1] = torch.tensor(c)
-            mask[r, :len(x) - 1] = 1
-        object.__setattr__(self, "_rows", Batch(tokens, targets, mask,
-                                                torch.zeros(len(keep), dtype=torch.long)))
+            pad = T - (len(x) - 1)
+            tokens.append(x[:-1] + [PAD_ID] * pad)
+            targets.append([IGNORE] * (len(p) - 1) + c + [IGNORE] * pad)
+            lengths.append(len(x) - 1)
+        mask = (torch.arange(T) < torch.tensor(lengths)[:, None]).long()  # (R, T)
+        rows = Batch(torch.tensor(tokens, dtype=torch.long),
+                     torch.tensor(targets, dtype=torch.long), mask,
+                     torch.zeros(len(keep), dtype=torch.long))
+        object.__setattr__(self, "_rows", rows)
         object.__setattr__(self, "_vocab", vocab)
 
     def _encode(self, rows: list[tuple[int, tuple[str, str]]]
