@@ -40,6 +40,8 @@ from headwise.errors import ConfigError, field_error
 from headwise.memory import check_memory
 
 PAD_ID = 0  # padding never reaches a score: attention_mask 0 there and targets IGNORE
+JSON_KINDS = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
+              list: "an array", dict: "an object"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,7 +172,7 @@ def read_rows(path: Path, names: tuple[str, str], task: str
                           f"a file of at most {MAX_BYTES >> 30} GiB")
     check_memory(f"{task}.path: reading {str(path)!r} ({size} bytes)", 16 * size)
     where = f"{task}.path: {path}"
-    text = decode_text(path.read_bytes(), where, ConfigError)
+    text = decode_text(path.read_bytes(), where, ConfigError).removeprefix("\ufeff")  # BOM
     records = _jsonl(text, where) if suffix == ".jsonl" else _csv(text, where)
     rows = []
     for line, record in records:
@@ -181,9 +183,10 @@ def read_rows(path: Path, names: tuple[str, str], task: str
                                   f"fields {list(names)}")
             value = record[key]
             if not isinstance(value, str):
-                raise ConfigError(f"{where}: line {line}: field {key!r} is "
-                                  f"{type(value).__name__} {str(value)[:40]!r}, expected a "
-                                  "string")
+                kind = JSON_KINDS.get(type(value), type(value).__name__)
+                shown = "" if value is None else f" ({json.dumps(value)[:40]})"
+                raise ConfigError(f"{where}: line {line}: field {key!r} is {kind}{shown}, "
+                                  "expected a string")
             values.append(value)
         rows.append((line, (values[0], values[1])))
     if not rows:
@@ -202,8 +205,8 @@ def _jsonl(text: str, where: str) -> list[tuple[int, dict]]:
             raise ConfigError(f"{where}: line {line}: not JSON ({e.msg} at column "
                               f"{e.colno}), expected one JSON object per line") from None
         if not isinstance(record, dict):
-            raise ConfigError(f"{where}: line {line}: got a JSON {type(record).__name__}, "
-                              "expected an object")
+            kind = JSON_KINDS.get(type(record), "a string")
+            raise ConfigError(f"{where}: line {line}: got {kind}, expected a JSON object")
         out.append((line, record))
     return out
 

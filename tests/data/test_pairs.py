@@ -74,7 +74,7 @@ def test_csv_reads_as_jsonl_and_tokenizer_encodes_parts(tmp_path: Path) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     path = tmp_path / "data.csv"
-    with path.open("w", newline="") as f:
+    with path.open("w", newline="", encoding="utf-8-sig") as f:  # as spreadsheets save it
         w = csv.DictWriter(f, ["id", "q", "a"])
         w.writeheader()
         w.writerows(ROWS)
@@ -110,9 +110,10 @@ def test_rows_are_dealt_to_disjoint_splits(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "message"), [
     ('{"q": "a", "a": "b"}\n{"q": "a", \n', "data.jsonl: line 2: not JSON"),
-    ('{"q": "a", "a": "b"}\n[1, 2]\n', "data.jsonl: line 2: got a JSON list, expected an object"),
+    ('{"q": "a", "a": "b"}\n[1, 2]\n', "data.jsonl: line 2: got an array, expected a JSON object"),
     ('{"q": "a", "a": "b"}\n\n{"q": "a"}\n', "data.jsonl: line 3: field 'a' missing"),
-    ('{"q": "a", "a": 5}\n', "data.jsonl: line 1: field 'a' is int '5', expected a string"),
+    ('{"q": "a", "a": 5}\n', "data.jsonl: line 1: field 'a' is a number (5), expected a string"),
+    ('{"q": null, "a": "b"}\n', "data.jsonl: line 1: field 'q' is null, expected a string"),
     ('{"q": "a", "a": ""}\n', "data.jsonl: line 1: field 'a' encodes to no ids"),
     ('{"q": "' + "x" * 30 + '", "a": "b"}\n',
      "data.jsonl: line 1: prompt + completion have 31 ids, expected at most seq_len + 1 = 25"),
