@@ -129,7 +129,7 @@ def _forecast(run_dir: str, compiled: Any, forecaster: Forecaster) -> dict[str, 
 
 def _hf(name: str, text: str | None, revision: str | None, device: str) -> dict[str, Any]:
     from headwise.analysis.role_table import RoleTable
-    from headwise.data.text import decode_text
+    from headwise.data.corpus import decode_text
     from headwise.interop.hub_cache import resolve_model
     from headwise.jsonfile import read_bounded
     from headwise.pipeline.hf_analysis import analyze_hf

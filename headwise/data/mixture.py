@@ -16,7 +16,7 @@ import torch
 
 from headwise.data.batch import IGNORE, PAD, Batch
 from headwise.data.markers import insert_marker
-from headwise.data.task import Task
+from headwise.data.task import Task, check_causal
 from headwise.errors import ConfigError, field_error
 
 
@@ -73,11 +73,14 @@ class Mixture:
         """The smallest model vocabulary that holds every task's ids."""
         return max(t.vocab_size for t in self.tasks.values())
 
-    def check_model(self, vocab_size: int, max_seq_len: int | None = None) -> None:
-        """Check that a model with this vocabulary (and context length) can take every task.
+    def check_model(self, vocab_size: int, max_seq_len: int | None = None,
+                    causal: bool = True) -> None:
+        """Check that a model with this vocabulary (and context length, and attention
+        direction) can take every task.
 
         Raises:
-            ConfigError: naming the task whose vocabulary or length does not fit.
+            ConfigError: naming the task whose vocabulary or length does not fit, or a
+                next-token task on a bidirectional model (``check_causal``).
         """
         extra = self.markers is not None
         top = max(self.markers.values()) + 1 if self.markers else 0
@@ -85,6 +88,7 @@ class Mixture:
             raise ConfigError(f"markers: id {top - 1} needs vocab_size >= {top}, the model has "
                               f"{vocab_size}")
         for name, task in self.tasks.items():
+            check_causal(task, causal, f"data.tasks.{name}")
             limit = min(self.markers.values()) if self.markers else vocab_size
             if task.vocab_size > limit:
                 raise ConfigError(f"data.tasks.{name}.vocab_size: got {task.vocab_size}, "

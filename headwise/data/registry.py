@@ -8,6 +8,8 @@ from typing import Any
 
 from headwise.config import construct
 from headwise.data.algorithmic import BracketDepthTask, KVRetrievalTask, ModularAdditionTask
+from headwise.data.mlm import MLMTask
+from headwise.data.pairs import PairsTask
 from headwise.data.sequences import CopyTask, InductionTask, ReverseTask, SortTask
 from headwise.data.task import Task
 from headwise.data.text import TextTask
@@ -16,7 +18,7 @@ from headwise.errors import ConfigError, did_you_mean
 TASKS: dict[str, type[Task]] = {
     cls.name: cls
     for cls in (CopyTask, ReverseTask, SortTask, InductionTask, ModularAdditionTask,
-                BracketDepthTask, KVRetrievalTask, TextTask)
+                BracketDepthTask, KVRetrievalTask, TextTask, PairsTask, MLMTask)
 }
 
 

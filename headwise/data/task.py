@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from headwise.data.batch import CONTENT, Batch
-from headwise.errors import field_error
+from headwise.errors import ConfigError, field_error
 
 
 class Task(ABC):
@@ -41,6 +41,13 @@ class Task(ABC):
     # when a floor on the task fails and stops improving (docs/contracts.md, "Circuit
     # assists"). Empty: none is known.
     circuit: ClassVar[tuple[tuple[str, int], ...]] = ()
+    # Whether the targets are the next input tokens of free text (language modelling on a
+    # file): a bidirectional model sees each answer at the next position, so such a task
+    # needs ``causal=True`` (``check_causal``). The built-in generators are not refused:
+    # on a bidirectional model they are studies of what reads the right neighbour.
+    next_token: ClassVar[bool] = False
+    # Whether the model needs BERT's masked-LM head for this task (``headwise.data.mlm``).
+    needs_mlm_head: ClassVar[bool] = False
 
     @property
     @abstractmethod
@@ -63,6 +70,24 @@ class Task(ABC):
         Returns:
             A ``Batch`` of shape (n, seq_len) with ``task_ids`` all 0.
         """
+
+
+def check_causal(task: Task, causal: bool, path: str) -> None:
+    """Refuse a next-token task (``Task.next_token``) on a bidirectional model.
+
+    Args:
+        task: the task.
+        causal: the model's ``causal`` setting.
+        path: the task's place in the spec (``data.tasks.lm``).
+
+    Raises:
+        ConfigError: ``<path>.task: 'text' is next-token prediction, which model.causal=false
+            sees the answer of; expected task: mlm``.
+    """
+    if task.next_token and not causal:
+        raise ConfigError(f"{path}.task: {task.name!r} is next-token prediction, which "
+                          "model.causal=false sees the answer of; expected task: mlm (or a "
+                          "causal model)")
 
 
 def check_int(task: str, field: str, value: object, minimum: int) -> int:

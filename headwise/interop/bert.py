@@ -3,9 +3,12 @@
 BERT is post-norm (``LN(x + sublayer(x))``), non-causal, with exact-erf GELU, learned absolute
 positions, token-type (segment) embeddings and a LayerNorm after the embedding sum (our
 ``token_type_embed`` and ``embed_norm``); ``layer_norm_eps`` is 1e-12. This covers
-all-MiniLM-L6-v2. Our ``unembed`` is tied to the word embeddings; BERT's MLM head (``cls.*``:
-dense + GELU + LayerNorm + decoder bias) is not part of our model and is ignored, so the parity
-target for BERT is the hidden states. The pooler (``tanh(W h_[CLS] + b)``) is loaded separately
+all-MiniLM-L6-v2. Our ``unembed`` is tied to the word embeddings. BERT's masked-LM head
+(``cls.predictions``: dense + GELU + LayerNorm, the tied decoder and its bias) is read into
+``model.mlm_head`` when the checkpoint has it (``BertForMaskedLM``, ``BertForPreTraining``), and
+the logits then equal transformers' MLM logits; without it the logits are ``unembed(hidden)``
+and the parity target is the hidden states. The NSP head (``cls.seq_relationship``) is ignored.
+The pooler (``tanh(W h_[CLS] + b)``) is loaded separately
 as ``BertPooler`` by ``headwise.interop.load_pooler``.
 """
 
@@ -128,18 +131,29 @@ PEFT_MODULES: dict[str, tuple[str, ...]] = {
 
 POOLER_KEYS = ("pooler.dense.weight", "pooler.dense.bias")
 
+MLM_HEAD_KEYS = {
+    "mlm_head.dense.weight": Rule("cls.predictions.transform.dense.weight"),
+    "mlm_head.dense.bias": Rule("cls.predictions.transform.dense.bias"),
+    "mlm_head.norm.weight": Rule("cls.predictions.transform.LayerNorm.weight"),
+    "mlm_head.norm.bias": Rule("cls.predictions.transform.LayerNorm.bias"),
+    "mlm_head.bias": Rule("cls.predictions.bias"),
+}
+
 CONVERTER = Converter(
     model_type=("bert",),
     config_from_hf=config_from_hf,
     global_keys=GLOBAL_KEYS,
     layer_keys=LAYER_KEYS,
     prefixes=("bert.",),
-    # position_ids: a buffer; pooler: read by load_pooler; cls.*: the MLM / NSP heads.
+    # position_ids: a buffer; pooler: read by load_pooler; cls.*: the MLM head (read by
+    # interop.mlm_head; its decoder is tied to the embeddings) and the NSP head.
     ignored=(r"embeddings\.position_ids", r"pooler\.dense\.(weight|bias)", r"cls\..*"),
     rename=rename,
     peft_modules=PEFT_MODULES,
     peft_model_class="BertModel",
     config_to_hf=config_to_hf,
+    mlm_head_keys=MLM_HEAD_KEYS,
+    mlm_export=("BertForMaskedLM", "bert."),
 )
 
 

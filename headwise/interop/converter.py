@@ -109,6 +109,9 @@ class Converter:
             ``architectures``); raises ``ConfigError`` naming a field with no HF equivalent.
         export_prefix: prefix of the exported HF class's base model (``transformer.``).
         head_keys: HF keys (as in the tables) that sit outside that prefix (``lm_head.weight``).
+        mlm_head_keys: our ``mlm_head.*`` parameters -> the HF keys of the family's masked-LM
+            head (``headwise.interop.mlm_head``); empty: the family has none.
+        mlm_export: the HF class and base-model key prefix of a checkpoint with that head.
     """
 
     model_type: tuple[str, ...]
@@ -125,6 +128,8 @@ class Converter:
     config_to_hf: Callable[[ModelConfig], dict[str, Any]] | None = None
     export_prefix: str = ""
     head_keys: tuple[str, ...] = ()
+    mlm_head_keys: dict[str, Rule] = field(default_factory=dict)
+    mlm_export: tuple[str, str] = ("", "")
 
     def rule_for(self, our_key: str) -> Rule | None:
         """The rule producing ``our_key`` (layer index substituted), or ``None``."""

@@ -6,10 +6,12 @@ tokenizer files, so that ``AutoModelForCausalLM.from_pretrained(out)``
 The family follows from the config: RoPE -> Llama (Qwen2 when the bias is on q/k/v only),
 another causal model -> GPT-2, an encoder -> BERT. Every weight goes through the family's
 key-map table of ``headwise.interop`` in reverse (``Rule.join``), so ``load_hf(out)`` returns
-bitwise the same weights. A config field, lever or installed mask/gate with no HF equivalent is
-refused with a ``ConfigError`` naming it; nothing is approximated. LoRA adapters are merged
-into their base weights (``W + B A * alpha / r``), or, with ``peft=DIR``, the base weights go to
-``out`` and the adapters to ``DIR`` in PEFT's format (``headwise.interop.export_peft``).
+bitwise the same weights. A masked-LM head goes back only when it came from the checkpoint
+(then as ``BertForMaskedLM``); a head added for training is dropped. A config field, lever or
+installed mask/gate with no HF equivalent is refused with a ``ConfigError`` naming it; nothing
+is approximated. LoRA adapters are merged into their base weights (``W + B A * alpha / r``),
+or, with ``peft=DIR``, the base weights go to ``out`` and the adapters to ``DIR`` in PEFT's
+format (``headwise.interop.export_peft``).
 Exporting a run directory (its levers rebuilt from ``spec.yaml``) is
 ``headwise.pipeline.run_export.export_run``, a layer above; ``headwise.export_hf`` takes either.
 """
@@ -35,6 +37,7 @@ from headwise.control.lora import lora_modules
 from headwise.errors import CheckpointError, ConfigError
 from headwise.interop.converter import Converter, Rule
 from headwise.interop.load import HF_FILES, TOKENIZER_FILES, read_tokenizer_files
+from headwise.interop.mlm_head import split_mlm_head
 from headwise.interop.peft_export import ADAPTER_FILES, export_peft
 from headwise.interop.registry import get_converter
 from headwise.interop.weights import SAFETENSORS
@@ -153,7 +156,12 @@ def export_hf(model: nn.Module, out: str | Path, *, tokenizer: str | Path | None
     assert converter.config_to_hf is not None  # every listed family can export
     hf_config = converter.config_to_hf(config)
     _check_peft(model, peft)
-    tensors = hf_state_dict(converter, config, merged_state_dict(model, merge=peft is None))
+    body, head = split_mlm_head(converter, model, merged_state_dict(model, merge=peft is None))
+    tensors = hf_state_dict(converter, config, body)
+    if head:  # the checkpoint's masked-LM head goes back, in its class's layout
+        architecture, prefix = converter.mlm_export
+        tensors = {**{prefix + k: v for k, v in tensors.items()}, **head}
+        hf_config["architectures"] = [architecture]
     if overwrite:
         remove_entries(out, HF_FILES, keep=(SAFETENSORS, "config.json", *copies))
     out.mkdir(parents=True, exist_ok=True)

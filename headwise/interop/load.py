@@ -28,6 +28,8 @@ from headwise.interop.bert import POOLER_KEYS, BertPooler
 from headwise.interop.converter import Converter
 from headwise.interop.hf_config import check_types
 from headwise.interop.hub_cache import resolve_model
+from headwise.interop.mlm_head import PREFIX as MLM_PREFIX
+from headwise.interop.mlm_head import read_mlm_head
 from headwise.interop.registry import get_converter
 from headwise.interop.tokenizer import load_model_tokenizer
 from headwise.interop.weights import (
@@ -40,7 +42,7 @@ from headwise.interop.weights import (
     read_state_dict,
 )
 from headwise.jsonfile import read_bounded
-from headwise.model import Transformer, build_model
+from headwise.model import Transformer, build_mlm_head, build_model
 from headwise.training.safetensors_io import check_finite, save_tensors
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -143,7 +145,9 @@ def load_hf(path: str | Path, *, strict: bool = True, dtype: torch.dtype = torch
 
     Returns:
         The model in eval mode; ``model.tokenizer`` is the checkpoint's
-        (``load_model_tokenizer``) when it has a ``tokenizer.json``, else ``None``.
+        (``load_model_tokenizer``) when it has a ``tokenizer.json``, else ``None``;
+        ``model.mlm_head`` the checkpoint's masked-LM head when it has one
+        (``headwise.interop.mlm_head``).
 
     Raises:
         CheckpointError: see ``hf_converter``, ``read_state_dict``, ``convert_state_dict`` and
@@ -157,10 +161,13 @@ def load_hf(path: str | Path, *, strict: bool = True, dtype: torch.dtype = torch
             raise CheckpointError(f"max_seq_len: got {max_seq_len}, but learned positions fix "
                                   f"it at {config.max_seq_len}; leave it unset")
         config = config.replace(max_seq_len=max_seq_len)
-    state = convert_state_dict(converter, config, read_state_dict(path), source=str(path),
-                               strict=strict, dtype=dtype)
+    hf_state = read_state_dict(path)
+    state = convert_state_dict(converter, config, hf_state, source=str(path), strict=strict,
+                               dtype=dtype)
     model = build_model(config, seed=0).to(dtype)
     model.load_state_dict(state, strict=True)
+    model.mlm_head = read_mlm_head(converter, config, _strip(converter, hf_state, str(path)),
+                                   str(path), dtype)
     attach_tokenizer(model, Path(path))
     return model.eval()
 
@@ -246,6 +253,8 @@ def load_converted(out_dir: str | Path) -> Transformer:
         raise CheckpointError(f"{d}: {e}") from None
     state = read_safetensors(d / SAFETENSORS)
     model = build_model(config, seed=0)
+    if any(k.startswith(MLM_PREFIX) for k in state):  # converted from a checkpoint with one
+        model.mlm_head = build_mlm_head(config, seed=0, added=False)
     expected = model.state_dict()
     if config.tie_embeddings:
         expected.pop("unembed.weight")

@@ -12,7 +12,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from headwise.data.text import read_tokenizer
+from headwise.data.corpus import read_tokenizer
 from headwise.errors import CheckpointError, ConfigError, show
 from headwise.jsonfile import read_json_object
 from headwise.model.tokenizer import ModelTokenizer
@@ -31,7 +31,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 
     Raises:
         CheckpointError: ``tokenizer.json`` missing, unreadable, or beyond the bounds of
-            ``headwise.data.text.read_tokenizer``.
+            ``headwise.data.corpus.read_tokenizer``.
     """
     file = Path(path) / "tokenizer.json"
     if not file.is_file():

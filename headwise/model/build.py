@@ -8,9 +8,11 @@ import torch
 from torch import nn
 
 from headwise.config import ModelConfig
+from headwise.errors import ConfigError
 from headwise.memory import check_memory, model_bytes
 from headwise.model.attention import Attention
 from headwise.model.block import PostNormBlock, PreNormBlock
+from headwise.model.mlm_head import MLMHead
 from headwise.model.mlp import MLP, GatedMLP
 from headwise.model.norm import LayerNorm, RMSNorm
 from headwise.model.positional import LearnedPositional, Rotary, SinusoidalPositional
@@ -71,6 +73,31 @@ def build_model(config: ModelConfig, seed: int | None = None) -> Transformer:
     if rng_state is not None:
         torch.set_rng_state(rng_state)
     return model
+
+
+def build_mlm_head(config: ModelConfig, seed: int | None = None, added: bool = True) -> MLMHead:
+    """BERT's masked-LM head for a model of ``config``, initialised as transformers does
+    (``BertPreTrainedModel._init_weights``): the dense weight N(0, 0.02) (BERT's
+    ``initializer_range``), its bias and the output bias 0, the norm's weight 1 and bias 0.
+
+    Args:
+        config: the model's config (D, V, activation, ``norm_eps``).
+        seed: if given, draw from ``torch.Generator().manual_seed(seed)``.
+        added: see ``MLMHead`` (``False`` when the caller loads the checkpoint's head into it).
+
+    Raises:
+        ConfigError: a gated activation (``swiglu``), which the head's transform cannot use.
+    """
+    if config.activation == "swiglu":
+        raise ConfigError("model.activation: got 'swiglu', expected a plain activation for the "
+                          "masked-LM head's transform (relu, gelu, gelu_tanh, silu)")
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    dense = nn.Linear(config.d_model, config.d_model)
+    with torch.no_grad():
+        dense.weight.copy_(torch.randn(dense.weight.shape, generator=gen) * 0.02)
+        dense.bias.zero_()
+    return MLMHead(dense, LayerNorm(config.d_model, config.norm_eps), config.activation,
+                   config.vocab_size, added)
 
 
 def _norm(c: ModelConfig, bias: bool) -> nn.Module:

@@ -1,7 +1,9 @@
 """Transformer: embeddings, a stack of blocks, final norm and unembedding, with hook points.
 
 ``model(tokens, attention_mask=None, token_type_ids=None, task_ids=None) -> logits (B, T, V)``;
-``model.hidden(...)`` returns the final residual stream (after the final norm, if any).
+``model.hidden(...)`` returns the final residual stream (after the final norm, if any). A model
+given BERT's masked-LM head (``model.mlm_head``, ``headwise.model.mlm_head``) computes its
+logits through it; without one (the default) the logits are ``unembed(hidden)``.
 Hooks are attached with ``model.hooks(...)`` and activations cached with
 ``model.run_with_cache(...)`` (``headwise.model.hook_point``, ``headwise.model.cache``).
 """
@@ -25,6 +27,7 @@ from headwise.model.tokenizer import ModelTokenizer, str_tokens_of, to_tokens
 
 if TYPE_CHECKING:
     from headwise.config import ModelConfig
+    from headwise.model.mlm_head import MLMHead
 
 __all__ = ["Transformer", "check_tokens"]
 
@@ -50,6 +53,7 @@ class Transformer(nn.Module):
     """
 
     names_hook_points = True  # hook points are named by their paths in this model
+    mlm_head: MLMHead | None
 
     def __init__(self, config: ModelConfig, *, embed: nn.Embedding, pos_embed: nn.Module | None,
                  token_type_embed: nn.Embedding | None, embed_norm: nn.Module | None,
@@ -65,6 +69,7 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(blocks)
         self.ln_final = ln_final
         self.unembed = unembed
+        self.register_module("mlm_head", None)  # set to a build_mlm_head() for masked LM
         self.hook_embed = HookPoint()
         self.hook_pos_embed = HookPoint()
         self.hook_logits = HookPoint()
@@ -109,8 +114,10 @@ class Transformer(nn.Module):
                 token_type_ids: Tensor | None = None,
                 task_ids: Tensor | None = None) -> Tensor:
         """Logits (B, T, V); arguments as in ``hidden``."""
-        return self.hook_logits(
-            self.unembed(self.hidden(tokens, attention_mask, token_type_ids, task_ids)))
+        hidden = self.hidden(tokens, attention_mask, token_type_ids, task_ids)
+        if self.mlm_head is None:
+            return self.hook_logits(self.unembed(hidden))
+        return self.hook_logits(self.mlm_head(hidden, self.unembed))
 
     def hook_points(self) -> dict[str, HookPoint]:
         """Every hook point of the model by name, in module order (``hook_point.hook_points``,

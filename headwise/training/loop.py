@@ -202,7 +202,7 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
     cfg = getattr(model, "config", None)
     for mix in (data, eval_data):
         if mix is not None and cfg is not None:
-            mix.check_model(cfg.vocab_size, cfg.max_seq_len)
+            mix.check_model(cfg.vocab_size, cfg.max_seq_len, cfg.causal)
     place(model, config.device, "train.device")
     ctx = setup(model, config.parallel)
     try:

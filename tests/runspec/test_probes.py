@@ -15,7 +15,7 @@ INDUCTION = "data: {tasks: {induction: {seq_len: 40, period: [3, 8]}}}\n"
 
 def test_default_repeated_probe_is_sized_by_the_training_data_with_its_bos() -> None:
     spec = load_spec(MODEL + INDUCTION)
-    rep = spec_probes(spec)["repeated"]
+    rep = spec_probes(spec, spec.data.eval_seed)["repeated"]
     # [BOS, r, r] within the 40 trained positions (not max_seq_len's 48): half = 19.
     assert rep.tokens.shape == (128, 39)
     assert (rep.tokens[:, 0] == BOS).all()
@@ -32,7 +32,7 @@ probes:
 contract:
   - {any_of: L1.*, score: induction, at_least: 0.5, "on": unseen}
 """)
-    probes = spec_probes(spec)
+    probes = spec_probes(spec, spec.data.eval_seed)
     unseen = probes["unseen"].tokens
     assert unseen.shape == (16, 40) and (unseen[:, 0] == BOS).all()
     content = unseen[:, 1:]

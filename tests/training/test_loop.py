@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from headwise.config import ModelConfig
 from headwise.control.objective import Objective
-from headwise.data import CopyTask, Mixture, ModularAdditionTask, SortTask
+from headwise.data import CopyTask, Mixture, ModularAdditionTask, SortTask, TextTask
 from headwise.errors import ConfigError
 from headwise.model import build_model
 from headwise.training import TrainConfig, TrainState, evaluate, train
@@ -151,6 +151,16 @@ def test_data_must_fit_the_model() -> None:
     with pytest.raises(ConfigError, match="objectives: name 'const' appears 2 times"):
         train(build_model(CFG), _copy(), TrainConfig(steps=1, batch_size=2),
               objectives=[_ConstObjective(1.0), _ConstObjective(2.0)])
+
+
+def test_next_token_text_refuses_a_bidirectional_model(tmp_path: Path) -> None:
+    (tmp_path / "c.txt").write_text("a few words of text\n" * 30)
+    data = Mixture({"lm": TextTask(path=str(tmp_path / "c.txt"), seq_len=8)})
+    encoder = build_model(ModelConfig(n_layers=1, n_heads=2, d_model=8, vocab_size=256,
+                                      max_seq_len=8, causal=False))
+    with pytest.raises(ConfigError, match=r"^data.tasks.lm.task: 'text' is next-token "
+                                          r"prediction, which model.causal=false sees"):
+        train(encoder, data, TrainConfig(steps=1, batch_size=2), progress=False)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
