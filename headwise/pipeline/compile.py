@@ -1,7 +1,8 @@
 """Compiling a validated spec into a model with its levers, the data, and the contract.
 
 ``compile_spec(spec)`` builds (or loads) the model, then installs, in this order: LoRA adapters,
-structural masks, task gates, pattern objectives and regularisers, and freezing. The result
+structural masks, task gates, a masked-LM head where an ``mlm`` task needs one, pattern
+objectives and regularisers, and freezing. The result
 holds everything ``train()`` and ``verify()`` need; the levers are the same objects the Python
 API offers (``headwise.control``), so anything a spec does, code can do.
 """
@@ -28,6 +29,7 @@ from headwise.control.objectives import (
     PatternObjective,
 )
 from headwise.data import TASKS, Batch, Mixture, build_task
+from headwise.data.mlm import add_mlm_head
 from headwise.errors import HeadwiseError, SpecError
 from headwise.heads import Head, HeadSet
 from headwise.model import build_model
@@ -105,6 +107,9 @@ def compile_spec(spec: Spec, weights: str | Path | None = None) -> Compiled:
                        alpha=a.alpha, dropout=a.dropout)
         _masks(spec, model)
         gates, gate_objectives = _gates(spec, model)
+        # A masked-LM task on a model without the head gets a fresh one, after the adapters
+        # (so it trains, as PEFT's modules_to_save) and before the run's weights load.
+        add_mlm_head(model, [TASKS[t.task] for t in spec.data.tasks], seed=spec.train.seed)
     except (ValueError, HeadwiseError) as e:  # a lever that does not fit a pretrained model
         raise SpecError(f"heads: cannot install the levers on this model: {e}") from None
     data, eval_data = _data(spec)

@@ -16,6 +16,7 @@ from typing import Any
 import headwise.validate as check
 from headwise.config import PRESETS, ModelConfig
 from headwise.contract import EnforceConfig
+from headwise.data.task import check_causal
 from headwise.errors import HeadwiseError, SpecError
 from headwise.heads import Head, HeadSet
 from headwise.runspec.levers import parse_entropy, parse_mask, parse_objective
@@ -147,6 +148,10 @@ def parse_data(value: Any, config: ModelConfig, base: Path | None,
                               positive=True)
         kwargs = _task_kwargs(TASKS[kind], entry, vocab, base, path)
         task = _build_task(TASKS[kind], kwargs, path)
+        try:
+            check_causal(task, config.causal, path)
+        except HeadwiseError as e:
+            raise SpecError(str(e)) from None
         if task.vocab_size > vocab:
             why = " less the task markers" if markers else ""
             raise SpecError(f"{path}: the task uses {task.vocab_size} token ids, more than "
