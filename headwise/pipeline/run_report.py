@@ -82,7 +82,7 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
     model = compiled.model
     model.eval()
     names = spec_token_names(spec)
-    attention, note = _attention(compiled, heads, names)  # a bad --heads fails before the rest
+    attention, note = report_attention(compiled, heads, names)
     analysis = analyse_run(compiled)
     trajectory = run_trajectory(run_dir, compiled)
     meta: dict[str, Any] = {"spec": str(run_dir / "spec.yaml"),
@@ -124,6 +124,7 @@ def report_existing_run(run_dir: str | Path, heads: str | None = None) -> dict[s
     """
     run_dir = Path(run_dir)
     compiled = load_run(run_dir)
+    report_heads(compiled, heads)  # a bad selector is refused before any measurement
     spec = compiled.spec
     verdict = None
     if spec.contract:
@@ -223,10 +224,15 @@ def _first_example(compiled: Compiled, task: int) -> tuple[torch.Tensor, int]:
     return batch.tokens[row, :length], int(batch.task_ids[row])
 
 
-def _attention(compiled: Compiled, selector: str | None,
-               names: Callable[[torch.Tensor], list[str]]) -> tuple[AttentionViewer, str]:
-    """The viewer of the report's heads on the first held-out example, and how they were
-    chosen."""
+def report_heads(compiled: Compiled, selector: str | None) -> tuple[HeadSet, str]:
+    """The heads a run's attention viewer shows, and how they were chosen (in words).
+
+    ``selector`` (``report --heads``) if given; else the heads the contract's clauses and the
+    spec's ``heads:`` rules name; else every head; at most ``MAX_VIEWER_HEADS`` of them.
+
+    Raises:
+        SpecError: ``selector`` is not a selector of the run's model (naming ``--heads``).
+    """
     model = compiled.model
     cfg = compiled.spec.model.config
     if selector is not None:
@@ -245,13 +251,24 @@ def _attention(compiled: Compiled, selector: str | None,
     shown = sorted(chosen)[:MAX_VIEWER_HEADS]
     if len(shown) < len(chosen):
         note += f" (the first {MAX_VIEWER_HEADS} of {len(chosen)}; choose with --heads)"
+    return HeadSet(shown, cfg.n_layers, cfg.n_heads), f"Showing {note}."
+
+
+def report_attention(compiled: Compiled, selector: str | None,
+                     names: Callable[[torch.Tensor], list[str]]) -> tuple[AttentionViewer, str]:
+    """The viewer of the report's heads (``report_heads``) on the first held-out example,
+    its tokens spelled by ``names``, and how the heads were chosen.
+
+    Raises:
+        SpecError: as ``report_heads``.
+    """
+    heads, note = report_heads(compiled, selector)
     tokens, task = _first_example(compiled, 0)
     tokens = tokens[:MAX_TOKENS]
-    viewer = attention_viewer(model, tokens, HeadSet(shown, cfg.n_layers, cfg.n_heads),
-                              labels=names(tokens), title="attention of the report's heads "
-                              "on the first held-out example",
-                              task_ids=torch.tensor([task]))
-    return viewer, f"Showing {note}."
+    viewer = attention_viewer(compiled.model, tokens, heads, labels=names(tokens),
+                              title="attention of the report's heads on the first held-out "
+                              "example", task_ids=torch.tensor([task]))
+    return viewer, note
 
 
 def _supervised(compiled: Compiled, names: Callable[[torch.Tensor], list[str]]

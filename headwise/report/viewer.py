@@ -42,6 +42,7 @@ _CSS = """
 .hw-viewer table.hw-grid th { font-weight: normal; padding: 0 3px; color: #444; }
 .hw-viewer th.hw-key { writing-mode: vertical-rl; transform: rotate(180deg); }
 .hw-viewer .hw-hl { outline: 2px solid #d9480f; }
+.hw-viewer .hw-scroll { overflow-x: auto; max-width: 100%; }
 .hw-viewer .hw-strip { white-space: nowrap; margin: 2px 0; }
 .hw-viewer .hw-name { display: inline-block; min-width: 12em; color: #444; }
 .hw-viewer .hw-tok { display: inline-block; padding: 1px 3px; margin: 0 1px;
@@ -184,7 +185,8 @@ class AttentionViewer:
         return (f'<div class="hw-viewer"><style>{_CSS}</style>{title}'
                 f'<div class="hw-bar">head <select class="hw-pick"></select> '
                 f"hover a query token to see where it attends, in every head</div>"
-                f'<table class="hw-grid"></table><div class="hw-strips"></div>'
+                f'<div class="hw-scroll"><table class="hw-grid"></table></div>'
+                f'<div class="hw-strips hw-scroll"></div>'
                 f'<script type="application/json" class="hw-data">{text}</script>'
                 f"<script>{_JS}</script></div>")
 
