@@ -112,7 +112,7 @@ def _run(run_dir: str, device: str, tables: list[TextTable], notes: list[str],
     tables.append(analysis.importance.to_text_table("accuracy"))
     if analysis.gates is not None:
         g = analysis.gates
-        tables.append(TextTable("task gates (1 = the head serves the task)",
+        tables.append(TextTable("task gates (1 = open)",
                                 ("head", *g.task_names),
                                 tuple((str(h), *(f"{float(v):.2f}" for v in g.values[:, i]))
                                       for i, h in enumerate(g.heads)),

@@ -104,10 +104,9 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
         attention=attention, attention_note=note, training=training_curves(lines),
         enforcement=(None if enforcement is None
                      else json.loads(json.dumps(enforcement, default=str))), meta=meta)
-    if analysis.gates is not None:
-        report["gates"] = analysis.to_dict()["gates"]
     extra = {}
     if analysis.gates is not None:
+        report["gates"] = analysis.to_dict()["gates"]
         g = analysis.gates
         extra["task gates (tasks x heads; 1 = the head serves the task)"] = figures.heatmap(
             g.values.tolist(), "task gates", [str(h) for h in g.heads], g.task_names,
