@@ -189,16 +189,23 @@ def check_output_file(path: str | Path | None, option: str) -> Path | None:
     return target
 
 
+def overwrite_switch(option: str) -> str:
+    """How the user who named a destination ``option`` asks to replace it: ``--overwrite``
+    for a command's option (``--out``), ``overwrite=True`` for a Python argument (``out``)."""
+    return "--overwrite" if option.startswith("--") else "overwrite=True"
+
+
 def check_empty_dir(path: Path, option: str, overwrite: bool) -> None:
     """A directory destination that holds anything is written into only with ``overwrite``
     (whose writer then replaces its own files and leaves the rest).
 
     Raises:
-        ConfigError: ``path`` is a non-empty directory and ``overwrite`` is false.
+        ConfigError: ``path`` is a non-empty directory and ``overwrite`` is false (the
+            message names ``option`` and its ``overwrite_switch``).
     """
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         raise ConfigError(f"{option}: {path} is not empty; choose another directory or pass "
-                          "overwrite=True (--overwrite) to replace its HuggingFace files")
+                          f"{overwrite_switch(option)} to replace its HuggingFace files")
 
 
 def check_output_dir(path: str | Path, option: str, *, overwrite: bool,
@@ -208,7 +215,8 @@ def check_output_dir(path: str | Path, option: str, *, overwrite: bool,
     Args:
         path: the directory (created later by the caller if missing).
         option: the option that named it, for messages.
-        overwrite: the user passed ``--overwrite``.
+        overwrite: the user passed ``--overwrite`` (``overwrite=True``; messages name the one
+            that matches ``option``: ``overwrite_switch``).
         replaces: the kinds of work (``work_in``) this writer may replace with ``overwrite``.
         sources: directories the command reads; the destination may not be one of them.
 
@@ -240,8 +248,9 @@ def check_output_dir(path: str | Path, option: str, *, overwrite: bool,
         raise ConfigError(f"{option}: {target} holds {work} ({marker}); expected another "
                           "directory (this command never replaces it)")
     if not overwrite:
-        raise ConfigError(f"{option}: {target} holds {work} ({marker}); pass --overwrite to "
-                          "replace it, or choose another directory")
+        raise ConfigError(f"{option}: {target} holds {work} ({marker}); pass "
+                          f"{overwrite_switch(option)} to replace it, or choose another "
+                          "directory")
     return work
 
 

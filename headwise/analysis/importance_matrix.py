@@ -12,6 +12,7 @@ from torch import Tensor
 
 from headwise.heads import Head, HeadSet
 from headwise.render.numbers import fixed
+from headwise.render.tables import TextTable
 
 
 def bootstrap_ci(clean_num: Tensor, ablated_num: Tensor, count: Tensor, sign: float,
@@ -117,20 +118,21 @@ class ImportanceMatrix:
                     out.append(rec)
         return out
 
-    def to_rich_table(self, metric: str | None = None) -> Table:
+    def to_text_table(self, metric: str | None = None) -> TextTable:
         """Units x tasks for one metric (default the first), ``value [low, high]`` cells."""
         metric = metric or self.metrics[0]
         m = self.metrics.index(metric)
-        table = Table(title=f"importance ({self.info.get('method')}, {metric})")
-        table.add_column("unit")
-        for t in self.tasks:
-            table.add_column(t, justify="right")
-        for u, label in enumerate(self.labels):
-            table.add_row(label, *(f"{fixed(float(self.values[u, k, m]), sign=True)} "
-                                   f"[{fixed(float(self.ci_low[u, k, m]), sign=True)}, "
-                                   f"{fixed(float(self.ci_high[u, k, m]), sign=True)}]"
-                                   for k in range(len(self.tasks))))
-        return table
+        rows = tuple((label, *(f"{fixed(float(self.values[u, k, m]), sign=True)} "
+                               f"[{fixed(float(self.ci_low[u, k, m]), sign=True)}, "
+                               f"{fixed(float(self.ci_high[u, k, m]), sign=True)}]"
+                               for k in range(len(self.tasks))))
+                     for u, label in enumerate(self.labels))
+        return TextTable(f"importance ({self.info.get('method')}, {metric})",
+                         ("unit", *self.tasks), rows, right=tuple(range(1, len(self.tasks) + 1)))
+
+    def to_rich_table(self, metric: str | None = None) -> Table:
+        """``to_text_table`` as one rich Table."""
+        return self.to_text_table(metric).rich_tables()[0]
 
 
 def _num(v: Any) -> float | None:

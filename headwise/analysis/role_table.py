@@ -14,6 +14,7 @@ from torch import Tensor
 
 from headwise.heads import Head
 from headwise.render.html import esc, fmt
+from headwise.render.tables import TextTable
 
 # Roles that describe *where* a head attends; ``top_role`` picks among these.
 TOP_ROLE_CANDIDATES = ("previous_token", "induction", "duplicate_token", "first_token", "self",
@@ -110,20 +111,21 @@ class RoleTable:
                                                                              len(roles))
         return cls(heads, roles, vals, info)
 
-    def to_rich_table(self, title: str = "role scores") -> Table:
-        """A rich Table: one row per head, one column per role, plus the top role."""
-        table = Table(title=title)
-        table.add_column("head", no_wrap=True)
-        for r in self.roles:
-            table.add_column(r, justify="right")
-        table.add_column("top role")
+    def to_text_table(self, title: str = "role scores") -> TextTable:
+        """One row per head, one column per role (scores to 2 decimals), plus the top role."""
+        rows = []
         for i, h in enumerate(self.heads):
             cells = []
             for j in range(len(self.roles)):
                 v = float(self.values[i, j])
                 cells.append("-" if math.isnan(v) else f"{v:.2f}")
-            table.add_row(str(h), *cells, self.top_role(h, SHOWN_MIN_SCORE))
-        return table
+            rows.append((str(h), *cells, self.top_role(h, SHOWN_MIN_SCORE)))
+        return TextTable(title, ("head", *self.roles, "top role"), tuple(rows),
+                         right=tuple(range(1, len(self.roles) + 1)))
+
+    def to_rich_table(self, title: str = "role scores") -> Table:
+        """``to_text_table`` as one rich Table (every column; the CLI splits wide ones)."""
+        return self.to_text_table(title).rich_tables()[0]
 
     def __str__(self) -> str:
         console = Console(width=200, record=True, file=io.StringIO())

@@ -8,9 +8,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from headwise.atomic import check_output_file
-from headwise.cli.options import add_device_argument, add_hf_arguments, add_subcommand
-from headwise.cli.output import console, write_file
+from headwise.cli.options import (
+    add_device_argument,
+    add_format_argument,
+    add_hf_arguments,
+    add_subcommand,
+)
+from headwise.cli.output import note, print_tables, write_file
 from headwise.errors import SpecError
+from headwise.render.tables import TextTable
 
 if TYPE_CHECKING:
     from headwise.forecast.roles import Forecaster
@@ -43,6 +49,14 @@ def register(subparsers: Any) -> None:
                         "fit-forecaster`) instead of the packaged one")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (one record per "
                                                   "head under 'roles')")
+    p.add_argument("--html", metavar="PATH",
+                   help="with --hf: also write a self-contained HTML report (role scores "
+                        "heatmap and table, and an attention viewer of --heads on the first "
+                        "sequence); a run's report is `headwise report RUN`")
+    p.add_argument("--heads", metavar="SELECTOR",
+                   help="with --html: the heads the attention viewer shows (default every "
+                        "head, at most 96)")
+    add_format_argument(p)
     add_device_argument(p, "cpu", "cpu")
 
 
@@ -55,6 +69,11 @@ def run(args: argparse.Namespace) -> int:
     if args.revision and not args.hf:
         raise SpecError("--revision: only used with --hf")
     check_output_file(args.json, "--json")
+    if args.html and not args.hf:
+        raise SpecError("--html: only used with --hf (a run's report: headwise report RUN)")
+    if args.heads and not args.html:
+        raise SpecError("--heads: only used with --html")
+    check_output_file(args.html, "--html")
     if args.forecast and not args.run:
         raise SpecError("--forecast: only used with a run directory")
     if args.forecaster and not args.forecast:
@@ -64,37 +83,50 @@ def run(args: argparse.Namespace) -> int:
         from headwise.pipeline.run import read_forecaster
 
         forecaster = read_forecaster(args.forecaster)
-    result = (_run(args.run, args.device, forecaster) if args.run
-              else _hf(args.hf, args.text, args.revision, args.device))
+    tables: list[TextTable] = []
+    notes: list[str] = []
+    result = (_run(args.run, args.device, tables, notes, forecaster) if args.run
+              else _hf(args.hf, args.text, args.revision, args.device, tables, args.html,
+                       args.heads))
+    print_tables(tables, args.format)
+    for line in notes:
+        note(args.format, line)
     if args.json:
         write_file(args.json, json.dumps(result, indent=1), "--json")
-        console().print(f"written: {args.json}")
+        note(args.format, f"written: {args.json}")
+    if args.html:
+        note(args.format, f"written: {args.html}")
     return 0
 
 
-def _run(run_dir: str, device: str, forecaster: Forecaster | None = None) -> dict[str, Any]:
+def _run(run_dir: str, device: str, tables: list[TextTable], notes: list[str],
+         forecaster: Forecaster | None = None) -> dict[str, Any]:
+    """Analyse a run: its tables added to ``tables``, sentences to ``notes``."""
     from headwise.pipeline.finished import load_compiled
     from headwise.pipeline.run_analysis import analyse_run
 
     compiled = load_compiled(run_dir, device=device)
     analysis = analyse_run(compiled)
-    out = console()
-    out.print(analysis.roles.to_rich_table("role scores (held-out data; induction on repeated "
-                                           "random halves)"))
-    out.print(analysis.importance.to_rich_table("accuracy"))
+    tables.append(analysis.roles.to_text_table("role scores (held-out data; induction on "
+                                               "repeated random halves)"))
+    tables.append(analysis.importance.to_text_table("accuracy"))
     if analysis.gates is not None:
-        out.print("task gates (1 = the head serves the task):")
-        out.print(str(analysis.gates), markup=False)
+        g = analysis.gates
+        tables.append(TextTable("task gates (1 = open)",
+                                ("head", *g.task_names),
+                                tuple((str(h), *(f"{float(v):.2f}" for v in g.values[:, i]))
+                                      for i, h in enumerate(g.heads)),
+                                right=tuple(range(1, len(g.task_names) + 1))))
     result = {"run": run_dir, **analysis.to_dict()}
     if forecaster is not None:
-        result["forecast"] = _forecast(run_dir, compiled, forecaster)
+        result["forecast"] = _forecast(run_dir, compiled, forecaster, tables, notes)
     return result
 
 
-def _forecast(run_dir: str, compiled: Any, forecaster: Forecaster) -> dict[str, Any]:
-    """Print and return the forecast from the run's first 20% of checkpoints."""
-    from rich.table import Table
-
+def _forecast(run_dir: str, compiled: Any, forecaster: Forecaster, tables: list[TextTable],
+              notes: list[str]) -> dict[str, Any]:
+    """The forecast from the run's first 20% of checkpoints (its table added to ``tables``,
+    its sentences to ``notes``)."""
     from headwise.contract.forecast import forecast_summary
     from headwise.forecast.roles import measured_text
     from headwise.pipeline.run_report import run_trajectory
@@ -106,33 +138,32 @@ def _forecast(run_dir: str, compiled: Any, forecaster: Forecaster) -> dict[str, 
     spec = compiled.spec
     summary = forecast_summary(traj, forecaster, 0.2, None,
                                spec.contract if spec.contract else None)
-    out = console()
-    table = Table(title=f"forecast (forecaster v{summary['forecaster_version']}) from steps "
-                        f"{summary['from_steps']}")
-    for col in ("head", "forecast", "confidence", "committed at", "final role"):
-        table.add_column(col)
-    for h in summary["heads"]:
-        table.add_row(h["head"], h["role"], f"{h['confidence']:.0%}",
-                      "-" if h["committed_at"] is None else str(h["committed_at"]),
-                      h["final_role"])
-    out.print(table)
+    tables.append(TextTable(
+        f"forecast (forecaster v{summary['forecaster_version']}) from steps "
+        f"{summary['from_steps']}", ("head", "forecast", "confidence", "committed at",
+                                     "final role"),
+        tuple((h["head"], h["role"], f"{h['confidence']:.0%}",
+               "-" if h["committed_at"] is None else str(h["committed_at"]), h["final_role"])
+              for h in summary["heads"])))
     for c in summary.get("clauses", []):
         heads = ", ".join(f"{h['head']} forecast {h['role']}" for h in c["heads"])
         verdict = ("not forecast (the forecaster predicts each head's top role on the "
                    "default probes; this clause asks something else)"
                    if c["verdict"] == "not forecast" else f"forecast {c['verdict']}")
-        out.print(f"{c['clause']} {c['description']}: {verdict}"
-                  + (f" ({heads})" if heads and c["verdict"] == "fail" else ""), markup=False)
-    out.print(measured_text(summary["measured"]), markup=False)
+        notes.append(f"{c['clause']} {c['description']}: {verdict}"
+                     + (f" ({heads})" if heads and c["verdict"] == "fail" else ""))
+    notes.append(measured_text(summary["measured"]))
     return summary
 
 
-def _hf(name: str, text: str | None, revision: str | None, device: str) -> dict[str, Any]:
+def _hf(name: str, text: str | None, revision: str | None, device: str,
+        tables: list[TextTable], html: str | None, heads: str | None) -> dict[str, Any]:
     from headwise.analysis.role_table import RoleTable
     from headwise.data.corpus import decode_text
     from headwise.interop.hub_cache import resolve_model
     from headwise.jsonfile import read_bounded
-    from headwise.pipeline.hf_analysis import analyze_hf
+    from headwise.pipeline.hf_analysis import analyze_hf, hf_report
+    from headwise.report.build import render_html
 
     directory = str(resolve_model(name, revision, field="--hf"))
     content = None
@@ -146,9 +177,15 @@ def _hf(name: str, text: str | None, revision: str | None, device: str) -> dict[
             raise SpecError(f"--text: {path} has no non-empty line")
         source = f"{len(lines)} lines of {path}"
         _check_vocabularies(directory)
-    records = analyze_hf(directory, content, device=device)
-    table = RoleTable.from_records(records)
-    console().print(table.to_rich_table(f"role scores of {name} on {source}"))
+    if html:
+        report = hf_report(directory, content, heads=heads, device=device,
+                           title=f"headwise analysis: {name}", data=source)
+        records = report["roles"]["records"]
+        write_file(html, render_html(report), "--html")
+    else:
+        records = analyze_hf(directory, content, device=device)
+    tables.append(RoleTable.from_records(records).to_text_table(
+        f"role scores of {name} on {source}"))
     return {"model": name, "path": directory, "data": source, "roles": records}
 
 

@@ -32,10 +32,17 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Convert and print a one-line summary; errors propagate as ``CheckpointError`` (exit 2)."""
+    from pathlib import Path
+
+    from headwise.atomic import MODEL, check_empty_dir, check_output_dir
     from headwise.interop import convert, load_converted
     from headwise.interop.hub_cache import resolve_model
 
     source = resolve_model(args.hf, args.revision, field="--hf")
+    # checked first under the options' names (the library checks again, under its own)
+    check_output_dir(args.out, "--out", overwrite=args.overwrite, replaces=(MODEL,),
+                     sources=[Path(source)])
+    check_empty_dir(Path(args.out), "--out", args.overwrite)
     out = convert(source, args.out, strict=not args.lenient, overwrite=args.overwrite)
     model = load_converted(out)
     c = model.config

@@ -14,7 +14,6 @@ from headwise.cli.output import console, write_file
 from headwise.errors import SpecError
 
 _IDS = re.compile(r"^\s*\d+(\s*[,\s]\s*\d+)*\s*$")
-_SPECIAL = {0: "<pad>", 1: "<bos>", 2: "<sep>", 3: "<q>"}
 
 
 def register(subparsers: Any) -> None:
@@ -39,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     """Load the run, build the input, print the walkthrough (exit 1 if a cross-check fails)."""
     from headwise.analysis.explain import explain_head
     from headwise.pipeline.finished import load_compiled
+    from headwise.pipeline.run_tokens import spec_token_names
     from headwise.render.html import page
     from headwise.training.device import model_device
 
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
             raise SpecError(f"--task: got {args.task!r}, expected one of {list(names)}")
         task = names.index(args.task)
     walk = explain_head(compiled.model, tokens.to(device), head,
-                        labels=_labels(tokens, config.vocab_size),
+                        labels=spec_token_names(compiled.spec)(tokens),
                         task_ids=torch.tensor([task], device=device))
     out = console()
     out.print(f"task: {names[task]}")
@@ -103,8 +103,3 @@ def _input(text: str, compiled: Any) -> tuple[torch.Tensor, int]:
                         "(the model's max_seq_len)")
     return torch.tensor(ids, dtype=torch.long), 0
 
-
-def _labels(tokens: torch.Tensor, vocab_size: int) -> list[str]:
-    if vocab_size >= 256:
-        return [chr(t) if 32 <= t < 127 else f"\\x{t:02x}" for t in tokens.tolist()]
-    return [_SPECIAL.get(t, str(t)) for t in tokens.tolist()]

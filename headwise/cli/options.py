@@ -64,3 +64,13 @@ def add_device_argument(p: argparse.ArgumentParser, default: str | None,
     p.add_argument("--device", default=default, metavar="DEVICE",
                    help=f"where the model runs: {DEVICE_CHOICES} (default: {default_text}; "
                         "auto picks CUDA when available)")
+
+
+def add_format_argument(p: argparse.ArgumentParser) -> None:
+    """Add ``--format table|json|csv|md`` (how the command prints its tables)."""
+    from headwise.render.tables import FORMATS
+
+    p.add_argument("--format", choices=FORMATS, default="table",
+                   help="how to print the tables: table (the terminal; a table wider than it "
+                        "is split into column groups, never cut), json, csv or md (Markdown); "
+                        "default table")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,12 +15,44 @@ from headwise.render.numbers import fixed
 
 if TYPE_CHECKING:
     from headwise.pipeline.run import RunOutcome
+    from headwise.render.tables import TextTable
 
 
 def console() -> Console:
     """The console the CLI prints to (plain text, 120+ columns, when not a terminal)."""
     width = max(shutil.get_terminal_size((120, 40)).columns, 120)
     return Console(highlight=False, width=width)
+
+
+def print_tables(tables: Sequence[TextTable], fmt: str) -> None:
+    """Print ``tables`` in ``fmt`` (``--format``): ``table`` as rich tables split into column
+    groups that fit the console; ``json`` one object ``{"tables": [...]}``; ``csv`` each table
+    after a ``# title`` line, separated by a blank line; ``md`` Markdown tables."""
+    import json
+    import sys
+
+    if fmt == "table":
+        out = console()
+        for t in tables:
+            for part in t.rich_tables(out.width):
+                out.print(part)
+    elif fmt == "json":
+        sys.stdout.write(json.dumps({"tables": [t.to_dict() for t in tables]}, indent=1) + "\n")
+    elif fmt == "csv":
+        sys.stdout.write("\n".join(f"# {t.title}\n{t.to_csv()}" for t in tables))
+    else:
+        sys.stdout.write("\n".join(t.to_markdown() for t in tables))
+
+
+def note(fmt: str, text: str) -> None:
+    """A line beside the tables: on stdout with ``--format table``, else on stderr (so the
+    tables on stdout stay machine-readable)."""
+    import sys
+
+    if fmt == "table":
+        console().print(text, markup=False)
+    else:
+        print(text, file=sys.stderr)
 
 
 def max_threads() -> int:

@@ -90,17 +90,3 @@ class Batch:
         """The same batch with every example's task id set to ``task_id``."""
         return Batch(self.tokens, self.targets, self.attention_mask,
                      torch.full_like(self.task_ids, task_id))
-
-
-SPECIAL_NAMES = {PAD: "PAD", BOS: "BOS", SEP: "SEP", QUERY: "QUERY"}
-
-
-def token_labels(tokens: Tensor, markers: dict[int, str] | None = None) -> list[str]:
-    """Readable names of synthetic-task token ids (T,): ``BOS``, ``SEP``, task markers as
-    ``<task>``, symbols as ``s{i}`` (symbol ``i`` is id ``CONTENT + i``)."""
-    markers = markers or {}
-    out = []
-    for t in tokens.tolist():
-        out.append(SPECIAL_NAMES.get(t) or (f"<{markers[t]}>" if t in markers
-                                            else f"s{t - CONTENT}"))
-    return out

@@ -29,6 +29,7 @@ from headwise.atomic import (
     MODEL,
     check_empty_dir,
     check_output_dir,
+    overwrite_switch,
     remove_entries,
     write_bytes_atomic,
 )
@@ -203,18 +204,24 @@ def tokenizer_files(path: Path) -> dict[str, bytes]:
     return files
 
 
-def check_destinations(out: Path, peft: str | Path | None, overwrite: bool) -> None:
-    """Refuse ``out`` and ``peft`` (the output rule) before anything is written or deleted."""
-    check_output_dir(out, "out", overwrite=True, replaces=(MODEL,))  # the kind; then:
-    check_empty_dir(out, "out", overwrite)
+def check_destinations(out: Path, peft: str | Path | None, overwrite: bool,
+                       names: tuple[str, str] = ("out", "peft")) -> None:
+    """Refuse ``out`` and ``peft`` (the output rule) before anything is written or deleted.
+
+    ``names``: how the user named the two destinations (a command passes its options,
+    ``("--hf", "--peft")``), for the messages.
+    """
+    out_name, peft_name = names
+    check_output_dir(out, out_name, overwrite=True, replaces=(MODEL,))  # the kind; then:
+    check_empty_dir(out, out_name, overwrite)
     if peft is None:
         return
     if Path(peft).absolute() == out.absolute():
-        raise ConfigError(f"peft: {peft} is the model directory (out) too; expected another "
-                          "directory for the adapter")
-    check_output_dir(peft, "peft", overwrite=overwrite, replaces=(ADAPTER,))
+        raise ConfigError(f"{peft_name}: {peft} is the model directory ({out_name}) too; "
+                          "expected another directory for the adapter")
+    check_output_dir(peft, peft_name, overwrite=overwrite, replaces=(ADAPTER,))
     leftovers = [p.name for p in Path(peft).iterdir() if p.name not in ADAPTER_FILES] if Path(
         peft).is_dir() else []
     if leftovers and not overwrite:
-        raise ConfigError(f"peft: {peft} is not empty ({leftovers[0]}); choose another "
-                          "directory or pass overwrite=True (--overwrite)")
+        raise ConfigError(f"{peft_name}: {peft} is not empty ({leftovers[0]}); choose another "
+                          f"directory or pass {overwrite_switch(peft_name)}")

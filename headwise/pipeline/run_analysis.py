@@ -78,8 +78,8 @@ def _join(a: RoleTable, b: RoleTable) -> RoleTable:
                      {**a.info, "induction_probe": b.info})
 
 
-def metrics_curve(run_dir: Path) -> list[dict[str, Any]]:
-    """The evaluation lines of ``metrics.jsonl`` (empty when there are none)."""
+def metrics_lines(run_dir: Path) -> list[dict[str, Any]]:
+    """The lines of ``metrics.jsonl`` (empty when there is none)."""
     import json
 
     path = Path(run_dir) / "metrics.jsonl"
@@ -91,9 +91,14 @@ def metrics_curve(run_dir: Path) -> list[dict[str, Any]]:
             record = json.loads(line)
         except json.JSONDecodeError:  # a line cut short by a kill; later lines still count
             continue
-        if record.get("kind") == "eval":
+        if isinstance(record, dict):
             out.append(record)
     return out
+
+
+def metrics_curve(run_dir: Path) -> list[dict[str, Any]]:
+    """The evaluation lines of ``metrics.jsonl`` (empty when there are none)."""
+    return [r for r in metrics_lines(run_dir) if r.get("kind") == "eval"]
 
 
 def role_heatmap_png(model: nn.Module, batch: Any) -> bytes:

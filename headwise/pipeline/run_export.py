@@ -41,7 +41,8 @@ def export_hf(source: str | Path | nn.Module, out: str | Path, *,
 
 
 def export_run(run: str | Path, out: str | Path, *, tokenizer: str | Path | None = None,
-               overwrite: bool = False, peft: str | Path | None = None) -> Path:
+               overwrite: bool = False, peft: str | Path | None = None,
+               names: tuple[str, str] = ("out", "peft")) -> Path:
     """Write a finished run's model (levers rebuilt from its ``spec.yaml``) as an HF directory.
 
     Args:
@@ -51,6 +52,8 @@ def export_run(run: str | Path, out: str | Path, *, tokenizer: str | Path | None
             pretrained checkpoint's, else its text tasks' tokenizer, if any.
         overwrite: replace the HF files of a non-empty ``out``.
         peft: write the LoRA adapters to this directory as a PEFT adapter instead of merging.
+        names: how the user named ``out`` and ``peft``, for messages (``headwise export``
+            passes ``("--hf", "--peft")``).
 
     A run on a sentence-transformers checkpoint also gets its ``modules.json``, module
     directories (``1_Pooling/``, ...) and configs in ``out`` (``headwise.interop.st_export``);
@@ -68,9 +71,9 @@ def export_run(run: str | Path, out: str | Path, *, tokenizer: str | Path | None
     """
     run, out = Path(run), Path(out)
     if out.resolve() == run.resolve():
-        raise ConfigError(f"out: {out} is the run directory itself; expected another "
+        raise ConfigError(f"{names[0]}: {out} is the run directory itself; expected another "
                           "directory (the run's own config.json would be overwritten)")
-    check_destinations(out, peft, overwrite)  # before any work
+    check_destinations(out, peft, overwrite, names)  # before any work
     if tokenizer is not None:
         tokenizer_files(Path(tokenizer))  # refuses a missing one, or links leaving it
     model, spec = _load_run(run)

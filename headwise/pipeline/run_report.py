@@ -1,16 +1,18 @@
 """A run's report: analysis of the trained heads, contract, enforcement and training curves.
 
-``write_run_report`` gathers what ``headwise.analysis.build_report`` renders (role scores,
-ablation importance, the contract verdicts, score trajectories over the run's checkpoints,
-expected vs observed patterns of masked and supervised heads, a walkthrough of one gated head)
-and adds the enforcement summary, the gate table and eval-batch accuracy curves; it writes
-``report.json`` and the self-contained ``report.html`` into the run directory.
+``write_run_report`` gathers what ``headwise.report.build_report`` renders (role scores,
+ablation importance, the contract verdicts, the enforcement summary, the attention viewer of
+the heads the contract names, score trajectories over the run's checkpoints, the training
+curves of ``metrics.jsonl``, expected vs observed patterns of masked and supervised heads, a
+walkthrough of one gated head) and the gate table; it writes ``report.json`` and the
+self-contained ``report.html`` into the run directory. Tokens are named as everywhere else
+(``headwise.pipeline.run_tokens``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +24,25 @@ from headwise.analysis.trajectories import Trajectory, score_checkpoints
 from headwise.atomic import hold_lock
 from headwise.contract import ContractResult, verify
 from headwise.contract.forecast import forecast_summary
-from headwise.data import TASKS
-from headwise.data.batch import token_labels
-from headwise.errors import CheckpointError
+from headwise.errors import CheckpointError, SelectorError, SpecError
+from headwise.heads import HeadSet, select_heads
 from headwise.jsonfile import read_json_object
 from headwise.patterns import DEFAULT_WINDOW
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.finished import load_compiled
 from headwise.pipeline.heldout import verification_data
-from headwise.pipeline.run_analysis import analyse_run, metrics_curve, run_role_table
+from headwise.pipeline.run_analysis import analyse_run, metrics_lines, run_role_table
 from headwise.pipeline.run_dir import SEALED_FILES
+from headwise.pipeline.run_tokens import spec_token_names
 from headwise.render import figures
 from headwise.report.build import build_report, expected_vs_observed, write_report
+from headwise.report.sections import training_curves
+from headwise.report.viewer import (
+    MAX_TOKENS,
+    MAX_VIEWER_HEADS,
+    AttentionViewer,
+    attention_viewer,
+)
 from headwise.training import list_checkpoints, load_weights
 from headwise.training.manifest import check_sealed, seal
 from headwise.training.sharded_checkpoint import load_checkpoint_weights
@@ -44,9 +53,14 @@ MASK_ROLES = {"previous_token": "previous_token", "self_only": "self",
 
 
 def write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult | None,
-                     enforcement: dict[str, Any] | None = None) -> dict[str, Path]:
+                     enforcement: dict[str, Any] | None = None,
+                     heads: str | None = None) -> dict[str, Path]:
     """Analyse the trained model in ``compiled`` and write ``run_dir/report.{json,html}``,
     sealed in the run's manifest (holding the run's writer lock).
+
+    ``heads``: a selector of the heads the attention viewer shows (``headwise report
+    --heads``); default those the contract and the spec's ``heads:`` name, else every head
+    (at most ``MAX_VIEWER_HEADS``).
 
     Raises:
         CheckpointError: ``metrics.jsonl`` or ``enforcement.json`` is not the one the run's
@@ -56,49 +70,43 @@ def write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult
     run_dir = Path(run_dir)
     with hold_lock(run_dir):
         check_sealed(run_dir, SEALED_FILES)  # the files a report quotes are the run's own
-        paths = _write_run_report(run_dir, compiled, contract, enforcement)
+        paths = _write_run_report(run_dir, compiled, contract, enforcement, heads)
         seal(run_dir, [p.name for p in paths.values()], optional=True)  # rebuilt on demand
     return paths
 
 
 def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult | None,
-                      enforcement: dict[str, Any] | None) -> dict[str, Path]:
+                      enforcement: dict[str, Any] | None, heads: str | None
+                      ) -> dict[str, Path]:
     spec = compiled.spec
     model = compiled.model
     model.eval()
+    names = spec_token_names(spec)
+    attention, note = report_attention(compiled, heads, names)
     analysis = analyse_run(compiled)
     trajectory = run_trajectory(run_dir, compiled)
     meta: dict[str, Any] = {"spec": str(run_dir / "spec.yaml"),
                             "tasks": ", ".join(compiled.task_names),
                             "train.steps": spec.train.steps}
-    curve = metrics_curve(run_dir)
+    lines = metrics_lines(run_dir)
+    curve = [r for r in lines if r.get("kind") == "eval"]
     if curve:
         last = curve[-1]
         for name, m in last.get("tasks", {}).items():
             meta[f"eval-batch accuracy: {name}"] = m.get("accuracy")
         meta["trained steps"] = last.get("step")
-    if enforcement is not None:
-        meta.update(_enforcement_meta(enforcement))
     report = build_report(
         title=f"headwise report: {_title(spec.text) or run_dir.name}",
         model_config=spec.model.config, roles=analysis.roles, importance=analysis.importance,
         contract=None if contract is None else contract.to_dict(), trajectory=trajectory,
         forecast=_forecast(trajectory, compiled),
-        supervised=_supervised(compiled), walkthroughs=_walkthroughs(compiled), meta=meta)
-    if enforcement is not None:
-        report["enforcement"] = json.loads(json.dumps(enforcement, default=str))
+        supervised=_supervised(compiled, names), walkthroughs=_walkthroughs(compiled, names),
+        attention=attention, attention_note=note, training=training_curves(lines),
+        enforcement=(None if enforcement is None
+                     else json.loads(json.dumps(enforcement, default=str))), meta=meta)
+    extra = {}
     if analysis.gates is not None:
         report["gates"] = analysis.to_dict()["gates"]
-    extra = {}
-    if curve:
-        steps = [r["step"] for r in curve]
-        series = {name: [r["tasks"].get(name, {}).get("accuracy") for r in curve]
-                  for name in compiled.task_names}
-        extra["eval-batch accuracy per task during training"] = figures.lines(
-            steps, series, "eval-batch accuracy", ylabel="accuracy")
-    if enforcement is not None and enforcement.get("history"):
-        extra.update(_enforcement_figures(enforcement))
-    if analysis.gates is not None:
         g = analysis.gates
         extra["task gates (tasks x heads; 1 = the head serves the task)"] = figures.heatmap(
             g.values.tolist(), "task gates", [str(h) for h in g.heads], g.task_names,
@@ -106,10 +114,16 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
     return write_report(report, run_dir, extra)
 
 
-def report_existing_run(run_dir: str | Path) -> dict[str, Path]:
-    """Rebuild ``report.{json,html}`` of a finished run from its files."""
+def report_existing_run(run_dir: str | Path, heads: str | None = None) -> dict[str, Path]:
+    """Rebuild ``report.{json,html}`` of a finished run from its files (``heads``: as
+    ``write_run_report``).
+
+    Raises:
+        SpecError: ``heads`` is not a selector of the run's model (naming ``--heads``).
+    """
     run_dir = Path(run_dir)
     compiled = load_compiled(run_dir)
+    report_heads(compiled, heads)  # a bad selector is refused before any measurement
     spec = compiled.spec
     verdict = None
     if spec.contract:
@@ -118,7 +132,7 @@ def report_existing_run(run_dir: str | Path) -> dict[str, Path]:
     if (run_dir / "enforcement.json").exists():
         check_sealed(run_dir, ["enforcement.json"])
         enforcement = read_enforcement(run_dir / "enforcement.json")
-    return write_run_report(run_dir, compiled, verdict, enforcement)
+    return write_run_report(run_dir, compiled, verdict, enforcement, heads)
 
 
 _OPT_INT, _OPT_NUM, _OPT_STR = (int, type(None)), (int, float, type(None)), (str, type(None))
@@ -168,33 +182,6 @@ def _title(text: str) -> str | None:
     return None
 
 
-def _enforcement_figures(e: dict[str, Any]) -> dict[str, bytes]:
-    """Each clause's violation and Lagrange multiplier at every evaluation point."""
-    history = e["history"]
-    steps = [p["step"] for p in history]
-    keys = sorted({k for p in history for k in p["clauses"]}, key=int)
-    out = {}
-    for field, label in (("violation", "violation (> 0: fails)"),
-                         ("multiplier", "Lagrange multiplier")):
-        series = {f"contract[{k}]": [p["clauses"].get(k, {}).get(field) for p in history]
-                  for k in keys}
-        out[f"enforcement: each clause's {label} per evaluation point"] = figures.lines(
-            steps, series, f"enforcement: {label}", ylabel=field, ylim=None)
-    return out
-
-
-def _enforcement_meta(e: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"enforcement: steps": e["steps"],
-                           "enforcement: contract held at step": e["held_at_step"]}
-    for c in e["clauses"]:
-        lam = c.get("multiplier")
-        out[f"enforcement: contract[{c['index']}] {c['description']}"] = (
-            f"lever: {c.get('lever') or 'none'}; failed at {c['failed_evals']} evaluation(s) "
-            f"from step {c['first_failed_at']}; multiplier "
-            f"{'-' if lam is None else f'{lam:.2f}'}; held from step {c['held_at']}")
-    return out
-
-
 def run_trajectory(run_dir: Path, compiled: Compiled) -> Trajectory | None:
     """The role table (``run_role_table``) at every checkpoint of ``run_dir``; ``None`` without
     checkpoints. The model's final weights are restored afterwards."""
@@ -236,7 +223,55 @@ def _first_example(compiled: Compiled, task: int) -> tuple[torch.Tensor, int]:
     return batch.tokens[row, :length], int(batch.task_ids[row])
 
 
-def _supervised(compiled: Compiled) -> list[dict[str, Any]]:
+def report_heads(compiled: Compiled, selector: str | None) -> tuple[HeadSet, str]:
+    """The heads a run's attention viewer shows, and how they were chosen (in words).
+
+    ``selector`` (``report --heads``) if given; else the heads the contract's clauses and the
+    spec's ``heads:`` rules name; else every head; at most ``MAX_VIEWER_HEADS`` of them.
+
+    Raises:
+        SpecError: ``selector`` is not a selector of the run's model (naming ``--heads``).
+    """
+    model = compiled.model
+    cfg = compiled.spec.model.config
+    if selector is not None:
+        try:
+            chosen = select_heads(model, selector, "--heads")
+        except SelectorError as e:
+            raise SpecError(f"--heads: {e}") from None
+        note = f"the heads {selector} (--heads)"
+    else:
+        named = {h for clause in compiled.spec.contract.clauses for h in clause.heads}
+        named |= {h for rule in compiled.spec.heads for h in rule.heads}
+        chosen = HeadSet(sorted(named), cfg.n_layers, cfg.n_heads) if named else \
+            HeadSet.all(cfg.n_layers, cfg.n_heads)
+        note = ("the heads named by the contract or the spec's heads: section" if named
+                else "every head")
+    shown = sorted(chosen)[:MAX_VIEWER_HEADS]
+    if len(shown) < len(chosen):
+        note += f" (the first {MAX_VIEWER_HEADS} of {len(chosen)}; choose with --heads)"
+    return HeadSet(shown, cfg.n_layers, cfg.n_heads), f"Showing {note}."
+
+
+def report_attention(compiled: Compiled, selector: str | None,
+                     names: Callable[[torch.Tensor], list[str]]) -> tuple[AttentionViewer, str]:
+    """The viewer of the report's heads (``report_heads``) on the first held-out example,
+    its tokens spelled by ``names``, and how the heads were chosen.
+
+    Raises:
+        SpecError: as ``report_heads``.
+    """
+    heads, note = report_heads(compiled, selector)
+    tokens, task = _first_example(compiled, 0)
+    tokens = tokens[:MAX_TOKENS]
+    viewer = attention_viewer(compiled.model, tokens, heads, labels=names(tokens),
+                              title="attention of the report's heads on the first held-out "
+                              "example", task_ids=torch.tensor([task]))
+    return viewer, note
+
+
+def _supervised(compiled: Compiled, names: Callable[[torch.Tensor], list[str]]
+                ) -> list[dict[str, Any]]:
     """Expected vs observed pattern of each masked or objective-trained head (first example)."""
     tokens, task = _first_example(compiled, 0)
     out = []
@@ -250,26 +285,18 @@ def _supervised(compiled: Compiled) -> list[dict[str, Any]]:
         for head in rule.heads:
             out.append(expected_vs_observed(compiled.model, tokens, head, target,
                                             window=params.get("window", DEFAULT_WINDOW),
+                                            labels=names(tokens),
                                             task_ids=torch.tensor([task])))
     return out
 
 
-def _labels(compiled: Compiled, tokens: torch.Tensor) -> list[str] | None:
-    """Token names for figures' axes: synthetic tasks' specials, markers and symbols; ``None``
-    (ids) for text tasks, whose ids belong to their own vocabulary."""
-    if any(TASKS[t.task].starts_with_bos is False for t in compiled.spec.data.tasks):
-        return None
-    markers = dict(zip(compiled.spec.data.markers, compiled.task_names, strict=False))
-    return token_labels(tokens, markers)
-
-
-def _walkthroughs(compiled: Compiled) -> list[Any]:
+def _walkthroughs(compiled: Compiled, names: Callable[[torch.Tensor], list[str]]
+                  ) -> list[Any]:
     """A walkthrough of the first head assigned to a task, on that task's first example."""
-    names = compiled.task_names
     for rule in compiled.spec.heads:
         if rule.tasks:
-            tokens, task_id = _first_example(compiled, names.index(rule.tasks[0]))
+            tokens, task_id = _first_example(compiled, compiled.task_names.index(rule.tasks[0]))
             return [explain_head(compiled.model, tokens, rule.heads[0],
-                                 labels=_labels(compiled, tokens),
+                                 labels=names(tokens),
                                  task_ids=torch.tensor([task_id]))]
     return []

@@ -35,18 +35,35 @@ def heatmap(matrix: Sequence[Sequence[float | None]], title: str,
             xlabels: Sequence[str] | None = None, ylabels: Sequence[str] | None = None,
             cmap: str = "viridis", vmin: float | None = None, vmax: float | None = None,
             annotate: bool = False) -> bytes:
-    """A labelled heatmap (rows = ylabels) as PNG bytes; ``None`` cells are blank."""
+    """A labelled heatmap (rows = ylabels) as PNG bytes; ``None`` cells are blank (see
+    ``heatmap_figure``)."""
+    return fig_png(heatmap_figure(matrix, title, xlabels, ylabels, cmap, vmin, vmax, annotate))
+
+
+def heatmap_figure(matrix: Sequence[Sequence[float | None]], title: str,
+                   xlabels: Sequence[str] | None = None, ylabels: Sequence[str] | None = None,
+                   cmap: str = "viridis", vmin: float | None = None,
+                   vmax: float | None = None, annotate: bool = False) -> Figure:
+    """The heatmap's matplotlib figure (the caller closes it, or ``fig_png`` does).
+
+    Every row and column gets its label (``L3.H4``, not matplotlib's 0, 10, 20 ticks): the
+    figure grows with the number of rows and columns, so labels never overlap. Cells are
+    annotated with their values when asked and at most 400.
+    """
     data = [[_clean(v) for v in row] for row in matrix]
     n_rows, n_cols = len(data), len(data[0]) if data else 0
-    fig, ax = plt.subplots(figsize=(max(3.0, 0.45 * n_cols + 1.5), max(2.5, 0.35 * n_rows + 1)))
+    row_in, col_in = (0.35 if n_rows <= 32 else 0.16), (0.45 if n_cols <= 32 else 0.16)
+    fig, ax = plt.subplots(figsize=(max(3.0, col_in * n_cols + 1.5),
+                                    max(2.5, row_in * n_rows + 1)))
     im = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto",
                    interpolation="nearest")
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     ax.set_title(title, fontsize=9)
-    if xlabels is not None and len(xlabels) <= 64:
-        ax.set_xticks(range(len(xlabels)), list(xlabels), rotation=60, ha="right", fontsize=7)
-    if ylabels is not None and len(ylabels) <= 64:
-        ax.set_yticks(range(len(ylabels)), list(ylabels), fontsize=7)
+    if xlabels is not None:
+        ax.set_xticks(range(len(xlabels)), list(xlabels), rotation=60, ha="right",
+                      fontsize=7 if n_cols <= 32 else 6)
+    if ylabels is not None:
+        ax.set_yticks(range(len(ylabels)), list(ylabels), fontsize=7 if n_rows <= 32 else 6)
     if annotate and n_rows * n_cols <= 400:
         for i, row in enumerate(data):
             for j, v in enumerate(row):
@@ -56,7 +73,7 @@ def heatmap(matrix: Sequence[Sequence[float | None]], title: str,
                     dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
                     ax.text(j, i, "0.00" if text == "-0.00" else text, ha="center",
                             va="center", fontsize=6, color="white" if dark else "black")
-    return fig_png(fig)
+    return fig
 
 
 def side_by_side(left: Sequence[Sequence[float]], right: Sequence[Sequence[float]],

@@ -18,7 +18,7 @@ th { background: #f4f4f4; } td.l, th.l { text-align: left; }
 figure { display: inline-block; margin: .5em; vertical-align: top; max-width: 100%; }
 img { max-width: 100%; height: auto; }
 figcaption { font-size: .8em; color: #555; } pre { background: #f7f7f7; padding: .6em; }
-nav a { margin-right: 1em; }
+nav a { margin-right: 1em; } .scroll { overflow-x: auto; max-width: 100%; }
 """
 
 
@@ -42,7 +42,8 @@ def fmt(v: object) -> str:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]],
           raw_cols: Sequence[int] = ()) -> str:
-    """An HTML table; cells are escaped except columns in ``raw_cols`` (trusted markup)."""
+    """An HTML table; cells are escaped except columns in ``raw_cols`` (trusted markup). A
+    table wider than the page scrolls sideways inside its own box, never widening the page."""
     head = "".join(f'<th class="l">{esc(h)}</th>' if i == 0 else f"<th>{esc(h)}</th>"
                    for i, h in enumerate(headers))
     body = []
@@ -53,7 +54,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]],
             numeric = isinstance(v, (int, float)) or v is None
             cells.append(f"<td>{text}</td>" if numeric and i else f'<td class="l">{text}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+    return f'<div class="scroll"><table><tr>{head}</tr>{"".join(body)}</table></div>'
 
 
 def verdict(passed: bool) -> str:

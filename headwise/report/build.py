@@ -33,7 +33,8 @@ from headwise.forecast.roles import measured_text
 from headwise.heads import Head, HeadSet, select_heads
 from headwise.model.eval_mode import in_eval_mode
 from headwise.patterns import DEFAULT_WINDOW, role_target, score_sums, target_similarity_sums
-from headwise.report.viewer import report_viewers
+from headwise.report.sections import attention_html, enforcement_html, training_html
+from headwise.report.viewer import AttentionViewer, report_viewers
 
 REPORT_VERSION = 1
 
@@ -59,11 +60,16 @@ def _jsonable(x: Any) -> Any:
 @torch.no_grad()
 def expected_vs_observed(model: nn.Module, tokens: Tensor, head: Head | str,
                          target: str | Tensor, window: int = DEFAULT_WINDOW,
+                         labels: Sequence[str] | None = None,
                          **forward_kwargs: Any) -> dict[str, Any]:
     """A supervised head's target and actual pattern on one sequence ``tokens`` (T,).
 
+    ``labels`` (one string per position, e.g. ``headwise.data.token_names``) name the tokens
+    in the report's viewer; default the ids.
+
     Returns:
-        ``{"head", "target", "tokens", "expected", "observed", "similarity"}``: ``expected`` is
+        ``{"head", "target", "tokens", "labels", "expected", "observed", "similarity"}``:
+        ``expected`` is
         the role's target from ``headwise.patterns`` (or the given matrix); similarity is the
         head's role score on this sequence (attention mass on the role's target, the number
         contracts check) or, for a matrix, the mean over rows of ``1 - total variation``
@@ -83,7 +89,9 @@ def expected_vs_observed(model: nn.Module, tokens: Tensor, head: Head | str,
                 target_similarity_sums(observed[None, None], expected, seq, None, cfg.causal))
     sim = float(num[0] / den[0])
     return {"head": str(h), "target": target if isinstance(target, str) else "matrix",
-            "tokens": tokens.cpu().tolist(), "expected": expected.tolist(),
+            "tokens": tokens.cpu().tolist(),
+            "labels": [str(t) for t in (labels if labels is not None else tokens.tolist())],
+            "expected": expected.tolist(),
             "observed": observed.tolist(), "similarity": sim}
 
 
@@ -95,10 +103,16 @@ def build_report(*, title: str = "headwise report", model_config: Any = None,
                  forecast: Mapping[str, Any] | None = None,
                  supervised: Sequence[dict[str, Any]] = (),
                  walkthroughs: Sequence[Walkthrough] = (),
+                 attention: AttentionViewer | None = None, attention_note: str = "",
+                 training: Mapping[str, Any] | None = None,
+                 enforcement: Mapping[str, Any] | None = None,
                  meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Collect the analysis results into one JSON-serialisable dict (sections may be absent).
 
-    ``contract`` is a verdict as ``ContractResult.to_dict()`` gives it (``headwise.contract``).
+    ``contract`` is a verdict as ``ContractResult.to_dict()`` gives it (``headwise.contract``);
+    ``attention`` the viewer of the heads the report shows (``attention_note`` says how they
+    were chosen); ``training`` the curves of ``headwise.report.sections.training_curves``;
+    ``enforcement`` a run's ``enforcement.json``.
     """
     imps = ([importance] if isinstance(importance, ImportanceMatrix)
             else list(importance or []))
@@ -126,6 +140,14 @@ def build_report(*, title: str = "headwise report", model_config: Any = None,
         report["supervised"] = list(supervised)
     if walkthroughs:
         report["walkthroughs"] = [w.to_dict() for w in walkthroughs]
+    if attention is not None:
+        report["attention"] = {**asdict(attention), "selected": attention_note,  # 4 decimals:
+                               "patterns": [[[round(w, 4) for w in row] for row in p]  # the
+                                            for p in attention.patterns]}  # viewer shows 3
+    if training is not None:
+        report["training"] = dict(training)
+    if enforcement is not None:
+        report["enforcement"] = dict(enforcement)
     out = _jsonable(report)
     json.dumps(out, allow_nan=False)  # fails loudly if anything is not plain JSON
     return dict(out)
@@ -159,6 +181,11 @@ def render_html(report: Mapping[str, Any], figures: Mapping[str, bytes] | None =
     viewers = report_viewers(report)
     if "contract" in report:
         sections.append(("contract", "Contract", H.contract_html(report["contract"])))
+    if "enforcement" in report:
+        sections.append(("enforcement", "Enforcement", enforcement_html(report["enforcement"])))
+    if "attention" in report:
+        sections.append(("attention", "Attention", attention_html(report["attention"],
+                                                                  viewers["attention"])))
     if "roles" in report:
         sections.append(("roles", "Role scores", _roles_html(report["roles"])))
     if "importance" in report:
@@ -170,6 +197,8 @@ def render_html(report: Mapping[str, Any], figures: Mapping[str, bytes] | None =
                          + "".join(_supervised_html(s) for s in report["supervised"])))
     if "trajectories" in report:
         sections.append(("trajectories", "Trajectories", _traj_html(report["trajectories"])))
+    if "training" in report:
+        sections.append(("training", "Training", training_html(report["training"])))
     for i, w in enumerate(report.get("walkthroughs", [])):
         sections.append((f"walkthrough-{i}", f"Walkthrough {w['head']}",
                          viewers.get(f"walkthrough-{i}", "") + walkthrough_html(w)))

@@ -6,8 +6,9 @@ a head picker (grouped by layer), the picked head's pattern as a grid with the t
 both axes (queries down, keys across), and one token strip per head. Hovering a query token
 (a row label, a grid cell, or a token in a strip) highlights that query's row in the grid and
 shades every strip's tokens by the attention the query pays them in that head, so all heads
-can be compared at once. The report embeds viewers for its walkthrough and supervised heads;
-in Jupyter the object renders itself (``_repr_html_``).
+can be compared at once. The report embeds one for the run's heads (those its contract names,
+or ``headwise report --heads``), its supervised heads and its walkthroughs; in Jupyter the
+object renders itself (``_repr_html_``).
 
 Size (docs/report.md): ``VIEWER_FIXED_BYTES`` for the script and style, plus at most
 ``5 * T * T + 24`` bytes per head and the escaped labels.
@@ -30,6 +31,7 @@ from headwise.render.html import esc
 
 SCALE = 1000  # weights are embedded as round(w * SCALE)
 MAX_TOKENS = 64  # the report's viewers show at most this many positions
+MAX_VIEWER_HEADS = 96  # the report's attention viewer shows at most this many heads
 VIEWER_FIXED_BYTES = 6000  # budget for the inline script, style and markup around the data
 
 _CSS = """
@@ -40,8 +42,9 @@ _CSS = """
 .hw-viewer table.hw-grid th { font-weight: normal; padding: 0 3px; color: #444; }
 .hw-viewer th.hw-key { writing-mode: vertical-rl; transform: rotate(180deg); }
 .hw-viewer .hw-hl { outline: 2px solid #d9480f; }
+.hw-viewer .hw-scroll { overflow-x: auto; max-width: 100%; }
 .hw-viewer .hw-strip { white-space: nowrap; margin: 2px 0; }
-.hw-viewer .hw-name { display: inline-block; width: 12em; color: #444; }
+.hw-viewer .hw-name { display: inline-block; min-width: 12em; color: #444; }
 .hw-viewer .hw-tok { display: inline-block; padding: 1px 3px; margin: 0 1px;
   border: 1px solid #ddd; border-radius: 2px; cursor: default; }
 .hw-viewer .hw-src { border-color: #d9480f; }
@@ -182,7 +185,8 @@ class AttentionViewer:
         return (f'<div class="hw-viewer"><style>{_CSS}</style>{title}'
                 f'<div class="hw-bar">head <select class="hw-pick"></select> '
                 f"hover a query token to see where it attends, in every head</div>"
-                f'<table class="hw-grid"></table><div class="hw-strips"></div>'
+                f'<div class="hw-scroll"><table class="hw-grid"></table></div>'
+                f'<div class="hw-strips hw-scroll"></div>'
                 f'<script type="application/json" class="hw-data">{text}</script>'
                 f"<script>{_JS}</script></div>")
 
@@ -229,12 +233,21 @@ def attention_viewer(model: nn.Module, tokens: Tensor, heads: Any = None,
 
 
 def report_viewers(report: Mapping[str, Any]) -> dict[str, str]:
-    """Viewer fragments for a report dict: ``{"supervised": html, "walkthrough-I": html}``.
+    """Viewer fragments for a report dict: ``{"attention": html, "supervised": html,
+    "walkthrough-I": html}`` (each where the report has that section).
 
-    Supervised heads on the same tokens share one viewer (observed patterns, then targets);
-    each walkthrough gets one for its head. At most ``MAX_TOKENS`` positions are shown.
+    ``report["attention"]`` is an ``AttentionViewer``'s fields (``labels``, ``heads``,
+    ``patterns``, ``title``); supervised heads on the same tokens share one viewer (observed
+    patterns, then targets); each walkthrough gets one for its head. At most ``MAX_TOKENS``
+    positions are shown.
     """
     out: dict[str, str] = {}
+    if "attention" in report:
+        a = report["attention"]
+        n = min(len(a["labels"]), MAX_TOKENS)
+        out["attention"] = AttentionViewer(a["labels"][:n], a["heads"],
+                                           [_crop(p, n) for p in a["patterns"]],
+                                           a.get("title", "")).to_html()
     parts = []
     groups: dict[tuple[int, ...], list[dict[str, Any]]] = {}
     for s in report.get("supervised", []):
@@ -245,7 +258,8 @@ def report_viewers(report: Mapping[str, Any]) -> dict[str, str]:
                                                 for e in entries]
         pats = [_crop(e["observed"], n) for e in entries] + [_crop(_rows(e["expected"]), n)
                                                              for e in entries]
-        parts.append(AttentionViewer([str(t) for t in tokens[:n]], heads, pats,
+        labels = entries[0].get("labels") or [str(t) for t in tokens]
+        parts.append(AttentionViewer(labels[:n], heads, pats,
                                      "supervised heads (observed, then their targets)"
                                      ).to_html())
     if parts:

@@ -9,8 +9,9 @@ Event files go to ``out_dir/tensorboard`` (``tensorboard --logdir RUN/tensorboar
 - constraints, from an evaluation line or from the callbacks' state after every callback ran:
   a mapping ``"constraints": {NAME: {FIELD: number}}`` (e.g. ``violation``, ``multiplier``)
   becomes ``constraints/NAME/FIELD``; the ``--enforce`` callback's latest evaluation point
-  (``extra["enforce"]["history"][-1]``) becomes ``constraints/contract[I]/violation``,
-  ``.../multiplier`` and ``.../measured`` for each clause I;
+  (``extra["enforce"]["history"][-1]``) becomes ``constraints/NAME/violation``,
+  ``.../multiplier`` and ``.../measured`` for each clause, NAME being the clause's ``name``
+  as the user wrote it, else its description (``clause_names``);
 - at every checkpoint, each image ``train(figures=...)`` names, drawn on the first held-out
   evaluation batch (a run of the pipeline logs ``roles/heatmap``: role scores, heads x
   ``DATA_ROLES``, drawn as the report draws them). Training sits below analysis, so the
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +77,24 @@ def constraint_scalars(state: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
                 yield f"constraints/{name}/{key}", float(value)
     enforce = state.get("enforce")
     if enforce and enforce.get("history"):
+        names = clause_names((enforce.get("clauses") or {}).values())
         for key, clause in (enforce["history"][-1].get("clauses") or {}).items():
+            name = names.get(key, f"contract[{key}]").replace("/", "_")  # "/" nests tags
             for field in ("violation", "multiplier", "measured"):
                 if _number(clause.get(field)):
-                    yield f"constraints/contract[{key}]/{field}", float(clause[field])
+                    yield f"constraints/{name}/{field}", float(clause[field])
+
+
+def clause_names(clauses: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """``{clause index (str): name}`` of the enforcement record's clause entries (``index``,
+    ``description``: the clause's ``name`` as the user wrote it, else its description), for
+    TensorBoard tags and the report's legends; a name two clauses share gets its
+    ``(contract[I])``, so every curve stays apart."""
+    entries = [(str(c["index"]), str(c.get("description") or f"contract[{c['index']}]"))
+               for c in clauses]
+    seen = [name for _, name in entries]
+    return {key: name if seen.count(name) == 1 else f"{name} (contract[{key}])"
+            for key, name in entries}
 
 
 def _number(x: object) -> bool:

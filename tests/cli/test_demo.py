@@ -38,11 +38,11 @@ def _check_run(run: Path, steps: int) -> None:
     assert report["contract"]["passed"]
     assert {"roles", "importance", "supervised", "walkthroughs", "trajectories"} <= set(report)
     # The report agrees with itself: the masked previous-token head shows similarity 1.0, and
-    # the walkthrough's axes name the tokens ([BOS, s.., SEP, s..]), not their ids.
+    # the walkthrough's axes name the tokens ([<bos>, <copy>, s.., <sep>, s..]), not their ids.
     sup = {s["head"]: s for s in report["supervised"]}
     assert sup["L0.H0"]["similarity"] == pytest.approx(1.0)
     labels = report["walkthroughs"][0]["labels"]
-    assert labels[0] == "BOS" and "SEP" in labels and labels[1].startswith("s")
+    assert labels[0] == "<bos>" and "<sep>" in labels and labels[2].startswith("s")
     html = (run / "report.html").read_text()
     assert "<img" in html and "data:image/png;base64," in html and 'src="http' not in html
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

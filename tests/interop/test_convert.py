@@ -103,5 +103,6 @@ def test_cli_convert_into_a_non_empty_directory_needs_overwrite(hf_model_dir, tm
     assert main(["convert", "--hf", str(path), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is not empty" in err[0] and sorted(os.listdir(out)) == ["notes.txt"]
+    assert "--out: " in err[0] and "pass --overwrite" in err[0] and "overwrite=True" not in err[0]
     assert main(["convert", "--hf", str(path), "--out", str(out), "--overwrite"]) == 0
     assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").is_file()

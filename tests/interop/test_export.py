@@ -177,7 +177,8 @@ def test_installed_masks_are_refused_and_out_rules(tmp_path):
             export_hf(model, tmp_path / "a")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "notes.txt").write_text("mine")
-    with pytest.raises(ConfigError, match="is not empty; choose another directory or pass "):
+    with pytest.raises(ConfigError, match="^out: .* is not empty; choose another directory or "
+                                          "pass overwrite=True to replace"):  # Python's names
         export_hf(model, tmp_path / "full")
     (tmp_path / "full" / "pytorch_model.bin").write_text("stale")
     export_hf(model, tmp_path / "full", overwrite=True)

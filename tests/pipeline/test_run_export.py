@@ -148,7 +148,9 @@ def test_plain_run_exports_and_bad_outputs_exit_2(tmp_path, capsys):
     assert main(["export", str(run), "--hf", str(tmp_path / "hf")]) == 0
     assert "GPT2LMHeadModel" in capsys.readouterr().out
     assert main(["export", str(run), "--hf", str(tmp_path / "hf")]) == 2
-    assert "is not empty" in capsys.readouterr().err
+    err = capsys.readouterr().err  # the command's names, not the library's
+    assert "--hf: " in err and "is not empty" in err and "pass --overwrite" in err
+    assert "overwrite=True" not in err
     assert main(["export", str(run), "--hf", str(tmp_path / "hf"), "--overwrite"]) == 0
     assert main(["export", str(run), "--hf", str(tmp_path / "h2"), "--peft",
                  str(tmp_path / "p")]) == 2

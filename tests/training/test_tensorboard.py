@@ -183,6 +183,15 @@ def test_constraint_scalars_from_enforcer_record() -> None:
     assert dict(constraint_scalars(extra)) == {
         "constraints/contract[0]/violation": -0.1, "constraints/contract[0]/multiplier": 1.6,
         "constraints/contract[0]/measured": 1.0, "constraints/contract[1]/violation": 0.2}
+    # With the clause entries the enforcer keeps, the tags are the clauses' names; a shared
+    # name stays apart by its index, and "/" does not nest a tag.
+    extra["enforce"]["clauses"] = {"0": {"index": 0, "description": "copy/floor"},
+                                   "1": {"index": 1, "description": "copy/floor"}}
+    assert sorted(dict(constraint_scalars(extra))) == [
+        "constraints/copy_floor (contract[0])/measured",
+        "constraints/copy_floor (contract[0])/multiplier",
+        "constraints/copy_floor (contract[0])/violation",
+        "constraints/copy_floor (contract[1])/violation"]
 
 
 def test_jsonl_only_writes_no_event_files(tmp_path: Path) -> None:
@@ -240,13 +249,13 @@ def test_enforcement_state_is_logged(tmp_path: Path) -> None:
             "data: {tasks: {copy: {length: 4}}, eval_examples: 64}\n"
             "train: {steps: 40, batch_size: 16, lr: 3.0e-3, eval_every: 20, seed: 0, "
             "log: [jsonl, tensorboard]}\n"
-            "contract:\n  - {head: L0.H1, score: previous_token, at_least: 0.99}\n")
+            "contract:\n  - {name: prev, head: L0.H1, score: previous_token, at_least: 0.99}\n")
     outcome = train_run(spec, tmp_path / "run", enforce=True, progress=False)
     history = json.loads((tmp_path / "run" / "enforcement.json").read_text())["history"]
     assert outcome.enforcement is not None and len(history) == 2
     acc = _read(tmp_path / "run")
     for field in ("violation", "multiplier", "measured"):
-        got = _scalars(acc, f"constraints/contract[0]/{field}")
+        got = _scalars(acc, f"constraints/prev/{field}")  # the clause's name
         want = [(h["step"], h["clauses"]["0"][field]) for h in history]
         assert [s for s, _ in got] == [s for s, _ in want] == [20, 40], field
         assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6), field

@@ -1,0 +1,84 @@
+"""Report sections about a run's life: its attention viewer, training curves and enforcement.
+
+Each renders one part of a report dict (``headwise.report.build``) as HTML:
+
+- ``report["attention"]``: an ``AttentionViewer``'s fields (``labels``, ``heads``,
+  ``patterns``, ``title``, and ``selected``: how the heads were chosen);
+- ``report["training"]``: ``{"train": {"steps", "loss", "task_loss"}, "eval": {"steps",
+  "accuracy": {task: [...]}}}``, the ``train`` and ``eval`` lines of ``metrics.jsonl``;
+- ``report["enforcement"]``: ``enforcement.json`` (``headwise.contract.enforce.summary``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import headwise.render.figures as fig
+import headwise.render.html as H
+from headwise.training.tensorboard import clause_names
+
+
+def attention_html(a: Mapping[str, Any], viewer: str) -> str:
+    """The viewer of the run's heads, and which heads it shows."""
+    return f"<p>{H.esc(a.get('selected', ''))}</p>" + viewer
+
+
+def training_curves(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """``report["training"]`` from the lines of a run's ``metrics.jsonl`` (``None``: no
+    ``train`` or ``eval`` line)."""
+    train: dict[str, list[Any]] = {"steps": [], "loss": [], "task_loss": []}
+    evals: dict[str, Any] = {"steps": [], "accuracy": {}}
+    for r in records:
+        if r.get("kind") == "train":
+            for key in train:
+                train[key].append(r.get(key) if key != "steps" else r.get("step"))
+        elif r.get("kind") == "eval":
+            evals["steps"].append(r.get("step"))
+            for name, m in (r.get("tasks") or {}).items():
+                evals["accuracy"].setdefault(name, []).append(m.get("accuracy"))
+    if not train["steps"] and not evals["steps"]:
+        return None
+    return {"train": train, "eval": evals}
+
+
+def training_html(t: Mapping[str, Any]) -> str:
+    """The training-loss curve (total and task loss) and the eval-batch accuracy per task."""
+    parts = []
+    train, evals = t["train"], t["eval"]
+    if train["steps"]:
+        png = fig.lines(train["steps"], {"loss (task + objectives)": train["loss"],
+                                         "task loss": train["task_loss"]},
+                        "training loss", ylabel="loss", ylim=None)
+        parts.append(H.img(fig.data_uri(png), "training loss per logged step"))
+    if evals["steps"] and evals["accuracy"]:
+        png = fig.lines(evals["steps"], evals["accuracy"], "eval-batch accuracy",
+                        ylabel="accuracy")
+        parts.append(H.img(fig.data_uri(png), "eval-batch accuracy per task during training"))
+    return "".join(parts)
+
+
+def enforcement_html(e: Mapping[str, Any]) -> str:
+    """What enforcement did: one row per clause (by its name), and each clause's violation and
+    Lagrange multiplier at every evaluation point."""
+    names = clause_names(e["clauses"])
+    held = e.get("held_at_step")
+    html = (f"<p>{e['steps']} steps; "
+            + (f"the contract held at step {held}" if held is not None
+               else "the contract did not hold at any evaluation point") + ".</p>")
+    rows = [(names[str(c["index"])], c.get("lever") or "(no lever)", c.get("multiplier"),
+             c["failed_evals"], c["first_failed_at"], c["held_at"]) for c in e["clauses"]]
+    html += H.table(["clause", "lever", "multiplier", "failed evaluations", "first failed at",
+                     "held from"], rows)
+    history: Sequence[Mapping[str, Any]] = e.get("history") or []
+    if not history:
+        return html
+    steps = [p["step"] for p in history]
+    keys = sorted({k for p in history for k in p["clauses"]}, key=int)
+    for field, label in (("violation", "violation (> 0: fails)"),
+                         ("multiplier", "Lagrange multiplier")):
+        series = {names.get(k, f"contract[{k}]"): [p["clauses"].get(k, {}).get(field)
+                                                    for p in history] for k in keys}
+        png = fig.lines(steps, series, f"enforcement: {label}", ylabel=field, ylim=None)
+        html += H.img(fig.data_uri(png), f"each clause's {label} per evaluation point")
+    return html
