@@ -14,6 +14,7 @@ from headwise.control import (
     lora_modules,
     merge_lora,
 )
+
 from .conftest import make
 
 
