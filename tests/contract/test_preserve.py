@@ -278,3 +278,53 @@ def test_a_bad_clause_exits_2_with_one_line(tmp_path: Path, capsys: pytest.Captu
     assert main(["plan", str(spec)]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
+
+
+ENFORCED = """
+model: {n_layers: 1, n_heads: 2, d_model: 32, vocab_size: 12, max_seq_len: 10}
+data: {tasks: {copy: {length: 4}}, eval_examples: 64}
+train: {steps: 60, batch_size: 16, lr: 3.0e-3, eval_every: 10, seed: 0}
+contract:
+  - {preserve: base, on: copy, metric: kl, at_most: 0.02}
+"""
+
+
+def _trained(enforce: bool) -> tuple[float, dict[str, Any]]:
+    """(the clause's KL at the end, the enforcement record) of the spec trained in-process."""
+    import dataclasses
+
+    from headwise.contract import Enforcer
+    from headwise.pipeline import compile_spec
+    from headwise.pipeline.heldout import probe_sampler, verify_data
+    from headwise.runspec import load_spec
+    from headwise.training import train
+
+    spec = load_spec(ENFORCED)
+    compiled = compile_spec(spec)
+    data = dataclasses.replace(verify_data(compiled), base=capture_base(compiled.model),
+                               named=named_heads(spec.contract))
+    callbacks = []
+    if enforce:
+        levers = plan(compiled, spec.contract, probe_sampler(spec), EnforceConfig())
+        callbacks.append(Enforcer(spec.contract, data, levers))
+    result = train(compiled.model, compiled.data, spec.train, objectives=compiled.objectives,
+                   callbacks=callbacks, eval_data=compiled.eval_data, progress=False)
+    measured = verify(compiled.model, spec.contract, data).results[0].measured
+    assert measured is not None
+    return measured, result.extra.get("enforce", {})
+
+
+def test_enforcement_drives_the_distillation_lever_through_the_multiplier() -> None:
+    """Training on copy from a random start moves the outputs far from the start (plain: KL
+    0.48 nats after 60 steps, seen). Under enforcement the failing clause's multiplier grows
+    by dual ascent, weights the distillation lever, and the drift ends several times smaller
+    (seen: 0.12; the bound itself conflicts with learning the task from a random start, so it
+    is approached, not reached, in this budget)."""
+    plain, _ = _trained(False)
+    enforced, record = _trained(True)
+    history = [p["clauses"]["0"] for p in record["history"]]
+    assert plain > 0.1 and enforced < plain / 2, (plain, enforced)
+    multipliers = [h["multiplier"] for h in history]
+    assert all(not h["passed"] for h in history)  # violated throughout: lambda only rises
+    assert multipliers == sorted(multipliers) and multipliers[0] == pytest.approx(
+        EnforceConfig().eta * history[0]["violation"])

@@ -92,7 +92,7 @@ def test_the_cosine_lever_pools_an_encoders_states_over_the_attention_mask() -> 
         n = int(batch.attention_mask[b].sum())
         a, c = h0[b, :n].mean(0), h1[b, :n].mean(0)
         cos.append(float(a @ c / (a.norm() * c.norm())))
-    assert float(term) == pytest.approx(1.0 - sum(cos) / 6, rel=1e-5)
+    assert float(term.detach()) == pytest.approx(1.0 - sum(cos) / 6, rel=1e-5)
 
 
 def test_the_pattern_lever_is_the_mean_row_kl_of_the_heads_to_the_start() -> None:
