@@ -268,7 +268,7 @@ class PatternDistill(_ToBase):
                                "`with model.hooks(*lever.hooks())` first")
         ref: dict[int, Tensor] = {}
         with self.base.model() as m, m.hooks(*self._capture(ref)):
-            m(batch.tokens, **self._kwargs(batch))
+            m.hidden(batch.tokens, **self._kwargs(batch))  # the patterns; no unembedding
         rows = real_tokens(batch.tokens, batch.attention_mask)
         total = torch.zeros((), device=tokens.device)
         count = torch.zeros((), device=tokens.device)

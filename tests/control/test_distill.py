@@ -113,7 +113,7 @@ def test_the_pattern_lever_is_the_mean_row_kl_of_the_heads_to_the_start() -> Non
                 p, q = c0[name][b, head, i].double(), c1[name][b, head, i].double()
                 keep = p > 0
                 rows.append(float((p[keep] * (p[keep].log() - q[keep].log())).sum()))
-    assert float(term) == pytest.approx(sum(rows) / len(rows), rel=1e-4)
+    assert float(term.detach()) == pytest.approx(sum(rows) / len(rows), rel=1e-4)
 
 
 def _measure(model: torch.nn.Module, base: object, clause: dict, held_out: Batch) -> float:
