@@ -130,6 +130,11 @@ class PreserveKind(ClauseKind):
                            [obj])
 
 
+def needs_base(clauses: Iterable[Clause]) -> bool:
+    """Whether some clause compares with the starting model (capture it before training)."""
+    return any(c.kind == PreserveKind.name for c in clauses)
+
+
 def named_heads(clauses: Iterable[Clause]) -> frozenset[Head]:
     """Every head some clause names (``VerifyData.named``; ``role_drift`` keeps the others)."""
     return frozenset(h for c in clauses for h in c.heads)

@@ -7,7 +7,7 @@
   the base is the model itself with its adapters switched off (``lora_disabled``): nothing is
   copied, and the base's outputs are bit-identical to the model's before ``apply_lora``;
 - otherwise it is a frozen deep copy of the model as captured (weights, masks, gates, adapters):
-  one more copy of the weights, kept on the model's device.
+  one more copy of the weights, kept on the model's device (and moved with it).
 
 ``with base.model() as m:`` runs ``m`` (the base) in eval mode and under ``torch.no_grad()``;
 structural masks and gates installed before the capture are part of the base in both cases.
@@ -60,13 +60,23 @@ class BaseReference:
         """The base model (a headwise Transformer) for the ``with`` block: eval mode, no
         gradient, adapters off (when it shares the trained model's weights); every state is
         restored afterwards."""
-        m = self._model if self._frozen is None else self._frozen
+        m = self._model if self._frozen is None else self._follow()
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.no_grad())
             stack.enter_context(eval_mode(m))
             if self._frozen is None:
                 stack.enter_context(lora_disabled(m))
             yield m
+
+
+    def _follow(self) -> nn.Module:
+        """The frozen copy, moved to the trained model's device if that moved (verification
+        runs on the CPU after training on an accelerator)."""
+        assert self._frozen is not None
+        here = next(self._model.parameters()).device
+        if next(self._frozen.parameters()).device != here:
+            self._frozen.to(here)
+        return self._frozen
 
 
 def _only_adapters_train(model: nn.Module) -> bool:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from headwise.analysis import scores_from_patterns
 from headwise.cli import main
 from headwise.contract import EnforceConfig, VerifyData, parse_contract, plan, verify
-from headwise.contract.preserve import named_heads
+from headwise.contract.preserve import named_heads, needs_base
 from headwise.control import apply_lora, capture_base, lora_modules
 from headwise.control.task_levers import OnProbeData
 from headwise.data import Batch
@@ -233,6 +233,7 @@ def test_each_clause_plans_its_distillation_lever_on_data_drawn_like_its_own() -
                                {"preserve": "base", "metric": "hidden_cosine",
                                 "at_least": 0.9}],
                               2, 2, ["sort", "copy"])
+    assert needs_base(contract) and not needs_base(contract.clauses[:1])
     spec = SimpleNamespace(heads=(), contract=contract)
     compiled = SimpleNamespace(spec=spec, model=model, objectives=[],
                                task_names=("sort", "copy"))

@@ -106,3 +106,13 @@ def test_capture_refusals_and_lora_disabled_restores_state() -> None:
     with pytest.raises(ValueError, match="merged"), lora_disabled(merged):
         pass
     assert "base_reference" not in "".join(model.state_dict())
+
+
+def test_the_frozen_copy_follows_the_model_to_another_device() -> None:
+    """Verification runs on the CPU after training on an accelerator: the copy moves along."""
+    model = make()
+    ref = capture_base(model)
+    meta = torch.device("meta")  # a device other than the CPU that every machine has
+    model.to(meta)
+    with ref.model() as base:
+        assert {p.device for p in base.parameters()} == {meta}
