@@ -253,13 +253,14 @@ class PatternDistill(_ToBase):
         return self._capture(self._trained)
 
     def reset(self) -> None:
-        self._trained = {}
+        self._trained.clear()  # in place: the trainer makes the hooks once per run
         self._batch = None
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
         """``weight x`` the mean pattern KL; logs it."""
-        trained, self._trained = self._trained, {}
+        trained = dict(self._trained)
+        self._trained.clear()
         batch = self._taken(tokens, attention_mask)
         if self.weight <= 0.0:
             return self._idle(tokens, "pattern_kl")

@@ -116,6 +116,22 @@ def test_the_pattern_lever_is_the_mean_row_kl_of_the_heads_to_the_start() -> Non
     assert float(term.detach()) == pytest.approx(sum(rows) / len(rows), rel=1e-4)
 
 
+def test_the_levers_work_with_hooks_made_once_per_run() -> None:
+    """The trainer makes every objective's hooks once and reuses them at every step."""
+    model, batch = make(dropout=0.0), _batch()
+    base = capture_base(model)
+    _perturb(model, 0.2)
+    levers = [Distill(model, base, "kl", weight=1.0, name="k"),
+              Distill(model, base, "hidden_cosine", weight=1.0, name="c"),
+              PatternDistill(model, base, "L0.H1,L1.*", weight=1.0, name="p")]
+    hooks = [h for lever in levers for h in lever.hooks()]
+    first = [float(t.detach()) for t, _ in forward(model, model, batch, levers, False, CPU,
+                                                    hooks)[1]]
+    again = [float(t.detach()) for t, _ in forward(model, model, batch, levers, False, CPU,
+                                                    hooks)[1]]
+    assert again == pytest.approx(first) and min(first) > 0.0
+
+
 def _measure(model: torch.nn.Module, base: object, clause: dict, held_out: Batch) -> float:
     contract = parse_contract([clause], 2, 4, ["a", "b"])
     data = VerifyData(tasks={"a": held_out}, probes={"default": held_out}, base=base,
