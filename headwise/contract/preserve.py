@@ -17,7 +17,9 @@ starting model (``VerifyData.base``: the adapters switched off, or a frozen copy
 Scored positions: on a task, the task's targets (``targets != -100``); on any other probe,
 every real token. ``on`` defaults to the default probe (the held-out mixture). Lever:
 distillation to the base on data drawn like the clause's (``Distill``: KL, or ``1 - cosine``
-for ``hidden_cosine``; ``PatternDistill`` on the free heads for ``role_drift``).
+for ``hidden_cosine``; ``PatternDistill`` on the free heads for ``role_drift``), on the
+model's base reference (captured by planning if the caller has not captured it: planning
+precedes training).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from headwise.contract.clause import Clause, holds, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.lever import ClauseLever, PlanContext, names
 from headwise.contract.results import ClauseResult, VerifyData
-from headwise.control.base_reference import BaseReference, base_of
+from headwise.control.base_reference import BaseReference, base_of, capture_base
 from headwise.control.distill import Distill, PatternDistill, cosine_sums, kl_sums
 from headwise.control.task_levers import IGNORE
 from headwise.errors import SpecError
@@ -106,10 +108,7 @@ class PreserveKind(ClauseKind):
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         model = ctx.compiled.model
-        base = base_of(model)
-        if base is None:
-            raise ValueError(f"plan: {clause.path} compares with the starting model; capture "
-                             "it before planning (headwise.control.capture_base(model))")
+        base = base_of(model) or capture_base(model)  # planning precedes training: the start
         where = f" on {clause.on}-like batches" if ctx.reads_probe(clause) else ""
         name = f"enforce:preserve:{clause.metric}[{clause.path}]"
         if clause.metric == "role_drift":

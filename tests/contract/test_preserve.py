@@ -19,7 +19,7 @@ from headwise.analysis import scores_from_patterns
 from headwise.cli import main
 from headwise.contract import EnforceConfig, VerifyData, parse_contract, plan, verify
 from headwise.contract.preserve import named_heads, needs_base
-from headwise.control import apply_lora, capture_base, lora_modules
+from headwise.control import apply_lora, base_of, capture_base, lora_modules
 from headwise.control.task_levers import OnProbeData
 from headwise.data import Batch
 from headwise.interop import load_hf
@@ -237,13 +237,11 @@ def test_each_clause_plans_its_distillation_lever_on_data_drawn_like_its_own() -
     spec = SimpleNamespace(heads=(), contract=contract)
     compiled = SimpleNamespace(spec=spec, model=model, objectives=[],
                                task_names=("sort", "copy"))
-    with pytest.raises(ValueError, match="capture_base"):
-        plan(compiled, contract, config=EnforceConfig())  # type: ignore[arg-type]
-    compiled.objectives.clear()
-    capture_base(model)
     levers = plan(compiled, contract, lambda name, n, seed: None,  # type: ignore[arg-type]
                   EnforceConfig())
     kl, drift, cos = (levers[i].objectives[0] for i in (1, 2, 3))  # type: ignore[union-attr]
+    base = base_of(model)  # planning precedes training: it captured the start, once
+    assert base is not None and kl.base is base and drift.inner.base is base
     assert kl.task_id == 1 and kl.metric == "kl" and kl.weight == 0.0
     assert isinstance(drift, OnProbeData)  # trained on repeated-like batches
     assert sorted(str(h) for h in drift.inner.heads) == ["L0.H0", "L1.H0", "L1.H1"]
