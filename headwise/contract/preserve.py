@@ -117,8 +117,9 @@ class PreserveKind(ClauseKind):
                 return ClauseLever("structural", "every head is named by another clause "
                                    "(nothing drifts)")
             obj = ctx.add(ctx.on_probe(PatternDistill(model, base, free), name, clause), name)
+            heads = names(free) if len(free) <= 4 else f"the {len(free)} heads no clause names"
             return ClauseLever("distill", f"attention-pattern KL to the starting model on "
-                               f"{names(free)}{where}", [obj])
+                               f"{heads}{where}", [obj])
         metric = "hidden_cosine" if clause.metric == "hidden_cosine" else "kl"
         tasks = list(ctx.compiled.task_names)
         task_id = tasks.index(clause.on) if clause.on in tasks else None
