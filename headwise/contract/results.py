@@ -13,7 +13,9 @@ from rich.table import Table
 from torch import Tensor
 
 from headwise.contract.clause import Clause, Contract
+from headwise.control.base_reference import BaseReference
 from headwise.errors import CheckpointError, SpecError
+from headwise.heads import Head
 from headwise.render.html import contract_html
 from headwise.render.numbers import fixed
 
@@ -28,11 +30,17 @@ class VerifyData:
         probes: ``{name: tokens (B, T)}`` or objects with ``tokens`` (and optionally
             ``attention_mask``, ``task_ids``) for score clauses' ``on``.
         n_boot: bootstrap resamples for ablation CIs.
+        base: the starting model ``preserve`` clauses compare with
+            (``headwise.control.capture_base``, taken before training).
+        named: the heads the contract's clauses name (``headwise.contract.preserve
+            .named_heads``); a ``role_drift`` clause measures every other head.
     """
 
     tasks: Mapping[str, Any] = field(default_factory=dict)
     probes: Mapping[str, Any] = field(default_factory=dict)
     n_boot: int = 200
+    base: BaseReference | None = None
+    named: frozenset[Head] | None = None
 
     def probe_name(self, name: str | None, path: str) -> str:
         """The probe a clause at ``path`` reads: ``name``, or by default the only probe or the
@@ -61,6 +69,14 @@ class VerifyData:
             return p, None, {}
         kw = {"task_ids": p.task_ids} if getattr(p, "task_ids", None) is not None else {}
         return p.tokens, getattr(p, "attention_mask", None), kw
+
+    def base_reference(self, path: str) -> BaseReference:
+        """The starting model (``SpecError`` naming ``path.preserve`` if none was captured)."""
+        if self.base is None:
+            raise SpecError(f"{path}.preserve: got no starting model to compare with, expected "
+                            "one captured before training (headwise.control.capture_base, "
+                            "passed as VerifyData.base)")
+        return self.base
 
     def batch(self, task: str, path: str) -> Any:
         """The held-out batch of ``task`` (``SpecError`` naming ``path.task`` if absent)."""

@@ -1,5 +1,7 @@
 """Levers at head granularity: masks, pattern objectives, freezing, LoRA and task gates."""
 
+from headwise.control.base_reference import BaseReference, base_of, capture_base
+from headwise.control.distill import Distill, PatternDistill
 from headwise.control.freeze import FreezeHandle, freeze
 from headwise.control.gates import (
     FixedGates,
@@ -16,6 +18,7 @@ from headwise.control.lora import (
     LoRALinear,
     apply_lora,
     load_lora,
+    lora_disabled,
     lora_modules,
     lora_state_dict,
     merge_lora,
@@ -47,11 +50,12 @@ from headwise.control.objectives import (
 )
 
 __all__ = [
-    "EntropyBound", "FFNPenalty", "FixedGates", "FreezeHandle", "GateTable", "HardConcreteGate",
-    "HeadDiversity", "HeadGate", "L0Penalty", "LearnedGates", "LoRAConfig", "LoRALinear",
-    "MaskHandle", "MaskSpec", "Objective", "PatternObjective", "apply_lora", "apply_masks",
-    "block_diagonal", "causal", "first_token", "freeze", "from_graph", "from_matrix",
-    "gate_table", "load_lora", "local", "lora_modules", "lora_state_dict", "merge_lora",
+    "BaseReference", "Distill", "EntropyBound", "FFNPenalty", "FixedGates", "FreezeHandle",
+    "GateTable", "HardConcreteGate", "HeadDiversity", "HeadGate", "L0Penalty", "LearnedGates",
+    "LoRAConfig", "LoRALinear", "MaskHandle", "MaskSpec", "Objective", "PatternDistill",
+    "PatternObjective", "apply_lora", "apply_masks", "base_of", "block_diagonal", "capture_base",
+    "causal", "first_token", "freeze", "from_graph", "from_matrix", "gate_table", "load_lora",
+    "local", "lora_disabled", "lora_modules", "lora_state_dict", "merge_lora",
     "previous_token", "remove_gates", "remove_lora", "remove_masks", "save_lora", "self_only",
     "set_lora_disabled", "unmerge_lora",
 ]

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,6 +260,27 @@ def set_lora_disabled(model: nn.Module, flag: bool) -> None:
         mod.disabled = bool(flag)
 
 
+@contextmanager
+def lora_disabled(model: nn.Module) -> Iterator[None]:
+    """Run the ``with`` block with every adapter switched off (the base model's outputs,
+    bit-identical to the model before ``apply_lora``), then restore each adapter's state.
+
+    Raises:
+        ValueError: an adapter is merged (its delta is inside the base weight).
+    """
+    mods = lora_modules(model)
+    if any(m.merged for m in mods.values()):
+        raise ValueError("lora_disabled: adapters are merged; unmerge_lora first")
+    before = {name: m.disabled for name, m in mods.items()}
+    for mod in mods.values():
+        mod.disabled = True
+    try:
+        yield
+    finally:
+        for name, mod in mods.items():
+            mod.disabled = before[name]
+
+
 def remove_lora(model: nn.Module) -> None:
     """Unwrap every adapter (unmerging first) and restore ``requires_grad`` flags."""
     for name, mod in lora_modules(model).items():
@@ -272,6 +294,6 @@ def remove_lora(model: nn.Module) -> None:
     model._lora_previous_grad = None  # type: ignore[assignment]
 
 
-__all__ = ["LoRAConfig", "LoRALinear", "apply_lora", "load_lora", "lora_modules",
-           "lora_state_dict", "merge_lora", "remove_lora", "save_lora", "set_lora_disabled",
-           "unmerge_lora"]
+__all__ = ["LoRAConfig", "LoRALinear", "apply_lora", "load_lora", "lora_disabled",
+           "lora_modules", "lora_state_dict", "merge_lora", "remove_lora", "save_lora",
+           "set_lora_disabled", "unmerge_lora"]

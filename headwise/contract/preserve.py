@@ -1,0 +1,249 @@
+"""Preserve clauses: the trained model stays close to its starting checkpoint on held-out data.
+
+``{preserve: base, on: TASK_OR_PROBE, metric: M, at_most | at_least: X}``, measured against the
+starting model (``VerifyData.base``: the adapters switched off, or a frozen copy; see
+``headwise.control.base_reference``) with the distances of ``headwise.control.distill``:
+
+- ``kl`` (``at_most``, nats): mean over scored positions of ``KL(base || trained)`` of the
+  output distributions;
+- ``hidden_cosine`` (``at_least``, in [-1, 1]): mean cosine of the final hidden states, per
+  scored position for a causal model, per sequence of the mean-pooled embeddings (over the
+  attention mask, as sentence-transformers pools) for a bidirectional encoder;
+- ``loss_increase`` (``at_most``, nats; ``on`` must be a task): the task's token-weighted loss
+  of the trained model minus the base's on the task's held-out batch;
+- ``role_drift`` (``at_most``, in [0, 1]): the largest ``|trained - base|`` of any pattern role
+  score (``headwise.patterns.ROLE_NAMES``) of any head no other clause names, on the probe.
+
+Scored positions: on a task, the task's targets (``targets != -100``); on any other probe,
+every real token. ``on`` defaults to the default probe (the held-out mixture). Lever:
+distillation to the base on data drawn like the clause's (``Distill``: KL, or ``1 - cosine``
+for ``hidden_cosine``; ``PatternDistill`` on the free heads for ``role_drift``), on the
+model's base reference (captured by planning if the caller has not captured it: planning
+precedes training).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from headwise.analysis.importance import example_stats
+from headwise.analysis.roles import role_scores
+from headwise.contract import fields
+from headwise.contract.clause import Clause, holds, number_or_none
+from headwise.contract.kind import ClauseKind, ParseContext
+from headwise.contract.lever import ClauseLever, PlanContext, names
+from headwise.contract.results import ClauseResult, VerifyData
+from headwise.control.base_reference import BaseReference, base_of, capture_base
+from headwise.control.distill import Distill, PatternDistill, cosine_sums, kl_sums
+from headwise.control.task_levers import IGNORE
+from headwise.errors import SpecError
+from headwise.heads import Head, HeadSet
+from headwise.patterns import ROLE_NAMES, real_tokens
+
+# metric -> (the one bound it admits, its range, the unit in words)
+METRICS: dict[str, tuple[str, float, float, str]] = {
+    "kl": ("at_most", 0.0, math.inf, "nats"),
+    "hidden_cosine": ("at_least", -1.0, 1.0, "a cosine"),
+    "loss_increase": ("at_most", -math.inf, math.inf, "nats"),
+    "role_drift": ("at_most", 0.0, 1.0, "a role-score change"),
+}
+CHUNK_ELEMENTS = 1 << 24  # logits per forward chunk when measuring (64 MiB in float32)
+
+
+class PreserveKind(ClauseKind):
+    name = "preserve"
+    keys = frozenset({"preserve", "on", "metric", "at_least", "at_most", "name"})
+
+    def claims(self, raw: Mapping[str, Any]) -> bool:
+        return "preserve" in raw
+
+    def parse(self, path: str, index: int, raw: dict[str, Any], ctx: ParseContext) -> Clause:
+        fields.choice(path, raw, "preserve", ("base",), "base")
+        if "metric" not in raw:
+            raise SpecError(f"{path}.metric: missing; expected one of {list(METRICS)}")
+        metric = fields.choice(path, raw, "metric", tuple(METRICS), "")
+        bound, low, high, unit = METRICS[metric]
+        other = "at_least" if bound == "at_most" else "at_most"
+        if other in raw:
+            raise SpecError(f"{path}.{other}: not allowed for metric {metric}; expected "
+                            f"{bound} (a preserve clause bounds how far the model may drift)")
+        value = fields.number(path, raw, bound)
+        if value is None:
+            raise SpecError(f"{path}: missing bound; expected {bound!r} ({unit}), e.g. "
+                            f"{{preserve: base, metric: {metric}, {bound}: ...}}")
+        fields.in_range(path, {bound: value}, low, high,
+                        f"a number in [{low:g}, {high:g}] ({unit})")
+        on = raw.get("on")
+        if metric == "loss_increase":
+            on = fields.task(path, "on", on, ctx.tasks)
+        elif on is not None and not isinstance(on, str):
+            raise SpecError(f"{path}.on: got {on!r}, expected the name of a task or probe")
+        return Clause(index, self, "model", HeadSet([], ctx.n_layers, ctx.n_heads), on=on,
+                      metric=metric, at_least=value if bound == "at_least" else None,
+                      at_most=value if bound == "at_most" else None,
+                      name=fields.name(path, raw), source=dict(raw))
+
+    def describe(self, clause: Clause) -> str:
+        return f"preserve base: {clause.metric} on {clause.on or '(default probe)'}"
+
+    def measured_on(self, clause: Clause) -> str:
+        where = f"held-out {clause.on} examples" if clause.on else "the default probe"
+        return f"{where}, against the starting model"
+
+    def measure(self, model: nn.Module, clause: Clause, data: VerifyData) -> ClauseResult:
+        base = data.base_reference(clause.path)
+        if clause.metric == "role_drift":
+            return _role_drift(model, base, clause, data)
+        probe, batch = _rows(clause, data)
+        with torch.no_grad():
+            value = _distance(model, base, clause.metric, batch)
+        return ClauseResult(clause, holds(value, clause.at_least, clause.at_most),
+                            number_or_none(value), clause.threshold_text(), "the model",
+                            details={"probe": probe, "examples": int(batch.tokens.shape[0])})
+
+    def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
+        model = ctx.compiled.model
+        base = base_of(model) or capture_base(model)  # planning precedes training: the start
+        where = f" on {clause.on}-like batches" if ctx.reads_probe(clause) else ""
+        name = f"enforce:preserve:{clause.metric}[{clause.path}]"
+        if clause.metric == "role_drift":
+            free = _free(named_heads(ctx.compiled.spec.contract), ctx.n_layers, ctx.n_heads)
+            if not len(free):
+                return ClauseLever("structural", "every head is named by another clause "
+                                   "(nothing drifts)")
+            obj = ctx.add(ctx.on_probe(PatternDistill(model, base, free), name, clause), name)
+            heads = names(free) if len(free) <= 4 else f"the {len(free)} heads no clause names"
+            return ClauseLever("distill", f"attention-pattern KL to the starting model on "
+                               f"{heads}{where}", [obj])
+        metric = "hidden_cosine" if clause.metric == "hidden_cosine" else "kl"
+        tasks = list(ctx.compiled.task_names)
+        task_id = tasks.index(clause.on) if clause.on in tasks else None
+        obj = ctx.add(ctx.on_probe(Distill(model, base, metric, task_id), name, clause), name)
+        what = "1 - cosine of the final hidden states" if metric == "hidden_cosine" else \
+            "KL(base || trained) of the outputs"
+        return ClauseLever("distill", f"distillation to the starting model ({what}){where}",
+                           [obj])
+
+
+def needs_base(clauses: Iterable[Clause]) -> bool:
+    """Whether some clause compares with the starting model (capture it before training)."""
+    return any(c.kind == PreserveKind.name for c in clauses)
+
+
+def named_heads(clauses: Iterable[Clause]) -> frozenset[Head]:
+    """Every head some clause names (``VerifyData.named``; ``role_drift`` keeps the others)."""
+    return frozenset(h for c in clauses for h in c.heads)
+
+
+def _free(named: frozenset[Head], n_layers: int, n_heads: int) -> HeadSet:
+    return HeadSet([Head(l, h) for l in range(n_layers) for h in range(n_heads)
+                    if Head(l, h) not in named], n_layers, n_heads)
+
+
+class _Rows:
+    """What a clause is measured on: tokens, mask, task ids, and the scored positions."""
+
+    def __init__(self, tokens: Tensor, attention_mask: Tensor | None, task_ids: Tensor | None,
+                 targets: Tensor | None) -> None:
+        self.tokens, self.attention_mask = tokens, attention_mask
+        self.task_ids, self.targets = task_ids, targets
+
+    def valid(self, use_targets: bool) -> Tensor:
+        """(B, T) bool: the task's targets, or every real token."""
+        if use_targets and self.targets is not None:
+            return self.targets != IGNORE
+        return real_tokens(self.tokens, self.attention_mask)
+
+    def chunks(self, size: int) -> Iterable[_Rows]:
+        def cut(x: Tensor | None, s: slice) -> Tensor | None:
+            return None if x is None else x[s]
+        for start in range(0, self.tokens.shape[0], size):
+            s = slice(start, start + size)
+            yield _Rows(self.tokens[s], cut(self.attention_mask, s), cut(self.task_ids, s),
+                        cut(self.targets, s))
+
+
+def _rows(clause: Clause, data: VerifyData) -> tuple[str, _Rows]:
+    """The probe name and rows of a clause: a task's held-out batch (with its targets), else
+    the probe's tokens (every real token scored)."""
+    if clause.on is not None and clause.on in data.tasks:
+        b = data.tasks[clause.on]
+        return clause.on, _Rows(b.tokens, b.attention_mask, b.task_ids, b.targets)
+    if clause.metric == "loss_increase":
+        raise SpecError(f"{clause.path}.on: got {clause.on!r}, expected one of the data's tasks "
+                        f"{sorted(data.tasks)}")
+    probe = data.probe_name(clause.on, clause.path)
+    tokens, mask, kw = data.probe(probe, clause.path)
+    return probe, _Rows(tokens, mask, kw.get("task_ids"), None)
+
+
+def _distance(model: nn.Module, base: BaseReference, metric: str, rows: _Rows) -> float:
+    """``kl``, ``hidden_cosine`` or ``loss_increase`` of ``model`` to ``base`` on ``rows``,
+    pooled exactly over chunks of rows."""
+    m: Any = model
+    pooled = metric == "hidden_cosine" and not m.config.causal
+    per_row = rows.tokens.shape[1] * (m.config.vocab_size if metric != "hidden_cosine"
+                                      else m.config.d_model)
+    total = count = base_total = 0.0
+    for part in rows.chunks(max(1, CHUNK_ELEMENTS // per_row)):
+        kw = {"attention_mask": part.attention_mask, "task_ids": part.task_ids}
+        if metric == "hidden_cosine":
+            with base.model() as b:
+                ref = b.hidden(part.tokens, **kw)
+            s, n = cosine_sums(ref, m.hidden(part.tokens, **kw), part.valid(not pooled), pooled)
+        else:
+            with base.model() as b:
+                ref = b(part.tokens, **kw)
+            out = model(part.tokens, **kw)
+            if metric == "kl":
+                s, n = kl_sums(ref, out, part.valid(True))
+            else:
+                assert part.targets is not None  # loss_increase is measured on a task
+                s, n = example_stats(out, part.targets)["loss"]
+                base_total += float(example_stats(ref, part.targets)["loss"][0].sum())
+                s, n = s.sum(), n.sum()
+        total, count = total + float(s), count + float(n)
+    if count == 0:
+        return math.nan
+    return (total - base_total) / count if metric == "loss_increase" else total / count
+
+
+def _role_drift(model: nn.Module, base: BaseReference, clause: Clause,
+                data: VerifyData) -> ClauseResult:
+    """The largest role-score change among the heads no clause names (per head: its largest)."""
+    if data.named is None:
+        raise SpecError(f"{clause.path}.metric: role_drift needs the heads the contract names "
+                        "(VerifyData.named = headwise.contract.preserve.named_heads(contract))")
+    m: Any = model
+    free = _free(data.named, m.config.n_layers, m.config.n_heads)
+    probe = data.probe_name(clause.on, clause.path)
+    if not len(free):
+        return ClauseResult(clause, True, 0.0, clause.threshold_text(), None,
+                            details={"probe": probe, "heads": 0})
+    tokens, mask, kw = data.probe(probe, clause.path)
+    roles = list(ROLE_NAMES)
+    with torch.no_grad():
+        trained = role_scores(model, tokens, mask, heads=free, roles=roles, **kw).values
+        with base.model() as b:
+            start = role_scores(b, tokens, mask, heads=free, roles=roles, **kw).values
+    change = (trained - start).abs()  # (heads, roles); NaN where a role is undefined here
+    change = torch.where(change.isnan(), torch.full_like(change, -math.inf), change)
+    per_head = change.max(1)
+    per = {str(h): (float(v) if math.isfinite(float(v)) else None)
+           for h, v in zip(free, per_head.values, strict=True)}
+    worst = int(per_head.values.argmax())
+    value = float(per_head.values[worst])
+    value = value if math.isfinite(value) else 0.0
+    head = list(free)[worst]
+    return ClauseResult(clause, holds(value, clause.at_least, clause.at_most), value,
+                        clause.threshold_text(), str(head), per,
+                        details={"probe": probe, "heads": len(free),
+                                 "role": roles[int(per_head.indices[worst])]})
+
+
+KIND = PreserveKind()

@@ -1,0 +1,280 @@
+"""Distillation to the starting model: the levers and the distances of ``preserve`` clauses.
+
+The distances (one definition, read by the levers here and by the clauses' measurement in
+``headwise.contract.preserve``), each as ``(sum, count)`` so batches pool exactly:
+
+- ``kl_sums``: ``KL(base || trained) = sum_v p_base(v) (log p_base(v) - log p_trained(v))`` of
+  the output distributions, per scored position;
+- ``cosine_sums``: cosine of the final hidden states (B, T, D), per scored position, or, for a
+  bidirectional encoder (``pooled``), of the embeddings mean-pooled over the real tokens as
+  sentence-transformers pools them, per sequence;
+- ``pattern_kl_sums``: ``KL(base row || trained row)`` of attention patterns, per head and
+  real query row.
+
+The levers (``headwise.control.Objective`` loss terms, weighted by a clause's multiplier):
+
+- ``Distill(model, base, metric)``: ``weight x`` the mean KL (``metric="kl"``) or ``1 -`` the
+  mean cosine (``"hidden_cosine"``) of the trained model's outputs on the training batch to the
+  base's, one base forward (no gradient) per step; at weight 0 no base forward runs.
+- ``PatternDistill(model, base, heads)``: ``weight x`` the mean pattern KL of ``heads`` to the
+  base's. The lever of a role-drift bound: every role score is a mean over rows of attention
+  mass on a target set (or ``1 - TV`` to a target row), and ``|mass_P(S) - mass_Q(S)| <=
+  TV(P, Q) <= sqrt(KL(P || Q) / 2)`` (Pinsker), so pulling each head's rows to the base's
+  bounds the drift of every role at once; distilling the outputs would not (two heads may trade
+  roles while the outputs stay put).
+
+Scored positions on a training batch: the rows of the clause's task where ``targets != -100``;
+without a task, every real (non-padding) token. Nothing reads a value back to the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from headwise.control._common import as_headset
+from headwise.control.base_reference import BaseReference
+from headwise.control.objective import Objective
+from headwise.control.task_levers import IGNORE
+from headwise.model.hook_point import Hook, HookContext
+from headwise.patterns import real_tokens
+
+METRICS = ("kl", "hidden_cosine")
+EPS = 1e-12
+Sums = tuple[Tensor, Tensor]
+
+
+def kl_sums(base_logits: Tensor, logits: Tensor, valid: Tensor) -> Sums:
+    """``(sum over valid positions of KL(base || trained), number of valid positions)``.
+
+    Args:
+        base_logits, logits: (B, T, V) logits of the base and the trained model.
+        valid: (B, T) bool, the scored positions.
+    """
+    log_p = F.log_softmax(base_logits.float(), -1)  # (B, T, V)
+    log_q = F.log_softmax(logits.float(), -1)
+    kl = F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(-1)  # (B, T)
+    w = valid.to(kl.dtype)
+    return (kl * w).sum(), w.sum()
+
+
+def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
+    """(B, D): ``hidden`` (B, T, D) averaged over ``mask`` (B, T) (sentence-transformers' mean
+    pooling: ``sum(h * m) / max(sum(m), 1e-9)``)."""
+    m = mask.to(hidden.dtype)[..., None]  # (B, T, 1)
+    return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)
+
+
+def cosine_sums(base_hidden: Tensor, hidden: Tensor, valid: Tensor, pooled: bool) -> Sums:
+    """``(sum of cosines, count)`` of final hidden states (B, T, D): per valid position, or
+    with ``pooled`` per sequence of the mean-pooled states (``valid``: the pooled tokens; a
+    sequence without one is not counted)."""
+    if pooled:
+        cos = F.cosine_similarity(mean_pool(base_hidden.float(), valid),
+                                  mean_pool(hidden.float(), valid), dim=-1)  # (B,)
+        w = valid.any(1).to(cos.dtype)
+    else:
+        cos = F.cosine_similarity(base_hidden.float(), hidden.float(), dim=-1)  # (B, T)
+        w = valid.to(cos.dtype)
+    return (cos * w).sum(), w.sum()
+
+
+def pattern_kl_sums(base_patterns: Tensor, patterns: Tensor, rows: Tensor) -> Sums:
+    """``(sum of KL(base row || trained row), count)`` over heads and valid query rows.
+
+    Args:
+        base_patterns, patterns: (B, h, T, T) attention patterns (rows over keys).
+        rows: (B, T) bool, the query rows to count (real tokens).
+    """
+    p, q = base_patterns.float(), patterns.float()
+    kl = (torch.xlogy(p, p) - p * q.clamp_min(EPS).log()).sum(-1)  # (B, h, T)
+    w = rows.to(kl.dtype)[:, None, :].expand_as(kl)
+    return (kl * w).sum(), w.sum()
+
+
+def final_hidden_point(model: nn.Module) -> tuple[str, Callable[[Tensor], Tensor]]:
+    """The hook point whose value gives ``model.hidden(...)``, and the map from it (the final
+    norm of a pre-norm model; the identity for a post-norm one, whose last block ends normed)."""
+    m: Any = model
+    last = f"blocks.{m.config.n_layers - 1}"
+    name = f"{last}.hook_normalized_resid_post"
+    if name not in m.hook_points():
+        name = f"{last}.hook_resid_post"
+    norm = m.ln_final
+    return name, (norm if norm is not None else (lambda x: x))
+
+
+def scored(batch: Any, task_id: int | None, use_targets: bool) -> Tensor:
+    """(B, T) bool: the positions a training batch scores (see the module docstring);
+    ``use_targets=False`` keeps every real token of the rows (pooled embeddings)."""
+    valid = real_tokens(batch.tokens, batch.attention_mask)
+    if task_id is None:
+        return valid
+    rows = (batch.task_ids == task_id)[:, None]  # (B, 1)
+    return (batch.targets != IGNORE) & rows if use_targets else valid & rows
+
+
+class _ProbeBatch:
+    """A batch read from a probe-like forward (``OnProbeData``): tokens and mask only."""
+
+    def __init__(self, tokens: Tensor, attention_mask: Tensor | None) -> None:
+        self.tokens, self.attention_mask = tokens, attention_mask
+        self.task_ids: Tensor | None = None
+
+
+class _ToBase(Objective):
+    """Shared by the distillation levers: the batch, the weight, the base forward."""
+
+    def __init__(self, model: nn.Module, base: BaseReference, task_id: int | None,
+                 weight: float, name: str) -> None:
+        self.model = model
+        self.base = base
+        self.task_id = None if task_id is None else int(task_id)
+        self.weight = float(weight)
+        self.name = name
+        self._batch: Any = None
+
+    def prepare(self, batch: Any) -> None:
+        self._batch = batch
+
+    def _taken(self, tokens: Tensor, attention_mask: Tensor | None) -> Any:
+        """The batch of this step: the training batch ``prepare`` saw, else the probe-like
+        one ``OnProbeData`` ran the forward on (scored on its real tokens)."""
+        batch, self._batch = self._batch, None
+        return batch if batch is not None else _ProbeBatch(tokens, attention_mask)
+
+    def _idle(self, tokens: Tensor, key: str) -> tuple[Tensor, dict[str, Tensor]]:
+        zero = torch.zeros((), device=tokens.device)
+        return zero, {f"{self.name}/{key}": zero}
+
+    def _kwargs(self, batch: Any) -> dict[str, Any]:
+        return {"attention_mask": batch.attention_mask, "task_ids": batch.task_ids}
+
+
+class Distill(_ToBase):
+    """``weight x`` the distance of the outputs to the base model's on the training batch.
+
+    Args:
+        model: a headwise Transformer being trained.
+        base: its starting model (``capture_base``).
+        metric: ``"kl"`` (mean ``KL(base || trained)`` of the output distributions) or
+            ``"hidden_cosine"`` (``1 -`` the mean cosine of the final hidden states;
+            mean-pooled for a bidirectional model).
+        task_id: score only this task's rows (``targets != -100``); ``None``: every real token.
+        weight: the term's weight (0: no base forward).
+        name: the lever's name.
+
+    Raises:
+        ValueError: an unknown metric.
+    """
+
+    def __init__(self, model: nn.Module, base: BaseReference, metric: str = "kl",
+                 task_id: int | None = None, weight: float = 0.0,
+                 name: str = "distill") -> None:
+        if metric not in METRICS:
+            raise ValueError(f"Distill: metric got {metric!r}, expected one of {list(METRICS)}")
+        super().__init__(model, base, task_id, weight, name)
+        self.metric = metric
+        self.pooled = metric == "hidden_cosine" and not model.config.causal  # type: ignore[union-attr]
+        self._point: str = "hook_logits"
+        self._post: Callable[[Tensor], Tensor] = lambda x: x
+        if metric == "hidden_cosine":
+            self._point, self._post = final_hidden_point(model)
+        self._value: Tensor | None = None
+
+    def hooks(self) -> list[Hook]:
+        def grab(x: Tensor, ctx: HookContext) -> None:
+            self._value = x
+        return [Hook(self._point, grab, read_only=True)]
+
+    def reset(self) -> None:
+        self._value = self._batch = None
+
+    def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
+             ) -> tuple[Tensor, dict[str, Tensor]]:
+        """``weight x`` the mean distance; logs it (the KL, or the cosine)."""
+        value, self._value = self._value, None
+        batch = self._taken(tokens, attention_mask)
+        if self.weight <= 0.0:
+            return self._idle(tokens, self.metric)
+        if value is None:
+            raise RuntimeError(f"{self.name}: run the forward inside "
+                               "`with model.hooks(*lever.hooks())` first")
+        task_id = None if isinstance(batch, _ProbeBatch) else self.task_id
+        kw = self._kwargs(batch)
+        if self.metric == "kl":
+            with self.base.model() as m:
+                ref = m(batch.tokens, **kw)  # (B, T, V)
+            total, n = kl_sums(ref, value, scored(batch, task_id, True))
+            d = total / n.clamp_min(1.0)
+            return self.weight * d, {f"{self.name}/kl": d.detach()}
+        with self.base.model() as m:
+            ref = m.hidden(batch.tokens, **kw)  # (B, T, D)
+        valid = scored(batch, task_id, not self.pooled)
+        total, n = cosine_sums(ref, self._post(value), valid, self.pooled)
+        cos = total / n.clamp_min(1.0)
+        return self.weight * (1.0 - cos), {f"{self.name}/hidden_cosine": cos.detach()}
+
+
+class PatternDistill(_ToBase):
+    """``weight x`` the mean ``KL(base row || trained row)`` of ``heads``' attention patterns
+    over real query rows (the lever of a role-drift bound; see the module docstring).
+
+    Args:
+        model: a headwise Transformer being trained.
+        base: its starting model (``capture_base``).
+        heads: the heads whose patterns are kept (selector / HeadSet).
+        weight: the term's weight (0: no base forward).
+        name: the lever's name.
+    """
+
+    def __init__(self, model: nn.Module, base: BaseReference, heads: Any, weight: float = 0.0,
+                 name: str = "distill-patterns") -> None:
+        super().__init__(model, base, None, weight, name)
+        self.heads = as_headset(model, heads, "heads")
+        if not len(self.heads):
+            raise ValueError("PatternDistill: got an empty head set, expected at least one head")
+        self._want = {l: tuple(self.heads.in_layer(l)) for l in self.heads.layers}
+        self._trained: dict[int, Tensor] = {}
+
+    def _capture(self, into: dict[int, Tensor]) -> list[Hook]:
+        def grab(layer: int) -> Callable[[Tensor, HookContext], None]:
+            def fn(x: Tensor, ctx: HookContext) -> None:
+                into[layer] = x  # (B, h, T, T), the requested heads in order
+            return fn
+        return [Hook(f"blocks.{l}.attn.hook_pattern", grab(l), hs, read_only=True)
+                for l, hs in self._want.items()]
+
+    def hooks(self) -> list[Hook]:
+        return self._capture(self._trained)
+
+    def reset(self) -> None:
+        self._trained.clear()  # in place: the trainer makes the hooks once per run
+        self._batch = None
+
+    def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
+             ) -> tuple[Tensor, dict[str, Tensor]]:
+        """``weight x`` the mean pattern KL; logs it."""
+        trained = dict(self._trained)
+        self._trained.clear()
+        batch = self._taken(tokens, attention_mask)
+        if self.weight <= 0.0:
+            return self._idle(tokens, "pattern_kl")
+        if set(trained) != set(self._want):
+            raise RuntimeError(f"{self.name}: run the forward inside "
+                               "`with model.hooks(*lever.hooks())` first")
+        ref: dict[int, Tensor] = {}
+        with self.base.model() as m, m.hooks(*self._capture(ref)):
+            m.hidden(batch.tokens, **self._kwargs(batch))  # the patterns; no unembedding
+        rows = real_tokens(batch.tokens, batch.attention_mask)
+        total = torch.zeros((), device=tokens.device)
+        count = torch.zeros((), device=tokens.device)
+        for layer in self._want:
+            s, n = pattern_kl_sums(ref[layer], trained[layer], rows)
+            total, count = total + s, count + n
+        d = total / count.clamp_min(1.0)
+        return self.weight * d, {f"{self.name}/pattern_kl": d.detach()}
