@@ -371,6 +371,7 @@ class OnProbeData(Objective):
         if self.weight <= 0.0:
             return
         probe = self._rows(batch)
+        self.inner.prepare(probe)  # the inner objective sees the batch it is applied to
         with self.model.hooks(*self.inner.hooks()):  # type: ignore[operator]
             self.model(probe.tokens, attention_mask=probe.attention_mask,
                        task_ids=probe.task_ids)

@@ -2,7 +2,8 @@
 
 ``compile_spec(spec)`` builds (or loads) the model, then installs, in this order: LoRA adapters,
 structural masks, task gates, a masked-LM head where an ``mlm`` task needs one, pattern
-objectives and regularisers, and freezing. The result
+objectives and regularisers, the starting model when a ``preserve`` clause compares with it
+(``headwise.control.capture_base``, before a run's trained weights load), and freezing. The result
 holds everything ``train()`` and ``verify()`` need; the levers are the same objects the Python
 API offers (``headwise.control``), so anything a spec does, code can do.
 """
@@ -17,7 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from headwise.contract.preserve import needs_base
 from headwise.control import masks as mask_lib
+from headwise.control.base_reference import capture_base
 from headwise.control.freeze import FreezeHandle, freeze
 from headwise.control.gates import FixedGates, LearnedGates
 from headwise.control.lora import apply_lora
@@ -121,6 +124,8 @@ def compile_spec(spec: Spec, weights: str | Path | None = None) -> Compiled:
     if spec.ffn is not None:
         out.objectives.append(FFNPenalty(model, spec.ffn.layers, kind="l1",
                                          weight=spec.ffn.weight))
+    if needs_base(spec.contract):  # the starting model, before any trained weights load
+        capture_base(model)
     if weights is not None:
         load_weights(model, Path(weights))
     out.freeze_handle = _freeze(spec, model)

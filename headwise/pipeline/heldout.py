@@ -12,7 +12,8 @@
 
 Each set is one batch per task and the probes score clauses read (``default``: the mixture;
 each task's name: its part of it; ``repeated`` and the declared probes:
-``headwise.pipeline.spec_probes``), drawn on the CPU and placed on the model's device.
+``headwise.pipeline.spec_probes``), drawn on the CPU and placed on the model's device, with the
+starting model ``preserve`` clauses compare with (captured by ``compile_spec``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any
 import torch
 
 from headwise.contract import VerifyData
+from headwise.contract.preserve import named_heads
+from headwise.control.base_reference import base_of
 from headwise.data import Batch
 from headwise.pipeline.compile import Compiled, held_out_mixture
 from headwise.pipeline.spec_probes import declared_probe, repeated_probe, spec_probes
@@ -57,16 +60,16 @@ def _sets(batch: Batch, compiled: Compiled, seed: int) -> VerifyData:
             tasks[name] = Batch(batch.tokens[rows], batch.targets[rows], mask,
                                 batch.task_ids[rows])
     probes: dict[str, Any] = {"default": batch, **tasks, **spec_probes(compiled.spec, seed)}
-    return VerifyData(tasks=tasks, probes=probes)
+    return VerifyData(tasks=tasks, probes=probes, base=base_of(compiled.model),
+                      named=named_heads(compiled.spec.contract))
 
 
 def _on_device(compiled: Compiled, data: VerifyData) -> VerifyData:
     device = model_device(compiled.model)
     if device.type == "cpu":
         return data
-    return VerifyData(tasks={k: b.to(device) for k, b in data.tasks.items()},
-                      probes={k: b.to(device) for k, b in data.probes.items()},
-                      n_boot=data.n_boot)
+    return dataclasses.replace(data, tasks={k: b.to(device) for k, b in data.tasks.items()},
+                               probes={k: b.to(device) for k, b in data.probes.items()})
 
 
 def probe_sampler(spec: Spec) -> Callable[[str, int, int], Batch]:
