@@ -62,10 +62,20 @@ def enforcement_html(e: Mapping[str, Any]) -> str:
     """What enforcement did: one row per clause (by its name), and each clause's violation and
     Lagrange multiplier at every evaluation point."""
     names = clause_names(e["clauses"])
-    held = e.get("held_at_step")
-    html = (f"<p>{e['steps']} steps; "
-            + (f"the contract held at step {held}" if held is not None
-               else "the contract did not hold at any evaluation point") + ".</p>")
+    held, kept = e.get("held_at_step"), e.get("kept_step")
+    html = (f"<p>{e['steps']} steps, measured on the enforcement set; "
+            + (f"the contract held there first at step {held}; the model kept is that of "
+               f"step {kept}, the last evaluation point at which it held"
+               if held is not None
+               else "the contract did not hold there at any evaluation point") +
+            ". The verdict above is measured on the verification set, which enforcement "
+            "never read.</p>")
+    failing = [(names[str(c["index"])], c.get("best_value"), c.get("best_step"),
+                "yes" if c.get("saturated") else "no", c.get("advice"))
+               for c in e["clauses"] if c.get("holds_at_end") is False and "advice" in c]
+    if failing:
+        html += H.table(["still failing", "best value (enforcement set)", "at step",
+                         "lever saturated", "what would help"], failing)
     rows = [(names[str(c["index"])], c.get("lever") or "(no lever)", c.get("multiplier"),
              c["failed_evals"], c["first_failed_at"], c["held_at"]) for c in e["clauses"]]
     html += H.table(["clause", "lever", "multiplier", "failed evaluations", "first failed at",
