@@ -131,8 +131,8 @@ def _cli_proc(*argv: str) -> subprocess.Popen[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_checkpoints_prints_one_line_and_resumes(tmp_path: Path,
-                                                           signum: int) -> None:
+def test_interrupt_checkpoints_prints_one_line_and_resumes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], signum: int) -> None:
     spec, run = write_spec(SPEC, tmp_path, steps=600, checkpoint_every=1000, eval_every=0,
                       log_every=7), tmp_path / "run"
     proc = _cli_proc("train", str(spec), "--out", str(run), "--steps", "500", "--quiet")
@@ -149,9 +149,8 @@ def test_interrupt_checkpoints_prints_one_line_and_resumes(tmp_path: Path,
     printed = f"headwise train {spec} --out {run} --resume --steps 500 --quiet"
     assert line.endswith(f"resume with: {printed}")
     assert [s for s, _ in list_checkpoints(run)] == [step]
-    resumed = _cli_proc(*printed.split()[1:])  # exactly as printed
-    out, err = resumed.communicate(timeout=120)
-    assert resumed.returncode == 0, err
+    code, out, err = cli(capsys, *printed.split()[1:])  # exactly as printed (in this process)
+    assert code == 0, err
     assert f"resuming from step {step}" in out and "trained 500 steps" in out
 
 
