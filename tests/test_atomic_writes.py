@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 import pytest
-import torch
+from lora_models import lora_model
 
 from headwise import atomic
 from headwise.cli.output import write_file
 from headwise.config import ModelConfig
-from headwise.control.lora import apply_lora, save_lora
+from headwise.control.lora import save_lora
 from headwise.errors import SpecError, StorageError
 from headwise.interop.hf_export import export_hf
 from headwise.interop.load import convert
@@ -29,16 +29,6 @@ from headwise.training.safetensors_io import save_weights
 
 CONFIG = ModelConfig(n_layers=1, n_heads=2, d_model=12, d_ff=20, vocab_size=17, max_seq_len=8,
                      activation="gelu_tanh")
-
-
-def _model(seed: int) -> torch.nn.Module:
-    model = build_model(CONFIG, seed=seed)
-    apply_lora(model, ("q_proj", "v_proj"), rank=2, alpha=4)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(generator=torch.Generator().manual_seed(seed))
-    return model
 
 
 @pytest.fixture
@@ -73,8 +63,8 @@ def _convert(d: Path, seed: int) -> None:
 
 
 WRITERS = {
-    "save_lora": lambda d, seed: save_lora(_model(seed), d, overwrite=True),
-    "export_peft": lambda d, seed: export_peft(_model(seed), d, "gpt2", overwrite=True),
+    "save_lora": lambda d, seed: save_lora(lora_model(CONFIG, seed), d, overwrite=True),
+    "export_peft": lambda d, seed: export_peft(lora_model(CONFIG, seed), d, "gpt2", overwrite=True),
     "save_weights": lambda d, seed: save_weights(build_model(CONFIG, seed=seed),
                                                  d / "model.safetensors"),
     "write_manifest": _manifest,

@@ -6,9 +6,11 @@ from __future__ import annotations
 import itertools
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import headwise.memory
 from headwise.config import PRESETS, ModelConfig
 from headwise.memory import ResourceError, check_memory, n_params
 from headwise.model import build_model
@@ -42,8 +44,12 @@ def test_a_model_too_big_for_memory_is_refused_before_allocation() -> None:
 
 
 def test_the_address_space_limit_counts() -> None:
-    # In a child limited to 2 GiB of address space, 1.5 GiB more than it holds is refused.
-    code = ("import resource; from headwise.memory import available_bytes as a; "
+    # In a child limited to 2 GiB of address space, 1.5 GiB more than it holds is refused. The
+    # child imports headwise.memory (and headwise.errors) alone, not the package's public API.
+    package = Path(headwise.memory.__file__).parent
+    code = ("import resource, sys, types; pkg = types.ModuleType('headwise'); "
+            f"pkg.__path__ = [{str(package)!r}]; sys.modules['headwise'] = pkg; "
+            "from headwise.memory import available_bytes as a; "
             "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); print(a())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout

@@ -313,12 +313,15 @@ def test_train_under_torchrun_equals_one_process(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     assert headwise and torchrun
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([headwise, "train", str(spec), "--out", str(tmp_path / "one"),
-                          "--quiet", "--threads", "1"], env=env, capture_output=True, text=True)
+    # the one-process run trains while torchrun starts its ranks
+    one = subprocess.Popen([headwise, "train", str(spec), "--out", str(tmp_path / "one"),
+                            "--quiet", "--threads", "1"], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
     two = subprocess.run([torchrun, "--nproc_per_node=2", headwise, "train", str(spec), "--out",
                           str(tmp_path / "two"), "--quiet", "--threads", "1"], env=env,
                          capture_output=True, text=True)
-    assert one.returncode == 0, one.stderr
+    _, err = one.communicate(timeout=300)
+    assert one.returncode == 0, err
     assert two.returncode == 0, two.stderr
     assert two.stdout.count("contract HOLDS") == 1  # only rank 0 prints
     a = load_file(str(tmp_path / "one" / "model.safetensors"))

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from cli_runs import write_spec
+from lora_models import lora_model
 
 from headwise.cli import main
 from headwise.config import ModelConfig
@@ -44,12 +46,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CFG = ModelConfig(n_layers=1, n_heads=2, d_model=8, d_ff=12, vocab_size=12, max_seq_len=8)
 
 
-def _spec(tmp: Path, name: str = "spec.yaml", **train: int) -> Path:
-    spec = {**BASE, "train": {**BASE["train"], **train}}
-    (tmp / name).write_text(yaml.safe_dump(spec, sort_keys=False))
-    return tmp / name
-
-
 def _digests(d: Path) -> dict[str, str]:
     return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(d.rglob("*")) if p.is_file()}
@@ -58,7 +54,7 @@ def _digests(d: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("writers")
-    spec = _spec(root)
+    spec = write_spec(BASE, root)
     assert main(["train", str(spec), "--out", str(root / "run"), "--quiet"]) == 0
     return spec, root / "run"
 
@@ -73,7 +69,7 @@ def test_overwrite_unlinks_a_symlinked_checkpoints_and_never_writes_through_it(
     shutil.copytree(run, mine)
     shutil.rmtree(mine / "checkpoints")
     (mine / "checkpoints").symlink_to(other / "checkpoints")
-    reseeded = _spec(tmp_path, seed=7)  # different weights: a write through the link shows
+    reseeded = write_spec(BASE, tmp_path, seed=7)  # other weights: a write through the link shows
     assert main(["train", str(reseeded), "--out", str(mine), "--overwrite", "--quiet"]) == 0
     assert not (mine / "checkpoints").is_symlink() and (mine / "checkpoints").is_dir()
     assert _digests(other) == before  # the other run is untouched
@@ -181,36 +177,26 @@ def test_report_refuses_a_malformed_enforcement_history_even_under_a_forged_mani
     assert len(err.splitlines()) == 1 and "enforcement.json: clauses[0].index: expected" in err
 
 
-def _lora_model(seed: int = 0) -> torch.nn.Module:
-    model = build_model(CFG, seed=seed)
-    apply_lora(model, ("q_proj", "v_proj"), rank=2, alpha=4)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(generator=torch.Generator().manual_seed(seed))
-    return model
-
-
 def test_export_never_replaces_an_adapter_or_deletes_before_checking(tmp_path: Path) -> None:
     adapter, hf = tmp_path / "adapter", tmp_path / "hf"
-    export_hf(_lora_model(0), hf, peft=adapter)
+    export_hf(lora_model(CFG, 0), hf, peft=adapter)
     adapter_before, hf_before = _digests(adapter), _digests(hf)
     with pytest.raises(ConfigError, match="holds an adapter"):
-        export_hf(_lora_model(1), tmp_path / "hf2", peft=adapter)
+        export_hf(lora_model(CFG, 1), tmp_path / "hf2", peft=adapter)
     (tmp_path / "a.txt").write_text("x")
     with pytest.raises(ConfigError, match="a.txt is a file; expected a directory"):
-        export_hf(_lora_model(1), hf, peft=tmp_path / "a.txt", overwrite=True)
+        export_hf(lora_model(CFG, 1), hf, peft=tmp_path / "a.txt", overwrite=True)
     with pytest.raises(ConfigError, match="holds an adapter"):
-        export_peft(_lora_model(1), adapter, "gpt2")
+        export_peft(lora_model(CFG, 1), adapter, "gpt2")
     assert _digests(adapter) == adapter_before and _digests(hf) == hf_before
-    export_hf(_lora_model(1), hf, peft=adapter, overwrite=True)
+    export_hf(lora_model(CFG, 1), hf, peft=adapter, overwrite=True)
     assert _digests(adapter) != adapter_before
 
 
 @pytest.mark.parametrize("edit", ["pattern", *[f"alpha {a!r}" for a in BAD_ALPHAS]])
 def test_import_peft_refuses_patterns_and_alphas_from_the_file(tmp_path: Path,
                                                                edit: str) -> None:
-    adapter = export_peft(_lora_model(0), tmp_path / "adapter", "gpt2")
+    adapter = export_peft(lora_model(CFG, 0), tmp_path / "adapter", "gpt2")
     config = json.loads((adapter / ADAPTER_CONFIG).read_text())
     if edit == "pattern":
         config["alpha_pattern"] = {BACKTRACKING_PATTERN: 4}
@@ -256,7 +242,7 @@ def test_convert_overwrite_unlinks_links_and_never_copies_through_them(tmp_path:
 
 def test_save_lora_replaces_an_adapter_only_with_overwrite_and_never_a_run(tmp_path: Path) -> None:
     from headwise import ModelConfig, build_model
-    from headwise.control.lora import apply_lora, save_lora
+    from headwise.control.lora import save_lora
     from headwise.errors import ConfigError
 
     model = build_model(ModelConfig(n_layers=1, n_heads=2, d_model=8, vocab_size=8,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
+from cli_runs import write_spec
 
 from headwise.cli import main
 from headwise.config import ModelConfig
@@ -27,8 +27,7 @@ CFG = ModelConfig(n_layers=1, n_heads=2, d_model=8, d_ff=12, vocab_size=12, max_
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("integrity")
-    spec = root / "spec.yaml"
-    spec.write_text(yaml.safe_dump(SPEC, sort_keys=False))
+    spec = write_spec(SPEC, root)
     assert main(["train", str(spec), "--out", str(root / "run"), "--quiet"]) == 0
     return spec, root / "run"
 

@@ -7,7 +7,6 @@ runs the real console entry in a subprocess and sends it SIGINT / SIGTERM.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import signal
@@ -19,10 +18,10 @@ from typing import Any
 
 import pytest
 import yaml
+from cli_runs import cli, digest, write_spec
 from safetensors.torch import load_file
 
 from headwise import atomic
-from headwise.cli import main
 from headwise.training import list_checkpoints
 
 SPEC: dict[str, Any] = {
@@ -35,71 +34,48 @@ SPEC: dict[str, Any] = {
 }
 
 
-def _spec(tmp_path: Path, **train: Any) -> Path:
-    spec = json.loads(json.dumps(SPEC))
-    spec["train"].update(train)
-    path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
-
-
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main([*argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _digest(path: Path) -> str:
-    """A digest of a weights file's tensors (safetensors' header order can vary by write)."""
-    h = hashlib.sha256()
-    for key, value in sorted(load_file(path).items()):
-        h.update(key.encode())
-        h.update(value.numpy().tobytes())
-    return h.hexdigest()
-
-
 def test_resume_continues_or_refuses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    spec, run = _spec(tmp_path), tmp_path / "run"
+    spec, run = write_spec(SPEC, tmp_path), tmp_path / "run"
     # nothing to resume: an empty or missing directory is refused, not trained from scratch
-    code, _, err = _cli(capsys, "train", str(spec), "--out", str(run), "--resume", "--quiet")
+    code, _, err = cli(capsys, "train", str(spec), "--out", str(run), "--resume", "--quiet")
     assert code == 2 and "no run to resume" in err and len(err.strip().splitlines()) == 1
     assert not (run / "model.safetensors").exists()
-    code, _, err = _cli(capsys, "train", str(spec), "--out", str(run), "--resume", "--overwrite")
+    code, _, err = cli(capsys, "train", str(spec), "--out", str(run), "--resume", "--overwrite")
     assert code == 2 and "conflicting options" in err
-    assert _cli(capsys, "train", str(spec), "--out", str(run), "--quiet")[0] == 0
+    assert cli(capsys, "train", str(spec), "--out", str(run), "--quiet")[0] == 0
     # a finished run resumes from its last checkpoint and ends with the same weights
-    weights = _digest(run / "model.safetensors")
-    code, out, _ = _cli(capsys, "train", str(spec), "--out", str(run), "--resume", "--quiet")
+    weights = digest(run / "model.safetensors")
+    code, out, _ = cli(capsys, "train", str(spec), "--out", str(run), "--resume", "--quiet")
     assert code == 0 and "resuming from step 6" in out
-    assert _digest(run / "model.safetensors") == weights
+    assert digest(run / "model.safetensors") == weights
     # a run without checkpoints is refused and left as it is
     (tmp_path / "x").mkdir()
-    spec0, run0 = _spec(tmp_path / "x", checkpoint_every=0), tmp_path / "run0"
-    assert _cli(capsys, "train", str(spec0), "--out", str(run0), "--quiet")[0] == 0
-    before = _digest(run0 / "model.safetensors")
-    code, _, err = _cli(capsys, "train", str(spec0), "--out", str(run0), "--resume")
+    spec0, run0 = write_spec(SPEC, tmp_path / "x", checkpoint_every=0), tmp_path / "run0"
+    assert cli(capsys, "train", str(spec0), "--out", str(run0), "--quiet")[0] == 0
+    before = digest(run0 / "model.safetensors")
+    code, _, err = cli(capsys, "train", str(spec0), "--out", str(run0), "--resume")
     assert code == 2 and "no checkpoint to resume from" in err
-    assert _digest(run0 / "model.safetensors") == before
+    assert digest(run0 / "model.safetensors") == before
     # the enforce flag must match the run's
-    code, _, err = _cli(capsys, "train", str(spec), "--out", str(run), "--resume", "--enforce")
+    code, _, err = cli(capsys, "train", str(spec), "--out", str(run), "--resume", "--enforce")
     assert code == 2 and "--enforce: the run" in err and "without --enforce" in err
 
 
 def test_steps_flag_and_rerun_after_setup_interrupt(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    spec, run = _spec(tmp_path), tmp_path / "run"
+    spec, run = write_spec(SPEC, tmp_path), tmp_path / "run"
     run.mkdir()
     # what a run interrupted during set-up leaves: spec.yaml and run.json, no work
     (run / "spec.yaml").write_text(spec.read_text())
     (run / "run.json").write_text(json.dumps({"format": "headwise-run/1", "enforce": False,
                                               "spec_dir": None}))
-    code, out, _ = _cli(capsys, "train", str(spec), "--out", str(run), "--steps", "4",
+    code, out, _ = cli(capsys, "train", str(spec), "--out", str(run), "--steps", "4",
                         "--quiet")
     assert code == 0 and "trained 4 steps" in out and "contract HOLDS: 1 clause, 0 failed" in out
     assert [s for s, _ in list_checkpoints(run)] == [2, 4]
-    code, _, err = _cli(capsys, "train", str(spec), "--out", str(run), "--quiet")
+    code, _, err = cli(capsys, "train", str(spec), "--out", str(run), "--quiet")
     assert code == 2 and "already holds a run" in err
-    assert _cli(capsys, "train", str(spec), "--out", str(run), "--steps", "0")[0] == 2
+    assert cli(capsys, "train", str(spec), "--out", str(run), "--steps", "0")[0] == 2
 
 
 def test_text_corpus_relative_to_spec_works_after_training(
@@ -113,35 +89,35 @@ def test_text_corpus_relative_to_spec_works_after_training(
             "train": {"steps": 2, "batch_size": 4, "eval_batches": 1, "eval_every": 2}}
     (tmp_path / "specs" / "lm.yaml").write_text(yaml.safe_dump(spec))
     monkeypatch.chdir(tmp_path)
-    assert _cli(capsys, "train", "specs/lm.yaml", "--out", "runs/lm", "--quiet")[0] == 0
+    assert cli(capsys, "train", "specs/lm.yaml", "--out", "runs/lm", "--quiet")[0] == 0
     for argv in (["analyze", "runs/lm"], ["report", "runs/lm"],
                  ["explain", "runs/lm", "--head", "L0.H1", "--input", "lm"]):
-        code, _, err = _cli(capsys, *argv)
+        code, _, err = cli(capsys, *argv)
         assert code == 0 and "error" not in err, (argv, err)
 
 
 def test_full_disk_is_one_line_and_keeps_earlier_files(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    spec, run = _spec(tmp_path), tmp_path / "run"
-    assert _cli(capsys, "train", str(spec), "--out", str(run), "--quiet")[0] == 0
-    report, weights = (run / "report.html").read_bytes(), _digest(run / "model.safetensors")
+    spec, run = write_spec(SPEC, tmp_path), tmp_path / "run"
+    assert cli(capsys, "train", str(spec), "--out", str(run), "--quiet")[0] == 0
+    report, weights = (run / "report.html").read_bytes(), digest(run / "model.safetensors")
 
     def full(f: Any, data: bytes) -> None:
         f.write(data[: len(data) // 2])  # a partial write, then the disk is full
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(atomic, "_write_all", full)
-    code, _, err = _cli(capsys, "report", str(run))
+    code, _, err = cli(capsys, "report", str(run))
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "report.json: cannot write (No space left on device)" in err
     assert (run / "report.html").read_bytes() == report  # the old report is intact
-    code, _, err = _cli(capsys, "train", str(spec), "--out", str(run), "--resume", "--quiet")
+    code, _, err = cli(capsys, "train", str(spec), "--out", str(run), "--resume", "--quiet")
     assert code == 2 and "No space left on device" in err and len(err.strip().splitlines()) == 1
-    assert _digest(run / "model.safetensors") == weights
+    assert digest(run / "model.safetensors") == weights
     assert not [p for p in run.rglob("*") if ".tmp" in p.name]  # no temporary files left
     monkeypatch.undo()
-    assert _cli(capsys, "verify", str(spec), "--run", str(run))[0] == 0
+    assert cli(capsys, "verify", str(spec), "--run", str(run))[0] == 0
 
 
 ENTRY = "import sys; from headwise.cli import main; sys.exit(main())"
@@ -155,9 +131,9 @@ def _cli_proc(*argv: str) -> subprocess.Popen[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_checkpoints_prints_one_line_and_resumes(tmp_path: Path,
-                                                           signum: int) -> None:
-    spec, run = _spec(tmp_path, steps=600, checkpoint_every=1000, eval_every=0,
+def test_interrupt_checkpoints_prints_one_line_and_resumes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], signum: int) -> None:
+    spec, run = write_spec(SPEC, tmp_path, steps=600, checkpoint_every=1000, eval_every=0,
                       log_every=7), tmp_path / "run"
     proc = _cli_proc("train", str(spec), "--out", str(run), "--steps", "500", "--quiet")
     deadline = time.monotonic() + 120
@@ -173,17 +149,16 @@ def test_interrupt_checkpoints_prints_one_line_and_resumes(tmp_path: Path,
     printed = f"headwise train {spec} --out {run} --resume --steps 500 --quiet"
     assert line.endswith(f"resume with: {printed}")
     assert [s for s, _ in list_checkpoints(run)] == [step]
-    resumed = _cli_proc(*printed.split()[1:])  # exactly as printed
-    out, err = resumed.communicate(timeout=120)
-    assert resumed.returncode == 0, err
+    code, out, err = cli(capsys, *printed.split()[1:])  # exactly as printed (in this process)
+    assert code == 0, err
     assert f"resuming from step {step}" in out and "trained 500 steps" in out
 
 
 def test_diverging_loss_is_one_line_exit_1_and_keeps_the_last_checkpoint(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    spec, run = _spec(tmp_path, steps=40, checkpoint_every=2, log_every=5, lr=1e6,
+    spec, run = write_spec(SPEC, tmp_path, steps=40, checkpoint_every=2, log_every=5, lr=1e6,
                       grad_clip=0, eval_every=0), tmp_path / "run"
-    code, _, err = _cli(capsys, "train", str(spec), "--out", str(run), "--quiet")
+    code, _, err = cli(capsys, "train", str(spec), "--out", str(run), "--quiet")
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "training diverged: loss is nan at step" in err and "likely cause" in err
     steps = [s for s, _ in list_checkpoints(run)]
@@ -198,5 +173,5 @@ def test_diverging_loss_is_one_line_exit_1_and_keeps_the_last_checkpoint(
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     from headwise import __version__
 
-    code, out, _ = _cli(capsys, "--version")
+    code, out, _ = cli(capsys, "--version")
     assert code == 0 and out.strip() == f"headwise {__version__}"

@@ -8,7 +8,6 @@ delivered in-process as a real SIGINT at a chosen step, so the cases are determi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -18,9 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
-from safetensors.torch import load_file
+from cli_runs import cli, digest, write_spec
 
-from headwise.cli import main
 from headwise.training import list_checkpoints, loop
 
 SPEC: dict[str, Any] = {
@@ -34,28 +32,6 @@ SPEC: dict[str, Any] = {
                   "at_least": 0.95}],
 }
 FLAGS = ["--enforce", "--steps", "12", "--enforce-budget", "1.25", "--quiet"]
-
-
-def _spec(tmp_path: Path, name: str = "spec.yaml", **train: Any) -> Path:
-    spec = json.loads(json.dumps(SPEC))
-    spec["train"].update(train)
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
-
-
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    for key, value in sorted(load_file(path).items()):
-        h.update(key.encode())
-        h.update(value.numpy().tobytes())
-    return h.hexdigest()
-
-
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main([*argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _interrupt_at(monkeypatch: pytest.MonkeyPatch, at: int) -> None:
@@ -75,7 +51,7 @@ def _state(run: Path) -> dict[str, Any]:
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     for line in lines:
         line.pop("elapsed_s", None)
-    return {"weights": _digest(run / "model.safetensors"), "metrics": lines,
+    return {"weights": digest(run / "model.safetensors"), "metrics": lines,
             "enforcement": json.loads((run / "enforcement.json").read_text()),
             "contract": json.loads((run / "contract.json").read_text())}
 
@@ -89,27 +65,27 @@ def _resume_argv(err: str) -> list[str]:
 def test_interrupted_enforced_run_resumed_as_printed_is_bitwise_equal(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = _spec(tmp_path)
-    assert _cli(capsys, "train", str(spec), "--out", str(tmp_path / "a"), *FLAGS)[0] == 1
+    spec = write_spec(SPEC, tmp_path)
+    assert cli(capsys, "train", str(spec), "--out", str(tmp_path / "a"), *FLAGS)[0] == 1
     reference = _state(tmp_path / "a")
     assert reference["enforcement"]["steps"] == 15  # 12 x 1.25: the budget is in force
     assert reference["enforcement"]["enforced"] and reference["enforcement"]["evaluations"] == 5
     with monkeypatch.context() as m:
         _interrupt_at(m, 6)  # mid-way between evaluation points and checkpoints
-        code, _, err = _cli(capsys, "train", str(spec), "--out", str(tmp_path / "b"), *FLAGS)
+        code, _, err = cli(capsys, "train", str(spec), "--out", str(tmp_path / "b"), *FLAGS)
     assert code == 130 and "interrupted at step 7;" in err
     assert [s for s, _ in list_checkpoints(tmp_path / "b")] == [4, 7]
     argv = _resume_argv(err)
     assert argv == ["train", str(spec), "--out", str(tmp_path / "b"), "--resume", *FLAGS[:1],
                     "--enforce-budget", "1.25", "--steps", "12", "--quiet"]
-    code, out, _ = _cli(capsys, *argv)
+    code, out, _ = cli(capsys, *argv)
     assert code == 1 and "resuming from step 7" in out
     assert _state(tmp_path / "b") == reference
     # --resume alone reuses the run's flags: the same run again
     with monkeypatch.context() as m:
         _interrupt_at(m, 9)
-        assert _cli(capsys, "train", str(spec), "--out", str(tmp_path / "c"), *FLAGS)[0] == 130
-    assert _cli(capsys, "train", str(spec), "--out", str(tmp_path / "c"), "--resume",
+        assert cli(capsys, "train", str(spec), "--out", str(tmp_path / "c"), *FLAGS)[0] == 130
+    assert cli(capsys, "train", str(spec), "--out", str(tmp_path / "c"), "--resume",
                 "--quiet")[0] == 1
     assert _state(tmp_path / "c") == reference
     assert json.loads((tmp_path / "c" / "run.json").read_text())["step"] == 15
@@ -118,26 +94,26 @@ def test_interrupted_enforced_run_resumed_as_printed_is_bitwise_equal(
 def test_lost_run_json_is_recovered_from_the_checkpoint(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = _spec(tmp_path)
-    assert _cli(capsys, "train", str(spec), "--out", str(tmp_path / "a"), *FLAGS)[0] == 1
+    spec = write_spec(SPEC, tmp_path)
+    assert cli(capsys, "train", str(spec), "--out", str(tmp_path / "a"), *FLAGS)[0] == 1
     with monkeypatch.context() as m:
         _interrupt_at(m, 1)  # before the first evaluation point: no enforcement state yet
-        assert _cli(capsys, "train", str(spec), "--out", str(tmp_path / "b"), *FLAGS)[0] == 130
+        assert cli(capsys, "train", str(spec), "--out", str(tmp_path / "b"), *FLAGS)[0] == 130
     (tmp_path / "b" / "run.json").unlink()
-    code, out, err = _cli(capsys, "train", str(spec), "--out", str(tmp_path / "b"),
+    code, out, err = cli(capsys, "train", str(spec), "--out", str(tmp_path / "b"),
                           "--resume", "--quiet")
     assert code == 1 and "resuming from step 2" in out, err
     assert _state(tmp_path / "b") == _state(tmp_path / "a")
     # a checkpoint that does not record the flags: refused, never guessed
     with monkeypatch.context() as m:
         _interrupt_at(m, 1)
-        assert _cli(capsys, "train", str(spec), "--out", str(tmp_path / "c"), *FLAGS)[0] == 130
+        assert cli(capsys, "train", str(spec), "--out", str(tmp_path / "c"), *FLAGS)[0] == 130
     (tmp_path / "c" / "run.json").unlink()
     meta = list_checkpoints(tmp_path / "c")[-1][1] / "trainer.json"
     data = json.loads(meta.read_text())
     del data["extra"]["run"]
     meta.write_text(json.dumps(data))
-    code, _, err = _cli(capsys, "train", str(spec), "--out", str(tmp_path / "c"), "--resume",
+    code, _, err = cli(capsys, "train", str(spec), "--out", str(tmp_path / "c"), "--resume",
                         "--quiet")
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "run.json: missing" in err and "does not record the run's flags" in err
@@ -153,12 +129,12 @@ def test_lost_run_json_is_recovered_from_the_checkpoint(
 def test_a_differing_flag_on_resume_is_refused_naming_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         argv: list[str], named: str) -> None:
-    spec, run = _spec(tmp_path), tmp_path / "run"
+    spec, run = write_spec(SPEC, tmp_path), tmp_path / "run"
     with monkeypatch.context() as m:
         _interrupt_at(m, 4)
-        assert _cli(capsys, "train", str(spec), "--out", str(run), *FLAGS)[0] == 130
+        assert cli(capsys, "train", str(spec), "--out", str(run), *FLAGS)[0] == 130
     before = sorted(p.name for p in run.iterdir()), run.joinpath("run.json").read_bytes()
-    code, _, err = _cli(capsys, "train", str(spec), "--out", str(run), "--resume", *argv)
+    code, _, err = cli(capsys, "train", str(spec), "--out", str(run), "--resume", *argv)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert named in err and ("--resume reuses the run's" in err or "not shorten" in err), err
     assert (sorted(p.name for p in run.iterdir()), run.joinpath("run.json").read_bytes()) \
@@ -167,27 +143,27 @@ def test_a_differing_flag_on_resume_is_refused_naming_it(
 
 def test_resume_with_a_larger_steps_extends_the_run(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    spec, run = _spec(tmp_path), tmp_path / "run"
-    assert _cli(capsys, "train", str(spec), "--out", str(run), "--steps", "8", "--quiet")[0] \
+    spec, run = write_spec(SPEC, tmp_path), tmp_path / "run"
+    assert cli(capsys, "train", str(spec), "--out", str(run), "--steps", "8", "--quiet")[0] \
         in (0, 1)
-    code, out, _ = _cli(capsys, "train", str(spec), "--out", str(run), "--resume", "--steps",
+    code, out, _ = cli(capsys, "train", str(spec), "--out", str(run), "--resume", "--steps",
                         "14", "--quiet")
     assert "resuming from step 8" in out and "trained 14 steps" in out, out
     assert json.loads((run / "run.json").read_text())["steps"] == 14
     assert [s for s, _ in list_checkpoints(run)][-1] == 14
     # the extension is now the run's: --steps 14 again, or none, resumes it as it is
-    assert "trained 14 steps" in _cli(capsys, "train", str(spec), "--out", str(run),
+    assert "trained 14 steps" in cli(capsys, "train", str(spec), "--out", str(run),
                                       "--resume", "--quiet")[1]
-    code, out, _ = _cli(capsys, "report", str(run))
+    code, out, _ = cli(capsys, "report", str(run))
     assert code == 0 and "report of the weights of step 14:" in out
 
 
 def test_seed_and_set_are_recorded_in_the_spec_and_checked_like_the_file(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    spec = _spec(tmp_path)
+    spec = write_spec(SPEC, tmp_path)
     argv = ["--seed", "3", "--set", "train.lr=2e-3", "--set", "data.tasks.copy.length=2",
             "--steps", "6", "--quiet"]
-    assert _cli(capsys, "train", str(spec), "--out", str(tmp_path / "a"), *argv)[0] in (0, 1)
+    assert cli(capsys, "train", str(spec), "--out", str(tmp_path / "a"), *argv)[0] in (0, 1)
     saved = yaml.safe_load((tmp_path / "a" / "spec.yaml").read_text())
     assert saved["train"]["seed"] == 3 and saved["train"]["lr"] == 2e-3
     assert saved["data"]["tasks"]["copy"] == {"length": 2}
@@ -198,16 +174,16 @@ def test_seed_and_set_are_recorded_in_the_spec_and_checked_like_the_file(
     edited["train"].update(seed=3, lr=2e-3)
     edited["data"]["tasks"]["copy"]["length"] = 2
     (tmp_path / "edited.yaml").write_text(yaml.safe_dump(edited))
-    assert _cli(capsys, "train", str(tmp_path / "edited.yaml"), "--out", str(tmp_path / "b"),
+    assert cli(capsys, "train", str(tmp_path / "edited.yaml"), "--out", str(tmp_path / "b"),
                 "--steps", "6", "--quiet")[0] in (0, 1)
-    assert _digest(tmp_path / "a" / "model.safetensors") == \
-        _digest(tmp_path / "b" / "model.safetensors")
+    assert digest(tmp_path / "a" / "model.safetensors") == \
+        digest(tmp_path / "b" / "model.safetensors")
     # a bad value is refused like the same value in the file: one line naming the field
     for bad, field in ((["--set", "train.lr=-1"], "train.lr"),
                        (["--set", "train.stepz=3"], "train.stepz"),
                        (["--set", "model.n_layers.x=1"], "--set model.n_layers.x"),
                        (["--set", "novalue"], "--set: got 'novalue'"),
                        (["--seed", "-2"], "--seed: got -2")):
-        code, _, err = _cli(capsys, "train", str(spec), "--out", str(tmp_path / "c"), *bad)
+        code, _, err = cli(capsys, "train", str(spec), "--out", str(tmp_path / "c"), *bad)
         assert code == 2 and f"headwise train: error: {field}" in err, (bad, err)
         assert len(err.strip().splitlines()) == 1 and not (tmp_path / "c").exists()

@@ -18,10 +18,10 @@ from safetensors.torch import load_file
 
 from headwise.training import list_checkpoints
 
-SCRIPT = Path(__file__).with_name("run_tiny.py")
+SCRIPT = Path(__file__).with_name("run_train.py")
 # no dropout (per-rank masks differ by design) and no biases: a key bias has an exactly zero
 # gradient, so Adam would amplify rounding noise in it, which differs with the summation order.
-ARGS = ["--steps", "12", "--batch", "8", "--dropout", "0", "--bias", "none"]
+ARGS = ["--steps", "12", "--batch", "8", "--dropout", "0", "--bias", "none", "--tied"]
 
 
 def _env() -> dict[str, str]:
@@ -49,9 +49,9 @@ def test_two_process_ddp_equals_one_process(tmp_path: Path) -> None:
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=2e-5, msg=key)
-    init = load_file(one / "checkpoints" / "step_0000005" / "model.safetensors")
+    init = load_file(one / "checkpoints" / "step_0000004" / "model.safetensors")
     moved = max(float((a[k] - init[k]).abs().max()) for k in a)
-    assert moved > 1e-3  # training really changed the weights after step 5
+    assert moved > 1e-3  # training really changed the weights after step 4
 
     # both ranks took part: the checkpoint holds one dropout RNG state per rank
     rng = load_file(two / "checkpoints" / "step_0000012" / "trainer.safetensors")
@@ -74,8 +74,8 @@ def test_sigterm_to_torchrun_checkpoints_all_ranks_at_one_step_and_resumes_exact
     save a checkpoint there together (one RNG state per rank) and exit 130; resumed under
     ``torchrun``, the run ends with the weights of an uninterrupted 2-process run, bitwise."""
     steps = 20
-    args = ["--steps", str(steps), "--batch", "8", "--dropout", "0.1", "--bias", "none"]
-    stop_at = random.Random().randint(6, steps - 6)  # after the step-5 checkpoint
+    args = ["--steps", str(steps), "--batch", "8", "--dropout", "0.1", "--bias", "none", "--tied"]
+    stop_at = random.Random().randint(5, steps - 6)  # after the step-4 checkpoint
     ref, run = tmp_path / "ref", tmp_path / "run"
     reference = subprocess.Popen(_torchrun(ref, *args), env=_env(), stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE)

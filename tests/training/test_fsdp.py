@@ -26,7 +26,7 @@ from headwise.training import TrainConfig, list_checkpoints, load_checkpoint
 from headwise.training.distributed import DistContext, resolve_parallel
 from headwise.training.sharded_checkpoint import load_sharded_checkpoint, load_sharded_weights
 
-SCRIPT = Path(__file__).with_name("run_levers.py")
+SCRIPT = Path(__file__).with_name("run_train.py")
 LEVERS = "freeze,lora,masks"
 
 

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from headwise.cli import main
 from headwise.training.progress import EvalLines, ProgressBar, clock
 
 
@@ -75,7 +76,8 @@ def test_clock() -> None:
 
 
 @pytest.mark.slow
-def test_a_run_whose_stdout_is_a_pipe_prints_progress_while_it_trains(tmp_path: Path) -> None:
+def test_a_run_whose_stdout_is_a_pipe_prints_progress_while_it_trains(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     spec = {"model": {"n_layers": 1, "n_heads": 2, "d_model": 8, "vocab_size": 12,
                       "max_seq_len": 8},
             "data": {"tasks": {"copy": {"length": 3}}, "eval_examples": 16},
@@ -103,11 +105,12 @@ def test_a_run_whose_stdout_is_a_pipe_prints_progress_while_it_trains(tmp_path: 
     assert seen[-1].startswith("eval 50/100000 [") and "eval-batch accuracy copy " in seen[-1]
     assert seen[-1].endswith("| contract 0/1 held")
     assert not any("\x1b" in s for s in seen + rest.splitlines())  # plain text, no bar
-    # --quiet: nothing but the outcome
-    proc = subprocess.Popen([sys.executable, "-c", entry, "train", str(path), "--out",
-                             str(tmp_path / "quiet"), "--steps", "50", "--quiet"], env=env,
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode in (0, 1), err
+    # --quiet: nothing but the outcome (in this process: stdout captured at the descriptor)
+    capfd.readouterr()
+    code = main(["train", str(path), "--out", str(tmp_path / "quiet"), "--steps", "50",
+                 "--quiet"])
+    out, err = capfd.readouterr()
+    assert code in (0, 1), err
+    assert "trained 50 steps" in out
     assert not [s for s in out.splitlines() if s.startswith(("train ", "eval "))]
     assert json.loads((tmp_path / "quiet" / "run.json").read_text())["step"] == 50
