@@ -31,8 +31,8 @@ PACKAGE = ROOT / "headwise"
 
 LAYERS: dict[str, float] = {
     "errors": 1, "config": 1, "heads": 1, "patterns": 1, "memory": 1, "atomic": 1, "jsonfile": 1,
-    "validate": 1, "render": 1, "model": 2, "hooks": 3, "data": 4, "control": 4, "training": 5,
-    "interop": 6, "analysis": 7, "forecast": 8, "report": 8, "contract": 9, "runspec": 10,
+    "validate": 1, "render": 1, "dtensors": 1, "model": 2, "hooks": 3, "data": 4, "control": 4,
+    "training": 5, "interop": 6, "analysis": 7, "forecast": 8, "report": 8, "contract": 9, "runspec": 10,
     "pipeline": 11, "cli": 12,
 }
 FACADE = 11.5  # ``headwise/__init__.py``
@@ -271,3 +271,14 @@ def test_a_probe_kind_is_not_a_clause_kind(tmp_path):
     fake = tmp_path / "m.py"
     fake.write_text("if probe.kind == 'repeated':\n    pass\nkind = 'task'\n")
     assert _kind_dispatch(fake) == []
+
+
+def test_commands_do_not_import_sharded_training_until_it_is_used() -> None:
+    """``torch.distributed.tensor`` (a large share of ``import headwise``) loads only for
+    sharded training: every command and subprocess starts without it."""
+    code = ("import sys, headwise, headwise.cli, headwise.pipeline.run, "
+            "headwise.pipeline.run_report; print(sorted(m for m in ('torch.distributed.tensor', "
+            "'torch.distributed.fsdp', 'torch.distributed.checkpoint') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "[]"

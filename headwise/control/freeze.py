@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from headwise.control._common import as_headset, attention, model_shape
+from headwise.dtensors import is_dtensor
 from headwise.heads import Head, HeadSet, is_selector, kv_head
 
 
@@ -81,14 +81,17 @@ class FreezeHandle:
         for h in self._grad_hooks:
             h.remove()
         self._params = {n: params[n] for n in self.masks}
+        from torch.distributed.tensor import distribute_tensor  # sharded models only
+
+        sharded: dict[str, Any] = {n: p for n, p in self._params.items() if is_dtensor(p)}
         self._local_masks = {n: distribute_tensor(self.masks[n].to(p.device), p.device_mesh,
                                                   p.placements, src_data_rank=None).to_local()
-                             for n, p in self._params.items() if isinstance(p, DTensor)}
+                             for n, p in sharded.items()}
         modules = dict(self.model.named_modules())
         self._grad_hooks = [
             modules[n.rsplit(".", 1)[0]].register_forward_pre_hook(
                 _mask_gathered(n.rsplit(".", 1)[1], m, set()))
-            for n, m in self.masks.items() if isinstance(self._params[n], DTensor)]
+            for n, m in self.masks.items() if is_dtensor(self._params[n])]
         self.refresh()
 
     def attach(self, optimizer: torch.optim.Optimizer) -> FreezeHandle:
@@ -116,7 +119,7 @@ class FreezeHandle:
 
 def _local(p: Tensor) -> Tensor:
     """This rank's rows of a sharded parameter (the parameter itself when not sharded)."""
-    return p.to_local() if isinstance(p, DTensor) else p
+    return p.to_local() if is_dtensor(p) else p  # type: ignore[attr-defined]
 
 
 def _mask_gathered(attr: str, mask: Tensor, hooked: set[int]) -> Any:
@@ -124,7 +127,7 @@ def _mask_gathered(attr: str, mask: Tensor, hooked: set[int]) -> Any:
     gathered tensor: FSDP reuses it at every step)."""
     def pre(module: nn.Module, args: Any) -> None:
         w = getattr(module, attr)
-        if isinstance(w, DTensor) or id(w) in hooked or not w.requires_grad:
+        if is_dtensor(w) or id(w) in hooked or not w.requires_grad:
             return
         hooked.add(id(w))
         w.register_hook(lambda g: g * mask.to(g.device, g.dtype))

@@ -45,7 +45,6 @@ from headwise.report.viewer import (
 )
 from headwise.training import list_checkpoints, load_weights
 from headwise.training.manifest import check_sealed, seal
-from headwise.training.sharded_checkpoint import load_checkpoint_weights
 
 # Structural masks that impose a role (the mask is the role's support, headwise.patterns).
 MASK_ROLES = {"previous_token": "previous_token", "self_only": "self",
@@ -185,6 +184,8 @@ def _title(text: str) -> str | None:
 def run_trajectory(run_dir: Path, compiled: Compiled) -> Trajectory | None:
     """The role table (``run_role_table``) at every checkpoint of ``run_dir``; ``None`` without
     checkpoints. The model's final weights are restored afterwards."""
+    from headwise.training.sharded_checkpoint import load_checkpoint_weights  # torch.distributed
+
     ckpts = list_checkpoints(run_dir)
     if not ckpts:
         return None

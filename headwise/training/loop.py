@@ -23,15 +23,15 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor
 
 from headwise.atomic import write_bytes_atomic
 from headwise.control.objective import Objective
 from headwise.data import Mixture
+from headwise.dtensors import is_dtensor
 from headwise.errors import ConfigError, TrainingDiverged
 from headwise.training.checkpoint import (
     clean_checkpoints,
@@ -44,13 +44,14 @@ from headwise.training.config import TrainConfig
 from headwise.training.device import place
 from headwise.training.distributed import DistContext, setup, teardown, wrap
 from headwise.training.evaluate import EVAL_SEED_OFFSET, evaluate, forward
-from headwise.training.fsdp import Sharding, shard
 from headwise.training.interrupt import Interrupted, catch_signals
 from headwise.training.metrics import LogWindow, task_loss
 from headwise.training.progress import ProgressBar
 from headwise.training.run_log import Figures, RunLog
 from headwise.training.safetensors_io import save_weights
-from headwise.training.sharded_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
+
+if TYPE_CHECKING:  # sharded training imports torch.distributed.tensor; plain runs never do
+    from headwise.training.fsdp import Sharding
 
 # Fields that must match a checkpoint's for an exact resume.
 _RESUME_FIELDS = ("batch_size", "lr", "weight_decay", "betas", "warmup_steps", "min_lr_ratio",
@@ -122,7 +123,7 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
                 for p in decay + no_decay)
     # A sharded model's replicated parameters (task gates) get groups of their own: one fused
     # update cannot mix sharded and whole tensors.
-    groups = [{"params": [p for p in params if isinstance(p, DTensor) == sharded],
+    groups = [{"params": [p for p in params if is_dtensor(p) == sharded],
                "weight_decay": wd}
               for params, wd in ((decay, config.weight_decay), (no_decay, 0.0))
               for sharded in (True, False)]
@@ -207,7 +208,11 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
     ctx = setup(model, config.parallel)
     try:
         # Sharded before the optimizer is made: it holds each rank's shards.
-        sharding = shard(model, ctx) if ctx.sharded else None
+        sharding = None
+        if ctx.sharded:
+            from headwise.training.fsdp import shard
+
+            sharding = shard(model, ctx)
         run = _start(model, data, eval_data or data, config,
                      Path(out_dir) if out_dir is not None else None,
                      list(objectives), list(callbacks), list(optimizer_hooks), progress, ctx,
@@ -278,8 +283,12 @@ def _restore(run: _Run) -> None:
     ckpt = latest_checkpoint(run.out_dir)
     if ckpt is None:
         return
-    info = (load_sharded_checkpoint(ckpt, run.model, run.optimizer, run.ctx)
-            if run.sharding is not None else load_checkpoint(ckpt, run.model, run.optimizer))
+    if run.sharding is not None:
+        from headwise.training.sharded_checkpoint import load_sharded_checkpoint
+
+        info = load_sharded_checkpoint(ckpt, run.model, run.optimizer, run.ctx)
+    else:
+        info = load_checkpoint(ckpt, run.model, run.optimizer)
     _check_resume_config(run.config, info.config, ckpt)
     run.start = run.done = run.saved = info.step
     run.extra, run.stopped = info.extra, info.stopped
@@ -455,6 +464,8 @@ def _checkpoint(run: _Run) -> None:
     ctx = run.ctx
     rng = ctx.gather(torch.get_rng_state())
     if run.sharding is not None:  # every rank writes its shard
+        from headwise.training.sharded_checkpoint import save_sharded_checkpoint
+
         save_sharded_checkpoint(run.out_dir, run.done, run.model, run.optimizer, ctx,
                                 data_generator=run.gen, torch_rng=rng,
                                 objective_weights={o.name: float(o.weight)
