@@ -7,7 +7,9 @@ enforced run's callback is a subclass of ``Enforcer`` that times each call (pass
 contract at evaluation points. ``--set name=value`` sets a field of ``EnforceConfig``
 (``carrier_stages`` as ``others>margin``, ``others+margin``, ``others`` or ``margin``);
 ``--variant halving`` enforces with the earlier floor rule (while a task clause fails, every
-other multiplier is halved before its step), for comparison.
+other multiplier is halved before its step) and ``--variant none`` with no back-off at all
+(the multipliers alone), for comparison with the library's rule (only the levers that degrade
+a task whose floor fails back off).
 Prints a markdown table: clauses held plain / enforced on the verification set, and enforced on
 the enforcement set at the kept step, steps trained and the step kept, the tasks' accuracy and
 exact match on the verification set, wall times, the share of the enforced run's time spent
@@ -47,24 +49,28 @@ def halving_enforcer() -> Any:
     from headwise.contract.kinds import KINDS
 
     class HalvingEnforcer(Enforcer):
-        def measure(self, state: Any) -> Any:
-            self._last = super().measure(state)
-            return self._last
-
-        def dual_step(self, lambdas: dict[str, float], violations: dict[str, float]) -> None:
-            results = self._last.results
-            guards = {str(r.clause.index) for r in results
-                      if KINDS[r.clause.kind].guards_task(r.clause)}
-            if any(not r.passed and str(r.clause.index) in guards for r in results):
-                for key in violations:
-                    if key not in guards and key in lambdas:
+        def back_off(self, lambdas: dict[str, float], failing: set[str | None]) -> None:
+            floors = {str(c.index) for c in self.contract if KINDS[c.kind].guards_task(c)}
+            if failing:
+                for key in lambdas:
+                    if key not in floors:
                         lambdas[key] *= 0.5
-            super().dual_step(lambdas, violations)
 
     return HalvingEnforcer
 
 
-VARIANTS = {"halving": halving_enforcer}
+def multipliers_alone() -> Any:
+    """No back-off: each multiplier follows its own violation only."""
+    from headwise.contract import Enforcer
+
+    class MultipliersAlone(Enforcer):
+        def back_off(self, lambdas: dict[str, float], failing: set[str | None]) -> None:
+            return None
+
+    return MultipliersAlone
+
+
+VARIANTS = {"halving": halving_enforcer, "none": multipliers_alone}
 
 
 def run_one(spec: Path, enforce: bool, out: Path, config: Any = None,

@@ -166,7 +166,8 @@ def ablation_lever(ctx: PlanContext, clause: Clause, carried: list[int],
     lever = ClauseLever("ablation", "; ".join(
         _PARTS[what][1].format(names(heads), [task_names[i] for i in tasks])
         for what, heads, tasks in parts), scale=ctx.config.ablation_scale, cap=ctx.config.p_max,
-        loss_from=ctx.config.staged_from if staged else 0.0)  # after p saturates
+        loss_from=ctx.config.staged_from if staged else 0.0,  # after p saturates
+        perturbs=frozenset(task_names[i] for _, _, tasks in parts for i in tasks))
     for what, heads, tasks in parts:
         name = (f"enforce:{'ablate-' if what != 'margin' else ''}{what}[{names(heads)}]"
                 f"[{clause.path}]")

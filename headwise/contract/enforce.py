@@ -12,8 +12,10 @@ measured violation::
 with ``v_c`` the signed violation (``ClauseKind.violation``: negative when the clause holds, so
 a multiplier relaxes once its clause holds with margin). Task clauses are constraints too and
 are never traded away: while one fails, its own lever (the task's loss weight) rises with its
-multiplier; the other levers keep theirs (halving them while a floor failed switched off the
-very levers that build a task's circuit; docs/benchmarks.md has the comparison).
+multiplier, and the multiplier of each lever that degrades that task (an ablation lever on its
+examples) is halved before its step; the other levers keep theirs (halving every lever while
+a floor failed switched off the very levers that build a task's circuit; docs/benchmarks.md
+compares the rules).
 
 Each kind builds its own lever (``ClauseKind.lever``; the table is in docs/contracts.md). A
 lever's weight is ``lambda * scale`` (an ablation probability is capped at ``p_max``; a loss
@@ -102,6 +104,9 @@ class Enforcer:
         violations = {str(r.clause.index): KINDS[r.clause.kind].violation(r)
                       for r in result.results}
         levered = [r for r in result.results if self.levers.get(r.clause.index) is not None]
+        failing = {r.clause.task for r in result.results
+                   if not r.passed and KINDS[r.clause.kind].guards_task(r.clause)}
+        self.back_off(lambdas, failing)
         self.dual_step(lambdas, {str(r.clause.index): violations[str(r.clause.index)]
                                  for r in levered})
         assisted = record.setdefault("assisted", {})
@@ -134,6 +139,16 @@ class Enforcer:
         """The contract measured on the enforcement set at an evaluation point (a subclass
         may time or log it)."""
         return verify(state.model, self.contract, self.data)
+
+    def back_off(self, lambdas: dict[str, float], failing: set[str | None]) -> None:
+        """Halve, in place, the multiplier of each lever that degrades a task whose floor
+        fails (``ClauseLever.perturbs``: an ablation lever on that task's examples); every
+        other lever, a role objective building the task's circuit among them, keeps its
+        multiplier."""
+        for index, lever in self.levers.items():
+            key = str(index)
+            if lever is not None and key in lambdas and lever.perturbs & failing:
+                lambdas[key] *= 0.5
 
     def dual_step(self, lambdas: dict[str, float], violations: dict[str, float]) -> None:
         """Projected dual ascent, in place: ``lambdas[k] <- clip(lambda_k + eta v_k, 0, max)``

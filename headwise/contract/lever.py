@@ -121,7 +121,9 @@ class ClauseLever:
     multiplier - loss_from)``: ``loss_from`` is ``EnforceConfig.staged_from`` when they form
     a second stage, else 0. ``assists``: objectives the enforcer switches on (at
     ``EnforceConfig.assist_weight``) once the clause fails and has stopped improving (a task
-    floor's circuit assists).
+    floor's circuit assists). ``perturbs``: the tasks whose examples the lever degrades
+    (an ablation lever ablates heads on them), so it backs off while a floor on one of them
+    fails (``Enforcer.dual_step``).
     """
 
     kind: str
@@ -133,6 +135,7 @@ class ClauseLever:
     loss_terms: list[Objective] = field(default_factory=list)
     loss_from: float = 0.0
     assists: list[Objective] = field(default_factory=list)
+    perturbs: frozenset[str] = frozenset()
 
 
 @dataclass

@@ -240,3 +240,34 @@ def test_a_floor_that_stops_improving_switches_its_circuit_assists_on() -> None:
     assert weights == [0.0, 0.0, config.assist_weight, config.assist_weight,
                        config.assist_weight]
     assert state.extra["enforce"]["assisted"] == {"1": 15}
+
+
+def test_a_failing_floor_backs_off_only_the_levers_that_degrade_its_task() -> None:
+    from types import SimpleNamespace
+
+    from headwise.contract import EnforceConfig, Enforcer
+
+    spec = load_spec(SPEC.replace("contract:", "contract:\n  - {task: copy, at_least: 0.99}\n"
+                                               "  - {ablate: L0.H0, task: copy, drop_at_most: "
+                                               "0.0}"))
+    compiled = compile_spec(spec)
+    levers = plan(compiled, spec.contract)
+    # 0: the copy floor, 1: the ablation clause on copy, 2: the score clause.
+    assert levers[1].perturbs == {"copy"} and not levers[2].perturbs  # type: ignore[union-attr]
+    enforcer = Enforcer(spec.contract, enforcement_data(compiled), levers)
+    state = SimpleNamespace(step=20, model=compiled.model, extra={}, stop=False, out_dir=None,
+                            rank=0)
+    lambdas = state.extra.setdefault("enforce", {"history": [], "multipliers": {},
+                                                 "chosen": {}, "clauses": {}})["multipliers"]
+    lambdas.update({"0": 1.0, "1": 2.0, "2": 4.0})
+    enforcer(state)  # type: ignore[arg-type]
+    point = state.extra["enforce"]["history"][0]["clauses"]
+    assert not point["0"]["passed"]  # the untrained model fails the copy floor
+    eta = EnforceConfig().eta
+    # The ablation lever on copy's examples is halved; the role lever keeps its multiplier.
+    assert point["1"]["multiplier"] == pytest.approx(
+        min(max(1.0 + eta * point["1"]["violation"], 0.0), 16.0))
+    assert point["2"]["multiplier"] == pytest.approx(
+        min(max(4.0 + eta * point["2"]["violation"], 0.0), 16.0))
+    assert point["0"]["multiplier"] == pytest.approx(min(1.0 + eta * point["0"]["violation"],
+                                                         16.0))
