@@ -134,9 +134,9 @@ def clean_needed(clause: Clause, tasks: tuple[str, ...]) -> list[tuple[tuple[Any
     return [(("task", t, clause.metric), clause.at_least) for t in tasks]
 
 
-def _others(clause: Clause, n_heads: int) -> list[Head]:
-    """Heads of the clause's layers that are not the clause's."""
-    mine = set(clause.heads)
+def _others(heads: list[Head], n_heads: int) -> list[Head]:
+    """Heads of the layers of ``heads`` that are not among them."""
+    mine = set(heads)
     return [Head(l, h) for l in sorted({x.layer for x in mine}) for h in range(n_heads)
             if Head(l, h) not in mine]
 
@@ -145,38 +145,60 @@ def ablation_lever(ctx: PlanContext, clause: Clause, carried: list[int],
                    spared: list[int]) -> ClauseLever | None:
     """The lever of an ablation or exclusive clause: the carrier stages on the ``carried``
     task ids when the clause has ``at_least`` (the tasks must need the heads), and the heads
-    stochastically ablated on the ``spared`` task ids (those tasks must not need them)."""
+    stochastically ablated on the ``spared`` task ids (those tasks must not need them). An
+    ``any_of`` clause (some head *alone* carries the task) gets the carrier stages per head,
+    and only the head chosen at the first evaluation point is driven (``per_head``)."""
+    units = ([[h] for h in clause.heads] if clause.quantifier == "any_of"
+             and clause.at_least is not None else [list(clause.heads)])
+    plans = [_parts(ctx, clause, heads, carried, spared) for heads in units]
+    if not any(parts for parts, _ in plans):
+        return None
+    task_names = list(ctx.compiled.task_names)
+    staged = len(ctx.config.carrier_stages) > 1 and plans[0][1]
+    lever = ClauseLever("ablation", " | ".join("; ".join(
+        _PARTS[what][1].format(names(heads), [task_names[i] for i in tasks])
+        for what, heads, tasks in parts) for parts, _ in plans),
+        scale=ctx.config.ablation_scale, cap=ctx.config.p_max,
+        loss_from=ctx.config.staged_from if staged else 0.0,  # after p saturates
+        perturbs=frozenset(task_names[i] for parts, _ in plans for _, _, tasks in parts
+                           for i in tasks))
+    if len(units) > 1:
+        lever.description = ("per head, driven on the one chosen at the first evaluation "
+                             f"point: {lever.description}")
+    for unit, (parts, _) in zip(units, plans, strict=True):
+        own = []
+        for what, heads, tasks in parts:
+            name = (f"enforce:{'ablate-' if what != 'margin' else ''}{what}[{names(heads)}]"
+                    f"[{clause.path}]")
+            obj = ctx.add(_PARTS[what][0](ctx.compiled.model, ctx.heads(heads), tasks,
+                                          mode=clause.mode or "zero"), name)
+            if what == "margin":
+                lever.loss_terms.append(obj)  # a loss term: weight = multiplier excess, not p
+            lever.objectives.append(obj)
+            own.append(obj)
+        if len(units) > 1:
+            lever.per_head[str(unit[0])] = own
+    return lever
+
+
+def _parts(ctx: PlanContext, clause: Clause, heads: list[Head], carried: list[int],
+           spared: list[int]) -> tuple[list[tuple[str, list[Head], list[int]]], bool]:
+    """The lever's parts for ``heads`` (``(what, heads, task ids)``) and whether the first
+    carrier stage is among them."""
     parts: list[tuple[str, list[Head], list[int]]] = []
     first_stage = False
     if clause.at_least is not None:
-        others = _others(clause, ctx.n_heads)
+        others = _others(heads, ctx.n_heads)
         for i, stage in enumerate(ctx.config.carrier_stages):
             for part in stage:
                 if part == "others" and others:
                     parts.append(("others", others, carried))
                     first_stage = first_stage or i == 0
                 elif part == "margin":
-                    parts.append(("margin", list(clause.heads), carried))
+                    parts.append(("margin", heads, carried))
     if spared:
-        parts.append(("self", list(clause.heads), spared))
-    if not parts:
-        return None
-    staged = len(ctx.config.carrier_stages) > 1 and first_stage
-    task_names = list(ctx.compiled.task_names)
-    lever = ClauseLever("ablation", "; ".join(
-        _PARTS[what][1].format(names(heads), [task_names[i] for i in tasks])
-        for what, heads, tasks in parts), scale=ctx.config.ablation_scale, cap=ctx.config.p_max,
-        loss_from=ctx.config.staged_from if staged else 0.0,  # after p saturates
-        perturbs=frozenset(task_names[i] for _, _, tasks in parts for i in tasks))
-    for what, heads, tasks in parts:
-        name = (f"enforce:{'ablate-' if what != 'margin' else ''}{what}[{names(heads)}]"
-                f"[{clause.path}]")
-        obj = ctx.add(_PARTS[what][0](ctx.compiled.model, ctx.heads(heads), tasks,
-                                      mode=clause.mode or "zero"), name)
-        if what == "margin":
-            lever.loss_terms.append(obj)  # a loss term: weight = multiplier excess, not p
-        lever.objectives.append(obj)
-    return lever
+        parts.append(("self", heads, spared))
+    return parts, first_stage
 
 
 KIND = AblationKind()

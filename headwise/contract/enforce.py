@@ -195,7 +195,7 @@ class Enforcer:
         targets = lever.objectives
         if lever.per_head and result.clause.quantifier == "any_of":
             pick = chosen.setdefault(key, result.decided_by or next(iter(lever.per_head)))
-            targets = [lever.per_head[pick]] if pick in lever.per_head else targets
+            targets = lever.per_head.get(pick, targets)
         for obj in targets:
             loss_term = any(obj is o for o in lever.loss_terms)
             obj.weight = max(0.0, lam - lever.loss_from) if loss_term else weight

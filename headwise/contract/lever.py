@@ -64,7 +64,7 @@ class EnforceConfig:
     margin: float = 0.05
     carrier_stages: tuple[tuple[str, ...], ...] = (("others",), ("margin",))
     stop: str = "end"
-    assist_weight: float = 0.5
+    assist_weight: float = 1.0
     assist_patience: int = 3
 
     def __post_init__(self) -> None:
@@ -115,7 +115,7 @@ class Compiled(Protocol):
 class ClauseLever:
     """A clause's lever: ``objectives`` whose weight is ``multiplier * scale`` (at most ``cap``).
 
-    ``per_head`` (``any_of`` score clauses) maps each head to its own objective; only the head
+    ``per_head`` (``any_of`` clauses) maps each head to its own objectives; only the head
     chosen at the first evaluation point is driven. ``loss_terms``: objectives that are loss
     terms rather than ablation probabilities (the carrier's margin), weighted ``max(0,
     multiplier - loss_from)``: ``loss_from`` is ``EnforceConfig.staged_from`` when they form
@@ -131,7 +131,7 @@ class ClauseLever:
     objectives: list[Objective] = field(default_factory=list)
     scale: float = 1.0
     cap: float | None = None
-    per_head: dict[str, Objective] = field(default_factory=dict)
+    per_head: dict[str, list[Objective]] = field(default_factory=dict)
     loss_terms: list[Objective] = field(default_factory=list)
     loss_from: float = 0.0
     assists: list[Objective] = field(default_factory=list)

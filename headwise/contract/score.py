@@ -136,7 +136,7 @@ class ScoreKind(ClauseKind):
                 name = f"enforce:{role}[{h}]{tag}"
                 obj = ctx.add(ctx.on_probe(PatternObjective(model, ctx.heads(h), role,
                                                             kind="ce"), name, clause), name)
-                lever.per_head[str(h)] = obj
+                lever.per_head[str(h)] = [obj]
                 lever.objectives.append(obj)
             return lever
         margin = ctx.config.margin

@@ -100,7 +100,6 @@ class InductionTask(Task):
     """
 
     name: ClassVar[str] = "induction"
-    circuit: ClassVar[tuple[tuple[str, int], ...]] = (("previous_token", 0), ("induction", 1))
     vocab_size: int = 64
     seq_len: int = 64
     period: tuple[int, int] = (8, 32)

@@ -222,8 +222,8 @@ contract:
 """)
     compiled = compile_spec(spec)
     levers = plan(compiled, spec.contract, probe_sampler(spec))
-    on_probe = levers[0].per_head["L1.H0"]  # type: ignore[union-attr]
-    on_task = levers[1].per_head["L1.H0"]  # type: ignore[union-attr]
+    (on_probe,) = levers[0].per_head["L1.H0"]  # type: ignore[union-attr]
+    (on_task,) = levers[1].per_head["L1.H0"]  # type: ignore[union-attr]
     assert isinstance(on_probe, OnProbeData) and isinstance(on_task, PatternObjective)
     batch = compiled.data.sample(8, torch.Generator().manual_seed(3))
     on_probe.prepare(batch)

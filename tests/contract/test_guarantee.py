@@ -271,3 +271,22 @@ def test_a_failing_floor_backs_off_only_the_levers_that_degrade_its_task() -> No
         min(max(4.0 + eta * point["2"]["violation"], 0.0), 16.0))
     assert point["0"]["multiplier"] == pytest.approx(min(1.0 + eta * point["0"]["violation"],
                                                          16.0))
+
+
+def test_an_any_of_carrier_clause_drives_one_head_alone() -> None:
+    spec = load_spec("""
+model: {n_layers: 1, n_heads: 3, d_model: 48, vocab_size: 12, max_seq_len: 10}
+data: {tasks: {copy: {length: 4}}, eval_examples: 64}
+train: {steps: 20, batch_size: 16, eval_every: 10}
+contract:
+  - {any_of: L0.*, task: copy, drop_at_least: 0.3}
+""")
+    compiled = compile_spec(spec)
+    lever = plan(compiled, spec.contract)[0]
+    assert lever is not None and set(lever.per_head) == {"L0.H0", "L0.H1", "L0.H2"}
+    others, margin = lever.per_head["L0.H1"]
+    # Some head alone must carry copy: the others of its layer ablated, then the hinge on the
+    # model with that head alone zeroed (never the whole layer).
+    assert isinstance(others, StochasticAblation) and isinstance(margin, AblatedMargin)
+    assert [str(h) for h in others.heads] == ["L0.H0", "L0.H2"]
+    assert [str(h) for h in margin.heads] == ["L0.H1"] and margin in lever.loss_terms
