@@ -64,6 +64,8 @@ def test_docs_yaml_block_is_a_valid_spec(where: str, block: str, tmp_path: Path)
     if "pretrained" in str(spec.get("model")):
         _gpt2_dir(tmp_path / "gpt2-local")
     (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    (tmp_path / "qa.jsonl").write_text("".join(
+        f'{{"question": "what is {i} plus one?", "answer": "{i + 1}"}}\n' for i in range(60)))
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     load_spec(path)

@@ -290,18 +290,17 @@ contract:
 
 def _trained(enforce: bool) -> tuple[float, dict[str, Any]]:
     """(the clause's KL at the end, the enforcement record) of the spec trained in-process."""
-    import dataclasses
 
     from headwise.contract import Enforcer
     from headwise.pipeline import compile_spec
-    from headwise.pipeline.heldout import probe_sampler, verify_data
+    from headwise.pipeline.heldout import enforcement_data, probe_sampler
     from headwise.runspec import load_spec
     from headwise.training import train
 
     spec = load_spec(ENFORCED)
     compiled = compile_spec(spec)
-    data = dataclasses.replace(verify_data(compiled), base=capture_base(compiled.model),
-                               named=named_heads(spec.contract))
+    data = enforcement_data(compiled)  # compile_spec captured the starting model
+    assert data.base is not None and data.named == named_heads(spec.contract)
     callbacks = []
     if enforce:
         levers = plan(compiled, spec.contract, probe_sampler(spec), EnforceConfig())

@@ -229,7 +229,7 @@ def test_convert_overwrite_unlinks_links_and_never_copies_through_them(tmp_path:
     (out / "vocab.txt").symlink_to(secret)  # a stale file that is a link
     (out / "config.json").rename(out / "real.json")
     (out / "config.json").symlink_to(out / "real.json")  # a file to replace that is a link
-    with pytest.raises(ConfigError, match="pass --overwrite"):
+    with pytest.raises(ConfigError, match="pass overwrite=True"):
         convert(hf, out)
     convert(hf, out, overwrite=True)
     assert not (out / "vocab.txt").exists() and not (out / "config.json").is_symlink()

@@ -95,7 +95,7 @@ def test_a_text_task_tokenizer_is_the_run_tokenizer(tmp_path):
     hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]",
                                               bos_token="<s>", pad_token="[PAD]")
     hf.save_pretrained(tmp_path / "tok")
-    (tmp_path / "corpus.txt").write_text("the cat sat on the mat\n" * 20)
+    (tmp_path / "corpus.txt").write_text("the cat sat on the mat\n" * 80)
     run = _train(tmp_path, """
 model: {n_layers: 1, n_heads: 2, d_model: 16, vocab_size: 8, max_seq_len: 8}
 data: {tasks: {lm: {task: text, path: corpus.txt, seq_len: 8, tokenizer: tok}},
