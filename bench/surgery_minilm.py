@@ -12,7 +12,8 @@ Steps:
 
 1. the corpus: the repository's ``docs/*.md`` joined (blank lines between files) into
    ``OUT/corpus.txt``, beside a copy of the spec (its ``corpus.txt`` is relative to the spec);
-2. ``headwise train OUT/surgery_minilm.yaml --enforce --set model.pretrained.path=MINILM``
+2. ``headwise train OUT/surgery_minilm.yaml --enforce --set model.pretrained.path=MINILM
+   --set data.tasks.mlm.tokenizer=MINILM``
    as ``headwise.pipeline.run.train_run`` runs it (one thread; no HTML report), and with
    ``--plain`` the same run without ``--enforce``;
 3. ``headwise export RUN --hf OUT/merged`` (the adapters merged into the weights) and
@@ -168,7 +169,8 @@ def main() -> None:
     torch.set_num_threads(1)
     original = Path(gt.get_model_path())
     spec = write_inputs(args.out)
-    sets = [f"model.pretrained.path={original}", *args.sets]
+    sets = [f"model.pretrained.path={original}", f"data.tasks.mlm.tokenizer={original}",
+            *args.sets]
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     result: dict[str, Any] = {"commit": commit, "command": " ".join(sys.argv), "runs": {}}
