@@ -77,7 +77,8 @@ def spec_from_dict(data: dict, base: Path | None = None, text: str = "") -> Spec
             check.string(data[key], key)
     model = parse_model(data["model"], base)
     config = model.config
-    dataspec = parse_data(data["data"], config, base, gated=_gated(data))
+    dataspec = parse_data(data["data"], config, base, gated=_gated(data),
+                          tokenizer=_checkpoint_tokenizer(model))
     tasks = dataspec.names
     train = parse_train(data.get("train"))
     heads = parse_heads(data.get("heads"), config, tasks, dataspec.seq_len)
@@ -98,3 +99,12 @@ def _gated(data: dict) -> bool:
     rules = heads.values() if isinstance(heads, dict) else ()
     return data.get("gates") is not None or any(isinstance(r, dict) and "tasks" in r
                                                 for r in rules)
+
+
+def _checkpoint_tokenizer(model: ModelSpec) -> str | None:
+    """A pretrained checkpoint's directory when it holds a ``tokenizer.json``: the tokenizer
+    file-backed tasks (``text``, ``mlm``, ``pairs``) read through unless they name their own."""
+    if model.pretrained is None:
+        return None
+    path = Path(model.pretrained.path)
+    return str(path) if (path / "tokenizer.json").is_file() else None

@@ -110,10 +110,12 @@ def _pretrained_config(path: Path) -> ModelConfig:
 
 
 def parse_data(value: Any, config: ModelConfig, base: Path | None,
-               gated: bool = False) -> DataSpec:
+               gated: bool = False, tokenizer: str | None = None) -> DataSpec:
     """``data: {tasks: {name: {task: KIND, weight: W, ...kwargs}}, eval_examples, eval_seed,
     verify_seed, task_tokens}``; ``gated``: the spec has task gates (``task_tokens: auto`` then
-    adds no markers: the gates already tell the model which task it is doing)."""
+    adds no markers: the gates already tell the model which task it is doing); ``tokenizer``:
+    a pretrained checkpoint's, the default ``tokenizer`` of file-backed tasks (``tokenizer:
+    bytes`` reads the file's bytes instead)."""
     from headwise.data import TASKS
 
     data = check.mapping(value, "data", "a mapping with keys tasks, eval_examples, eval_seed, "
@@ -146,6 +148,9 @@ def parse_data(value: Any, config: ModelConfig, base: Path | None,
     for name, (path, kind, entry) in entries.items():
         weight = check.number(entry.pop("weight", 1.0), check.join(path, "weight"),
                               positive=True)
+        if TASKS[kind].splits and "tokenizer" in _init_names(TASKS[kind]):
+            given = entry.get("tokenizer", tokenizer)
+            entry = {**entry, "tokenizer": None if given == "bytes" else given}
         kwargs = _task_kwargs(TASKS[kind], entry, vocab, base, path)
         task = _build_task(TASKS[kind], kwargs, path)
         try:
@@ -210,8 +215,7 @@ def _task_kwargs(cls: type, entry: dict[str, Any], vocab_size: int, base: Path |
     """The task's keyword arguments: the spec's, with ``vocab_size`` defaulting to the ids the
     model leaves for task symbols and relative file paths resolved against the spec's
     directory."""
-    names = ([f.name for f in fields(cls) if f.init] if is_dataclass(cls)
-             else list(inspect.signature(cls).parameters))
+    names = _init_names(cls)
     check.keys(entry, ["task", "weight", *names], path)
     kwargs = dict(entry)
     if "vocab_size" in names and "vocab_size" not in kwargs and not _own_vocab(cls, kwargs):
@@ -220,6 +224,12 @@ def _task_kwargs(cls: type, entry: dict[str, Any], vocab_size: int, base: Path |
         if isinstance(kwargs.get(key), str):
             kwargs[key] = str(_resolve(kwargs[key], base))
     return kwargs
+
+
+def _init_names(cls: type) -> list[str]:
+    """The keyword arguments a task class takes."""
+    return ([f.name for f in fields(cls) if f.init] if is_dataclass(cls)
+            else list(inspect.signature(cls).parameters))
 
 
 def _own_vocab(cls: type, kwargs: dict[str, Any]) -> bool:
