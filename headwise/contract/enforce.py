@@ -132,8 +132,10 @@ class Enforcer:
         record["history"].append(point)
         if result.passed:
             record["held_at"] = record.get("held_at") or state.step
-            self.kept.keep(state.model, state.out_dir, state.rank, record, state.step)
-            state.stop = self.config.stop == "first_hold"
+            if self.config.stop == "first_hold":  # training ends here: the final model
+                record["kept_step"], state.stop = state.step, True
+            else:
+                self.kept.keep(state.model, state.out_dir, state.rank, record, state.step)
 
     def measure(self, state: TrainState) -> ContractResult:
         """The contract measured on the enforcement set at an evaluation point (a subclass

@@ -51,7 +51,6 @@ CASES = [
     ("copy_carrier", 0, "ablation drop_at_least (a redundant pair)"),
     ("copy_sort_spare", 1, "ablation drop_at_most"),
     ("copy_sort_exclusive", 0, "exclusive"),
-    ("sort_mean_ablation", 0, "ablation drop_at_least (mean ablation)"),
     ("sort_copy_floors", 1, "task floor (exact)"),
 ]
 

@@ -104,10 +104,10 @@ def test_run_report_sections(demo_run: Path) -> None:
 
 @pytest.mark.slow
 def test_report_heads_selector(demo_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from headwise.pipeline.finished import load_run
+    from headwise.pipeline.finished import load_compiled
     from headwise.pipeline.run_report import report_attention
 
-    viewer, note = report_attention(load_run(demo_run), "L0.H1,L0.H3", lambda t: [
+    viewer, note = report_attention(load_compiled(demo_run), "L0.H1,L0.H3", lambda t: [
         str(i) for i in t.tolist()])
     assert viewer.heads == ["L0.H1", "L0.H3"] and "L0.H1,L0.H3 (--heads)" in note
     assert main(["report", str(demo_run), "--heads", "L2.H0"]) == 2  # refused before work
