@@ -13,7 +13,7 @@ from headwise.contract.enforce import Enforcer, check_possible, plan, summary
 from headwise.contract.forecast import ClauseForecast, ForecastWatch, forecast_clauses
 from headwise.contract.kind import ClauseKind
 from headwise.contract.kinds import KINDS
-from headwise.contract.lever import ClauseLever, EnforceConfig, PlanContext, ProbeSampler
+from headwise.contract.lever import ClauseLever, EnforceConfig, ProbeSampler
 from headwise.contract.parse import parse_contract
 from headwise.contract.results import ClauseResult, ContractResult, VerifyData
 from headwise.contract.verify import verify
@@ -21,6 +21,6 @@ from headwise.contract.verify import verify
 __all__ = [
     "KINDS", "METRICS", "MODES", "UNIT_METRICS", "Clause", "ClauseForecast", "ClauseKind",
     "ClauseLever", "ClauseResult", "Contract", "ContractResult", "EnforceConfig", "Enforcer",
-    "ForecastWatch", "PlanContext", "ProbeSampler", "VerifyData", "check_possible",
+    "ForecastWatch", "ProbeSampler", "VerifyData", "check_possible",
     "forecast_clauses", "margin", "parse_contract", "plan", "summary", "verify",
 ]

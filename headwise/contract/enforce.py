@@ -63,17 +63,28 @@ def plan(compiled: Compiled, contract: Contract, probes: ProbeSampler | None = N
     Raises:
         SpecError: with ``data``, an impossible clause.
     """
-    ctx = PlanContext(compiled, contract.n_layers, contract.n_heads, config or EnforceConfig(),
-                      probes, data, {h for c in contract for h in c.heads})
+    ctx = _context(compiled, contract, config, probes, data)
     if data is not None:
-        check_possible(ctx, contract)
+        _refuse_impossible(ctx, contract)
     return {c.index: KINDS[c.kind].lever(ctx, c) for c in contract}
 
 
-def check_possible(ctx: PlanContext, contract: Contract) -> None:
+def check_possible(compiled: Compiled, contract: Contract, data: VerifyData,
+                   config: EnforceConfig | None = None) -> None:
     """Refuse, before any training, a clause that a structural mask or a fixed gate makes
-    impossible (``ClauseKind.check_possible``; ``SpecError`` naming the clause and the mask or
-    gate)."""
+    impossible (``ClauseKind.check_possible``, measured on ``data``, the enforcement set):
+    ``SpecError`` naming the clause and the mask or gate. ``plan`` with ``data`` does this
+    first; a plain run calls it alone."""
+    _refuse_impossible(_context(compiled, contract, config, None, data), contract)
+
+
+def _context(compiled: Compiled, contract: Contract, config: EnforceConfig | None,
+             probes: ProbeSampler | None, data: VerifyData | None) -> PlanContext:
+    return PlanContext(compiled, contract.n_layers, contract.n_heads, config or EnforceConfig(),
+                       probes, data, {h for c in contract for h in c.heads})
+
+
+def _refuse_impossible(ctx: PlanContext, contract: Contract) -> None:
     for c in contract:
         KINDS[c.kind].check_possible(ctx, c)
 

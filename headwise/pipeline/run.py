@@ -26,7 +26,6 @@ from headwise.contract import (
     EnforceConfig,
     Enforcer,
     ForecastWatch,
-    PlanContext,
     VerifyData,
     check_possible,
     plan,
@@ -131,8 +130,7 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     data = enforcement_data(compiled)  # on the training device: enforcement measures mid-run
     enforcing = _enforcer(compiled, contract, data, flags, config, enforcer)
     if enforcing is None and contract:  # plain runs refuse impossible clauses too
-        check_possible(PlanContext(compiled, contract.n_layers, contract.n_heads, config,
-                                   data=data), contract)
+        check_possible(compiled, contract, data, config)
     callbacks: list[Callable[[Any], None]] = [enforcing] if enforcing is not None else []
     train_config = _budgeted(spec.train, flags.enforce_budget or 1.0)
     if enforcing is not None and config.stop == "end" and train_config.parallel == "fsdp":

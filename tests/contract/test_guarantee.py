@@ -180,14 +180,50 @@ def test_the_kept_model_is_the_last_evaluation_point_that_held(tmp_path: Path) -
     e = json.loads((run / "enforcement.json").read_text())
     held = [p["step"] for p in e["history"] if p["passed"]]
     assert held and e["kept_step"] == held[-1]
+    # The run's weights are those of the kept step's checkpoint (checkpoints every 20 steps).
     kept = load_file(str(run / "model.safetensors"))
-    if e["kept_step"] != 100:  # the run's weights are those of the kept step's checkpoint
-        at = load_file(str(checkpoint_dir(run, e["kept_step"]) / "model.safetensors"))
-        assert all(torch.equal(kept[k], at[k]) for k in kept)
-    else:
-        assert (run / "kept.safetensors").is_file()
-    manifest = json.loads((run / "manifest.json").read_text())
-    assert "model.safetensors" in json.dumps(manifest)
+    at = load_file(str(checkpoint_dir(run, e["kept_step"]) / "model.safetensors"))
+    assert kept.keys() == at.keys() and all(torch.equal(kept[k], at[k]) for k in kept)
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_a_later_failure_restores_the_model_of_the_last_point_that_held(
+        tmp_path: Path, on_disk: bool) -> None:
+    from types import SimpleNamespace
+
+    from headwise.contract import Enforcer
+    from headwise.contract.results import ClauseResult, ContractResult
+    from headwise.errors import CheckpointError
+
+    spec = load_spec(SPEC)
+    compiled = compile_spec(spec)
+    model = compiled.model
+    verdicts = iter([True, True, False])
+
+    class Canned(Enforcer):
+        def measure(self, state: object) -> ContractResult:
+            passed = next(verdicts)
+            return ContractResult([ClauseResult(spec.contract[0], passed,
+                                                0.95 if passed else 0.5, ">= 0.9", "L0.H1")])
+
+    enforcer = Canned(spec.contract, enforcement_data(compiled), plan(compiled, spec.contract))
+    state = SimpleNamespace(step=0, model=model, extra={}, stop=False,
+                            out_dir=tmp_path if on_disk else None, rank=0)
+    snapshots = {}
+    for step in (10, 20, 30):  # holds at 10 and 20, fails at 30
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * step)  # "training" between evaluation points
+        snapshots[step] = {k: v.clone() for k, v in model.state_dict().items()}
+        state.step = step
+        enforcer(state)  # type: ignore[arg-type]
+        assert not state.stop  # stop: end trains on
+    assert enforcer.restore_kept(model, state.out_dir, state.extra, 30) == 20
+    assert all(torch.equal(v, snapshots[20][k]) for k, v in model.state_dict().items())
+    if on_disk:  # the kept file is the one the run recorded, or it is refused
+        (tmp_path / "kept.safetensors").write_bytes(b"not the kept model")
+        with pytest.raises(CheckpointError, match="not the model kept at step 20"):
+            enforcer.restore_kept(model, tmp_path, state.extra, 30)
 
 
 KV = """
