@@ -31,11 +31,11 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from step_timing import interleaved, paired, status_kib
 
 SHAPE = {"n_layers": 4, "d_model": 256, "n_heads": 8, "d_ff": 1024, "vocab_size": 4096,
          "max_seq_len": 1024}
@@ -75,29 +75,7 @@ def make_step(system: str, T: int, B: int) -> tuple[Callable[[], float], int]:
 
 
 def speed(T: int, B: int, reps: int, warmup: int) -> dict[str, list[float]]:
-    steps = {s: make_step(s, T, B)[0] for s in SYSTEMS}
-    for _ in range(warmup):
-        for fn in steps.values():
-            fn()
-    times: dict[str, list[float]] = {s: [] for s in SYSTEMS}
-    for _ in range(reps):
-        for s, fn in steps.items():
-            t0 = time.perf_counter()
-            fn()
-            times[s].append(time.perf_counter() - t0)
-    return times
-
-
-def paired(times: dict[str, list[float]], a: str, b: str) -> float:
-    """Median over repetitions of ``a / b`` measured in the same repetition."""
-    return statistics.median(x / y for x, y in zip(times[a], times[b], strict=True))
-
-
-def _status_kib(field: str) -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
+    return interleaved({s: make_step(s, T, B)[0] for s in SYSTEMS}, reps, warmup)
 
 
 def memory_worker(system: str, T: int, B: int) -> None:
@@ -110,10 +88,10 @@ def memory_worker(system: str, T: int, B: int) -> None:
     step, n_params = make_step(system, T, B)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    before = _status_kib("VmRSS")
+    before = status_kib("VmRSS")
     for _ in range(3):
         step()
-    after = _status_kib("VmHWM")
+    after = status_kib("VmHWM")
     print(json.dumps({"system": system, "trainable": n_params,
                       "peak_growth_mib": (after - before) / 1024}))
 

@@ -32,11 +32,11 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from step_timing import interleaved, paired, status_kib
 
 SYSTEMS = ("lora", "cosine", "kl", "surgery", "lora_again")
 HEAD = "L3.H4"
@@ -93,29 +93,7 @@ def make_step(system: str, T: int, B: int) -> Callable[[], float]:
 
 
 def speed(T: int, B: int, reps: int, warmup: int) -> dict[str, list[float]]:
-    steps = {s: make_step(s, T, B) for s in SYSTEMS}
-    for _ in range(warmup):
-        for fn in steps.values():
-            fn()
-    times: dict[str, list[float]] = {s: [] for s in SYSTEMS}
-    for _ in range(reps):
-        for s, fn in steps.items():
-            t0 = time.perf_counter()
-            fn()
-            times[s].append(time.perf_counter() - t0)
-    return times
-
-
-def paired(times: dict[str, list[float]], a: str, b: str) -> float:
-    """Median over repetitions of ``a / b`` measured in the same repetition."""
-    return statistics.median(x / y for x, y in zip(times[a], times[b], strict=True))
-
-
-def _status_kib(field: str) -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
+    return interleaved({s: make_step(s, T, B) for s in SYSTEMS}, reps, warmup)
 
 
 def memory_worker(system: str, T: int, B: int) -> None:
@@ -124,11 +102,11 @@ def memory_worker(system: str, T: int, B: int) -> None:
     step = make_step(system, T, B)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    before = _status_kib("VmRSS")
+    before = status_kib("VmRSS")
     for _ in range(3):
         step()
     print(json.dumps({"system": system,
-                      "peak_growth_mib": (_status_kib("VmHWM") - before) / 1024}))
+                      "peak_growth_mib": (status_kib("VmHWM") - before) / 1024}))
 
 
 def main() -> None:
