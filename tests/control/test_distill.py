@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from host_reads import forbid_host_reads
 
 from headwise.contract import VerifyData, parse_contract, verify
 from headwise.control import Distill, PatternDistill, capture_base
@@ -175,10 +176,7 @@ def test_a_distillation_step_reads_nothing_back_to_the_host(
               Distill(model, base, "hidden_cosine", weight=1.0, name="c"),
               PatternDistill(model, base, "L1.H2", weight=1.0, name="p")]
 
-    def host(*args: object, **kwargs: object) -> None:
-        raise AssertionError("a lever read a tensor back to the host")
-    for name in ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__"):
-        monkeypatch.setattr(torch.Tensor, name, host)
+    forbid_host_reads(monkeypatch)
     for lever in levers:
         lever.prepare(batch)
     with model.hooks(*[h for lever in levers for h in lever.hooks()]):

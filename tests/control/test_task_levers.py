@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from host_reads import forbid_host_reads
 
 from headwise.control.objectives import RoleBound
 from headwise.control.task_levers import (
@@ -171,10 +172,7 @@ def test_a_lever_step_reads_nothing_back_to_the_host(monkeypatch: pytest.MonkeyP
         if isinstance(lever, OnProbeData):
             lever._rows(batch)
 
-    def host(*args: object, **kwargs: object) -> None:
-        raise AssertionError("a lever read a tensor back to the host")
-    for name in ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__"):
-        monkeypatch.setattr(torch.Tensor, name, host)
+    forbid_host_reads(monkeypatch)
     for lever in levers:
         lever.prepare(batch)
     hooks = [h for lever in levers for h in lever.hooks()]
