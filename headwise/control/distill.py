@@ -138,7 +138,7 @@ class _ToBase(Objective):
         self.name = name
         self._batch: Any = None
 
-    def prepare(self, batch: Any) -> None:
+    def prepare(self, batch: Any, step: int = 0) -> None:
         self._batch = batch
 
     def _taken(self, tokens: Tensor, attention_mask: Tensor | None) -> Any:

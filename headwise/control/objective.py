@@ -29,8 +29,10 @@ class Objective(Protocol):
     name: str
     weight: float
 
-    def prepare(self, batch: Any) -> None:
-        """Set per-batch state before the forward (default: none)."""
+    def prepare(self, batch: Any, step: int = 0) -> None:
+        """Set per-batch state before the forward (default: none). ``step`` is the training
+        step the batch is for (0 outside training): levers with random draws salt them with
+        it, so a draw is not a fixed function of the example."""
         return None
 
     def hooks(self) -> list[Hook]:

@@ -23,9 +23,13 @@ These are the differentiable levers behind a contract's task-level clauses
   task's examples in the batch, raising that task's share of the loss (the lever of a task
   floor: the task is never traded away for another clause).
 
-The random draws are a pure function of each example's tokens, hashed on the tokens' device
-(``row_uniforms``), so training stays bitwise reproducible, an interrupted run resumes exactly,
-and no lever reads a value back to the host during a training step.
+The random draws are a pure function of each example's tokens and the training step, hashed
+on the tokens' device (``row_uniforms`` salted by ``step_salt``), so training stays bitwise
+reproducible, an interrupted run resumes exactly, and no lever reads a value back to the host
+during a training step. The step matters: on a task with few distinct inputs, draws hashed from
+the tokens alone would ablate the same examples at every step, and the model would learn which
+ones to answer through the ablated heads. As dropout does, ``StochasticAblation`` ablates
+nothing while the model is in eval mode.
 """
 
 from __future__ import annotations
@@ -52,6 +56,11 @@ def salt_of(name: str) -> int:
     """A lever's salt (an int below the hash prime) from its name, computed once on the host."""
     digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % _PRIME
+
+
+def step_salt(name: str, step: int) -> int:
+    """A lever's salt for the draws of one training step (on the host, no tensor read)."""
+    return salt_of(f"{name}@{step}")
 
 
 def row_uniforms(tokens: Tensor, salt: int) -> Tensor:
@@ -148,17 +157,19 @@ class StochasticAblation(Objective):
                              "in [0, 1]")
         self.weight = float(weight)
         self.name = name
+        self.model = model
         self._keep: Tensor | None = None
         self._rows: Tensor | None = None
         self._src: Tensor | None = None
 
-    def prepare(self, batch: Any) -> None:
-        """Draw which examples of the batch are ablated in the coming forward (on its device)."""
+    def prepare(self, batch: Any, step: int = 0) -> None:
+        """Draw which examples of the batch are ablated in the coming forward (on its device);
+        none in eval mode."""
         p = min(max(self.weight, 0.0), 1.0)
-        if p <= 0.0:
+        if p <= 0.0 or not self.model.training:
             self.reset()
             return
-        salt = salt_of(self.name)
+        salt = step_salt(self.name, step)
         draw = row_uniforms(batch.tokens, salt) < p  # (B,)
         rows = _rows_of(batch.task_ids, self.task_ids)
         self._keep = (~(draw & rows)).to(torch.float32)
@@ -201,9 +212,11 @@ class _SecondForward(Objective):
         self.weight = float(weight)
         self.name = name
         self._batch: Any = None
+        self._step = 0
 
-    def prepare(self, batch: Any) -> None:
+    def prepare(self, batch: Any, step: int = 0) -> None:
         self._batch = batch if self.weight > 0.0 else None  # no second forward at weight 0
+        self._step = step
 
     def reset(self) -> None:
         self._batch = None
@@ -243,8 +256,8 @@ class AblatedMargin(_SecondForward):
 
     def _ablation_hooks(self, batch: Any) -> list[Hook]:
         rows = _rows_of(batch.task_ids, self.task_ids)
-        src = (_sources(batch.tokens, rows, salt_of(self.name)) if self.mode == "resample"
-               else None)
+        src = (_sources(batch.tokens, rows, step_salt(self.name, self._step))
+               if self.mode == "resample" else None)
 
         def fn(z: Tensor, ctx: HookContext) -> Tensor:
             return _ablated(z, self.mode, rows, src)
@@ -293,7 +306,7 @@ class TaskLossWeight(Objective):
         self._logits: Tensor | None = None
         self._batch: Any = None
 
-    def prepare(self, batch: Any) -> None:
+    def prepare(self, batch: Any, step: int = 0) -> None:
         self._batch = batch
 
     def hooks(self) -> list[Hook]:
@@ -328,9 +341,9 @@ class OnProbeData(Objective):
     draws a pool of ``PROBE_POOL x B`` examples (seeded from the lever's name: never the
     verification examples, and the same pool after a resume) onto the training device; before
     each training forward, ``prepare`` picks B rows of the pool by hashing the training batch's
-    rows (``row_uniforms``, on the device), runs the model on them with only the inner lever's
-    hooks and keeps the inner lever's loss; ``loss`` returns it. No forward runs while
-    ``weight`` is 0.
+    rows with the step (``row_uniforms``, on the device), runs the model on them with only the
+    inner lever's hooks and keeps the inner lever's loss; ``loss`` returns it. No forward runs
+    while ``weight`` is 0.
 
     Args:
         model: a headwise Transformer.
@@ -354,24 +367,24 @@ class OnProbeData(Objective):
     def weight(self, value: float) -> None:
         self.inner.weight = float(value)
 
-    def _rows(self, batch: Any) -> Any:
+    def _rows(self, batch: Any, step: int) -> Any:
         B = batch.tokens.shape[0]
         if self._pool is None or self._pool.tokens.shape[0] != PROBE_POOL * B:
             device = batch.tokens.device
             self._pool = self.sample(PROBE_POOL * B, salt_of(self.name)).to(device)
         n = self._pool.tokens.shape[0]
-        idx = (row_uniforms(batch.tokens, salt_of(self.name)) * n).long().clamp_max(n - 1)
+        idx = (row_uniforms(batch.tokens, step_salt(self.name, step)) * n).long().clamp_max(n - 1)
         pool = self._pool
         mask = None if pool.attention_mask is None else pool.attention_mask[idx]
         return dataclasses.replace(pool, tokens=pool.tokens[idx], targets=pool.targets[idx],
                                    attention_mask=mask, task_ids=pool.task_ids[idx])
 
-    def prepare(self, batch: Any) -> None:
+    def prepare(self, batch: Any, step: int = 0) -> None:
         self._term = None
         if self.weight <= 0.0:
             return
-        probe = self._rows(batch)
-        self.inner.prepare(probe)  # the inner objective sees the batch it is applied to
+        probe = self._rows(batch, step)
+        self.inner.prepare(probe, step)  # the inner objective sees the batch it is applied to
         with self.model.hooks(*self.inner.hooks()):  # type: ignore[operator]
             self.model(probe.tokens, attention_mask=probe.attention_mask,
                        task_ids=probe.task_ids)

@@ -35,18 +35,19 @@ def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextM
 
 def forward(model: Callable[..., Tensor], inner: nn.Module, batch: Batch,
             objectives: Sequence[Objective],
-            bf16: bool, device: torch.device, hooks: Sequence[Any] | None = None
-            ) -> tuple[Tensor, list[tuple[Tensor, dict[str, Any]]]]:
+            bf16: bool, device: torch.device, hooks: Sequence[Any] | None = None,
+            step: int = 0) -> tuple[Tensor, list[tuple[Tensor, dict[str, Any]]]]:
     """Logits (B, T, V) and each objective's ``(weighted loss, logs)`` for one batch.
 
     Args:
         model: what to call (the DDP wrapper, a compiled model, or the model itself).
         inner: the unwrapped model, whose hook points the objectives' hooks attach to.
         hooks: the objectives' hooks, made once by the caller (default: made here).
+        step: the training step of the batch (``Objective.prepare``; 0 for evaluation).
     """
     try:
         for obj in objectives:  # per-batch levers (e.g. stochastic ablation by task) see it
-            obj.prepare(batch)
+            obj.prepare(batch, step)
         if hooks is None:
             hooks = [h for obj in objectives for h in obj.hooks()]
         attached = (inner.hooks(*hooks) if hooks  # type: ignore[operator]

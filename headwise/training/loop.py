@@ -352,7 +352,7 @@ def _step(run: _Run, step_model: Callable[..., Tensor], step: int, hooks: list[A
     if ctx.device.type != "cpu":
         batch = batch.to(ctx.device)
     logits, terms = forward(step_model, run.model, batch, run.objectives, config.bf16,
-                            ctx.device, hooks)
+                            ctx.device, hooks, step)
     loss, step_stats = task_loss(logits, batch, len(run.data.names))
     total = loss
     for term, _ in terms:

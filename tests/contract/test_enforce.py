@@ -246,5 +246,5 @@ contract:
     on_probe.prepare(batch)
     again, _ = on_probe.loss(batch.tokens)
     assert len(seen) == 1 and torch.equal(again.detach(), term.detach())
-    rows = on_probe._rows(batch)
+    rows = on_probe._rows(batch, 0)
     assert all(any(torch.equal(r, p) for p in pool.tokens) for r in rows.tokens)

@@ -154,7 +154,7 @@ def test_an_ablation_clause_trains_with_the_ablation_it_is_measured_with(mode: s
         return
     # With p = 1 on one task, the lever's forward is the measurement's mean ablation with the
     # batch as its reference (headwise.hooks.ablate).
-    model = compiled.model.eval()
+    model = compiled.model  # training mode: the lever ablates nothing in eval mode
     batch = compiled.data.sample(16, torch.Generator().manual_seed(1))
     spare.weight = 1.0
     spare.prepare(batch)

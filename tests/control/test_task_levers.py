@@ -59,6 +59,42 @@ def test_stochastic_ablation_zeroes_exactly_the_drawn_examples_of_its_tasks() ->
     assert torch.equal(off, clean)
 
 
+def _ablated_rows(lever: StochasticAblation, batch: Batch, step: int) -> torch.Tensor:
+    lever.prepare(batch, step)
+    assert lever._keep is not None
+    rows = lever._keep == 0
+    lever.reset()
+    return rows
+
+
+def test_stochastic_ablation_draws_differ_from_step_to_step() -> None:
+    """Every example is ablated at a share ``p`` of the steps, not at all of them or none: a
+    task with few distinct inputs must not get a fixed set of always-ablated examples (the
+    model would learn to answer those through the ablated heads alone). Over 400 steps at p =
+    0.5 each row's share has standard deviation 0.025; the bounds are 6 of them away."""
+    model = make()
+    batch = Batch(_batch().tokens, _batch().targets, None, torch.zeros(12, dtype=torch.long))
+    lever = StochasticAblation(model, "L1.H0", task_ids=[0], weight=0.5, name="a")
+    draws = torch.stack([_ablated_rows(lever, batch, step) for step in range(400)])
+    share = draws.float().mean(0)  # (12,)
+    assert bool(((share > 0.35) & (share < 0.65)).all()), share
+    # Reproducible: the same batch at the same step draws the same examples (resume exactness).
+    assert torch.equal(_ablated_rows(lever, batch, 7), draws[7])
+
+
+def test_stochastic_ablation_ablates_nothing_in_eval_mode() -> None:
+    """As dropout: evaluation measures the model, not the model under its training noise."""
+    model, batch = make(), _batch()
+    lever = StochasticAblation(model, "L1.H0,L1.H2", task_ids=[0, 1, 2], weight=1.0, name="a")
+    clean = model(batch.tokens, task_ids=batch.task_ids)
+    model.eval()
+    try:
+        logits, (_, logs) = _forward(model, lever, batch)
+    finally:
+        model.train()
+    assert torch.equal(logits, clean) and float(logs["a/ablated"]) == 0.0
+
+
 def test_task_loss_weight_is_weight_times_the_tasks_own_cross_entropy() -> None:
     model, batch = make(), _batch()
     lever = TaskLossWeight(model, task_id=2, weight=3.0)
@@ -170,11 +206,11 @@ def test_a_lever_step_reads_nothing_back_to_the_host(monkeypatch: pytest.MonkeyP
     levers[-1].weight = 1.0
     for lever in levers:  # the probe pool is drawn on the host once, before the first step
         if isinstance(lever, OnProbeData):
-            lever._rows(batch)
+            lever._rows(batch, 0)
 
     forbid_host_reads(monkeypatch)
     for lever in levers:
-        lever.prepare(batch)
+        lever.prepare(batch, 5)  # a training step's draws are salted on the host
     hooks = [h for lever in levers for h in lever.hooks()]
     with model.hooks(*hooks):
         logits = model(batch.tokens, task_ids=batch.task_ids)
