@@ -5,10 +5,12 @@ Every ``$ headwise ...`` line of the page's console blocks runs in this process
 a 120-column console, as in the page; arguments naming a file of the checkout
 (``headwise/examples/...``) are given as that file. The exit code must be the one the page's
 ``$ echo $?`` quotes (0 where it quotes none), and the output must be the quoted lines, line by
-line, with the same printed digits: there is no tolerance, since repeated runs on one machine
-print identical output, and a number that moves moves because the product changed (the page is
-then regenerated). A quoted ``...`` line stands for any number of printed lines. Masked on both
-sides, because they depend on the machine, not the product:
+line, with the same printed digits. There is no tolerance: repeated runs on one machine print
+identical output, so a number that moves moves because the product changed (regenerate the page
+then); no rounding argument bounds how far a trained number can move on a CPU whose float32
+kernels round differently, so a tolerance would only hide changes. A quoted ``...`` line stands
+for any number of printed lines. Masked on both sides, because they depend on the machine, not
+the product:
 
 - the ``[elapsed<remaining, rate]`` timing of progress lines, and ``wall time N s``;
 - the digits of ``headwise explain``'s checks, float32 rounding residuals whose exact value
@@ -89,12 +91,14 @@ def _blocks() -> Iterator[tuple[int, str, list[str]]]:
 
 
 def _trimmed(lines: list[tuple[int, str]]) -> tuple[tuple[int, str], ...]:
+    """``lines`` without trailing blank lines."""
     while lines and not lines[-1][1].strip():
         lines.pop()
     return tuple(lines)
 
 
 def _commands() -> list[Quote]:
+    """Each ``$ headwise ...`` of the page's plain fenced blocks, with its quoted output."""
     quotes: list[Quote] = []
     for first, lang, lines in _blocks():
         if lang or not lines or not lines[0].startswith("$ "):
@@ -176,6 +180,7 @@ def assert_quoted(quote: Quote, raw: str, what: str) -> None:
 
 
 def _capture(call: Callable[[], Any]) -> tuple[Any, str]:
+    """``call()``'s result and what it printed (stdout and stderr, interleaved)."""
     buf = io.StringIO()
     with redirect_stdout(buf), redirect_stderr(buf):
         result = call()
@@ -199,14 +204,17 @@ class Session:
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
+def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
+    """The page's commands, run in order in one directory (the page's ``runs/...``)."""
     cwd = tmp_path_factory.mktemp("tutorial")
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(cwd)
         mp.setenv("COLUMNS", "120")  # the page's console width
+        for name in ("FORCE_COLOR", "FORCE_TERMINAL", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+            mp.delenv(name, raising=False)  # the page quotes plain output, as to a pipe
         results = tuple(_capture(lambda q=q: main(_argv(q))) for q in COMMANDS)
-        yield Session(cwd, results)
     torch.set_num_threads(1)
+    return Session(cwd, results)
 
 
 @pytest.fixture(scope="module")
