@@ -248,7 +248,9 @@ def summary(extra: dict[str, Any], final: ContractResult, steps_done: int,
     weights the run kept (the last evaluation point at which the contract held on the
     enforcement set; the final step when it never did); ``enforcement_set``: the verdict and
     values measured there at that step, beside the verification set's ``final``;
-    ``assists_from``: per floor whose circuit assists switched on, the step they did.
+    ``assists_from``: per floor whose circuit assists switched on, the step they did;
+    ``enforced``: whether some lever was weighted at some evaluation point (multipliers
+    relax to 0 once their clauses hold with margin, so the final ones do not say).
     """
     record = extra.get("enforce", {"history": [], "multipliers": {}, "clauses": {}})
     holds = {r.clause.index: r.passed for r in final.results}
@@ -266,7 +268,8 @@ def summary(extra: dict[str, Any], final: ContractResult, steps_done: int,
                         saturated=saturated,
                         advice=_advice(entry, saturated, history, key))
         clauses.append(item)
-    acted = any(v for v in record["multipliers"].values())
+    acted = any(c.get("multiplier") for p in history  # a lever weighted at some point
+                for c in p["clauses"].values())
     at = next((p for p in reversed(history) if p["step"] == kept_step), None)
     enforcement_set = None if at is None else {
         "step": at["step"], "passed": at["passed"],

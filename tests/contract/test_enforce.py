@@ -248,3 +248,21 @@ contract:
     assert len(seen) == 1 and torch.equal(again.detach(), term.detach())
     rows = on_probe._rows(batch, 0)
     assert all(any(torch.equal(r, p) for p in pool.tokens) for r in rows.tokens)
+
+
+def test_a_run_whose_multipliers_relaxed_to_zero_still_says_it_was_enforced() -> None:
+    """Multipliers relax to 0 once their clauses hold with margin; ``enforced`` reads the
+    history, not the final multipliers."""
+    from headwise.contract.enforce import summary
+    from headwise.contract.results import ContractResult
+
+    def point(step: int, lam: float) -> dict[str, object]:
+        return {"step": step, "passed": lam == 0.0,
+                "clauses": {"0": {"measured": 0.5, "violation": -0.1, "multiplier": lam,
+                                  "passed": lam == 0.0, "saturated": False}}}
+    record = {"history": [point(10, 2.0), point(20, 0.0)], "multipliers": {"0": 0.0},
+              "clauses": {}}
+    final = ContractResult(results=[])
+    assert summary({"enforce": record}, final, 20, 20)["enforced"] is True
+    record["history"] = [point(10, 0.0), point(20, 0.0)]
+    assert summary({"enforce": record}, final, 20, 20)["enforced"] is False
