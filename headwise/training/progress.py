@@ -105,7 +105,8 @@ class ProgressBar:
         if self.plain:
             if loss is not None:
                 self.last = (step, loss, tasks)
-                if self.last_line is None or self.now() - self.last_line >= self.interval_s:
+                due = self.last_line is None or self.now() - self.last_line >= self.interval_s
+                if due and step < self.total:  # the last step's line is close()'s, always last
                     self._line()
             return
         if self._progress is None:

@@ -45,6 +45,20 @@ def test_plain_lines_first_log_step_then_one_per_interval_then_the_end() -> None
     assert lines[-1].startswith("train 100/100 (100%) [01:40<00:00, 1 step/s]")
 
 
+def test_the_last_steps_line_is_printed_at_close_even_when_an_interval_is_due() -> None:
+    """The final line comes after the last evaluation point's, however slow the machine: a
+    line due by the interval at the last step waits for ``close``."""
+    stream, now = io.StringIO(), Clock()
+    bar = ProgressBar(total=10, start=0, enabled=True, interval_s=30, stream=stream, now=now)
+    bar.update(1, loss=1.0, tasks={})
+    now.t += 60.0  # an interval is due at the last step
+    bar.update(10, loss=0.5, tasks={})
+    print("eval 10/10", file=stream)
+    bar.close()
+    assert [line.split()[:2] for line in stream.getvalue().splitlines()] == [
+        ["train", "1/10"], ["eval", "10/10"], ["train", "10/10"]]
+
+
 def test_resumed_bar_counts_the_rate_from_its_start_and_quiet_prints_nothing() -> None:
     stream, now = io.StringIO(), Clock()
     bar = ProgressBar(total=1000, start=400, enabled=True, stream=stream, now=now)
