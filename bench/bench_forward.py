@@ -4,6 +4,7 @@ Run from the repository root::
 
     .venv/bin/python bench/bench_forward.py                       # speed + memory
     .venv/bin/python bench/bench_forward.py --tl-python bench/.cache/tlvenv3/bin/python  # + TL
+    .venv/bin/python bench/bench_forward.py --profile --shapes 64x32,256x8 --reps 5
 
 Speed: both systems in one process, one thread, interleaved (each repetition runs every system
 once, in turn), median of ``--reps`` after ``--warmup`` runs. Forward runs under
@@ -11,9 +12,10 @@ once, in turn), median of ``--reps`` after ``--warmup`` runs. Forward runs under
 Memory: one subprocess per mode; the figure is the growth of the peak resident set size
 (``VmHWM``) across one no-grad forward, i.e. the forward's transient and cached memory.
 TransformerLens (optional, memory only): ``--tl-python`` / ``--tl4-python`` name a Python whose
-environment has ``transformer_lens`` 3.x / 4.x (never a headwise dependency). Speed against
-TransformerLens is ``bench_tl_cache.py``, which also builds that environment and reuses
-``_tl_model`` from here.
+environment has ``transformer_lens`` 3.x / 4.x (never a headwise dependency).
+Profile (``--profile``): per-op self CPU time of the no-hook forward and of all patterns cached,
+``torch.profiler`` around each call (``profile_ops``). Speed against TransformerLens is
+``bench_tl_cache.py``, which also builds that environment and reuses ``_tl_model`` from here.
 """
 
 from __future__ import annotations
@@ -133,6 +135,48 @@ def speed(T: int, B: int, reps: int, warmup: int, clock: str = "wall",
         ratios["fwd_bwd_vs_ref"] = paired(times, "ref_fwd_bwd", "ours_fwd_bwd")
     return {**medians(times), **{f"ratio_{k}": v for k, v in ratios.items()},
             "max_abs_diff": diff}
+
+
+def profile_ops(T: int, B: int, reps: int, top: int = 16) -> str:
+    """Where the time goes: per-op self CPU ms per forward, no hooks vs all patterns cached.
+
+    ``torch.profiler`` around one call at a time, the two modes alternating for ``reps``
+    rounds (after one warm-up each), no-grad, one thread; ops sorted by their total over both
+    modes. The profiler's own overhead inflates small ops; read the shares, not the sums.
+    """
+    import collections
+
+    from torch.profiler import ProfilerActivity, profile
+
+    ours, _ = build()
+    tokens = torch.randint(0, SHAPE["vocab_size"], (B, T),
+                           generator=torch.Generator().manual_seed(1))
+    patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(SHAPE["n_layers"])]
+    modes: dict[str, Callable[[], object]] = {
+        "no_hooks": lambda: ours(tokens),
+        "all_patterns": lambda: ours.run_with_cache(tokens, patterns)}
+    ms = {m: collections.Counter[str]() for m in modes}
+    calls = {m: collections.Counter[str]() for m in modes}
+    with torch.no_grad():
+        for fn in modes.values():
+            fn()
+        for _ in range(reps):
+            for mode, fn in modes.items():
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    fn()
+                for event in prof.key_averages():
+                    ms[mode][event.key] += event.self_cpu_time_total / 1e3 / reps
+                    calls[mode][event.key] += event.count
+    ops = sorted(set(ms["no_hooks"]) | set(ms["all_patterns"]),
+                 key=lambda op: -(ms["no_hooks"][op] + ms["all_patterns"][op]))
+    lines = ["| op | no hooks (ms) | all patterns (ms) | calls per forward |",
+             "|---|---:|---:|---|"]
+    for op in ops[:top]:
+        lines.append(f"| {op} | {ms['no_hooks'][op]:.1f} | {ms['all_patterns'][op]:.1f} | "
+                     f"{calls['no_hooks'][op] // reps} / {calls['all_patterns'][op] // reps} |")
+    lines.append(f"| total | {sum(ms['no_hooks'].values()):.1f} | "
+                 f"{sum(ms['all_patterns'].values()):.1f} | |")
+    return "\n".join(lines)
 
 
 def memory_worker(mode: str, T: int, B: int) -> None:
@@ -298,16 +342,25 @@ def main() -> None:
                     help="a Python with transformer_lens 3.x (HookedTransformer)")
     ap.add_argument("--tl4-python", default=None,
                     help="a Python with transformer_lens 4.x (TransformerBridge)")
+    ap.add_argument("--profile", action="store_true",
+                    help="print where the time goes (per-op CPU ms, no hooks vs all patterns) "
+                         "for each shape, then stop")
     ap.add_argument("--memory-worker", nargs=3, metavar=("MODE", "T", "B"))
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.memory_worker:
         mode, T, B = args.memory_worker
         return memory_worker(mode, int(T), int(B))
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    if args.profile:
+        for T, B in shapes:
+            print(f"\n## T={T} B={B}: self CPU time per forward, {args.reps} profiled "
+                  f"forwards per mode, load average {os.getloadavg()}")
+            print(profile_ops(T, B, args.reps))
+        return None
 
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, reps {args.reps}, "
           f"warmup {args.warmup}, clock {args.clock}, load average {os.getloadavg()}")
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     for T, B in [] if args.no_speed else shapes:
         r = speed(T, B, args.reps, args.warmup, args.clock, train=not args.no_train)
         print(f"\n## T={T} B={B}   (max |logits diff| vs reference {r['max_abs_diff']:.2e})")

@@ -22,6 +22,10 @@ same round, median over rounds (min-max in brackets). Modes:
 - ``every_hook``: every hook point TL caches by default (TL: ``run_with_cache(tokens)``); ours:
   every point except ``attn.hook_result``, which TL computes only with ``use_attn_result=True``;
 - ``names_filter``: the residual stream, names containing ``resid`` (12 points).
+
+``--env NAME=VALUE`` sets a variable in both systems' workers, e.g. glibc's
+``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_``, which decide whether freed memory
+goes back to the OS (and is faulted in again by the next call's captures).
 """
 
 from __future__ import annotations
@@ -108,10 +112,10 @@ def worker(system: str, states: list[str], reps: int, warmup: int, clock: str) -
 
 
 def _run(python: str, system: str, states: list[str], reps: int, warmup: int,
-         clock: str) -> dict[str, dict[str, float]]:
+         clock: str, extra_env: dict[str, str]) -> dict[str, dict[str, float]]:
     cmd = [python, str(Path(__file__).resolve()), "--worker", system, "--reps", str(reps),
            "--warmup", str(warmup), "--clock", clock, *states]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra_env}
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
@@ -119,7 +123,7 @@ def _run(python: str, system: str, states: list[str], reps: int, warmup: int,
 
 
 def compare(tl_python: str, shapes: list[tuple[int, int]], rounds: int, reps: int,
-            warmup: int, clock: str) -> dict[str, Any]:
+            warmup: int, clock: str, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """Alternate our process and TL's for ``rounds``; per shape and mode: medians, ratios."""
     sys.path.insert(0, str(HERE))
     from bench_forward import SHAPE, build
@@ -137,8 +141,10 @@ def compare(tl_python: str, shapes: list[tuple[int, int]], rounds: int, reps: in
             states.append(path)
         runs: dict[str, list[dict[str, dict[str, float]]]] = {"ours": [], "tl": []}
         for _ in range(rounds):
-            runs["ours"].append(_run(sys.executable, "ours", states, reps, warmup, clock))
-            runs["tl"].append(_run(tl_python, "tl", states, reps, warmup, clock))
+            runs["ours"].append(_run(sys.executable, "ours", states, reps, warmup, clock,
+                                     extra_env or {}))
+            runs["tl"].append(_run(tl_python, "tl", states, reps, warmup, clock,
+                                   extra_env or {}))
     table: dict[str, Any] = {}
     for T, B in shapes:
         key = f"{T}x{B}"
@@ -161,6 +167,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="wall-clock or process CPU seconds (cpu: for a loaded machine)")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="set in both systems' worker processes (repeatable), e.g. glibc's "
+                         "MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_")
     ap.add_argument("--venv", default=str(VENV), help="the TL venv (created when missing)")
     ap.add_argument("--setup-only", action="store_true", help="create the TL venv and stop")
     ap.add_argument("--worker", choices=("ours", "tl"), help=argparse.SUPPRESS)
@@ -173,10 +182,12 @@ def main() -> None:
         print(tl_python)
         return
     shapes = [(int(t), int(b)) for t, b in (s.split("x") for s in args.shapes.split(","))]
+    extra_env = dict(item.split("=", 1) for item in args.env)
     print(f"torch {torch.__version__}, {TL_PIN}, one thread, {args.rounds} rounds x "
           f"{args.reps} reps (+{args.warmup} warm-up), clock {args.clock}, "
-          f"load average {os.getloadavg()}")
-    table = compare(str(tl_python), shapes, args.rounds, args.reps, args.warmup, args.clock)
+          f"environment {extra_env or 'as is'}, load average {os.getloadavg()}")
+    table = compare(str(tl_python), shapes, args.rounds, args.reps, args.warmup, args.clock,
+                    extra_env)
     print("| T x B | mode | headwise (s) | TL 3.9 (s) | TL / headwise, paired (min-max) |")
     print("|---|---|---:|---:|---:|")
     for key, r in table.items():

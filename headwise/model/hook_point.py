@@ -192,12 +192,13 @@ def _checked(out: object, like: Tensor, name: str) -> Tensor:
     return out
 
 
-# The name -> HookPoint map of a model is built once and reused while the module tree is
-# unchanged. Any sub-module registration anywhere (attribute assignment, ``add_module``,
-# ``ModuleList.append``, an adapter replacing a Linear with ``setattr``) bumps this counter
-# through torch's global registration hook, which makes every stored map stale.
+# The name -> HookPoint map of a model (and anything else derived from its module tree, see
+# ``tree_memo``) is built once and reused while the tree is unchanged. Any sub-module
+# registration anywhere (attribute assignment, ``add_module``, ``ModuleList.append``, an adapter
+# replacing a Linear with ``setattr``, a task gate set or cleared) bumps this counter through
+# torch's global registration hook, which makes every stored value stale.
 _tree_version = 0
-_maps: weakref.WeakKeyDictionary[nn.Module, tuple[int, dict[str, HookPoint]]] = (
+_memos: weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[int, Any]]] = (
     weakref.WeakKeyDictionary())
 
 
@@ -209,22 +210,37 @@ def _on_register(module: nn.Module, name: str, submodule: nn.Module | None) -> N
 register_module_module_registration_hook(_on_register)
 
 
+def tree_memo(model: nn.Module, key: str, build: Callable[[nn.Module], Any]) -> Any:
+    """``build(model)``, kept per model and ``key`` until a sub-module is registered anywhere
+    in the process (then the next call builds again): what a walk of the module tree finds,
+    without walking it at every call. The same registration rules as ``hook_points`` apply."""
+    memos = _memos.get(model)
+    if memos is None:
+        memos = _memos[model] = {}
+    entry = memos.get(key)
+    if entry is None or entry[0] != _tree_version:
+        entry = memos[key] = (_tree_version, build(model))
+    return entry[1]
+
+
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:
     """Every hook point of ``model`` by its name, in module order (do not mutate the dict).
 
     The map is built by one walk of the module tree and kept until a sub-module is registered
     anywhere in the process (assignment, ``add_module``, ``ModuleList.append``, an adapter
-    wrapping a Linear); then the next call walks again. Each walk names the points by their
-    module paths when ``model`` owns the names (a class attribute ``names_hook_points``, set by
-    ``Transformer``, so a module moved in from elsewhere is renamed); in any other module (a
-    wrapper such as ``torch.compile``'s) points keep their names and only unnamed ones take
-    their path. Edits that bypass torch's registration (``del`` of a sub-module,
-    ``ModuleList.insert``, writing ``_modules`` directly) are not seen: assign the new module
-    (or ``None``) instead.
+    wrapping a Linear); then the next call walks again (``tree_memo``). Each walk names the
+    points by their module paths when ``model`` owns the names (a class attribute
+    ``names_hook_points``, set by ``Transformer``, so a module moved in from elsewhere is
+    renamed); in any other module (a wrapper such as ``torch.compile``'s) points keep their
+    names and only unnamed ones take their path. Edits that bypass torch's registration
+    (``del`` of a sub-module, ``ModuleList.insert``, writing ``_modules`` directly) are not
+    seen: assign the new module (or ``None``) instead.
     """
-    entry = _maps.get(model)
-    if entry is not None and entry[0] == _tree_version:
-        return entry[1]
+    points: dict[str, HookPoint] = tree_memo(model, "hook_points", _walk_points)
+    return points
+
+
+def _walk_points(model: nn.Module) -> dict[str, HookPoint]:
     # the class's own attribute: a wrapper that forwards attribute lookups to the model it
     # wraps (torch.compile's OptimizedModule) must not rename the points by its own paths
     rename = bool(getattr(type(model), "names_hook_points", False))
@@ -234,7 +250,6 @@ def hook_points(model: nn.Module) -> dict[str, HookPoint]:
             if rename or not m.name:
                 m.name = path
             points[m.name] = m
-    _maps[model] = (_tree_version, points)
     return points
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from headwise.model.hook_point import tree_memo
+
 
 def check_tokens(tokens: Tensor, vocab_size: int, attention_mask: Tensor | None = None,
                  task_ids: Tensor | None = None, n_tasks: int | None = None) -> None:
@@ -39,7 +41,13 @@ def check_tokens(tokens: Tensor, vocab_size: int, attention_mask: Tensor | None 
 
 
 def gate_tasks(model: nn.Module) -> int | None:
-    """The number of tasks the model's installed head gates take (``None``: no gates)."""
+    """The number of tasks the model's installed head gates take (``None``: no gates); found
+    by one walk of the module tree, kept until a module is registered (``tree_memo``)."""
+    n_tasks: int | None = tree_memo(model, "gate_tasks", _walk_gates)
+    return n_tasks
+
+
+def _walk_gates(model: nn.Module) -> int | None:
     gates = [getattr(m, "head_gate", None) for m in model.modules()]
     counts = [int(getattr(g, "n_tasks", 1)) for g in gates if isinstance(g, nn.Module)]
     return max(counts) if counts else None

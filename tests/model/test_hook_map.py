@@ -127,3 +127,36 @@ def test_training_steps_do_not_walk_the_module_tree(model: Transformer,
     run(1)  # warm: builds whatever the loop builds once
     monkeypatch.setattr(nn.Module, "named_modules", counted)
     assert run(6) == run(2)  # walks do not grow with the number of steps
+
+
+def test_run_with_cache_walks_no_tree_and_sees_a_gate_set_later(
+        model: Transformer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run_with_cache`` checks task ids against the installed gates' task count; that count is
+    found once per module tree, not by a walk at every call, and follows a gate set or cleared
+    (the reference: task id 2 is refused exactly while a 2-task gate is installed)."""
+
+    class PassGate(nn.Module):
+        n_tasks = 2
+
+        def forward(self, z: Tensor, task_ids: Tensor | None) -> Tensor:
+            return z
+
+    tokens, task_ids = torch.randint(0, 17, (2, 5)), torch.tensor([0, 2])
+    names = ["blocks.0.attn.hook_pattern"]
+    model.run_with_cache(tokens, names, task_ids=task_ids)  # no gate: id 2 is fine
+    walks: list[int] = []
+    real = nn.Module.named_modules
+
+    def counted(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        walks.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(nn.Module, "named_modules", counted)
+    for _ in range(3):
+        model.run_with_cache(tokens, names, task_ids=task_ids)
+    assert walks == []
+    model.blocks[1].attn.head_gate = PassGate()
+    with pytest.raises(ValueError, match=r"task_ids: got range \[0, 2\], expected ids in \[0, 2\)"):
+        model.run_with_cache(tokens, names, task_ids=task_ids)
+    model.blocks[1].attn.head_gate = None
+    model.run_with_cache(tokens, names, task_ids=task_ids)
