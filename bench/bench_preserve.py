@@ -14,7 +14,10 @@ Systems, each with its own model and optimizer:
 
 - ``lora``: the plain step; ``lora_again``: the same step again (the noise floor);
 - ``cosine``: plus ``Distill(hidden_cosine)`` at weight 1 (a ``hidden_cosine`` clause's lever);
-- ``kl``: plus ``Distill(kl)`` at weight 1 (a ``kl`` / ``loss_increase`` clause's lever);
+- ``kl``: plus ``Distill(kl)`` at weight 1 (a ``kl`` / ``loss_increase`` clause's lever), scoring
+  the positions with targets (15%, as a masked-LM task's);
+- ``kl_all``: the same lever on a batch with a target at every position (as next-token data):
+  the KL over the whole vocabulary at all ``B x T`` positions;
 - ``surgery``: plus the previous-token pattern objective on ``L3.H4`` (a role clause's lever),
   ``Distill(hidden_cosine)`` and ``PatternDistill`` on the other 71 heads (a ``role_drift``
   clause's lever): every lever of the surgery contract at once.
@@ -38,7 +41,7 @@ from typing import Any
 import torch
 from step_timing import interleaved, paired, status_kib
 
-SYSTEMS = ("lora", "cosine", "kl", "surgery", "lora_again")
+SYSTEMS = ("lora", "cosine", "kl", "kl_all", "surgery", "lora_again")
 HEAD = "L3.H4"
 
 
@@ -60,7 +63,7 @@ def make_step(system: str, T: int, B: int) -> Callable[[], float]:
     levers: list[Any] = []
     if system in ("cosine", "surgery"):
         levers.append(Distill(model, base, "hidden_cosine", weight=1.0, name="cos"))
-    if system == "kl":
+    if system in ("kl", "kl_all"):
         levers.append(Distill(model, base, "kl", weight=1.0, name="kl"))
     if system == "surgery":
         levers.append(PatternObjective(model, HEAD, "previous_token", kind="ce", weight=1.0))
@@ -72,7 +75,8 @@ def make_step(system: str, T: int, B: int) -> Callable[[], float]:
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(1000, cfg.vocab_size, (B, T), generator=g)
     targets = torch.randint(1000, cfg.vocab_size, (B, T), generator=g)
-    targets[torch.rand(B, T, generator=g) > 0.15] = -100
+    if system != "kl_all":
+        targets[torch.rand(B, T, generator=g) > 0.15] = -100
     batch = Batch(tokens, targets, torch.ones(B, T, dtype=torch.long),
                   torch.zeros(B, dtype=torch.long))
     cpu = torch.device("cpu")
