@@ -155,7 +155,7 @@ class _Rows:
         self.task_ids, self.targets = task_ids, targets
 
     def valid(self, use_targets: bool) -> Tensor:
-        """(B, T) bool: the task's targets, or every real token."""
+        """(B, T) bool: the targets (when asked for and there are some), or every real token."""
         if use_targets and self.targets is not None:
             return self.targets != IGNORE
         return real_tokens(self.tokens, self.attention_mask)

@@ -195,7 +195,8 @@ class Distill(_ToBase):
         metric: ``"kl"`` (mean ``KL(base || trained)`` of the output distributions) or
             ``"hidden_cosine"`` (``1 -`` the mean cosine of the final hidden states;
             mean-pooled for a bidirectional model).
-        task_id: score only this task's rows (``targets != -100``); ``None``: every real token.
+        task_id: score only this task's rows; ``None``: every row (the scored positions:
+            the module docstring).
         weight: the term's weight (0: no base forward).
         name: the lever's name.
 
