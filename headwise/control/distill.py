@@ -16,13 +16,17 @@ The levers (``headwise.control.Objective`` loss terms, weighted by a clause's mu
 
 - ``Distill(model, base, metric)``: ``weight x`` the mean KL (``metric="kl"``) or ``1 -`` the
   mean cosine (``"hidden_cosine"``) of the trained model's outputs on the training batch to the
-  base's, one base forward (no gradient) per step; at weight 0 no base forward runs.
+  base's; at weight 0 no base forward runs.
 - ``PatternDistill(model, base, heads)``: ``weight x`` the mean pattern KL of ``heads`` to the
   base's. The lever of a role-drift bound: every role score is a mean over rows of attention
   mass on a target set (or ``1 - TV`` to a target row), and ``|mass_P(S) - mass_Q(S)| <=
   TV(P, Q) <= sqrt(KL(P || Q) / 2)`` (Pinsker), so pulling each head's rows to the base's
   bounds the drift of every role at once; distilling the outputs would not (two heads may trade
   roles while the outputs stay put).
+
+Every lever reads the start through ``BaseReference.forward``: one start forward without
+gradient per training batch, shared by the levers on that batch (a contract with a cosine and
+a role-drift clause runs one, not two).
 
 Scored positions on a training batch: the positions with a target (``targets != -100``: the
 next tokens, the completion, the masked tokens), of the clause's task's rows or, without a task,
@@ -240,14 +244,13 @@ class Distill(_ToBase):
         kw = self._kwargs(batch)
         if self.metric == "kl":
             valid = scored(batch, task_id, True)
+            hidden, w = scored_rows(self.base.forward(batch.tokens, **kw)[0], valid)  # (N, D)
             with self.base.model() as m:  # the start's logits at the scored positions only
-                hidden, w = scored_rows(m.hidden(batch.tokens, **kw), valid)  # (N, D), (N,)
                 ref = output_logits(m, hidden)  # (N, V)
             total, n = kl_sums(ref, scored_rows(value, valid)[0], w)
             d = total / n.clamp_min(1.0)
             return self.weight * d, {f"{self.name}/kl": d.detach()}
-        with self.base.model() as m:
-            ref = m.hidden(batch.tokens, **kw)  # (B, T, D)
+        ref = self.base.forward(batch.tokens, **kw)[0]  # (B, T, D)
         valid = scored(batch, task_id, not self.pooled)
         total, n = cosine_sums(ref, self._post(value), valid, self.pooled)
         cos = total / n.clamp_min(1.0)
@@ -274,6 +277,8 @@ class PatternDistill(_ToBase):
             raise ValueError("PatternDistill: got an empty head set, expected at least one head")
         self._want = {l: tuple(self.heads.in_layer(l)) for l in self.heads.layers}
         self._trained: dict[int, Tensor] = {}
+        for layer, hs in self._want.items():
+            base.want_patterns(layer, hs)
 
     def _capture(self, into: dict[int, Tensor]) -> list[Hook]:
         def grab(layer: int) -> Callable[[Tensor, HookContext], None]:
@@ -301,14 +306,14 @@ class PatternDistill(_ToBase):
         if set(trained) != set(self._want):
             raise RuntimeError(f"{self.name}: run the forward inside "
                                "`with model.hooks(*lever.hooks())` first")
-        ref: dict[int, Tensor] = {}
-        with self.base.model() as m, m.hooks(*self._capture(ref)):
-            m.hidden(batch.tokens, **self._kwargs(batch))  # the patterns; no unembedding
+        ref = self.base.forward(batch.tokens, **self._kwargs(batch))[1]
         rows = real_tokens(batch.tokens, batch.attention_mask)
         total = torch.zeros((), device=tokens.device)
         count = torch.zeros((), device=tokens.device)
-        for layer in self._want:
-            s, n = pattern_kl_sums(ref[layer], trained[layer], rows)
+        for layer, hs in self._want.items():
+            held = self.base.pattern_heads(layer)
+            start = ref[layer] if held == hs else ref[layer][:, [held.index(h) for h in hs]]
+            s, n = pattern_kl_sums(start, trained[layer], rows)
             total, count = total + s, count + n
         d = total / count.clamp_min(1.0)
         return self.weight * d, {f"{self.name}/pattern_kl": d.detach()}

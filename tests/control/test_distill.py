@@ -12,6 +12,7 @@ from host_reads import forbid_host_reads
 
 from headwise.contract import VerifyData, parse_contract, verify
 from headwise.control import Distill, PatternDistill, capture_base
+from headwise.control.base_reference import BaseReference
 from headwise.control.distill import final_hidden_point, kl_sums, scored_rows
 from headwise.data import Batch
 from headwise.training.evaluate import forward
@@ -161,6 +162,35 @@ def test_the_levers_work_with_hooks_made_once_per_run() -> None:
     again = [float(t.detach()) for t, _ in forward(model, model, batch, levers, False, CPU,
                                                     hooks)[1]]
     assert again == pytest.approx(first) and min(first) > 0.0
+
+
+def test_the_levers_on_one_batch_share_one_start_forward() -> None:
+    """Each lever's term as when it is the only lever on its own start; one start forward."""
+    model, batch = make(dropout=0.0), _batch()
+    pristine = copy.deepcopy(model)
+    base = capture_base(model)
+    _perturb(model, 0.2)
+
+    def lever(i: int, m: torch.nn.Module, b: BaseReference) -> object:
+        return [lambda: Distill(m, b, "hidden_cosine", weight=1.0, name="c"),
+                lambda: PatternDistill(m, b, "L0.H1,L1.H2", weight=1.0, name="p"),
+                lambda: PatternDistill(m, b, "L1.H0,L1.H2", weight=1.0, name="q"),
+                lambda: Distill(m, b, "kl", weight=1.0, name="k")][i]()
+    runs = []
+    with base.model() as start:
+        handle = start.embed.register_forward_hook(lambda *args: runs.append(1))
+    model.train()
+    shared = [float(t.detach()) for t, _ in forward(
+        model, model, batch, [lever(i, model, base) for i in range(4)], False, CPU)[1]]
+    handle.remove()
+    alone = []
+    for i in range(4):  # each on a fresh copy of the start, perturbed alike
+        twin = copy.deepcopy(pristine)
+        twin_base = capture_base(twin)
+        _perturb(twin, 0.2)
+        alone.append(float(_step(twin, lever(i, twin, twin_base), batch).detach()))
+    assert len(runs) == 1
+    assert shared == pytest.approx(alone, rel=1e-6) and min(shared) > 0.0
 
 
 def _measure(model: torch.nn.Module, base: object, clause: dict, held_out: Batch) -> float:
