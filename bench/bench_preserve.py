@@ -9,15 +9,19 @@ Model: all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads, vocabulary 30522), head-scop
 ``L3.H4`` (``q_proj``, ``v_proj``, rank 8), the adapters' starting model captured before the
 first step (``capture_base``: the adapters switched off, no copy). A *training step* is
 ``training.evaluate.forward`` (every lever's prepare, hooks, loss, reset, as ``train()`` runs
-them), cross-entropy on 15% of positions with random targets, backward, AdamW over the adapters.
+them) on a new batch (fresh tensors of the same tokens), cross-entropy on 15% of positions with
+random targets, backward, AdamW over the adapters.
 Systems, each with its own model and optimizer:
 
 - ``lora``: the plain step; ``lora_again``: the same step again (the noise floor);
 - ``cosine``: plus ``Distill(hidden_cosine)`` at weight 1 (a ``hidden_cosine`` clause's lever);
-- ``kl``: plus ``Distill(kl)`` at weight 1 (a ``kl`` / ``loss_increase`` clause's lever);
+- ``kl``: plus ``Distill(kl)`` at weight 1 (a ``kl`` / ``loss_increase`` clause's lever), scoring
+  the positions with targets (15%, as a masked-LM task's);
+- ``kl_all``: the same lever on a batch with a target at every position (as next-token data):
+  the KL over the whole vocabulary at all ``B x T`` positions;
 - ``surgery``: plus the previous-token pattern objective on ``L3.H4`` (a role clause's lever),
   ``Distill(hidden_cosine)`` and ``PatternDistill`` on the other 71 heads (a ``role_drift``
-  clause's lever): every lever of the surgery contract at once.
+  clause's lever): every lever of the surgery contract at once (one start forward, shared).
 
 Speed: one process, one thread, interleaved, median of ``--reps`` after ``--warmup``; ratios are
 medians of per-repetition ratios. Peak memory: one subprocess per system, the growth of the peak
@@ -38,7 +42,7 @@ from typing import Any
 import torch
 from step_timing import interleaved, paired, status_kib
 
-SYSTEMS = ("lora", "cosine", "kl", "surgery", "lora_again")
+SYSTEMS = ("lora", "cosine", "kl", "kl_all", "surgery", "lora_again")
 HEAD = "L3.H4"
 
 
@@ -60,7 +64,7 @@ def make_step(system: str, T: int, B: int) -> Callable[[], float]:
     levers: list[Any] = []
     if system in ("cosine", "surgery"):
         levers.append(Distill(model, base, "hidden_cosine", weight=1.0, name="cos"))
-    if system == "kl":
+    if system in ("kl", "kl_all"):
         levers.append(Distill(model, base, "kl", weight=1.0, name="kl"))
     if system == "surgery":
         levers.append(PatternObjective(model, HEAD, "previous_token", kind="ce", weight=1.0))
@@ -72,13 +76,16 @@ def make_step(system: str, T: int, B: int) -> Callable[[], float]:
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(1000, cfg.vocab_size, (B, T), generator=g)
     targets = torch.randint(1000, cfg.vocab_size, (B, T), generator=g)
-    targets[torch.rand(B, T, generator=g) > 0.15] = -100
-    batch = Batch(tokens, targets, torch.ones(B, T, dtype=torch.long),
-                  torch.zeros(B, dtype=torch.long))
+    if system != "kl_all":
+        targets[torch.rand(B, T, generator=g) > 0.15] = -100
+    mask, task_ids = torch.ones(B, T, dtype=torch.long), torch.zeros(B, dtype=torch.long)
     cpu = torch.device("cpu")
     model.train()
 
     def step() -> float:
+        # new tensors at every step, as training batches are (the start's forward is run once
+        # per batch and kept for the batch's other levers)
+        batch = Batch(tokens.clone(), targets.clone(), mask.clone(), task_ids.clone())
         opt.zero_grad(set_to_none=True)
         logits, terms = forward(model, model, batch, levers, False, cpu)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(),

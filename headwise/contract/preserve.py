@@ -14,8 +14,9 @@ starting model (``VerifyData.base``: the adapters switched off, or a frozen copy
 - ``role_drift`` (``at_most``, in [0, 1]): the largest ``|trained - base|`` of any pattern role
   score (``headwise.patterns.ROLE_NAMES``) of any head no other clause names, on the probe.
 
-Scored positions: on a task, the task's targets (``targets != -100``); on any other probe,
-every real token. ``on`` defaults to the default probe (the held-out mixture). Lever:
+Scored positions: the targets (``targets != -100``) of a task's held-out batch, or of a probe
+that has targets (the default probe, the held-out mixture: every task's); on a probe of tokens
+alone, every real token. ``on`` defaults to the default probe (the held-out mixture). Lever:
 distillation to the base on data drawn like the clause's (``Distill``: KL, or ``1 - cosine``
 for ``hidden_cosine``; ``PatternDistill`` on the free heads for ``role_drift``), on the
 model's base reference (captured by planning if the caller has not captured it: planning
@@ -39,7 +40,7 @@ from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.lever import ClauseLever, PlanContext, names
 from headwise.contract.results import ClauseResult, VerifyData
 from headwise.control.base_reference import BaseReference, base_of, capture_base
-from headwise.control.distill import Distill, PatternDistill, cosine_sums, kl_sums
+from headwise.control.distill import Distill, PatternDistill, cosine_sums, kl_sums, scored_rows
 from headwise.control.task_levers import IGNORE
 from headwise.errors import SpecError
 from headwise.heads import Head, HeadSet
@@ -154,7 +155,7 @@ class _Rows:
         self.task_ids, self.targets = task_ids, targets
 
     def valid(self, use_targets: bool) -> Tensor:
-        """(B, T) bool: the task's targets, or every real token."""
+        """(B, T) bool: the targets (when asked for and there are some), or every real token."""
         if use_targets and self.targets is not None:
             return self.targets != IGNORE
         return real_tokens(self.tokens, self.attention_mask)
@@ -169,8 +170,8 @@ class _Rows:
 
 
 def _rows(clause: Clause, data: VerifyData) -> tuple[str, _Rows]:
-    """The probe name and rows of a clause: a task's held-out batch (with its targets), else
-    the probe's tokens (every real token scored)."""
+    """The probe name and rows of a clause: a task's held-out batch, else the probe's (both with
+    their targets when they have them; without, every real token is scored)."""
     if clause.on is not None and clause.on in data.tasks:
         b = data.tasks[clause.on]
         return clause.on, _Rows(b.tokens, b.attention_mask, b.task_ids, b.targets)
@@ -179,7 +180,8 @@ def _rows(clause: Clause, data: VerifyData) -> tuple[str, _Rows]:
                         f"{sorted(data.tasks)}")
     probe = data.probe_name(clause.on, clause.path)
     tokens, mask, kw = data.probe(probe, clause.path)
-    return probe, _Rows(tokens, mask, kw.get("task_ids"), None)
+    return probe, _Rows(tokens, mask, kw.get("task_ids"),
+                        getattr(data.probes[probe], "targets", None))
 
 
 def _distance(model: nn.Module, base: BaseReference, metric: str, rows: _Rows) -> float:
@@ -201,7 +203,9 @@ def _distance(model: nn.Module, base: BaseReference, metric: str, rows: _Rows) -
                 ref = b(part.tokens, **kw)
             out = model(part.tokens, **kw)
             if metric == "kl":
-                s, n = kl_sums(ref, out, part.valid(True))
+                valid = part.valid(True)
+                (p, w), (q, _) = scored_rows(ref, valid), scored_rows(out, valid)
+                s, n = kl_sums(p, q, w)
             else:
                 assert part.targets is not None  # loss_increase is measured on a task
                 s, n = example_stats(out, part.targets)["loss"]

@@ -11,6 +11,9 @@
 
 ``with base.model() as m:`` runs ``m`` (the base) in eval mode and under ``torch.no_grad()``;
 structural masks and gates installed before the capture are part of the base in both cases.
+``base.forward(tokens, ...)`` is the one start forward of a training step that every
+distillation lever reads (the final hidden states and the attention patterns the levers asked
+for with ``want_patterns``): levers on the same batch share it instead of running one each.
 ``preserve`` clauses (``headwise.contract.preserve``) measure against it and their
 distillation levers (``headwise.control.distill``) pull towards it.
 """
@@ -19,15 +22,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from headwise.control.lora import lora_disabled, lora_modules
 from headwise.memory import check_memory
 from headwise.model.eval_mode import eval_mode
+from headwise.model.hook_point import Hook, HookContext
 
 
 class BaseReference:
@@ -41,6 +45,8 @@ class BaseReference:
     def __init__(self, model: nn.Module, frozen: nn.Module | None) -> None:
         self._model = model
         self._frozen = frozen
+        self._patterns: dict[int, set[int]] = {}  # layer -> heads whose patterns levers read
+        self._last: tuple[tuple[Any, ...], Tensor, dict[int, Tensor]] | None = None
 
     @property
     def shares_weights(self) -> bool:
@@ -68,6 +74,42 @@ class BaseReference:
                 stack.enter_context(lora_disabled(m))
             yield m
 
+    def want_patterns(self, layer: int, heads: Iterable[int]) -> None:
+        """Have ``forward`` also capture these heads' attention patterns in ``layer``."""
+        self._patterns.setdefault(layer, set()).update(heads)
+        self._last = None
+
+    def pattern_heads(self, layer: int) -> tuple[int, ...]:
+        """The heads of ``layer`` whose patterns ``forward`` captures, ascending."""
+        return tuple(sorted(self._patterns.get(layer, ())))
+
+    def forward(self, tokens: Tensor, attention_mask: Tensor | None = None,
+                task_ids: Tensor | None = None) -> tuple[Tensor, dict[int, Tensor]]:
+        """The base's final hidden states (B, T, D) and the wanted patterns ``{layer: (B, h, T,
+        T)}`` (heads as ``pattern_heads``), without gradient; run once per batch: a second
+        call on the same tensors (another lever of the same step) returns the same result.
+
+        The base does not change while the model trains (its adapters are off and only they
+        train, or it is a frozen copy), so the result of the last batch stays valid; it is
+        kept until the next batch (the tensors themselves are the key).
+        """
+        key = (tokens, attention_mask, task_ids)
+        if self._last is not None and all(a is b for a, b in zip(self._last[0], key,
+                                                                  strict=True)):
+            return self._last[1], self._last[2]
+        self._last = None
+        patterns: dict[int, Tensor] = {}
+
+        def grab(layer: int) -> Any:
+            def fn(x: Tensor, ctx: HookContext) -> None:
+                patterns[layer] = x
+            return fn
+        hooks = [Hook(f"blocks.{l}.attn.hook_pattern", grab(l), self.pattern_heads(l),
+                      read_only=True) for l in sorted(self._patterns)]
+        with self.model() as m, m.hooks(*hooks):
+            hidden = m.hidden(tokens, attention_mask=attention_mask, task_ids=task_ids)
+        self._last = (key, hidden, patterns)
+        return hidden, patterns
 
     def _follow(self) -> nn.Module:
         """The frozen copy, moved to the trained model's device if that moved (verification

@@ -4,7 +4,8 @@ The distances (one definition, read by the levers here and by the clauses' measu
 ``headwise.contract.preserve``), each as ``(sum, count)`` so batches pool exactly:
 
 - ``kl_sums``: ``KL(base || trained) = sum_v p_base(v) (log p_base(v) - log p_trained(v))`` of
-  the output distributions, per scored position;
+  the output distributions, per scored position (on the rows ``scored_rows`` keeps: only the
+  scored positions are unembedded and normalised over the vocabulary);
 - ``cosine_sums``: cosine of the final hidden states (B, T, D), per scored position, or, for a
   bidirectional encoder (``pooled``), of the embeddings mean-pooled over the real tokens as
   sentence-transformers pools them, per sequence;
@@ -15,7 +16,7 @@ The levers (``headwise.control.Objective`` loss terms, weighted by a clause's mu
 
 - ``Distill(model, base, metric)``: ``weight x`` the mean KL (``metric="kl"``) or ``1 -`` the
   mean cosine (``"hidden_cosine"``) of the trained model's outputs on the training batch to the
-  base's, one base forward (no gradient) per step; at weight 0 no base forward runs.
+  base's; at weight 0 no base forward runs.
 - ``PatternDistill(model, base, heads)``: ``weight x`` the mean pattern KL of ``heads`` to the
   base's. The lever of a role-drift bound: every role score is a mean over rows of attention
   mass on a target set (or ``1 - TV`` to a target row), and ``|mass_P(S) - mass_Q(S)| <=
@@ -23,8 +24,14 @@ The levers (``headwise.control.Objective`` loss terms, weighted by a clause's mu
   bounds the drift of every role at once; distilling the outputs would not (two heads may trade
   roles while the outputs stay put).
 
-Scored positions on a training batch: the rows of the clause's task where ``targets != -100``;
-without a task, every real (non-padding) token. Nothing reads a value back to the host.
+Every lever reads the start through ``BaseReference.forward``: one start forward without
+gradient per training batch, shared by the levers on that batch (a contract with a cosine and
+a role-drift clause runs one, not two).
+
+Scored positions on a training batch: the positions with a target (``targets != -100``: the
+next tokens, the completion, the masked tokens), of the clause's task's rows or, without a task,
+of every row; on a batch without targets (a probe of tokens), every real (non-padding) token.
+Nothing reads a value back to the host on an accelerator (``scored_rows``).
 """
 
 from __future__ import annotations
@@ -48,18 +55,45 @@ EPS = 1e-12
 Sums = tuple[Tensor, Tensor]
 
 
-def kl_sums(base_logits: Tensor, logits: Tensor, valid: Tensor) -> Sums:
-    """``(sum over valid positions of KL(base || trained), number of valid positions)``.
+def scored_rows(x: Tensor, valid: Tensor, gather: bool | None = None) -> tuple[Tensor, Tensor]:
+    """``x`` (B, T, ...) as rows (N, ...) of the scored positions, and their weights (N,).
+
+    By default, on the CPU only the ``valid`` positions are kept (reading their number costs
+    nothing there), so what follows (an unembedding, a softmax over the vocabulary) runs on them
+    alone; on an accelerator every position is kept, weighted 1 or 0, so that no step waits on
+    the host. Weighted sums over the rows are the same either way.
 
     Args:
-        base_logits, logits: (B, T, V) logits of the base and the trained model.
+        x: (B, T, ...) per-position values.
         valid: (B, T) bool, the scored positions.
+        gather: keep only the valid positions (``True``) or every one, weighted (``False``);
+            ``None``: by the device, as above.
     """
-    log_p = F.log_softmax(base_logits.float(), -1)  # (B, T, V)
+    if x.device.type == "cpu" if gather is None else gather:
+        rows = x[valid]  # (N, ...)
+        return rows, torch.ones(rows.shape[0], device=x.device)
+    return x.flatten(0, 1), valid.flatten().to(torch.float32)
+
+
+def output_logits(model: nn.Module, hidden: Tensor) -> Tensor:
+    """Logits (..., V) of final hidden states (..., D): the model's masked-LM head when it has
+    one, else its unembedding (as ``Transformer.forward`` computes them)."""
+    m: Any = model
+    return m.unembed(hidden) if m.mlm_head is None else m.mlm_head(hidden, m.unembed)
+
+
+def kl_sums(base_logits: Tensor, logits: Tensor, weights: Tensor) -> Sums:
+    """``(sum of weight x KL(base || trained), sum of weights)`` over rows of logits.
+
+    Args:
+        base_logits, logits: (N, V) logits of the base and the trained model at the same
+            positions (``scored_rows``).
+        weights: (N,) the rows' weights.
+    """
+    log_p = F.log_softmax(base_logits.float(), -1)  # (N, V)
     log_q = F.log_softmax(logits.float(), -1)
-    kl = F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(-1)  # (B, T)
-    w = valid.to(kl.dtype)
-    return (kl * w).sum(), w.sum()
+    kl = F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(-1)  # (N,)
+    return (kl * weights).sum(), weights.sum()
 
 
 def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
@@ -111,11 +145,12 @@ def final_hidden_point(model: nn.Module) -> tuple[str, Callable[[Tensor], Tensor
 def scored(batch: Any, task_id: int | None, use_targets: bool) -> Tensor:
     """(B, T) bool: the positions a training batch scores (see the module docstring);
     ``use_targets=False`` keeps every real token of the rows (pooled embeddings)."""
-    valid = real_tokens(batch.tokens, batch.attention_mask)
+    targets = getattr(batch, "targets", None)
+    valid = (targets != IGNORE if use_targets and targets is not None
+             else real_tokens(batch.tokens, batch.attention_mask))
     if task_id is None:
         return valid
-    rows = (batch.task_ids == task_id)[:, None]  # (B, 1)
-    return (batch.targets != IGNORE) & rows if use_targets else valid & rows
+    return valid & (batch.task_ids == task_id)[:, None]
 
 
 class _ProbeBatch:
@@ -164,7 +199,8 @@ class Distill(_ToBase):
         metric: ``"kl"`` (mean ``KL(base || trained)`` of the output distributions) or
             ``"hidden_cosine"`` (``1 -`` the mean cosine of the final hidden states;
             mean-pooled for a bidirectional model).
-        task_id: score only this task's rows (``targets != -100``); ``None``: every real token.
+        task_id: score only this task's rows; ``None``: every row (the scored positions:
+            the module docstring).
         weight: the term's weight (0: no base forward).
         name: the lever's name.
 
@@ -207,13 +243,14 @@ class Distill(_ToBase):
         task_id = None if isinstance(batch, _ProbeBatch) else self.task_id
         kw = self._kwargs(batch)
         if self.metric == "kl":
-            with self.base.model() as m:
-                ref = m(batch.tokens, **kw)  # (B, T, V)
-            total, n = kl_sums(ref, value, scored(batch, task_id, True))
+            valid = scored(batch, task_id, True)
+            hidden, w = scored_rows(self.base.forward(batch.tokens, **kw)[0], valid)  # (N, D)
+            with self.base.model() as m:  # the start's logits at the scored positions only
+                ref = output_logits(m, hidden)  # (N, V)
+            total, n = kl_sums(ref, scored_rows(value, valid)[0], w)
             d = total / n.clamp_min(1.0)
             return self.weight * d, {f"{self.name}/kl": d.detach()}
-        with self.base.model() as m:
-            ref = m.hidden(batch.tokens, **kw)  # (B, T, D)
+        ref = self.base.forward(batch.tokens, **kw)[0]  # (B, T, D)
         valid = scored(batch, task_id, not self.pooled)
         total, n = cosine_sums(ref, self._post(value), valid, self.pooled)
         cos = total / n.clamp_min(1.0)
@@ -240,6 +277,8 @@ class PatternDistill(_ToBase):
             raise ValueError("PatternDistill: got an empty head set, expected at least one head")
         self._want = {l: tuple(self.heads.in_layer(l)) for l in self.heads.layers}
         self._trained: dict[int, Tensor] = {}
+        for layer, hs in self._want.items():
+            base.want_patterns(layer, hs)
 
     def _capture(self, into: dict[int, Tensor]) -> list[Hook]:
         def grab(layer: int) -> Callable[[Tensor, HookContext], None]:
@@ -267,14 +306,14 @@ class PatternDistill(_ToBase):
         if set(trained) != set(self._want):
             raise RuntimeError(f"{self.name}: run the forward inside "
                                "`with model.hooks(*lever.hooks())` first")
-        ref: dict[int, Tensor] = {}
-        with self.base.model() as m, m.hooks(*self._capture(ref)):
-            m.hidden(batch.tokens, **self._kwargs(batch))  # the patterns; no unembedding
+        ref = self.base.forward(batch.tokens, **self._kwargs(batch))[1]
         rows = real_tokens(batch.tokens, batch.attention_mask)
         total = torch.zeros((), device=tokens.device)
         count = torch.zeros((), device=tokens.device)
-        for layer in self._want:
-            s, n = pattern_kl_sums(ref[layer], trained[layer], rows)
+        for layer, hs in self._want.items():
+            held = self.base.pattern_heads(layer)
+            start = ref[layer] if held == hs else ref[layer][:, [held.index(h) for h in hs]]
+            s, n = pattern_kl_sums(start, trained[layer], rows)
             total, count = total + s, count + n
         d = total / count.clamp_min(1.0)
         return self.weight * d, {f"{self.name}/pattern_kl": d.detach()}

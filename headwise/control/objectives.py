@@ -18,10 +18,12 @@ Notation for one supervised head: ``P[b, i, :]`` is the model's attention row of
 rows* are those where (1) the target is defined (for a role: the role's defined rows in
 ``headwise.patterns``; index >= 0 with the key allowed by the model's causal and padding masks;
 or a row with positive mass), (2) the query is a real token (``attention_mask``), and (3) the
-model row has at least one allowed key. Per-row losses (natural log, ``eps = 1e-12``)::
+model row has at least one allowed key. Per-row losses (natural log; ``tiny``: the smallest
+normal number of ``P``'s dtype, 1.2e-38 in float32, so a target key with almost no mass still
+gets a gradient: a larger floor would cut it off below the floor)::
 
-    kl:  sum_j Q_ij (log Q_ij - log max(P_ij, eps))      (0 log 0 = 0)
-    ce:  - sum_j Q_ij log max(P_ij, eps)
+    kl:  sum_j Q_ij (log Q_ij - log max(P_ij, tiny))      (0 log 0 = 0)
+    ce:  - sum_j Q_ij log max(P_ij, tiny)
     mse: sum_j (P_ij - Q_ij)^2
 
 A head's loss is the mean of its per-row losses over valid rows (0 if none); the objective's
@@ -199,7 +201,7 @@ def pattern_target(target: Any, tokens: Tensor, attention_mask: Tensor | None,
 
 def row_loss(P: Tensor, Q: Tensor, kind: str) -> Tensor:
     """Per-row loss (..., T) of model rows ``P`` against target rows ``Q`` (module docstring)."""
-    logp = torch.log(P.clamp_min(EPS))
+    logp = torch.log(P.clamp_min(torch.finfo(P.dtype).tiny))
     if kind == "kl":
         return (torch.special.xlogy(Q, Q) - Q * logp).sum(-1)
     if kind == "ce":

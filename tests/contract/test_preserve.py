@@ -104,6 +104,9 @@ def test_kl_on_a_task_and_on_a_probe_matches_transformers(hf_model_dir: MakeHF,
     assert on_probe.passed
     assert on_probe.measured == pytest.approx(float(kl[batch.attention_mask.bool()].mean()),
                                               rel=1e-4)
+    with_targets = _measure(model, base, {"preserve": "base", "metric": "kl", "at_most": 10.0},
+                            {"probes": {"default": batch}})  # a probe with targets: those
+    assert with_targets.measured == pytest.approx(expected, rel=1e-4)
 
 
 def test_hidden_cosine_per_position_for_gpt2_matches_transformers(hf_model_dir: MakeHF,

@@ -7,11 +7,13 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from host_reads import forbid_host_reads
 
 from headwise.contract import VerifyData, parse_contract, verify
 from headwise.control import Distill, PatternDistill, capture_base
-from headwise.control.distill import final_hidden_point
+from headwise.control.base_reference import BaseReference
+from headwise.control.distill import final_hidden_point, kl_sums, scored_rows
 from headwise.data import Batch
 from headwise.training.evaluate import forward
 
@@ -78,6 +80,35 @@ def test_the_kl_lever_is_the_mean_kl_to_the_start_over_the_tasks_scored_position
     assert float(_step(model, lever, batch)) == 0.0
 
 
+def test_without_a_task_the_kl_lever_scores_every_rows_targets() -> None:
+    model, batch = make(dropout=0.0), _batch()
+    start = copy.deepcopy(model).eval()
+    base = capture_base(model)
+    _perturb(model, 0.2)
+    term = _step(model, Distill(model, base, "kl", weight=1.0), batch)
+    with torch.no_grad():
+        p = start(batch.tokens, attention_mask=batch.attention_mask).double().softmax(-1)
+        q = model(batch.tokens, attention_mask=batch.attention_mask).double().softmax(-1)
+    kl = (p * (p.log() - q.log())).sum(-1)  # (B, T)
+    assert float(term.detach()) == pytest.approx(float(kl[batch.targets != -100].mean()),
+                                                 rel=1e-5)
+
+
+def test_the_kl_sums_are_the_same_on_the_gathered_and_the_weighted_rows() -> None:
+    g = torch.Generator().manual_seed(0)
+    p, q = torch.randn(2, 3, 5, 11, generator=g)
+    valid = torch.rand(3, 5, generator=g) > 0.6
+    sums = []
+    for gather in (True, False):
+        (a, w), (b, _) = scored_rows(p, valid, gather), scored_rows(q, valid, gather)
+        assert a.shape[0] == (int(valid.sum()) if gather else 15)
+        sums.append(kl_sums(a, b, w))
+    torch.testing.assert_close(sums[0], sums[1])
+    expected = F.kl_div(q.log_softmax(-1), p.log_softmax(-1), reduction="none",
+                        log_target=True).sum(-1)[valid]
+    torch.testing.assert_close(sums[0][0], expected.sum())
+
+
 def test_the_cosine_lever_pools_an_encoders_states_over_the_attention_mask() -> None:
     model, batch = make(causal=False, norm="post"), _batch()
     start = copy.deepcopy(model).eval()
@@ -131,6 +162,35 @@ def test_the_levers_work_with_hooks_made_once_per_run() -> None:
     again = [float(t.detach()) for t, _ in forward(model, model, batch, levers, False, CPU,
                                                     hooks)[1]]
     assert again == pytest.approx(first) and min(first) > 0.0
+
+
+def test_the_levers_on_one_batch_share_one_start_forward() -> None:
+    """Each lever's term as when it is the only lever on its own start; one start forward."""
+    model, batch = make(dropout=0.0), _batch()
+    pristine = copy.deepcopy(model)
+    base = capture_base(model)
+    _perturb(model, 0.2)
+
+    def lever(i: int, m: torch.nn.Module, b: BaseReference) -> object:
+        return [lambda: Distill(m, b, "hidden_cosine", weight=1.0, name="c"),
+                lambda: PatternDistill(m, b, "L0.H1,L1.H2", weight=1.0, name="p"),
+                lambda: PatternDistill(m, b, "L1.H0,L1.H2", weight=1.0, name="q"),
+                lambda: Distill(m, b, "kl", weight=1.0, name="k")][i]()
+    runs = []
+    with base.model() as start:
+        handle = start.embed.register_forward_hook(lambda *args: runs.append(1))
+    model.train()
+    shared = [float(t.detach()) for t, _ in forward(
+        model, model, batch, [lever(i, model, base) for i in range(4)], False, CPU)[1]]
+    handle.remove()
+    alone = []
+    for i in range(4):  # each on a fresh copy of the start, perturbed alike
+        twin = copy.deepcopy(pristine)
+        twin_base = capture_base(twin)
+        _perturb(twin, 0.2)
+        alone.append(float(_step(twin, lever(i, twin, twin_base), batch).detach()))
+    assert len(runs) == 1
+    assert shared == pytest.approx(alone, rel=1e-6) and min(shared) > 0.0
 
 
 def _measure(model: torch.nn.Module, base: object, clause: dict, held_out: Batch) -> float:

@@ -48,6 +48,18 @@ def test_row_losses_by_hand() -> None:
     torch.testing.assert_close(row_loss(P, Q, "mse"), torch.tensor([0.375, 0.125]))
 
 
+
+def test_ce_gradient_flows_when_the_target_key_has_almost_no_mass() -> None:
+    # P[target] = e^-69 ~ 1e-30: the loss and its gradient on the scores are log_softmax's
+    scores = torch.tensor([[0.0, -69.0, -30.0]], requires_grad=True)
+    Q = torch.tensor([[0.0, 1.0, 0.0]])
+    row_loss(scores.softmax(-1), Q, "ce").sum().backward()
+    ref = scores.detach().clone().requires_grad_(True)
+    (-(Q * ref.log_softmax(-1)).sum()).backward()
+    assert scores.grad is not None and ref.grad is not None
+    torch.testing.assert_close(scores.grad, ref.grad)
+    assert float(ref.grad[0, 1]) == pytest.approx(-1.0)
+
 @pytest.mark.parametrize("target, kind, expected", [
     ("previous_token", "kl", (math.log(2) + math.log(3) + math.log(4)) / 3),
     ("previous_token", "ce", (math.log(2) + math.log(3) + math.log(4)) / 3),
@@ -86,7 +98,8 @@ def test_objectives_match_torch_kl_and_nll_on_a_random_model() -> None:
     P = cache.head("blocks.1.attn.hook_pattern", 3)  # (B, T, T)
     Q = torch.ones(10, 10).tril()
     Q = Q / Q.sum(-1, keepdim=True)
-    kl = F.kl_div(P.clamp_min(1e-12).log(), Q.expand(3, 10, 10), reduction="none").sum(-1)
+    logp = P.clamp_min(torch.finfo(P.dtype).tiny).log()
+    kl = F.kl_div(logp, Q.expand(3, 10, 10), reduction="none").sum(-1)
     kl = kl[:, 1:].mean()  # row 0 has one allowed key: no role is defined there
     _, logs = run(model, PatternObjective(model, "L1.H3", "uniform"), tokens)
     assert float(logs["pattern/L1.H3"]) == pytest.approx(float(kl), rel=1e-5)
