@@ -1,4 +1,4 @@
-"""Helpers of tests that drive runs through the CLI: spec files, the in-process CLI, digests."""
+"""What tests that drive runs through the CLI share: spec files, the in-process CLI, digests."""
 
 from __future__ import annotations
 

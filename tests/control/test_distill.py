@@ -4,6 +4,7 @@ same batch, and training with it moves the model back towards the start."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -42,6 +43,15 @@ def _perturb(model: torch.nn.Module, scale: float, seed: int = 0) -> None:
             p.add_(torch.randn(p.shape, generator=g) * scale)
 
 
+def _moved(model: torch.nn.Module, scale: float) -> tuple[torch.nn.Module, Any]:
+    """A frozen copy of ``model`` as it starts (the reference), its base captured, and
+    ``model`` then perturbed by ``scale``: what a lever must measure the distance of."""
+    start = copy.deepcopy(model).eval()
+    base = capture_base(model)
+    _perturb(model, scale)
+    return start, base
+
+
 def _step(model: torch.nn.Module, lever: object, batch: Batch) -> torch.Tensor:
     model.train()
     _, [(term, _)] = forward(model, model, batch, [lever], False, CPU)  # type: ignore[list-item]
@@ -61,9 +71,7 @@ def test_the_final_hidden_point_gives_the_models_hidden_states(norm: str) -> Non
 
 def test_the_kl_lever_is_the_mean_kl_to_the_start_over_the_tasks_scored_positions() -> None:
     model, batch = make(dropout=0.0), _batch()
-    start = copy.deepcopy(model).eval()
-    base = capture_base(model)
-    _perturb(model, 0.2)
+    start, base = _moved(model, 0.2)
     lever = Distill(model, base, "kl", task_id=1, weight=3.0, name="d")
     term = _step(model, lever, batch)
     with torch.no_grad():
@@ -82,9 +90,7 @@ def test_the_kl_lever_is_the_mean_kl_to_the_start_over_the_tasks_scored_position
 
 def test_without_a_task_the_kl_lever_scores_every_rows_targets() -> None:
     model, batch = make(dropout=0.0), _batch()
-    start = copy.deepcopy(model).eval()
-    base = capture_base(model)
-    _perturb(model, 0.2)
+    start, base = _moved(model, 0.2)
     term = _step(model, Distill(model, base, "kl", weight=1.0), batch)
     with torch.no_grad():
         p = start(batch.tokens, attention_mask=batch.attention_mask).double().softmax(-1)
@@ -111,9 +117,7 @@ def test_the_kl_sums_are_the_same_on_the_gathered_and_the_weighted_rows() -> Non
 
 def test_the_cosine_lever_pools_an_encoders_states_over_the_attention_mask() -> None:
     model, batch = make(causal=False, norm="post"), _batch()
-    start = copy.deepcopy(model).eval()
-    base = capture_base(model)
-    _perturb(model, 0.2)
+    start, base = _moved(model, 0.2)
     term = _step(model, Distill(model, base, "hidden_cosine", weight=1.0), batch)
     model.eval()
     cos = []
@@ -129,9 +133,7 @@ def test_the_cosine_lever_pools_an_encoders_states_over_the_attention_mask() -> 
 
 def test_the_pattern_lever_is_the_mean_row_kl_of_the_heads_to_the_start() -> None:
     model, batch = make(dropout=0.0), _batch()
-    start = copy.deepcopy(model).eval()
-    base = capture_base(model)
-    _perturb(model, 0.3)
+    start, base = _moved(model, 0.3)
     term = _step(model, PatternDistill(model, base, "L0.H1,L1.H0,L1.H3", weight=1.0), batch)
     names = ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
     mask = batch.attention_mask
