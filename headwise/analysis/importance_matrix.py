@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 from typing import Any
 
 import torch
@@ -51,6 +52,33 @@ def bootstrap_value_ci(num: Tensor, count: Tensor, n_boot: int, confidence: floa
     The same example resampling as ``bootstrap_ci``, for a task's own metric (task clauses).
     """
     return bootstrap_ci(torch.zeros_like(num), num, count, 1.0, n_boot, confidence, gen)
+
+
+# Groups of sequences a measurement's standard error is estimated over (``ratio_stderr``):
+# role scores, preserve distances.
+STDERR_GROUPS = 16
+
+
+def ratio_stderr(num: Tensor, den: Tensor) -> float:
+    """Standard error of the ratio ``sum(num) / sum(den)`` over independent groups (each
+    group's numerator and denominator): the linearised (cluster) estimator
+    ``sqrt(G / (G - 1) * sum_g (num_g - R den_g)^2) / sum(den)``; NaN with fewer than two
+    groups or no denominator."""
+    num, den = num.double().flatten(), den.double().flatten()
+    total = float(den.sum())
+    if num.numel() < 2 or total <= 0:
+        return math.nan
+    ratio = num.sum() / total
+    g = num.numel()
+    return float(((num - ratio * den).square().sum() * g / (g - 1)).sqrt() / total)
+
+
+def ci_stderr(low: float, high: float, confidence: float = 0.95) -> float:
+    """The standard error a two-sided normal interval ``[low, high]`` at ``confidence`` implies
+    (a bootstrap percentile interval read the same way); NaN for an undefined interval."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return math.nan
+    return (high - low) / (2.0 * NormalDist().inv_cdf(0.5 + confidence / 2.0))
 
 
 class ImportanceMatrix:

@@ -16,6 +16,7 @@ pattern objectives pull towards the same targets. Scored here besides:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from headwise.analysis.importance_matrix import STDERR_GROUPS, ratio_stderr
 from headwise.analysis.ov import copying_eigen_ratio, ov_top1
 from headwise.analysis.role_table import RoleTable
 from headwise.heads import Head, HeadSet, select_heads
@@ -180,14 +182,21 @@ def _pattern_name(layer: int) -> str:
 
 def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: HeadSet,
           roles: list[str], batch_size: int, window: int,
-          target: Target | None, forward_kwargs: dict[str, Any]) -> dict[Head, dict[str, float]]:
+          target: Target | None,
+          forward_kwargs: dict[str, Any]) -> dict[Head, dict[str, tuple[float, float]]]:
+    """``{head: {role: (score, standard error)}}``: each score pooled exactly over the probe;
+    its standard error the ratio estimator's over ``STDERR_GROUPS`` contiguous groups of
+    sequences (``ratio_stderr``; NaN with one group, and for ``copying_eig``)."""
     m: Any = model  # nn.Module.__getattr__ hides the Transformer's attributes from mypy
     cfg = m.config
     pattern_roles = [r for r in roles if r != "copying_eig"]
     tables = ({h: ov_top1(model, h, tokens) for h in hs} if "copying" in pattern_roles else {})
-    acc: dict[Head, dict[str, Tensor]] = {}
+    acc: dict[Head, dict[str, Tensor]] = {}  # (groups, 2): each group's numerator, denominator
     names = [_pattern_name(layer) for layer in hs.layers]
-    for start in range(0, tokens.shape[0], batch_size):
+    n_seq = tokens.shape[0]
+    n_groups = max(1, min(STDERR_GROUPS, n_seq))
+    group_of = torch.arange(n_seq) * n_groups // n_seq  # contiguous groups of sequences
+    for start in range(0, n_seq, batch_size):
         tok = tokens[start:start + batch_size]
         mask = None if attention_mask is None else attention_mask[start:start + batch_size]
         tgt = target(tok) if callable(target) else target
@@ -205,19 +214,26 @@ def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: H
             idx = [present.index(h) for h in wanted]
             copy = (torch.stack([tables[Head(layer, h)] for h in wanted])
                     if tables else None)
-            sums = role_sums(pat[:, idx].double(), tok, mask, pattern_roles, cfg.causal,
-                             window, copy, tgt)
-            for i, h in enumerate(wanted):
-                slot = acc.setdefault(Head(layer, h), {})
-                for r, (num, den) in sums.items():
-                    prev = slot.get(r)
-                    pair = torch.stack([num[i], den[i]])
-                    slot[r] = pair if prev is None else prev + pair
-    out: dict[Head, dict[str, float]] = {}
+            groups = group_of[start:start + tok.shape[0]]
+            for g in groups.unique().tolist():
+                rows = (groups == g).nonzero()[:, 0]
+                lo, hi = int(rows[0]), int(rows[-1]) + 1
+                part = tgt[lo:hi] if isinstance(tgt, Tensor) and tgt.dim() == 3 \
+                    and tgt.shape[0] == tok.shape[0] else tgt
+                sums = role_sums(pat[lo:hi, idx].double(), tok[lo:hi],
+                                 None if mask is None else mask[lo:hi], pattern_roles,
+                                 cfg.causal, window, copy, part)
+                for i, h in enumerate(wanted):
+                    slot = acc.setdefault(Head(layer, h), {})
+                    for r, (num, den) in sums.items():
+                        table = slot.setdefault(r, torch.zeros(n_groups, 2, dtype=num.dtype))
+                        table[g] += torch.stack([num[i], den[i]]).cpu()
+    out: dict[Head, dict[str, tuple[float, float]]] = {}
     for head in hs:
-        vals = {r: float(v[0] / v[1]) for r, v in acc.get(head, {}).items()}
+        vals = {r: (float(v[:, 0].sum() / v[:, 1].sum()), ratio_stderr(v[:, 0], v[:, 1]))
+                for r, v in acc.get(head, {}).items()}
         if "copying_eig" in roles:
-            vals["copying_eig"] = copying_eigen_ratio(model, head)
+            vals["copying_eig"] = (copying_eigen_ratio(model, head), math.nan)
         out[head] = vals
     return out
 
@@ -252,10 +268,12 @@ def role_scores(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None 
             raise ValueError(f"roles: got {r!r}, expected names from {list(ROLES)}")
     scores = _scan(model, tokens, attention_mask, hs, roles, batch_size, window, None,
                    forward_kwargs)
-    values = torch.tensor([[scores[h][r] for r in roles] for h in hs], dtype=torch.float64)
+    values, stderr = (torch.tensor([[scores[h][r][i] for r in roles] for h in hs],
+                                   dtype=torch.float64).reshape(len(hs), len(roles))
+                      for i in (0, 1))
     info = {"n_sequences": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
             "window": window}
-    return RoleTable(list(hs), roles, values.reshape(len(hs), len(roles)), info)
+    return RoleTable(list(hs), roles, values, info, stderr)
 
 
 @in_eval_mode
@@ -275,6 +293,6 @@ def target_similarity(model: nn.Module, tokens: Tensor, target: Target,
     hs = select_heads(model, heads)
     scores = _scan(model, tokens, attention_mask, hs, ["target"], batch_size, DEFAULT_WINDOW,
                    target, forward_kwargs)
-    values = torch.tensor([[scores[h]["target"]] for h in hs], dtype=torch.float64)
+    values = torch.tensor([[scores[h]["target"][0]] for h in hs], dtype=torch.float64)
     return RoleTable(list(hs), [name], values.reshape(len(hs), 1),
                      {"n_sequences": int(tokens.shape[0]), "measure": "1 - total variation"})

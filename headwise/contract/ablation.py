@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from headwise.analysis.importance import ablation_importance
+from headwise.analysis.importance_matrix import ci_stderr
 from headwise.contract import fields
 from headwise.contract.clause import (
     METRICS,
@@ -97,9 +98,11 @@ class AblationKind(ClauseKind):
                                   n_boot=data.n_boot)
         values = {label: imp.get(label, task, c.metric) for label in imp.labels}
         passed, unit, value = decide(c, values)
+        ci = imp.ci(unit, task, c.metric)
         return ClauseResult(c, passed, number_or_none(value), c.threshold_text(), unit,
                             {u: number_or_none(v) for u, v in values.items()},
-                            imp.ci(unit, task, c.metric), {"clean": imp.clean[task][c.metric]})
+                            ci, {"clean": imp.clean[task][c.metric]},
+                            number_or_none(ci_stderr(*ci)))
 
     def check_possible(self, ctx: PlanContext, clause: Clause) -> None:
         if clause.at_least is not None and clause.at_least > 0:

@@ -9,8 +9,11 @@ measured violation::
 
     lambda_c <- clip(lambda_c + eta * v_c, 0, lambda_max)    at every evaluation point
 
-with ``v_c`` the signed violation (``ClauseKind.violation``: negative when the clause holds, so
-a multiplier relaxes once its clause holds with margin). Task clauses are constraints too and
+with ``v_c`` the signed violation aimed past the bound by ``EnforceConfig.guard`` standard
+errors of the clause's measurement (``ClauseKind.violation``: negative when the clause holds
+with that margin, so a multiplier relaxes only once a clause holds by more than its
+measurement's noise: a clause held by a hair on the enforcement set fails on fresh data about
+half the time). Task clauses are constraints too and
 are never traded away: while one fails, its own lever (the task's loss weight) rises with its
 multiplier, and the multiplier of each lever that degrades that task (an ablation lever on its
 examples) is halved before its step; the other levers keep theirs (halving every lever while
@@ -27,8 +30,9 @@ Everything the enforcer reads is the *enforcement* set; the verdict a run report
 afterwards on the verification set, which enforcement never sees
 (``headwise.pipeline.heldout``). With ``stop: end`` (the default) training runs its whole
 budget with the constraints kept, and the model kept is the one of the last evaluation point
-at which the whole contract held (``headwise.contract.kept``); ``stop: first_hold`` ends
-training at the first such point.
+at which every clause held with its guard (*confident*; until there is one, the last at which
+the contract held; ``headwise.contract.kept``); ``stop: first_hold`` ends training at the
+first point at which the contract held.
 """
 
 from __future__ import annotations
@@ -114,11 +118,13 @@ class Enforcer:
         lambdas = record["multipliers"]
         violations = {str(r.clause.index): KINDS[r.clause.kind].violation(r)
                       for r in result.results}
+        aimed = {str(r.clause.index): KINDS[r.clause.kind].violation(r, self.config.guard)
+                 for r in result.results}
         levered = [r for r in result.results if self.levers.get(r.clause.index) is not None]
         failing = {r.clause.task for r in result.results
                    if not r.passed and KINDS[r.clause.kind].guards_task(r.clause)}
         self.back_off(lambdas, failing)
-        self.dual_step(lambdas, {str(r.clause.index): violations[str(r.clause.index)]
+        self.dual_step(lambdas, {str(r.clause.index): aimed[str(r.clause.index)]
                                  for r in levered})
         assisted = record.setdefault("assisted", {})
         for r in levered:
@@ -132,12 +138,15 @@ class Enforcer:
                 on = key in assisted and lambdas[key] > 0
                 for obj in lever.assists:
                     obj.weight = self.config.assist_weight if on else 0.0
-        point: dict[str, Any] = {"step": state.step, "passed": result.passed, "clauses": {}}
+        confident = all(v <= 0.0 for v in aimed.values())
+        point: dict[str, Any] = {"step": state.step, "passed": result.passed,
+                                 "confident": confident, "clauses": {}}
         for r in result.results:
             key = str(r.clause.index)
             lever = self.levers.get(r.clause.index)
             _track(record["clauses"].setdefault(key, _entry(r.clause, lever)), r, state.step)
-            point["clauses"][key] = {"measured": r.measured, "violation": violations[key],
+            point["clauses"][key] = {"measured": r.measured, "stderr": r.stderr,
+                                     "violation": violations[key], "aimed": aimed[key],
                                      "multiplier": lambdas.get(key), "passed": r.passed,
                                      "saturated": self._saturated(lever, lambdas.get(key))}
         record["history"].append(point)
@@ -145,7 +154,8 @@ class Enforcer:
             record["held_at"] = record.get("held_at") or state.step
             if self.config.stop == "first_hold":  # training ends here: the final model
                 record["kept_step"], state.stop = state.step, True
-            else:
+            elif confident or not record.get("kept_confident"):
+                record["kept_confident"] = confident
                 self.kept.keep(state.model, state.out_dir, state.rank, record, state.step)
 
     def measure(self, state: TrainState) -> ContractResult:
@@ -246,8 +256,9 @@ def summary(extra: dict[str, Any], final: ContractResult, steps_done: int,
     saturated, and what would help. ``history``: every evaluation point's measured value,
     violation and multiplier per clause (enforcement set). ``kept_step``: the step whose
     weights the run kept (the last evaluation point at which the contract held on the
-    enforcement set; the final step when it never did); ``enforcement_set``: the verdict and
-    values measured there at that step, beside the verification set's ``final``;
+    enforcement set, with every clause's guard where some point had it; the final step when it
+    never held); ``enforcement_set``: the verdict, whether it was confident, and the values
+    measured there at that step, beside the verification set's ``final``;
     ``assists_from``: per floor whose circuit assists switched on, the step they did;
     ``enforced``: whether some lever was weighted at some evaluation point (multipliers
     relax to 0 once their clauses hold with margin, so the final ones do not say).
@@ -272,7 +283,7 @@ def summary(extra: dict[str, Any], final: ContractResult, steps_done: int,
                 for c in p["clauses"].values())
     at = next((p for p in reversed(history) if p["step"] == kept_step), None)
     enforcement_set = None if at is None else {
-        "step": at["step"], "passed": at["passed"],
+        "step": at["step"], "passed": at["passed"], "confident": at.get("confident"),
         "measured": {k: c["measured"] for k, c in at["clauses"].items()}}
     return {"enforced": acted, "evaluations": len(history),
             "held_at_step": record.get("held_at"), "kept_step": kept_step,

@@ -106,8 +106,9 @@ class ExclusiveKind(ClauseKind):
                                      "others_max": None if not others else
                                      number_or_none(other_max)})
 
-    def violation(self, result: ClauseResult) -> float:
-        """The larger of the listed tasks' shortfall and the other tasks' excess."""
+    def violation(self, result: ClauseResult, guard: float = 0.0) -> float:
+        """The larger of the listed tasks' shortfall and the other tasks' excess (no standard
+        error is estimated for the pair, so ``guard`` adds nothing)."""
         c = result.clause
         if result.measured is None:
             return 1.0

@@ -88,15 +88,18 @@ class ClauseKind(ABC):
     def measure(self, model: nn.Module, clause: Clause, data: VerifyData) -> ClauseResult:
         ...
 
-    def violation(self, result: ClauseResult) -> float:
+    def violation(self, result: ClauseResult, guard: float = 0.0) -> float:
         """Signed violation (``> 0``: fails by that much; ``< 0``: holds with that margin):
         ``-margin`` of the measured value, relative to the value for a ``loss`` metric above 1
-        nat (1 when nothing could be measured)."""
+        nat (1 when nothing could be measured). ``guard``: standard errors of the measurement
+        (``ClauseResult.stderr``) the margin must also cover, so that the clause holds on an
+        independent set too (``EnforceConfig.confidence``); 0: the bare margin."""
         c = result.clause
         if result.measured is None:
             return 1.0
         scale = max(abs(result.measured), 1.0) if c.metric == "loss" else 1.0
-        return -margin(result.measured, c.at_least, c.at_most) / scale
+        spread = guard * (result.stderr or 0.0)
+        return -(margin(result.measured, c.at_least, c.at_most) - spread) / scale
 
     def guards_task(self, clause: Clause) -> bool:
         """Whether the clause bounds a task's own performance (a task floor)."""

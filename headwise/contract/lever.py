@@ -8,8 +8,10 @@ clause's multiplier weights.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any, Protocol
 
 from headwise.control.objectives import Objective
@@ -51,6 +53,12 @@ class EnforceConfig:
         assist_weight: the weight of a task floor's circuit assists once switched on.
         assist_patience: evaluation points a failing floor must go without improving by more
             than 0.01 before its assists switch on.
+        confidence: how sure enforcement must be that a clause holding on the enforcement set
+            holds on an independent set of the same size too (one-sided, normal
+            approximation): a multiplier keeps rising until its clause holds with a margin of
+            ``guard`` standard errors of its measurement, and the kept model is the last one
+            at which every clause did (else the last at which the contract held). 0.5: the
+            bare bound.
 
     Raises:
         ConfigError: a value out of range or carrier stages not in ``CARRIER_STAGES`` (the
@@ -66,8 +74,12 @@ class EnforceConfig:
     stop: str = "end"
     assist_weight: float = 1.0
     assist_patience: int = 3
+    confidence: float = 0.95
 
     def __post_init__(self) -> None:
+        if isinstance(self.confidence, bool) or not isinstance(
+                self.confidence, (int, float)) or not 0.5 <= self.confidence < 1.0:
+            raise field_error("confidence", self.confidence, "a probability in [0.5, 1)")
         if isinstance(self.assist_weight, bool) or not isinstance(
                 self.assist_weight, (int, float)) or not self.assist_weight >= 0:
             raise field_error("assist_weight", self.assist_weight, "a number >= 0")
@@ -93,6 +105,12 @@ class EnforceConfig:
             raise field_error("carrier_stages", given,
                               f"one of {[[list(x) for x in c] for c in CARRIER_STAGES]}")
         object.__setattr__(self, "carrier_stages", stages)
+
+    @property
+    def guard(self) -> float:
+        """Standard errors of the measurement a clause's margin must cover (``confidence``):
+        ``z * sqrt(2)``, the spread of the difference between two independent sets' values."""
+        return NormalDist().inv_cdf(self.confidence) * math.sqrt(2.0)
 
     @property
     def staged_from(self) -> float:

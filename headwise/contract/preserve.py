@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from headwise.analysis.importance import example_stats
+from headwise.analysis.importance_matrix import STDERR_GROUPS, ratio_stderr
 from headwise.analysis.roles import role_scores
 from headwise.contract import fields
 from headwise.contract.clause import Clause, holds, number_or_none
@@ -102,10 +103,11 @@ class PreserveKind(ClauseKind):
             return _role_drift(model, base, clause, data)
         probe, batch = _rows(clause, data)
         with torch.no_grad():
-            value = _distance(model, base, clause.metric, batch)
+            value, stderr = _distance(model, base, clause.metric, batch)
         return ClauseResult(clause, holds(value, clause.at_least, clause.at_most),
                             number_or_none(value), clause.threshold_text(), "the model",
-                            details={"probe": probe, "examples": int(batch.tokens.shape[0])})
+                            details={"probe": probe, "examples": int(batch.tokens.shape[0])},
+                            stderr=number_or_none(stderr))
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         model = ctx.compiled.model
@@ -184,20 +186,24 @@ def _rows(clause: Clause, data: VerifyData) -> tuple[str, _Rows]:
                         getattr(data.probes[probe], "targets", None))
 
 
-def _distance(model: nn.Module, base: BaseReference, metric: str, rows: _Rows) -> float:
+def _distance(model: nn.Module, base: BaseReference, metric: str,
+              rows: _Rows) -> tuple[float, float]:
     """``kl``, ``hidden_cosine`` or ``loss_increase`` of ``model`` to ``base`` on ``rows``,
-    pooled exactly over chunks of rows."""
+    pooled exactly over chunks of rows, and its standard error over the chunks (at least
+    ``STDERR_GROUPS`` of them where there are as many rows; ``ratio_stderr``)."""
     m: Any = model
     pooled = metric == "hidden_cosine" and not m.config.causal
     per_row = rows.tokens.shape[1] * (m.config.vocab_size if metric != "hidden_cosine"
                                       else m.config.d_model)
-    total = count = base_total = 0.0
-    for part in rows.chunks(max(1, CHUNK_ELEMENTS // per_row)):
+    n = rows.tokens.shape[0]
+    size = max(1, min(CHUNK_ELEMENTS // per_row, -(-n // STDERR_GROUPS)))
+    sums: list[tuple[float, float]] = []  # per chunk: the distance summed, its count
+    for part in rows.chunks(size):
         kw = {"attention_mask": part.attention_mask, "task_ids": part.task_ids}
         if metric == "hidden_cosine":
             with base.model() as b:
                 ref = b.hidden(part.tokens, **kw)
-            s, n = cosine_sums(ref, m.hidden(part.tokens, **kw), part.valid(not pooled), pooled)
+            s, c = cosine_sums(ref, m.hidden(part.tokens, **kw), part.valid(not pooled), pooled)
         else:
             with base.model() as b:
                 ref = b(part.tokens, **kw)
@@ -205,16 +211,17 @@ def _distance(model: nn.Module, base: BaseReference, metric: str, rows: _Rows) -
             if metric == "kl":
                 valid = part.valid(True)
                 (p, w), (q, _) = scored_rows(ref, valid), scored_rows(out, valid)
-                s, n = kl_sums(p, q, w)
+                s, c = kl_sums(p, q, w)
             else:
                 assert part.targets is not None  # loss_increase is measured on a task
-                s, n = example_stats(out, part.targets)["loss"]
-                base_total += float(example_stats(ref, part.targets)["loss"][0].sum())
-                s, n = s.sum(), n.sum()
-        total, count = total + float(s), count + float(n)
-    if count == 0:
-        return math.nan
-    return (total - base_total) / count if metric == "loss_increase" else total / count
+                s, c = example_stats(out, part.targets)["loss"]
+                s = s.sum() - example_stats(ref, part.targets)["loss"][0].sum()
+                c = c.sum()
+        sums.append((float(s), float(c)))
+    num, den = torch.tensor(sums, dtype=torch.float64).reshape(-1, 2).unbind(1)
+    if float(den.sum()) == 0:
+        return math.nan, math.nan
+    return float(num.sum() / den.sum()), ratio_stderr(num, den)
 
 
 def _role_drift(model: nn.Module, base: BaseReference, clause: Clause,

@@ -98,6 +98,7 @@ class ClauseResult:
     per_head: dict[str, float | None] = field(default_factory=dict)
     ci: tuple[float, float] | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    stderr: float | None = None  # of ``measured`` on its set (None: not estimated)
 
     def to_dict(self) -> dict[str, Any]:
         c = self.clause
@@ -107,7 +108,7 @@ class ClauseResult:
                 "threshold": self.threshold, "at_least": c.at_least, "at_most": c.at_most,
                 "passed": self.passed, "decided_by": self.decided_by,
                 "per_head": self.per_head, "ci": list(self.ci) if self.ci else None,
-                "details": self.details}
+                "stderr": self.stderr, "details": self.details}
 
 
 @dataclass
@@ -200,4 +201,5 @@ def _clause_result(entry: Any, clause: Clause, where: str) -> ClauseResult:
         threshold=get("threshold", (str,), "a string"),
         decided_by=get("decided_by", (str,), "a string or null", optional=True),
         per_head=per_head, ci=None if ci is None else (float(ci[0]), float(ci[1])),
-        details=get("details", (dict,), "an object"))
+        details=get("details", (dict,), "an object"),
+        stderr=get("stderr", _NUMBER, "a number or null", optional=True))

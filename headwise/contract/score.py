@@ -173,7 +173,9 @@ def _result(c: Clause, table: RoleTable, probe: str) -> ClauseResult:
     passed, head, value = decide(c, values)
     return ClauseResult(c, passed, number_or_none(value), c.threshold_text(), head,
                         {h: number_or_none(v) for h, v in values.items()},
-                        details={"probe": probe})
+                        details={"probe": probe},
+                        stderr=None if head is None else number_or_none(
+                            table.error(head, c.score or "")))
 
 
 KIND = ScoreKind()

@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from headwise.analysis.importance import task_metric_ci
+from headwise.analysis.importance_matrix import ci_stderr
 from headwise.contract import fields
 from headwise.contract.clause import METRICS, UNIT_METRICS, Clause, holds, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
@@ -67,7 +68,8 @@ class TaskKind(ClauseKind):
         value, low, high = task_metric_ci(model, batch, clause.metric, n_boot=data.n_boot)
         return ClauseResult(clause, holds(value, clause.at_least, clause.at_most),
                             number_or_none(value), clause.threshold_text(), "the model",
-                            ci=(low, high), details={"examples": int(batch.tokens.shape[0])})
+                            ci=(low, high), details={"examples": int(batch.tokens.shape[0])},
+                            stderr=number_or_none(ci_stderr(low, high)))
 
     def guards_task(self, clause: Clause) -> bool:
         return True

@@ -60,20 +60,26 @@ def test_enforce_turns_a_failing_contract_into_one_that_holds(
     assert clause["lever_objectives"] == ["enforce:previous_token[L0.H1][contract[0]]"]
     assert clause["first_failed_at"] == 20
     # Training ran its whole budget with the constraint kept, and kept the model of the last
-    # evaluation point at which the contract held on the enforcement set.
+    # evaluation point at which the contract held on the enforcement set with its guard.
     steps = [p["step"] for p in e["history"]]
     assert steps == list(range(20, 121, 20)) and e["steps"] == 120
     held = [p["step"] for p in e["history"] if p["passed"]]
-    assert e["held_at_step"] == held[0] == clause["held_at"] and e["kept_step"] == held[-1]
-    assert e["enforcement_set"]["step"] == held[-1] and e["enforcement_set"]["passed"]
-    assert json.loads((run / "run.json").read_text())["step"] == held[-1]
+    confident = [p["step"] for p in e["history"] if p["confident"]]
+    assert confident and set(confident) <= set(held)
+    assert e["held_at_step"] == held[0] == clause["held_at"] and e["kept_step"] == confident[-1]
+    assert e["enforcement_set"]["step"] == confident[-1] and e["enforcement_set"]["confident"]
+    assert json.loads((run / "run.json").read_text())["step"] == confident[-1]
     first = e["history"][0]["clauses"]["0"]
     assert first["violation"] == pytest.approx(0.9 - first["measured"])
-    assert first["multiplier"] == pytest.approx(DEFAULTS.eta * first["violation"])
+    # The multiplier steps on the violation aimed past the bound by the guard's standard errors.
+    assert first["stderr"] > 0 and first["aimed"] == pytest.approx(
+        first["violation"] + DEFAULTS.guard * first["stderr"])
+    assert first["multiplier"] == pytest.approx(DEFAULTS.eta * first["aimed"])
     report = json.loads((run / "report.json").read_text())
     assert report["enforcement"]["held_at_step"] == e["held_at_step"]
-    out = capsys.readouterr().out
-    assert f"first at step {held[0]}, last at step {held[-1]}" in out
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps the table's title
+    assert (f"first at step {held[0]}; the model kept: step {confident[-1]} (the last with "
+            "every clause past its guard)") in out
     assert "on the verification set (never read during training)" in out
     # verify agrees with what train wrote (it reads the verification set too).
     assert main(["verify", str(spec), "--run", str(run)]) == 0
@@ -98,8 +104,8 @@ def test_multipliers_follow_dual_ascent_and_a_failing_floor_backs_no_lever_off()
     point = state.extra["enforce"]["history"][0]["clauses"]
     floor, score = point["0"], point["1"]
     assert not floor["passed"] and not score["passed"]  # an untrained model fails both
-    assert floor["multiplier"] == pytest.approx(DEFAULTS.eta * floor["violation"])
-    assert score["multiplier"] == pytest.approx(DEFAULTS.eta * score["violation"])
+    assert floor["multiplier"] == pytest.approx(DEFAULTS.eta * floor["aimed"])
+    assert score["multiplier"] == pytest.approx(DEFAULTS.eta * score["aimed"])
     # The levers follow: weight = multiplier x scale.
     (weight_lever,) = levers[0].objectives  # type: ignore[union-attr]
     (pattern,) = levers[1].objectives  # type: ignore[union-attr]
@@ -112,7 +118,7 @@ def test_multipliers_follow_dual_ascent_and_a_failing_floor_backs_no_lever_off()
     # its own violation only.
     for key, before in (("0", floor), ("1", score)):
         assert again[key]["multiplier"] == pytest.approx(
-            min(before["multiplier"] + DEFAULTS.eta * again[key]["violation"], 16.0))
+            min(before["multiplier"] + DEFAULTS.eta * again[key]["aimed"], 16.0))
     assert not state.stop
 
 

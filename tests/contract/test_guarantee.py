@@ -302,10 +302,10 @@ def test_a_failing_floor_backs_off_only_the_levers_that_degrade_its_task() -> No
     eta = EnforceConfig().eta
     # The ablation lever on copy's examples is halved; the role lever keeps its multiplier.
     assert point["1"]["multiplier"] == pytest.approx(
-        min(max(1.0 + eta * point["1"]["violation"], 0.0), 16.0))
+        min(max(1.0 + eta * point["1"]["aimed"], 0.0), 16.0))
     assert point["2"]["multiplier"] == pytest.approx(
-        min(max(4.0 + eta * point["2"]["violation"], 0.0), 16.0))
-    assert point["0"]["multiplier"] == pytest.approx(min(1.0 + eta * point["0"]["violation"],
+        min(max(4.0 + eta * point["2"]["aimed"], 0.0), 16.0))
+    assert point["0"]["multiplier"] == pytest.approx(min(1.0 + eta * point["0"]["aimed"],
                                                          16.0))
 
 

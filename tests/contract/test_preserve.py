@@ -328,4 +328,4 @@ def test_enforcement_drives_the_distillation_lever_through_the_multiplier() -> N
     multipliers = [h["multiplier"] for h in history]
     assert all(not h["passed"] for h in history)  # violated throughout: lambda only rises
     assert multipliers == sorted(multipliers) and multipliers[0] == pytest.approx(
-        EnforceConfig().eta * history[0]["violation"])
+        EnforceConfig().eta * history[0]["aimed"])
