@@ -391,9 +391,9 @@ CLAIMS: dict[str, Claim] = {
     "held from": (r"holds on the enforcement set from step (\d+)",
                   lambda s: _enforcement(s, "held_at_step")),
     "goes on to": (r"training goes on to step (\d+)", lambda s: _enforcement(s, "steps")),
-    "multipliers": (r"both multipliers relax to (\d)",
+    "multipliers": (r"each multiplier relaxes to (\d)",
                     lambda s: _enforcement(s, "multipliers")),
-    "kept": (r"held, here step (\d+)", lambda s: _enforcement(s, "kept_step")),
+    "kept": (r"held past its guard, here step (\d+)", lambda s: _enforcement(s, "kept_step")),
 }
 
 

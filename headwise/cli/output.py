@@ -103,10 +103,9 @@ def enforcement_table(summary: dict[str, Any]) -> Table:
     enforcement set."""
     held, kept = summary.get("held_at_step"), summary.get("kept_step")
     sure = (summary.get("enforcement_set") or {}).get("confident")
-    title = (f"enforcement: {summary['steps']} steps; the contract held on the enforcement "
-             f"set first at step {held}; the model kept: step {kept} ("
-             + ("the last with every clause past its guard)" if sure else
-                "the last at which it held; never past every clause's guard)")
+    title = (f"enforcement: {summary['steps']} steps; contract first held on the enforcement "
+             f"set at step {held}; model kept: step {kept} "
+             + ("(past every guard)" if sure else "(no point past every guard)")
              if held is not None else
              f"enforcement: {summary['steps']} steps; the contract never held on the "
              "enforcement set")

@@ -242,3 +242,25 @@ def test_accepts_headwise_data_batch() -> None:
     ref = (task_metrics(_zero_o_columns(model, Head(0, 0)), b)["loss"]
            - task_metrics(model, b)["loss"])
     assert abs(ref) > 1e-4 and imp.get("L0.H0", "x", "loss") == pytest.approx(ref, abs=1e-5)
+
+
+def test_ratio_stderr_and_ci_stderr_against_closed_forms() -> None:
+    from statistics import NormalDist
+
+    from headwise.analysis.importance_matrix import ci_stderr, ratio_stderr
+
+    x = torch.tensor([0.2, 0.5, 0.9, 0.4, 0.7], dtype=torch.float64)
+    # Equal denominators: the standard error of a mean, s / sqrt(n).
+    assert ratio_stderr(x * 3, torch.full_like(x, 3.0)) == pytest.approx(
+        float(x.std() / math.sqrt(5)))
+    # Unequal ones: the linearised ratio estimator written out.
+    den = torch.tensor([1.0, 2.0, 4.0, 1.0, 2.0], dtype=torch.float64)
+    num = x * den
+    r = float(num.sum() / den.sum())
+    by_hand = math.sqrt(5 / 4 * sum((float(n) - r * float(d)) ** 2
+                                    for n, d in zip(num, den, strict=True))) / float(den.sum())
+    assert ratio_stderr(num, den) == pytest.approx(by_hand)
+    assert math.isnan(ratio_stderr(num[:1], den[:1]))
+    z = NormalDist().inv_cdf(0.975)
+    assert ci_stderr(0.5 - z * 0.03, 0.5 + z * 0.03) == pytest.approx(0.03)
+    assert math.isnan(ci_stderr(math.nan, 1.0))

@@ -305,3 +305,24 @@ def test_analysis_rejects_a_headset_of_another_model() -> None:
         with pytest.raises(SelectorError, match=r"3 layers x 3 heads, the model has 2 layers x "
                                                 r"3 heads"):
             call()
+
+
+def test_role_score_standard_error_is_the_spread_of_its_groups() -> None:
+    """With every sequence defining as many rows (a fixed-length probe), the ratio estimator's
+    standard error is the sample standard deviation of the groups' own scores (each group
+    scored alone) over sqrt(groups); the pooled score is their mean."""
+    from headwise.analysis.importance_matrix import STDERR_GROUPS
+
+    model = _model(positional="learned")
+    tokens = induction_probe(40, 4 * STDERR_GROUPS, 7, torch.Generator().manual_seed(3))
+    table = role_scores(model, tokens, heads="L0.*", batch_size=5)  # batches cut across groups
+    for role in ("previous_token", "induction"):
+        for h in range(3):
+            head = Head(0, h)
+            per_group = torch.tensor([role_scores(model, part, heads="L0.*").get(head, role)
+                                      for part in tokens.split(4)], dtype=torch.float64)
+            assert table.get(head, role) == pytest.approx(float(per_group.mean()), abs=1e-9)
+            expected = float(per_group.std() / math.sqrt(STDERR_GROUPS))
+            assert expected > 0 and table.error(head, role) == pytest.approx(expected, rel=1e-6)
+    one = role_scores(model, tokens[:1], heads="L0.H0", roles=["previous_token"])
+    assert math.isnan(one.error("L0.H0", "previous_token"))  # one sequence: no spread to read

@@ -78,8 +78,8 @@ def test_enforce_turns_a_failing_contract_into_one_that_holds(
     report = json.loads((run / "report.json").read_text())
     assert report["enforcement"]["held_at_step"] == e["held_at_step"]
     out = " ".join(capsys.readouterr().out.split())  # rich wraps the table's title
-    assert (f"first at step {held[0]}; the model kept: step {confident[-1]} (the last with "
-            "every clause past its guard)") in out
+    assert (f"first held on the enforcement set at step {held[0]}; model kept: step "
+            f"{confident[-1]} (past every guard)") in out
     assert "on the verification set (never read during training)" in out
     # verify agrees with what train wrote (it reads the verification set too).
     assert main(["verify", str(spec), "--run", str(run)]) == 0

@@ -326,3 +326,54 @@ contract:
     assert isinstance(others, StochasticAblation) and isinstance(margin, AblatedMargin)
     assert [str(h) for h in others.heads] == ["L0.H0", "L0.H2"]
     assert [str(h) for h in margin.heads] == ["L0.H1"] and margin in lever.loss_terms
+
+
+@pytest.mark.parametrize("confidence", [0.95, 0.5])
+def test_a_clause_held_within_its_noise_keeps_its_multiplier_and_is_not_kept(
+        confidence: float) -> None:
+    """A clause that holds on the enforcement set by less than ``guard`` standard errors of
+    its measurement is not yet safe on fresh data: its multiplier keeps rising, and the kept
+    model is the last point at which every clause held past its guard. ``confidence: 0.5``
+    (guard 0) is the bare bound: the multiplier falls once the clause holds at all."""
+    from types import SimpleNamespace
+
+    from headwise.contract import EnforceConfig, Enforcer
+    from headwise.contract.results import ClauseResult, ContractResult
+
+    spec = load_spec(SPEC)
+    compiled = compile_spec(spec)
+    config = EnforceConfig(confidence=confidence)
+    assert config.guard == pytest.approx(
+        {0.95: 1.6448536 * 2 ** 0.5, 0.5: 0.0}[confidence], rel=1e-6)
+    levers = plan(compiled, spec.contract, config=config)
+    # (measured, stderr): held by 0.01 with a standard error of 0.01; by 0.1; by 0.01 again.
+    canned = iter([(0.91, 0.01), (1.0, 0.01), (0.91, 0.01)])
+
+    class Canned(Enforcer):
+        def measure(self, state: object) -> ContractResult:
+            value, se = next(canned)
+            return ContractResult([ClauseResult(spec.contract[0], True, value, ">= 0.9",
+                                                "L0.H1", stderr=se)])
+
+    enforcer = Canned(spec.contract, enforcement_data(compiled), levers, config)
+    state = SimpleNamespace(step=0, model=compiled.model, extra={}, stop=False, out_dir=None,
+                            rank=0)
+    state.extra["enforce"] = {"history": [], "multipliers": {"0": 1.0}, "chosen": {},
+                              "clauses": {}}
+    multipliers = []
+    for step in (10, 20, 30):
+        state.step = step
+        enforcer(state)  # type: ignore[arg-type]
+        multipliers.append(state.extra["enforce"]["multipliers"]["0"])
+    first = state.extra["enforce"]["history"][0]["clauses"]["0"]
+    assert first["violation"] == pytest.approx(-0.01)
+    assert first["aimed"] == pytest.approx(-0.01 + config.guard * 0.01)
+    assert multipliers[0] == pytest.approx(1.0 + config.eta * first["aimed"])
+    record = state.extra["enforce"]
+    if confidence == 0.95:
+        assert multipliers[0] > 1.0  # held by 0.01 < 2.33 x 0.01: still pushed
+        assert [p["confident"] for p in record["history"]] == [False, True, False]
+        assert record["kept_step"] == 20  # the last point past the guard, not the last held
+    else:
+        assert multipliers[0] < 1.0
+        assert all(p["confident"] for p in record["history"]) and record["kept_step"] == 30

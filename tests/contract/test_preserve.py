@@ -137,13 +137,16 @@ def test_hidden_cosine_of_an_encoder_is_of_mean_pooled_embeddings(hf_model_dir: 
                   for hf in (hf0, hf1))
     w = mask[..., None].double()  # sentence-transformers' mean pooling
     pooled0, pooled1 = (e0 * w).sum(1) / w.sum(1), (e1 * w).sum(1) / w.sum(1)
-    expected = float(F.cosine_similarity(pooled0, pooled1, dim=-1).mean())
+    cosines = F.cosine_similarity(pooled0, pooled1, dim=-1)
+    expected = float(cosines.mean())
     probe = SimpleNamespace(tokens=batch.tokens, attention_mask=mask)
     result = _measure(model, base, {"preserve": "base", "on": "sentences",
                                     "metric": "hidden_cosine", "at_least": 0.999},
                       {"probes": {"sentences": probe}})
     assert expected < 0.999 and not result.passed
     assert result.measured == pytest.approx(expected, abs=1e-5)
+    # Four sentences, each its own group: the standard error of their mean cosine.
+    assert result.stderr == pytest.approx(float(cosines.std() / 2.0), rel=1e-3)
 
 
 def test_loss_increase_is_transformers_loss_difference(hf_model_dir: MakeHF,

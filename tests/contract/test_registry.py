@@ -106,7 +106,8 @@ def test_any_of_is_decided_by_the_best_unit_and_all_of_by_the_worst() -> None:
 
 
 @pytest.mark.parametrize("field, value", [
-    ("eta", 0.0), ("lambda_max", -1.0), ("p_max", 1.5), ("margin", 1.0),
+    ("eta", 0.0), ("lambda_max", -1.0), ("p_max", 1.5), ("margin", 1.0), ("confidence", 0.3),
+    ("confidence", 1.0),
     ("carrier_stages", (("margin",), ("others",))), ("carrier_stages", ()),
 ])
 def test_enforce_config_refuses_values_out_of_range(field: str, value: Any) -> None:
