@@ -7,7 +7,8 @@ ablated; loss: ablated - clean) with a bootstrap CI. Levers (shared with exclusi
 ``ablation_lever``): for ``drop_at_least`` the carrier stages of ``EnforceConfig`` ("others":
 the other heads of the set's layers stochastically ablated on the task's examples, so the set
 becomes sufficient; "margin": a hinge on the set-ablated model's logits, so the task needs the
-set); for ``drop_at_most`` the set stochastically ablated on the task's examples.
+set); for ``drop_at_most`` the set stochastically ablated on the task's examples (``all_of``:
+each head drawn on its own, so the model trains with each head alone missing, as measured).
 """
 
 from __future__ import annotations
@@ -199,8 +200,9 @@ def _parts(ctx: PlanContext, clause: Clause, heads: list[Head], carried: list[in
                     first_stage = first_stage or i == 0
                 elif part == "margin":
                     parts.append(("margin", heads, carried))
-    if spared:
-        parts.append(("self", heads, spared))
+    if spared:  # all_of: each head alone must be dispensable, so each is drawn on its own
+        for group in ([[h] for h in heads] if clause.quantifier == "all_of" else [heads]):
+            parts.append(("self", group, spared))
     return parts, first_stage
 
 

@@ -169,6 +169,36 @@ def test_an_ablation_clause_trains_with_the_ablation_it_is_measured_with(mode: s
     assert not torch.allclose(lever, clean, atol=1e-3)
 
 
+def test_an_all_of_dispensable_clause_ablates_each_head_on_its_own() -> None:
+    """``all_of ... drop_at_most`` measures each head ablated alone, so its lever draws each
+    head's ablation independently (the model trains with each one missing while the others
+    work); ``ablate`` (the set together) draws the set as one."""
+    spec = load_spec(SPEC.replace(
+        "model: {n_layers: 1, n_heads: 2,", "model: {n_layers: 1, n_heads: 4,").replace(
+        "  - {head: L0.H1, score: previous_token, at_least: 0.9}",
+        "  - {all_of: L0.H2-3, task: copy, drop_at_most: 0.1}\n"
+        "  - {ablate: L0.H0-1, task: copy, drop_at_most: 0.1}"))
+    compiled = compile_spec(spec)
+    levers = plan(compiled, spec.contract)
+    each, together = levers[0], levers[1]
+    assert each is not None and together is not None
+    assert [str(o.heads) for o in each.objectives] == ["L0.H2", "L0.H3"]
+    assert [str(o.heads) for o in together.objectives] == ["L0.H0,L0.H1"]
+    assert all(isinstance(o, StochasticAblation) for o in [*each.objectives,
+                                                          *together.objectives])
+    compiled.model.train()
+    batch = compiled.data.sample(256, torch.Generator().manual_seed(1))
+    kept = []
+    for obj in each.objectives:
+        obj.weight = 0.5
+        obj.prepare(batch, step=7)
+        kept.append(obj._keep)  # type: ignore[attr-defined]
+    a, b = (k == 0 for k in kept)  # rows where each head is ablated
+    # Independent draws at p = 0.5: each head alone is missing on about a quarter of the rows
+    # (binomial(256, 1/4): mean 64, sd 6.9; the bounds are 5 sd wide).
+    assert 30 < int((a & ~b).sum()) < 98 and 30 < int((b & ~a).sum()) < 98
+
+
 def test_the_kept_model_is_the_last_evaluation_point_that_held(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
