@@ -189,39 +189,53 @@ def _rows(clause: Clause, data: VerifyData) -> tuple[str, _Rows]:
 def _distance(model: nn.Module, base: BaseReference, metric: str,
               rows: _Rows) -> tuple[float, float]:
     """``kl``, ``hidden_cosine`` or ``loss_increase`` of ``model`` to ``base`` on ``rows``,
-    pooled exactly over chunks of rows, and its standard error over the chunks (at least
-    ``STDERR_GROUPS`` of them where there are as many rows; ``ratio_stderr``)."""
+    pooled exactly over memory-sized chunks of rows (each forwarded once), and its standard
+    error over ``STDERR_GROUPS`` contiguous groups of rows (``ratio_stderr``)."""
     m: Any = model
     pooled = metric == "hidden_cosine" and not m.config.causal
     per_row = rows.tokens.shape[1] * (m.config.vocab_size if metric != "hidden_cosine"
                                       else m.config.d_model)
     n = rows.tokens.shape[0]
-    size = max(1, min(CHUNK_ELEMENTS // per_row, -(-n // STDERR_GROUPS)))
-    sums: list[tuple[float, float]] = []  # per chunk: the distance summed, its count
-    for part in rows.chunks(size):
+    size = max(1, CHUNK_ELEMENTS // per_row)
+    n_groups = max(1, min(STDERR_GROUPS, n))
+    group_of = torch.arange(n) * n_groups // n  # contiguous groups of rows
+    sums = torch.zeros(n_groups, 2, dtype=torch.float64)  # per group: the distance summed, count
+    for first, part in zip(range(0, n, size), rows.chunks(size), strict=True):
         kw = {"attention_mask": part.attention_mask, "task_ids": part.task_ids}
-        if metric == "hidden_cosine":
-            with base.model() as b:
-                ref = b.hidden(part.tokens, **kw)
-            s, c = cosine_sums(ref, m.hidden(part.tokens, **kw), part.valid(not pooled), pooled)
-        else:
-            with base.model() as b:
-                ref = b(part.tokens, **kw)
-            out = model(part.tokens, **kw)
-            if metric == "kl":
-                valid = part.valid(True)
-                (p, w), (q, _) = scored_rows(ref, valid), scored_rows(out, valid)
-                s, c = kl_sums(p, q, w)
-            else:
-                assert part.targets is not None  # loss_increase is measured on a task
-                s, c = example_stats(out, part.targets)["loss"]
-                s = s.sum() - example_stats(ref, part.targets)["loss"][0].sum()
-                c = c.sum()
-        sums.append((float(s), float(c)))
-    num, den = torch.tensor(sums, dtype=torch.float64).reshape(-1, 2).unbind(1)
+        with base.model() as b:
+            ref = b.hidden(part.tokens, **kw) if metric == "hidden_cosine" else b(part.tokens,
+                                                                                  **kw)
+        out = m.hidden(part.tokens, **kw) if metric == "hidden_cosine" else model(part.tokens,
+                                                                                   **kw)
+        groups = group_of[first:first + part.tokens.shape[0]]
+        for g in groups.unique().tolist():
+            at = (groups == g).nonzero()[:, 0]
+            rows_g = slice(int(at[0]), int(at[-1]) + 1)
+            sums[g] += torch.tensor(_sums(metric, pooled, ref[rows_g], out[rows_g], part,
+                                          rows_g), dtype=torch.float64)
+    num, den = sums.unbind(1)
     if float(den.sum()) == 0:
         return math.nan, math.nan
     return float(num.sum() / den.sum()), ratio_stderr(num, den)
+
+
+def _sums(metric: str, pooled: bool, ref: Tensor, out: Tensor, part: _Rows,
+          g: slice) -> tuple[float, float]:
+    """One group's ``(distance summed, count)`` from the base's and the model's outputs on
+    rows ``g`` of ``part``."""
+    if metric == "hidden_cosine":
+        mask = part.valid(not pooled)[g]
+        s, c = cosine_sums(ref, out, mask, pooled)
+    elif metric == "kl":
+        valid = part.valid(True)[g]
+        (p, w), (q, _) = scored_rows(ref, valid), scored_rows(out, valid)
+        s, c = kl_sums(p, q, w)
+    else:
+        assert part.targets is not None  # loss_increase is measured on a task
+        targets = part.targets[g]
+        trained, count = example_stats(out, targets)["loss"]
+        s, c = trained.sum() - example_stats(ref, targets)["loss"][0].sum(), count.sum()
+    return float(s), float(c)
 
 
 def _role_drift(model: nn.Module, base: BaseReference, clause: Clause,

@@ -149,6 +149,26 @@ def test_hidden_cosine_of_an_encoder_is_of_mean_pooled_embeddings(hf_model_dir: 
     assert result.stderr == pytest.approx(float(cosines.std() / 2.0), rel=1e-3)
 
 
+@pytest.mark.parametrize("metric", ["kl", "loss_increase"])
+def test_a_distance_and_its_standard_error_do_not_depend_on_the_forward_chunks(
+        hf_model_dir: MakeHF, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        metric: str) -> None:
+    """40 rows in 16 groups of 2-3: one forward, or one row per forward (every group spans
+    several), give the same value and standard error."""
+    import headwise.contract.preserve as preserve
+
+    _, _, model, base = _pair(hf_model_dir, "gpt2", tmp_path, _noise(0.1))
+    batch = _lm_batch(B=40)
+    clause = {"preserve": "base", "on": "lm", "metric": metric, "at_most": 1.0}
+    data = {"tasks": {"lm": batch}, "probes": {"lm": batch}}
+    whole = _measure(model, base, clause, data)
+    monkeypatch.setattr(preserve, "CHUNK_ELEMENTS", 1)
+    rowwise = _measure(model, base, clause, data)
+    assert whole.stderr is not None and whole.stderr > 0
+    assert rowwise.measured == pytest.approx(whole.measured, rel=1e-5, abs=1e-7)
+    assert rowwise.stderr == pytest.approx(whole.stderr, rel=1e-4)
+
+
 def test_loss_increase_is_transformers_loss_difference(hf_model_dir: MakeHF,
                                                        tmp_path: Path) -> None:
     hf0, hf1, model, base = _pair(hf_model_dir, "gpt2", tmp_path, _noise(0.05))
