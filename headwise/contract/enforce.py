@@ -301,7 +301,8 @@ def _advice(entry: dict[str, Any], saturated: bool, history: list[dict[str, Any]
     held = any(p["clauses"].get(key, {}).get("passed") for p in history)
     if held:
         return ("it held on the enforcement set but not on the verification set: raise "
-                "enforce.margin, or data.eval_examples so both sets measure it closer")
+                "enforce.confidence, or hold out more data (data.eval_examples, a corpus "
+                "task's eval_fraction) so both sets measure it closer")
     if saturated:
         return ("its lever saturated: a structural lever (a mask or a gate on the head) "
                 "or a larger enforce.lambda_max / p_max")
