@@ -9,7 +9,7 @@ well a least-squares linear probe (fit on half, scored on the other half) reads 
 key from each (chance 1/16).
 
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python bench/kv_residual.py --arm assist
-    # --arm plain | assist, --attn-only
+    # --arm plain | assist, --attn-only, --freeze-mlp0 (layer 0's MLP kept at its initial weights)
 """
 
 from __future__ import annotations
@@ -40,12 +40,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arm", choices=("plain", "assist"), default="assist")
     p.add_argument("--attn-only", action="store_true")
+    p.add_argument("--freeze-mlp0", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(1)
     task = KVRetrievalTask(vocab_size=36)
     cfg = ModelConfig(n_layers=2, n_heads=4, d_model=64, vocab_size=36, max_seq_len=11,
                       attn_only=args.attn_only)
     model = build_model(cfg, seed=1)
+    if args.freeze_mlp0:
+        for param in model.blocks[0].mlp.parameters():  # type: ignore[index,union-attr]
+            param.requires_grad_(False)
     objectives = []
     if args.arm == "assist":
         for i, (head, role) in enumerate((("L0.H0", "previous_token"), ("L1.H0", "induction"))):
@@ -63,7 +67,8 @@ def main() -> None:
         logits, cache = model.run_with_cache(batch.tokens, names=names)
     accuracy = float((logits[:, -1].argmax(-1) == batch.targets[:, -1]).float().mean())
     keys = torch.cat([batch.tokens[:, p - 1] for p in VALUE_POSITIONS])
-    print(f"{args.arm}, {'attention-only' if args.attn_only else 'with MLPs'}: "
+    print(f"{args.arm}, {'attention-only' if args.attn_only else 'with MLPs'}"
+          f"{', layer-0 MLP frozen' if args.freeze_mlp0 else ''}: "
           f"accuracy {accuracy:.3f}")
     for name in names:
         x = torch.cat([cache[name][:, p] for p in VALUE_POSITIONS])  # (4B, D)
