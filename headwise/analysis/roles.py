@@ -226,8 +226,8 @@ def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: H
                 for i, h in enumerate(wanted):
                     slot = acc.setdefault(Head(layer, h), {})
                     for r, (num, den) in sums.items():
-                        table = slot.setdefault(r, torch.zeros(n_groups, 2, dtype=num.dtype))
-                        table[g] += torch.stack([num[i], den[i]]).cpu()
+                        table = slot.setdefault(r, num.new_zeros(n_groups, 2))
+                        table[g] += torch.stack([num[i], den[i]])  # on the device: no host read
     out: dict[Head, dict[str, tuple[float, float]]] = {}
     for head in hs:
         vals = {r: (float(v[:, 0].sum() / v[:, 1].sum()), ratio_stderr(v[:, 0], v[:, 1]))
