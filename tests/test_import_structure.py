@@ -4,7 +4,8 @@ clause kind is dispatched in ``headwise.contract`` only.
 Layers (docs/architecture.md, "Layers"), lowest first; a module may import only from its own
 layer or lower ones, at module level, inside a function or under ``TYPE_CHECKING`` alike:
 
-1 foundation (errors, config, heads, patterns, memory, atomic, jsonfile, validate, render)
+1 foundation (errors, config, heads, patterns, memory, atomic, jsonfile, validate, render,
+bounds)
 2 model  3 hooks  4 data, control (no cycle between them)  5 training  6 interop  7 analysis
 8 forecast, report  9 contract  10 runspec  11 pipeline  11.5 the public facade
 (``headwise/__init__``)  12 cli.
@@ -31,7 +32,8 @@ PACKAGE = ROOT / "headwise"
 
 LAYERS: dict[str, float] = {
     "errors": 1, "config": 1, "heads": 1, "patterns": 1, "memory": 1, "atomic": 1, "jsonfile": 1,
-    "validate": 1, "render": 1, "dtensors": 1, "model": 2, "hooks": 3, "data": 4, "control": 4,
+    "validate": 1, "render": 1, "dtensors": 1, "bounds": 1, "model": 2, "hooks": 3, "data": 4,
+    "control": 4,
     "training": 5, "interop": 6, "analysis": 7, "forecast": 8, "report": 8, "contract": 9,
     "runspec": 10, "pipeline": 11, "cli": 12,
 }

@@ -13,6 +13,7 @@ each head drawn on its own, so the model trains with each head alone missing, as
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,6 +44,11 @@ _PARTS = {"others": (StochasticAblation, "ablate {} on {} examples"),
           "margin": (AblatedMargin, "hinge on {}-ablated {} examples")}
 
 
+def drop_range(metric: str) -> tuple[float, float]:
+    """The range of a drop in ``metric``: [-1, 1] for accuracies, unbounded for the loss."""
+    return (-1.0, 1.0) if metric in UNIT_METRICS else (-math.inf, math.inf)
+
+
 class AblationKind(ClauseKind):
     name = "ablation"
     keys = frozenset({*SUBJECTS, "task", "metric", "mode", "drop_at_least", "drop_at_most",
@@ -64,14 +70,17 @@ class AblationKind(ClauseKind):
                             "'drop_at_most'")
         fields.ordered(path, "drop_at_least", lo, "drop_at_most", hi)
         if metric in UNIT_METRICS:
-            fields.in_range(path, {"drop_at_least": lo, "drop_at_most": hi}, -1.0, 1.0,
-                            f"an {metric} drop in [-1, 1]")
+            fields.in_range(path, {"drop_at_least": lo, "drop_at_most": hi},
+                            *drop_range(metric), f"an {metric} drop in [-1, 1]")
         return Clause(index, self, "set" if key == "ablate" else key, heads, task=task,
                       metric=metric, mode=mode, at_least=lo, at_most=hi,
                       name=fields.name(path, raw), source=dict(raw))
 
     def describe(self, clause: Clause) -> str:
         return f"ablate {clause.subject()}: {clause.task} {clause.metric} ({clause.mode})"
+
+    def value_range(self, clause: Clause) -> tuple[float, float]:
+        return drop_range(clause.metric)
 
     def threshold_text(self, clause: Clause) -> str:
         return bounds_text(clause.at_least, clause.at_most, "drop ")

@@ -1,4 +1,5 @@
-"""The clause and contract types, and the one signed margin of a measured value to its bounds.
+"""The clause and contract types; a measured value's signed margin to its bounds is
+``headwise.bounds.margin`` (forecasts read it too).
 
 A contract is a list of clauses parsed once (``headwise.contract.parse_contract``) into frozen
 ``Clause`` objects. Each clause names its *kind* (``score``, ``ablation``, ``exclusive``,
@@ -13,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from headwise.bounds import margin
 from headwise.heads import Head, HeadSet
 
 METRICS = ("accuracy", "exact", "loss")
@@ -111,20 +113,6 @@ def bounds_text(at_least: float | None, at_most: float | None, prefix: str = "")
     if at_most is not None:
         parts.append(f"{prefix}<= {at_most:g}")
     return " and ".join(parts)
-
-
-def margin(value: float, at_least: float | None, at_most: float | None) -> float:
-    """Signed distance of ``value`` inside its bounds: ``min(value - at_least, at_most -
-    value)`` over the bounds that are set (``> 0``/``= 0``: holds with that margin; ``< 0``:
-    fails by that much; NaN: ``-inf``). The violation a multiplier reads is ``-margin``."""
-    if math.isnan(value):
-        return -math.inf
-    m = math.inf
-    if at_least is not None:
-        m = min(m, value - at_least)
-    if at_most is not None:
-        m = min(m, at_most - value)
-    return m
 
 
 def holds(value: float, at_least: float | None, at_most: float | None) -> bool:

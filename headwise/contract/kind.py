@@ -9,6 +9,7 @@ and never compare kind strings.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -100,6 +101,11 @@ class ClauseKind(ABC):
         scale = max(abs(result.measured), 1.0) if c.metric == "loss" else 1.0
         spread = guard * (result.stderr or 0.0)
         return -(margin(result.measured, c.at_least, c.at_most) - spread) / scale
+
+    def value_range(self, clause: Clause) -> tuple[float, float]:
+        """The range the clause's measured value can take (its bounds are checked against it
+        when parsed; forecasts clip to it); by default unbounded."""
+        return (-math.inf, math.inf)
 
     def guards_task(self, clause: Clause) -> bool:
         """Whether the clause bounds a task's own performance (a task floor)."""

@@ -93,6 +93,10 @@ class PreserveKind(ClauseKind):
     def describe(self, clause: Clause) -> str:
         return f"preserve base: {clause.metric} on {clause.on or '(default probe)'}"
 
+    def value_range(self, clause: Clause) -> tuple[float, float]:
+        _, low, high, _ = METRICS[clause.metric]
+        return (low, high)
+
     def measured_on(self, clause: Clause) -> str:
         where = f"held-out {clause.on} examples" if clause.on else "the default probe"
         return f"{where}, against the starting model"

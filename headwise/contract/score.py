@@ -32,7 +32,8 @@ from headwise.patterns import ROLE_NAMES, TARGET_ROLES, RoleTarget, role_target
 # Role scores whose lever is another role's (TransformerLens variants measure the same role).
 ROLE_OF_SCORE = {**{r: r for r in ROLE_NAMES}, "previous_token_tl": "previous_token",
                  "induction_tl": "induction", "duplicate_token_tl": "duplicate_token"}
-_RANGE = {"copying_eig": (-1.0, 1.0)}
+UNIT = (0.0, 1.0)
+_RANGE = {"copying_eig": (-1.0, 1.0)}  # every other score is in UNIT
 SUBJECTS = ("head", "any_of", "all_of")
 # Roles scored as attention mass on a support (``headwise.patterns``): their reachable range
 # under a mask is exact.
@@ -58,11 +59,14 @@ class ScoreKind(ClauseKind):
             raise SpecError(f"{path}: missing bound; expected 'at_least' and/or "
                                    "'at_most'")
         fields.ordered(path, "at_least", lo, "at_most", hi)
-        low, high = _RANGE.get(score, (0.0, 1.0))
+        low, high = _RANGE.get(score, UNIT)
         fields.in_range(path, {"at_least": lo, "at_most": hi}, low, high,
                         f"a number in [{low}, {high}] (the range of {score})")
         return Clause(index, self, key, heads, score=score, on=on, at_least=lo, at_most=hi,
                       name=fields.name(path, raw), source=dict(raw))
+
+    def value_range(self, clause: Clause) -> tuple[float, float]:
+        return _RANGE.get(clause.score or "", UNIT)
 
     def describe(self, clause: Clause) -> str:
         return f"{clause.subject()}: {clause.score} on {clause.on or '(default probe)'}"

@@ -47,7 +47,7 @@ class TaskKind(ClauseKind):
                             f"task floor such as {{task: {task}, metric: accuracy, at_least: "
                             "0.95})")
         fields.ordered(path, "at_least", lo, "at_most", hi)
-        low, high = (0.0, 1.0) if metric in UNIT_METRICS else (0.0, math.inf)
+        low, high = metric_range(metric)
         fields.in_range(path, {"at_least": lo, "at_most": hi}, low, high,
                         f"a number in [{low:g}, {high:g}] (the range of {metric})")
         return Clause(index, self, "model", HeadSet([], ctx.n_layers, ctx.n_heads), task=task,
@@ -56,6 +56,9 @@ class TaskKind(ClauseKind):
 
     def describe(self, clause: Clause) -> str:
         return f"task {clause.task}: {clause.metric}"
+
+    def value_range(self, clause: Clause) -> tuple[float, float]:
+        return metric_range(clause.metric)
 
     def measured_on(self, clause: Clause) -> str:
         return f"held-out {clause.task} examples"
@@ -92,6 +95,11 @@ class TaskKind(ClauseKind):
             lever.description += ("; if it stops improving, the task's circuit on free heads: "
                                   + ", ".join(f"{role} on {h}" for role, h in assists))
         return lever
+
+
+def metric_range(metric: str) -> tuple[float, float]:
+    """The range of a task metric: [0, 1] for accuracies, nats >= 0 for the loss."""
+    return (0.0, 1.0) if metric in UNIT_METRICS else (0.0, math.inf)
 
 
 def _assists(ctx: PlanContext, clause: Clause) -> list[tuple[str, Head]]:

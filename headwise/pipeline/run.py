@@ -32,7 +32,9 @@ from headwise.contract import (
     summary,
     verify,
 )
+from headwise.contract.clause_watch import ClauseWatch
 from headwise.errors import SpecError
+from headwise.forecast.clauses import load_clause_forecasters
 from headwise.forecast.roles import Forecaster, load_forecaster
 from headwise.memory import check_memory, training_bytes
 from headwise.pipeline.compile import Compiled, compile_spec
@@ -138,8 +140,9 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
                         "'first_hold' (keeping the model of an evaluation point is not "
                         "supported on sharded training)")
     if watch_with is not None:
-        callbacks.append(_forecast_watch(compiled, data, contract, forecast_every, warn,
-                                         train_config.steps, watch_with))
+        callbacks += _forecast_watch(compiled, data, contract, forecast_every, warn,
+                                     train_config.steps, watch_with, enforcing is not None,
+                                     config)
     main = is_main_process()
     with hold_lock(out) if main else contextlib.nullcontext():  # one writer per run
         info = _prepare(out, spec, spec_source, resume, overwrite, flags) if main else {}
@@ -314,10 +317,30 @@ def check_training_memory(spec: Spec) -> None:
 
 
 def _forecast_watch(compiled: Compiled, data: VerifyData, contract: Contract, every: int,
-                    warn: Callable[[str], None], total_steps: int,
-                    forecaster: Forecaster) -> Callable[[Any], None]:
-    return ForecastWatch(lambda m: run_role_table(m, data), total_steps, every,
-                         contract if contract else None, forecaster, warn)
+                    warn: Callable[[str], None], total_steps: int, forecaster: Forecaster,
+                    enforced: bool, config: EnforceConfig) -> list[Callable[[Any], None]]:
+    """The role forecast's watch (warning on score clauses whose heads are forecast another
+    role), and with a contract the clause-verdict watch (warning on every clause forecast to
+    fail; in an enforced run it reads the enforcer's measurements, in a plain run it
+    measures)."""
+    roles = ForecastWatch(lambda m: run_role_table(m, data), total_steps, every,
+                          contract if contract else None, forecaster, warn)
+    if not contract:
+        return [roles]
+    spec = compiled.spec
+
+    def advice() -> dict[int, str]:  # the plan of a second compile: this run's stays plain
+        again = compile_spec(spec)
+        levers = plan(again, contract, probe_sampler(spec), config, enforcement_data(again))
+        return {i: lever.description for i, lever in levers.items() if lever is not None}
+
+    model_config: Any = compiled.model.config
+    context = {"n_layers": model_config.n_layers, "n_heads": model_config.n_heads,
+               "tasks": sorted({t.task for t in spec.data.tasks})}
+    clauses = ClauseWatch(contract, None if enforced else (lambda m: verify(m, contract, data)),
+                          total_steps, every, load_clause_forecasters(), context,
+                          None if enforced else advice, warn)
+    return [roles, clauses]
 
 
 def read_forecaster(path: str | Path | None, option: str = "--forecaster") -> Forecaster:

@@ -65,6 +65,19 @@ def test_warning_names_the_clause_that_later_fails(run: Run) -> None:
     step = int(first.split("forecast at step ")[1].split(" ")[0])
     assert step < 200  # before training ends
     assert not any("contract[0]" in w for w in run.warnings)
+    # the clause-verdict forecast: its probability, its value, what --enforce would add and
+    # what the packaged forecaster was measured to do on runs it was not fit on
+    first = next(w for w in run.warnings if w.startswith("clause forecast"))
+    assert "contract[1]" in first
+    assert int(first.split("clause forecast at step ")[1].split(":")[0]) < 200
+    p = float(first.split("P(holds at the end) ")[1].split(",")[0])
+    assert p < 0.5
+    assert "--enforce would add: pattern objective (previous_token, ce) on L0.H1" in first
+    assert "right on" in first and "of runs it was not fit on" in first
+    forecasts = run.outcome.train.extra["clause_watch"]["forecasts"]
+    assert {f["clause"] for f in forecasts} == {"contract[0]", "contract[1]", "contract[2]"}
+    assert all(0.0 <= f["interval"][0] <= f["value"] <= f["interval"][1] <= 1.0
+               for f in forecasts)
 
 
 def test_final_trajectory_roles_equal_the_role_table(run: Run) -> None:

@@ -1,0 +1,372 @@
+"""Clause-verdict forecasts: will a contract clause hold at the end of the budget?
+
+A clause's *trajectory* is its measured value at each evaluation point (the enforcement set,
+as ``--enforce`` and a watched plain run record it) with the value's standard error; its
+*outcome* is whether it holds at the end (on the verification set). From the points of the
+first ``fraction`` of the budget, two forecasts:
+
+- ``extrapolation_forecast`` (baseline): a least-squares line through the early points (their
+  latest half from eight on), extrapolated to the last step (clipped to the metric's range);
+  the clause is forecast to hold when that value meets its bound.
+- ``ClauseForecaster``: a logistic model of the outcome on ``FEATURES`` (the latest, the best
+  and the extrapolated *margin*, i.e. signed distance to the bound in the metric's ``scale``,
+  > 0 when the clause holds, each squashed by ``tanh(SQUASH x)``; the line's slope; the share
+  of early points that held; the latest margin in standard errors; whether the run enforces,
+  and each of those times that) and a ridge model of the final value, with a split-conformal
+  interval (the fit runs' absolute residuals' ``COVERAGE`` quantile, one for values of a
+  finite range and one for the others, whose changes in ``scale`` units differ in size).
+  It records the range of the runs it was fit on (feature ranges, model sizes, tasks, clause
+  kinds, plain or enforced); outside it the probability is pulled half-way towards 0.5 and
+  the forecast says why (``ClauseForecast.outside``).
+
+``ClauseForecasters`` holds one forecaster per fraction with what the benchmark measured them
+to do (``bench/bench_clause_forecast.py --save`` writes the packaged file,
+``headwise/data/clause_forecaster_v1.json``); it is plain JSON, and reading one never
+unpickles.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from headwise.bounds import margin
+from headwise.jsonfile import read_json_object
+
+FORMAT = "headwise-clause-forecaster"
+VERSION = "1"
+PACKAGED = f"clause_forecaster_v{VERSION}.json"
+MAX_BYTES = 1 << 20
+BASE = ("margin_now", "margin_best", "margin_line", "slope", "held_share", "z_now")
+FEATURES = (*BASE, "enforced", *(f"{n}*enforced" for n in BASE))
+SQUASH = 3.0
+COVERAGE = 0.9  # the value interval's target coverage
+OUTSIDE_SHRINK = 0.5  # how much of its distance from 0.5 a probability keeps off-range
+
+
+@dataclass(frozen=True)
+class ClauseTrajectory:
+    """One clause of one run: bounds, evaluation points and (when known) the outcome.
+
+    ``values``/``stderrs``: the measured value and its standard error at each of ``steps``
+    (``None`` where not measured); ``low``/``high``: the range the value can take (the clause
+    kind's ``value_range``); ``context``: what the run was (``n_layers``, ``n_heads``,
+    ``tasks``, ``kind``), read against the forecaster's fitted range.
+    """
+
+    steps: tuple[int, ...]
+    values: tuple[float | None, ...]
+    stderrs: tuple[float | None, ...]
+    at_least: float | None
+    at_most: float | None
+    total_steps: int
+    enforced: bool
+    low: float
+    high: float
+    final: float | None = None
+    holds: bool | None = None
+    context: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def scale(self) -> float:
+        """The unit margins are measured in: the value's range where it is finite (1 for role
+        scores and accuracies), else the bound's size (a loss cap of 2.3 nats: 2.3)."""
+        if math.isfinite(self.high - self.low):
+            return self.high - self.low
+        bound = self.at_least if self.at_least is not None else self.at_most
+        return max(abs(bound or 0.0), 0.1)
+
+    def margin(self, value: float) -> float:
+        """Signed distance of ``value`` to the nearer bound in ``scale`` units (> 0: holds)."""
+        return margin(value, self.at_least, self.at_most) / self.scale
+
+    def clip(self, value: float) -> float:
+        """``value`` clipped to the range the measurement can take."""
+        return min(max(value, self.low), self.high)
+
+    def early(self, fraction: float) -> list[tuple[int, float, float | None]]:
+        """The measured points at steps <= ``fraction`` of the budget (at least the first)."""
+        pts = [(s, v, e) for s, v, e in zip(self.steps, self.values, self.stderrs, strict=True)
+               if v is not None]
+        cut = [p for p in pts if p[0] <= fraction * self.total_steps]
+        return cut or pts[:1]
+
+
+def _line_end(points: list[tuple[int, float, float | None]], total: int) -> tuple[float, float]:
+    """(value at ``total``, slope per budget) of a least-squares line through ``points``, only
+    their latest half from eight on (curves bend; few points are noisy); one point: flat."""
+    tail = points[len(points) // 2:] if len(points) >= 8 else points
+    if len(tail) < 2:
+        return tail[-1][1], 0.0
+    x = torch.tensor([p[0] / total for p in tail], dtype=torch.float64)
+    y = torch.tensor([p[1] for p in tail], dtype=torch.float64)
+    xm, ym = x.mean(), y.mean()
+    slope = float(((x - xm) * (y - ym)).sum() / ((x - xm) ** 2).sum().clamp_min(1e-12))
+    return float(ym + slope * (1.0 - xm)), slope
+
+
+def features(traj: ClauseTrajectory, fraction: float) -> list[float]:
+    """``FEATURES`` of the early points (see the module docstring)."""
+    pts = traj.early(fraction)
+    margins = [traj.margin(v) for _, v, _ in pts]
+    end, slope = _line_end(pts, traj.total_steps)
+    last_err = pts[-1][2]
+    z = margins[-1] * traj.scale / last_err if last_err else 0.0
+    base = [math.tanh(SQUASH * margins[-1]), math.tanh(SQUASH * max(margins)),
+            math.tanh(SQUASH * traj.margin(traj.clip(end))), math.tanh(slope / traj.scale),
+            sum(m >= 0 for m in margins) / len(margins), math.tanh(z / 3.0)]
+    e = float(traj.enforced)
+    return [*base, e, *(v * e for v in base)]
+
+
+def extrapolation_forecast(traj: ClauseTrajectory, fraction: float) -> tuple[bool, float]:
+    """The baseline: (holds at the end?, extrapolated final value)."""
+    end = traj.clip(_line_end(traj.early(fraction), traj.total_steps)[0])
+    return traj.margin(end) >= 0, end
+
+
+@dataclass(frozen=True)
+class ClauseForecast:
+    """A clause's forecast: the probability it holds at the end, its final value with a
+    ``COVERAGE`` interval, and why the forecaster is outside its fitted range (if it is)."""
+
+    probability: float
+    value: float
+    interval: tuple[float, float]
+    outside: tuple[str, ...] = ()
+
+    @property
+    def holds(self) -> bool:
+        return self.probability >= 0.5
+
+
+@dataclass
+class ClauseForecaster:
+    """One fraction's fitted models (see the module docstring)."""
+
+    fraction: float
+    mean: Tensor
+    std: Tensor
+    weight: Tensor
+    bias: float
+    value_weight: Tensor
+    value_bias: float
+    residual: float  # clauses whose value has a finite range
+    residual_open: float  # the others (losses, loss drops); ``residual`` if the fit had none
+    ranges: dict[str, Any]
+
+    @classmethod
+    def fit(cls, trajectories: Sequence[ClauseTrajectory], fraction: float,
+            l2: float = 1e-2) -> ClauseForecaster:
+        """Fit on trajectories with known outcomes (L2-penalised logistic regression by
+        L-BFGS in float64; ridge regression of the final value's change, in ``scale``
+        units, from the latest early value)."""
+        known = [t for t in trajectories if t.holds is not None and t.final is not None]
+        if not known or len({t.holds for t in known}) < 2:
+            raise ValueError("trajectories: expected outcomes of both kinds (some clauses "
+                             "that hold and some that fail) to fit on")
+        x = torch.tensor([features(t, fraction) for t in known], dtype=torch.float64)
+        y = torch.tensor([float(bool(t.holds)) for t in known], dtype=torch.float64)
+        mean, std = x.mean(0), x.std(0).clamp_min(1e-6)
+        z = (x - mean) / std
+        w = torch.zeros(z.shape[1], dtype=torch.float64, requires_grad=True)
+        b = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+        opt = torch.optim.LBFGS([w, b], max_iter=500, line_search_fn="strong_wolfe")
+
+        def closure() -> Tensor:
+            opt.zero_grad()
+            loss = (torch.nn.functional.binary_cross_entropy_with_logits(z @ w + b, y)
+                    + l2 * (w ** 2).sum())
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        change = torch.tensor([(float(t.final or 0.0) - t.early(fraction)[-1][1]) / t.scale
+                               for t in known], dtype=torch.float64)
+        design = torch.cat([z, torch.ones(len(known), 1, dtype=torch.float64)], 1)
+        ridge = l2 * torch.eye(design.shape[1], dtype=torch.float64)
+        ridge[-1, -1] = 0.0
+        coef = torch.linalg.solve(design.T @ design + ridge, design.T @ change)
+        residuals = (design @ coef - change).abs()
+        finite = torch.tensor([math.isfinite(t.high - t.low) for t in known])
+        closed = _quantile(residuals[finite]) if bool(finite.any()) else _quantile(residuals)
+        open_ = _quantile(residuals[~finite]) if bool((~finite).any()) else closed
+        ranges = {"features": {n: [float(lo), float(hi)] for n, lo, hi in
+                               zip(FEATURES, x.min(0).values, x.max(0).values, strict=True)},
+                  "n_layers": _span(t.context.get("n_layers") for t in known),
+                  "n_heads": _span(t.context.get("n_heads") for t in known),
+                  "tasks": sorted({k for t in known for k in t.context.get("tasks", ())}),
+                  "kinds": sorted({str(t.context.get("kind")) for t in known}),
+                  "modes": sorted({"enforced" if t.enforced else "plain" for t in known})}
+        return cls(fraction, mean, std, w.detach(), float(b.detach()), coef[:-1],
+                   float(coef[-1]), closed, open_, ranges)
+
+    def forecast(self, traj: ClauseTrajectory) -> ClauseForecast:
+        """The forecast from ``traj``'s points in the first ``fraction`` of its budget."""
+        x = torch.tensor(features(traj, self.fraction), dtype=torch.float64)
+        z = (x - self.mean) / self.std
+        p = float(torch.sigmoid(z @ self.weight + self.bias))
+        outside = self.outside(traj, x)
+        if outside:
+            p = 0.5 + (p - 0.5) * OUTSIDE_SHRINK
+        now = traj.early(self.fraction)[-1][1]
+        value = traj.clip(now + traj.scale * float(z @ self.value_weight + self.value_bias))
+        residual = self.residual if math.isfinite(traj.high - traj.low) else self.residual_open
+        half = traj.scale * residual * (1.0 if not outside else 2.0)
+        return ClauseForecast(p, value, (traj.clip(value - half), traj.clip(value + half)),
+                              tuple(outside))
+
+    def outside(self, traj: ClauseTrajectory, x: Tensor | None = None) -> list[str]:
+        """Why ``traj`` lies outside the runs this forecaster was fit on (empty: inside)."""
+        x = torch.tensor(features(traj, self.fraction)) if x is None else x
+        why = []
+        for name, value in zip(FEATURES, x.tolist(), strict=True):
+            lo, hi = self.ranges["features"][name]
+            pad = 0.1 * (hi - lo)
+            if not lo - pad <= value <= hi + pad:
+                why.append(f"{name} {value:.3g} outside the fitted {lo:.3g} to {hi:.3g}")
+        for key in ("n_layers", "n_heads"):
+            got, span = traj.context.get(key), self.ranges.get(key)
+            if got is not None and span is not None and not span[0] <= got <= span[1]:
+                why.append(f"{key} {got} outside the fitted {span[0]} to {span[1]}")
+        unseen = sorted(set(traj.context.get("tasks", ())) - set(self.ranges["tasks"]))
+        if unseen:
+            why.append(f"tasks not in the fitted runs: {', '.join(unseen)}")
+        kind = traj.context.get("kind")
+        if kind is not None and str(kind) not in self.ranges["kinds"]:
+            why.append(f"clause kind {kind} not in the fitted runs")
+        mode = "enforced" if traj.enforced else "plain"
+        if mode not in self.ranges["modes"]:
+            why.append(f"fitted on {'/'.join(self.ranges['modes'])} runs only, this is {mode}")
+        return why
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fraction": self.fraction, "mean": self.mean.tolist(), "std": self.std.tolist(),
+                "weight": self.weight.tolist(), "bias": self.bias,
+                "value_weight": self.value_weight.tolist(), "value_bias": self.value_bias,
+                "residual": self.residual, "residual_open": self.residual_open,
+                "ranges": self.ranges}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> ClauseForecaster:
+        """``to_dict``'s output back (``ValueError`` naming ``where`` and the field)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: expected an object")
+        n = len(FEATURES)
+        vectors = {}
+        for key in ("mean", "std", "weight", "value_weight"):
+            try:
+                vectors[key] = torch.tensor(d[key], dtype=torch.float64)
+            except (KeyError, TypeError, ValueError):
+                raise ValueError(f"{where}.{key}: expected a list of {n} numbers") from None
+            if tuple(vectors[key].shape) != (n,) or not bool(vectors[key].isfinite().all()):
+                raise ValueError(f"{where}.{key}: expected {n} finite numbers")
+        if not bool((vectors["std"] > 0).all()):
+            raise ValueError(f"{where}.std: expected scales > 0")
+        numbers = {}
+        for key in ("fraction", "bias", "value_bias", "residual", "residual_open"):
+            value = d.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    math.isfinite(value)):
+                raise ValueError(f"{where}.{key}: expected a finite number")
+            numbers[key] = float(value)
+        ranges = d.get("ranges")
+        if not isinstance(ranges, dict) or not isinstance(ranges.get("features"), dict) or (
+                set(ranges["features"]) != set(FEATURES)):
+            raise ValueError(f"{where}.ranges: expected each feature's fitted range")
+        return cls(numbers["fraction"], vectors["mean"], vectors["std"], vectors["weight"],
+                   numbers["bias"], vectors["value_weight"], numbers["value_bias"],
+                   numbers["residual"], numbers["residual_open"], ranges)
+
+
+@dataclass(frozen=True)
+class ClauseForecasters:
+    """Forecasters fit at several fractions of the budget, and what the benchmark measured
+    them to do on runs they were not fit on (``measured``, quoted with their forecasts)."""
+
+    models: tuple[ClauseForecaster, ...]
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    def at(self, seen: float) -> ClauseForecaster:
+        """The model for a run ``seen`` of the way through its budget: the one fit at the
+        largest fraction not past it (before the first: the first)."""
+        fits = sorted(self.models, key=lambda m: m.fraction)
+        return next((m for m in reversed(fits) if m.fraction <= seen + 1e-9), fits[0])
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, "version": VERSION, "features": list(FEATURES),
+                           "models": [m.to_dict() for m in self.models],
+                           "measured": self.measured}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "clause forecaster") -> ClauseForecasters:
+        """Read ``to_json``'s output back: plain JSON, never unpickled (``ValueError`` naming
+        ``where`` and the field on anything else)."""
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not JSON ({e})") from None
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise ValueError(f"{where}: format: expected {FORMAT!r}")
+        if str(d.get("version")) != VERSION or d.get("features") != list(FEATURES):
+            raise ValueError(f"{where}: version/features: expected {VERSION!r} with "
+                             f"{list(FEATURES)}")
+        models = d.get("models")
+        if not isinstance(models, list) or not models:
+            raise ValueError(f"{where}: models: expected a non-empty list")
+        measured = d.get("measured", {})
+        if not isinstance(measured, dict):
+            raise ValueError(f"{where}: measured: expected an object")
+        return cls(tuple(ClauseForecaster.from_dict(m, f"{where}: models[{i}]")
+                         for i, m in enumerate(models)), measured)
+
+
+def load_clause_forecasters(path: str | Path | None = None) -> ClauseForecasters:
+    """The clause forecasters in the JSON file ``path`` (``None``: the packaged ones)."""
+    if path is None:
+        text = resources.files("headwise.data").joinpath(PACKAGED).read_text("utf-8")
+        return ClauseForecasters.from_json(text, f"headwise/data/{PACKAGED}")
+    d = read_json_object(Path(path), ValueError, MAX_BYTES)
+    return ClauseForecasters.from_json(json.dumps(d), str(path))
+
+
+def _quantile(residuals: Tensor) -> float:
+    """The split-conformal ``COVERAGE`` quantile of absolute residuals: the
+    ``ceil(COVERAGE (n + 1))``-th smallest (the largest when that exceeds n)."""
+    k = min(len(residuals) - 1, math.ceil(COVERAGE * (len(residuals) + 1)) - 1)
+    return float(residuals.sort().values[k])
+
+
+def _span(values: Any) -> list[int] | None:
+    got = [v for v in values if v is not None]
+    return [min(got), max(got)] if got else None
+
+
+def brier(probabilities: Sequence[float], outcomes: Sequence[bool]) -> float:
+    """Mean squared difference between stated probabilities and 0/1 outcomes."""
+    return sum((p - float(o)) ** 2 for p, o in zip(probabilities, outcomes, strict=True)) / max(
+        1, len(outcomes))
+
+
+def expected_calibration_error(probabilities: Sequence[float], outcomes: Sequence[bool],
+                               bins: int = 10) -> float:
+    """``sum_b n_b / N * |freq_b - mean_p_b|`` over ``bins`` equal-width bins of the stated
+    probability of holding (the last bin closed)."""
+    total, err = len(outcomes), 0.0
+    for b in range(bins):
+        lo, hi = b / bins, (b + 1) / bins
+        sel = [(p, o) for p, o in zip(probabilities, outcomes, strict=True)
+               if lo <= p < hi or (b == bins - 1 and p == 1.0)]
+        if sel:
+            mean_p = sum(p for p, _ in sel) / len(sel)
+            freq = sum(float(o) for _, o in sel) / len(sel)
+            err += len(sel) / total * abs(freq - mean_p)
+    return err

@@ -1,0 +1,171 @@
+"""Clause-verdict forecasts: margins, the extrapolation baseline, the fitted forecaster on
+synthetic runs whose outcome is known by construction, calibration against closed forms,
+off-range honesty and plain-JSON persistence."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from headwise.forecast.clauses import (
+    FEATURES,
+    OUTSIDE_SHRINK,
+    SQUASH,
+    ClauseForecaster,
+    ClauseForecasters,
+    ClauseTrajectory,
+    brier,
+    expected_calibration_error,
+    extrapolation_forecast,
+    features,
+    load_clause_forecasters,
+)
+
+TOTAL = 400
+STEPS = tuple(range(20, TOTAL + 1, 20))
+
+
+def run(start: float, end: float, noise: float, gen: torch.Generator, bound: float = 0.5,
+        enforced: bool = False, n_layers: int = 2) -> ClauseTrajectory:
+    """A score clause ``>= bound`` whose value moves linearly from ``start`` to ``end`` with
+    Gaussian noise; its outcome is whether the noiseless end meets the bound."""
+    values = [start + (end - start) * s / TOTAL for s in STEPS]
+    noisy = [min(max(v + noise * float(torch.randn(1, generator=gen)), 0.0), 1.0)
+             for v in values]
+    return ClauseTrajectory(STEPS, tuple(noisy), (noise or 0.01,) * len(STEPS), bound, None,
+                            TOTAL, enforced, 0.0, 1.0, final=end, holds=end >= bound,
+                            context={"n_layers": n_layers, "n_heads": 4, "tasks": ["copy"],
+                                     "kind": "score"})
+
+
+NOISE = 0.005
+
+
+def family(n: int, seed: int, **kw: object) -> list[ClauseTrajectory]:
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        start, end = (float(x) for x in torch.rand(2, generator=gen))
+        out.append(run(start, end, NOISE, gen, **kw))  # type: ignore[arg-type]
+    return out
+
+
+def test_margin_is_the_signed_distance_to_the_nearer_bound() -> None:
+    t = ClauseTrajectory((1,), (0.5,), (None,), 0.2, 0.6, 10, False, 0.0, 1.0)
+    assert t.margin(0.5) == pytest.approx(0.1)  # 0.6 - 0.5 < 0.5 - 0.2
+    assert t.margin(0.1) == pytest.approx(-0.1)
+    loss = ClauseTrajectory((1,), (2.0,), (None,), None, 2.5, 10, False, 0.0, math.inf)
+    assert loss.scale == 2.5 and loss.margin(2.0) == pytest.approx(0.5 / 2.5)
+
+
+def test_the_baseline_extrapolates_a_line_exactly() -> None:
+    # value = 0.1 + 0.5 * step / 400: at 20% (steps <= 80) the line through the latest half of
+    # the early points reaches 0.6 at the end, which meets 0.55 and not 0.65
+    values = tuple(0.1 + 0.5 * s / TOTAL for s in STEPS)
+    for bound, expected in ((0.55, True), (0.65, False)):
+        t = ClauseTrajectory(STEPS, values, (0.01,) * len(STEPS), bound, None, TOTAL, False,
+                             0.0, 1.0)
+        holds, end = extrapolation_forecast(t, 0.2)
+        assert end == pytest.approx(0.6) and holds is expected
+    f = dict(zip(FEATURES, features(t, 0.2), strict=True))  # margins squashed by tanh
+    assert f["slope"] == pytest.approx(math.tanh(0.5))
+    assert f["margin_line"] == pytest.approx(math.tanh(SQUASH * (0.6 - 0.65)))
+    assert f["margin_now"] == pytest.approx(math.tanh(SQUASH * (0.1 + 0.5 * 80 / TOTAL - 0.65)))
+    assert f["held_share"] == 0.0 and f["enforced"] == 0.0
+
+
+def test_forecaster_learns_a_known_outcome_on_fresh_runs() -> None:
+    model = ClauseForecaster.fit(family(300, 0), 0.2)
+    fresh = family(200, 1)
+    right = [(model.forecast(t).probability >= 0.5) == t.holds for t in fresh]
+    # the outcome is a function of the line, which the four early points pin down up to the
+    # noise: the least-squares line's end has standard error NOISE * sqrt(1/n + (1 - mean x)^2
+    # / sum (x - mean x)^2); a run ending three of those from the bound must be right
+    x = torch.tensor([s / TOTAL for s in STEPS if s <= 0.2 * TOTAL])
+    se = NOISE * float((1 / len(x) + (1 - x.mean()) ** 2 / ((x - x.mean()) ** 2).sum()).sqrt())
+    near = [abs((t.final or 0) - 0.5) < 3 * se for t in fresh]
+    assert sum(near) < len(fresh) // 4
+    assert all(r for r, n in zip(right, near, strict=True) if not n)
+    rising = run(0.2, 0.9, 0.0, torch.Generator())
+    falling = run(0.8, 0.1, 0.0, torch.Generator())
+    assert model.forecast(rising).probability > 0.9
+    assert model.forecast(falling).probability < 0.1
+    f = model.forecast(rising)
+    assert f.interval[0] <= f.value <= f.interval[1] and f.outside == ()
+
+
+def test_value_interval_covers_fresh_runs_about_as_stated() -> None:
+    model = ClauseForecaster.fit(family(300, 0), 0.4)
+    fresh = family(300, 2)
+    covered = [model.forecast(t).interval[0] <= (t.final or 0) <= model.forecast(t).interval[1]
+               for t in fresh]
+    assert 0.8 <= sum(covered) / len(covered) <= 1.0  # split-conformal at 0.9
+
+
+def test_off_range_runs_lower_confidence_and_say_why() -> None:
+    model = ClauseForecaster.fit(family(200, 0), 0.2)
+    inside = run(0.2, 0.9, 0.0, torch.Generator())
+    bigger = run(0.2, 0.9, 0.0, torch.Generator(), n_layers=6)
+    enforced = run(0.2, 0.9, 0.0, torch.Generator(), enforced=True)
+    p_in = model.forecast(inside).probability
+    for other, word in ((bigger, "n_layers 6"), (enforced, "plain runs only")):
+        f = model.forecast(other)
+        assert any(word in why for why in f.outside)
+        assert abs(f.probability - 0.5) < abs(p_in - 0.5)
+    assert model.forecast(bigger).probability == pytest.approx(0.5 + (p_in - 0.5)
+                                                               * OUTSIDE_SHRINK)
+
+
+def test_calibration_and_brier_match_their_closed_forms() -> None:
+    p, y = [0.05, 0.15, 0.95, 0.95], [False, True, True, False]
+    # bins: [0, 0.1): 0.05 vs 0; [0.1, 0.2): 0.15 vs 1; [0.9, 1]: 0.95 vs 0.5
+    assert expected_calibration_error(p, y) == pytest.approx(
+        0.25 * 0.05 + 0.25 * 0.85 + 0.5 * 0.45)
+    assert brier(p, y) == pytest.approx((0.05 ** 2 + 0.85 ** 2 + 0.05 ** 2 + 0.95 ** 2) / 4)
+    assert expected_calibration_error([1.0, 1.0], [True, True]) == 0.0
+
+
+def test_forecasters_round_trip_through_plain_json_without_pickle(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    models = ClauseForecasters(tuple(ClauseForecaster.fit(family(100, 0), f)
+                                     for f in (0.1, 0.2, 0.4)), {"accuracy": 0.9})
+    path = tmp_path / "f.json"
+    path.write_text(models.to_json())
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("unpickled")
+
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(torch, "load", refuse)
+    back = load_clause_forecasters(path)
+    t = run(0.3, 0.7, 0.0, torch.Generator())
+    for seen, fraction in ((0.05, 0.1), (0.1, 0.1), (0.3, 0.2), (0.9, 0.4)):
+        assert back.at(seen).fraction == fraction
+        assert back.at(seen).forecast(t) == models.at(seen).forecast(t)
+    assert back.measured == {"accuracy": 0.9}
+
+
+@pytest.mark.parametrize(("edit", "field"), [
+    (lambda d: d.update(format="x"), "format"),
+    (lambda d: d.update(models=[]), "models"),
+    (lambda d: d["models"][0].update(weight=[1.0]), "models\\[0\\].weight"),
+    (lambda d: d["models"][0].update(std=[0.0] * len(FEATURES)), "models\\[0\\].std"),
+    (lambda d: d["models"][0].update(residual="wide"), "models\\[0\\].residual"),
+    (lambda d: d["models"][0].pop("ranges"), "models\\[0\\].ranges"),
+])
+def test_malformed_forecaster_files_name_the_field(edit: object, field: str) -> None:
+    d = json.loads(ClauseForecasters((ClauseForecaster.fit(family(60, 0), 0.2),)).to_json())
+    edit(d)  # type: ignore[operator]
+    with pytest.raises(ValueError, match=f"f.json: {field}"):
+        ClauseForecasters.from_json(json.dumps(d), "f.json")
+
+
+def test_fit_refuses_one_kind_of_outcome() -> None:
+    always = [t for t in family(50, 0) if t.holds]
+    with pytest.raises(ValueError, match="both kinds"):
+        ClauseForecaster.fit(always, 0.2)
