@@ -128,6 +128,37 @@ def held_out(items: Sequence[Item], fraction: float,
     return rows
 
 
+def calibration_bins(rows: Sequence[dict[str, Any]], bins: int = 10
+                     ) -> list[tuple[float, float, float, int]]:
+    """(from, mean stated, share held, clauses) per non-empty bin of the stated probability."""
+    out = []
+    for b in range(bins):
+        lo, hi = b / bins, (b + 1) / bins
+        sel = [r for r in rows if lo <= r["p"] < hi or (b == bins - 1 and r["p"] == 1.0)]
+        if sel:
+            out.append((lo, sum(r["p"] for r in sel) / len(sel),
+                        sum(r["holds"] for r in sel) / len(sel), len(sel)))
+    return out
+
+
+def figure(curves: dict[str, list[tuple[float, float, float, int]]], path: Path) -> None:
+    """The calibration curves (share held against mean stated probability) as a PNG."""
+    import matplotlib.pyplot as plt
+
+    from headwise.render.figures import fig_png
+
+    fig, ax = plt.subplots(figsize=(4.2, 3.6))
+    ax.plot([0, 1], [0, 1], color="grey", linestyle=":", label="perfectly calibrated")
+    for name, bins in curves.items():
+        ax.plot([b[1] for b in bins], [b[2] for b in bins], marker="o", markersize=3,
+                label=name)
+    ax.set_xlabel("stated probability of holding (bin mean)", fontsize=8)
+    ax.set_ylabel("share of clauses that held", fontsize=8)
+    ax.set_title("clause-verdict forecasts from 20% of the budget", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    path.write_bytes(fig_png(fig))
+
+
 def line(name: str, s: dict[str, Any]) -> str:
     return (f"| {name} | {s['n']} | {s['accuracy']:.3f} | {s['baseline_accuracy']:.3f} | "
             f"{s['brier']:.3f} | {s['baseline_brier']:.3f} | {s['ece']:.3f} | "
@@ -142,6 +173,8 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--confirm", type=int, nargs="*", default=[])
     p.add_argument("--save", action="store_true")
+    p.add_argument("--figure", type=Path, default=None,
+                   help="with --confirm: write the calibration curve at 20%% (PNG) here")
     args = p.parse_args()
     if args.save and not args.confirm:
         raise SystemExit("--save: needs --confirm SEED ... (the figures the file quotes)")
@@ -183,13 +216,9 @@ def main() -> None:
     print("\nCalibration, held-out specs at 20% (stated probability of holding):\n")
     print("| bin | clauses | mean stated | share held |")
     print("|---|---:|---:|---:|")
-    for b in range(10):
-        lo, hi = b / 10, (b + 1) / 10
-        sel = [r for r in per_spec if lo <= r["p"] < hi or (b == 9 and r["p"] == 1.0)]
-        if sel:
-            print(f"| {lo:.1f}-{hi:.1f} | {len(sel)} | "
-                  f"{sum(r['p'] for r in sel) / len(sel):.3f} | "
-                  f"{sum(r['holds'] for r in sel) / len(sel):.3f} |")
+    curves = {"held-out specs": calibration_bins(per_spec)}
+    for lo, mean_p, held, n in curves["held-out specs"]:
+        print(f"| {lo:.1f}-{lo + 0.1:.1f} | {n} | {mean_p:.3f} | {held:.3f} |")
     if args.confirm:
         fresh = [(run, label, t) for run in every if run["seed"] in args.confirm
                  for label, t in trajectories(run)]
@@ -207,6 +236,8 @@ def main() -> None:
             measured[str(fraction)] = {k: round(v, 4) if isinstance(v, float) else v
                                        for k, v in score(rows).items()}
             print(line(f"{fraction:.0%}, all", score(rows)))
+            if fraction == 0.2:
+                curves[f"fresh seeds {args.confirm}"] = calibration_bins(rows)
             for mode in ("plain", "enforced"):
                 print(line(f"{fraction:.0%}, {mode}",
                            score([r for r in rows if r["mode"] == mode])))
@@ -220,6 +251,8 @@ def main() -> None:
             tmp.write_text(bundle.to_json() + "\n")
             tmp.replace(PACKAGE_FILE)
             print(f"\nwrote {PACKAGE_FILE.relative_to(PACKAGE_FILE.parents[2])}")
+        if args.figure:
+            figure(curves, args.figure)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
 
