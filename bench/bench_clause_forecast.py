@@ -14,7 +14,7 @@ baseline), Brier scores (the baseline's 0/1 verdicts), the forecaster's expected
 error (10 bins), the coverage of its 90% value interval, the share of forecasts it flagged as
 outside its fitted range, and a paired exact sign test over the clauses exactly one of the two
 gets right. At 20% it prints the held-out-spec verdicts per spec, and the calibration bins.
-Clauses without a measured value (``exclusive``) are not forecast.
+Clauses never measured (no value at any evaluation point) are not forecast.
 
 The splits use the runs of ``--seeds``; ``--confirm`` then fits one forecaster per fraction on
 all of them and scores it on the runs of fresh seeds (never read while the forecaster was
