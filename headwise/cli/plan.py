@@ -65,14 +65,20 @@ def _pilot_table(spec: object, steps: int) -> Table:
 
     compiled = compile_spec(spec)  # type: ignore[arg-type]
     rows = pilot(compiled, compiled.spec.contract, steps)
-    table = Table(title=f"pilot: {steps} plain steps (enforcement set)")
-    for col in ("#", "clause", "before", "after", "towards bound", "holds", "moves"):
+    table = Table(title=f"pilot: the first {steps} plain steps (enforcement set)")
+    for col in ("#", "clause", "before", "after", "towards bound", "holds", "moves",
+                "forecast at the end, plain: P(holds), value [90%]"):
         table.add_column(col)
     for r in rows:
         moved = ("yes" if r.towards > 0.01 else "away" if r.towards < -0.01 else "no")
         if r.floor and moved != "yes" and not r.holds:
             moved += " (the task is not learning)"
+        f = r.forecast
         table.add_row(str(r.index), r.label, "-" if r.before is None else fixed(r.before),
                       "-" if r.after is None else fixed(r.after), fixed(r.towards, sign=True),
-                      "yes" if r.holds else "no", moved)
+                      "yes" if r.holds else "no", moved,
+                      "-" if f is None else
+                      f"{f.probability:.2f}, {f.value:.3g} [{f.interval[0]:.3g}, "
+                      f"{f.interval[1]:.3g}]" + (" (outside the fitted range)"
+                                                 if f.outside else ""))
     return table

@@ -42,5 +42,29 @@ def test_the_pilot_reports_each_clause_before_and_after_plain_steps(
     path.write_text(SPEC)
     assert main(["plan", str(path), "--pilot", "5"]) == 0
     out = capsys.readouterr().out
-    assert "pilot: 5 plain steps (enforcement set)" in out and "task copy: accuracy" in out
+    assert "pilot: the first 5 plain steps (enforcement set)" in out
+    assert "task copy: accuracy" in out and "P(holds)" in out
     assert main(["plan", str(path), "--pilot", "0"]) == 2
+
+
+def test_the_pilot_is_the_first_steps_of_the_spec_schedule_and_forecasts_its_end(
+        tmp_path: Path) -> None:
+    """A 20-step pilot of a 40-step spec ends where a real run is at step 20 (its warm-up and
+    learning rate are the full schedule's, not a 20-step one's), and forecasts each clause."""
+    from headwise.pipeline.run import train_run
+
+    torch.set_num_threads(1)
+    spec = load_spec(SPEC)
+    rows = pilot(compile_spec(spec), spec.contract, 20)
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC)
+    run = train_run(path, tmp_path / "run", progress=False, forecast_every=20,
+                    warn=lambda line: None)
+    at_20 = run.train.extra["clause_watch"]["history"][0]
+    assert at_20["step"] == 20
+    assert [r.after for r in rows] == [at_20["clauses"][str(r.index)]["measured"]
+                                       for r in rows]
+    for r in rows:
+        assert r.forecast is not None
+        assert 0.0 <= r.forecast.probability <= 1.0
+        assert r.forecast.interval[0] <= r.forecast.value <= r.forecast.interval[1]
