@@ -41,6 +41,7 @@ from headwise.forecast.clauses import (
     ClauseForecasters,
     ClauseTrajectory,
     brier,
+    calibration_bins,
     expected_calibration_error,
     extrapolation_forecast,
 )
@@ -128,17 +129,9 @@ def held_out(items: Sequence[Item], fraction: float,
     return rows
 
 
-def calibration_bins(rows: Sequence[dict[str, Any]], bins: int = 10
-                     ) -> list[tuple[float, float, float, int]]:
-    """(from, mean stated, share held, clauses) per non-empty bin of the stated probability."""
-    out = []
-    for b in range(bins):
-        lo, hi = b / bins, (b + 1) / bins
-        sel = [r for r in rows if lo <= r["p"] < hi or (b == bins - 1 and r["p"] == 1.0)]
-        if sel:
-            out.append((lo, sum(r["p"] for r in sel) / len(sel),
-                        sum(r["holds"] for r in sel) / len(sel), len(sel)))
-    return out
+def bins_of(rows: Sequence[dict[str, Any]]) -> list[tuple[float, float, float, int]]:
+    """``calibration_bins`` of forecast rows."""
+    return calibration_bins([r["p"] for r in rows], [r["holds"] for r in rows])
 
 
 def figure(curves: dict[str, list[tuple[float, float, float, int]]], path: Path) -> None:
@@ -216,7 +209,7 @@ def main() -> None:
     print("\nCalibration, held-out specs at 20% (stated probability of holding):\n")
     print("| bin | clauses | mean stated | share held |")
     print("|---|---:|---:|---:|")
-    curves = {"held-out specs": calibration_bins(per_spec)}
+    curves = {"held-out specs": bins_of(per_spec)}
     for lo, mean_p, held, n in curves["held-out specs"]:
         print(f"| {lo:.1f}-{lo + 0.1:.1f} | {n} | {mean_p:.3f} | {held:.3f} |")
     if args.confirm:
@@ -237,7 +230,7 @@ def main() -> None:
                                        for k, v in score(rows).items()}
             print(line(f"{fraction:.0%}, all", score(rows)))
             if fraction == 0.2:
-                curves[f"fresh seeds {args.confirm}"] = calibration_bins(rows)
+                curves[f"fresh seeds {args.confirm}"] = bins_of(rows)
             for mode in ("plain", "enforced"):
                 print(line(f"{fraction:.0%}, {mode}",
                            score([r for r in rows if r["mode"] == mode])))

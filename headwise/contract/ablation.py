@@ -69,9 +69,9 @@ class AblationKind(ClauseKind):
             raise SpecError(f"{path}: missing bound; expected 'drop_at_least' and/or "
                             "'drop_at_most'")
         fields.ordered(path, "drop_at_least", lo, "drop_at_most", hi)
-        if metric in UNIT_METRICS:
-            fields.in_range(path, {"drop_at_least": lo, "drop_at_most": hi},
-                            *drop_range(metric), f"an {metric} drop in [-1, 1]")
+        low, high = drop_range(metric)
+        fields.in_range(path, {"drop_at_least": lo, "drop_at_most": hi}, low, high,
+                        f"an {metric} drop in [{low:g}, {high:g}]")
         return Clause(index, self, "set" if key == "ablate" else key, heads, task=task,
                       metric=metric, mode=mode, at_least=lo, at_most=hi,
                       name=fields.name(path, raw), source=dict(raw))

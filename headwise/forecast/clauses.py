@@ -278,13 +278,10 @@ class ClauseForecaster:
                     math.isfinite(value)):
                 raise ValueError(f"{where}.{key}: expected a finite number")
             numbers[key] = float(value)
-        ranges = d.get("ranges")
-        if not isinstance(ranges, dict) or not isinstance(ranges.get("features"), dict) or (
-                set(ranges["features"]) != set(FEATURES)):
-            raise ValueError(f"{where}.ranges: expected each feature's fitted range")
         return cls(numbers["fraction"], vectors["mean"], vectors["std"], vectors["weight"],
                    numbers["bias"], vectors["value_weight"], numbers["value_bias"],
-                   numbers["residual"], numbers["residual_open"], ranges)
+                   numbers["residual"], numbers["residual_open"],
+                   _ranges(d.get("ranges"), f"{where}.ranges"))
 
 
 @dataclass(frozen=True)
@@ -314,6 +311,11 @@ class ClauseForecasters:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise ValueError(f"{where}: not JSON ({e})") from None
+        return cls.from_dict(d, where)
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> ClauseForecasters:
+        """``to_json``'s object back (``ValueError`` naming ``where`` and the field)."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ValueError(f"{where}: format: expected {FORMAT!r}")
         if str(d.get("version")) != VERSION or d.get("features") != list(FEATURES):
@@ -334,8 +336,30 @@ def load_clause_forecasters(path: str | Path | None = None) -> ClauseForecasters
     if path is None:
         text = resources.files("headwise.data").joinpath(PACKAGED).read_text("utf-8")
         return ClauseForecasters.from_json(text, f"headwise/data/{PACKAGED}")
-    d = read_json_object(Path(path), ValueError, MAX_BYTES)
-    return ClauseForecasters.from_json(json.dumps(d), str(path))
+    return ClauseForecasters.from_dict(read_json_object(Path(path), ValueError, MAX_BYTES),
+                                       str(path))
+
+
+def _ranges(ranges: Any, where: str) -> dict[str, Any]:
+    """A fitted range record as ``fit`` writes it (``ValueError`` naming the field)."""
+    def numbers(v: Any, n: int | None = None) -> bool:
+        return isinstance(v, list) and (n is None or len(v) == n) and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+
+    if not isinstance(ranges, dict):
+        raise ValueError(f"{where}: expected an object")
+    feats = ranges.get("features")
+    if not isinstance(feats, dict) or set(feats) != set(FEATURES) or not all(
+            numbers(v, 2) for v in feats.values()):
+        raise ValueError(f"{where}.features: expected [low, high] for each of {list(FEATURES)}")
+    for key in ("n_layers", "n_heads"):
+        if ranges.get(key) is not None and not numbers(ranges[key], 2):
+            raise ValueError(f"{where}.{key}: expected [low, high] or null")
+    for key in ("tasks", "kinds", "modes"):
+        v = ranges.get(key)
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise ValueError(f"{where}.{key}: expected a list of names")
+    return ranges
 
 
 def _quantile(residuals: Tensor) -> float:
@@ -356,17 +380,25 @@ def brier(probabilities: Sequence[float], outcomes: Sequence[bool]) -> float:
         1, len(outcomes))
 
 
-def expected_calibration_error(probabilities: Sequence[float], outcomes: Sequence[bool],
-                               bins: int = 10) -> float:
-    """``sum_b n_b / N * |freq_b - mean_p_b|`` over ``bins`` equal-width bins of the stated
-    probability of holding (the last bin closed)."""
-    total, err = len(outcomes), 0.0
+def calibration_bins(probabilities: Sequence[float], outcomes: Sequence[bool],
+                     bins: int = 10) -> list[tuple[float, float, float, int]]:
+    """Per non-empty bin of ``bins`` equal-width bins of the stated probability of holding
+    (the last bin closed): (its lower edge, the mean stated probability, the share that held,
+    how many)."""
+    out = []
     for b in range(bins):
         lo, hi = b / bins, (b + 1) / bins
         sel = [(p, o) for p, o in zip(probabilities, outcomes, strict=True)
                if lo <= p < hi or (b == bins - 1 and p == 1.0)]
         if sel:
-            mean_p = sum(p for p, _ in sel) / len(sel)
-            freq = sum(float(o) for _, o in sel) / len(sel)
-            err += len(sel) / total * abs(freq - mean_p)
-    return err
+            out.append((lo, sum(p for p, _ in sel) / len(sel),
+                        sum(float(o) for _, o in sel) / len(sel), len(sel)))
+    return out
+
+
+def expected_calibration_error(probabilities: Sequence[float], outcomes: Sequence[bool],
+                               bins: int = 10) -> float:
+    """``sum_b n_b / N * |freq_b - mean_p_b|`` over ``calibration_bins``."""
+    total = max(1, len(outcomes))
+    return sum(n / total * abs(held - mean_p)
+               for _, mean_p, held, n in calibration_bins(probabilities, outcomes, bins))

@@ -157,6 +157,9 @@ def test_forecasters_round_trip_through_plain_json_without_pickle(
     (lambda d: d["models"][0].update(std=[0.0] * len(FEATURES)), "models\\[0\\].std"),
     (lambda d: d["models"][0].update(residual="wide"), "models\\[0\\].residual"),
     (lambda d: d["models"][0].pop("ranges"), "models\\[0\\].ranges"),
+    (lambda d: d["models"][0]["ranges"].pop("tasks"), "models\\[0\\].ranges.tasks"),
+    (lambda d: d["models"][0]["ranges"]["features"].update(slope=[0.0]),
+     "models\\[0\\].ranges.features"),
 ])
 def test_malformed_forecaster_files_name_the_field(edit: object, field: str) -> None:
     d = json.loads(ClauseForecasters((ClauseForecaster.fit(family(60, 0), 0.2),)).to_json())
