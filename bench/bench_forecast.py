@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -138,6 +139,20 @@ train: {steps: 400, batch_size: 32, lr: 3.0e-3, warmup_steps: 20, checkpoint_eve
 BASE = tuple(CONFIGS)  # the four configurations above; --suite adds "suite-<spec>" ones
 
 
+def _suite_spec(path: Path) -> dict[str, Any]:
+    """A suite spec with its text files' paths relative to where ``run_one`` writes the run's
+    copy (``CACHE/runs/``), so the configuration, and the cache key, read the same in every
+    checkout."""
+    from headwise.runspec.yaml_io import parse_yaml
+
+    spec = parse_yaml(path.read_text(), str(path))  # YAML 1.2: `on:` is a key, not True
+    for task in spec["data"]["tasks"].values():
+        if isinstance(task, dict) and "path" in task:
+            task["path"] = os.path.relpath((path.parent / task["path"]).resolve(),
+                                           CACHE / "runs")
+    return spec
+
+
 def suite_configs() -> dict[str, str]:
     """The contract suite's specs as configurations: contract, name and description removed,
     ``checkpoint_every = steps / CHECKPOINTS``, the seed a placeholder; a spec that trains
@@ -145,7 +160,7 @@ def suite_configs() -> dict[str, str]:
     out: dict[str, str] = {}
     seen: set[str] = set()
     for path in sorted(SUITE.glob("*.yaml")):
-        spec = yaml.safe_load(path.read_text())
+        spec = _suite_spec(path)
         for field in ("contract", "name", "description"):
             spec.pop(field, None)
         same = yaml.safe_dump(spec, sort_keys=True)
@@ -155,6 +170,21 @@ def suite_configs() -> dict[str, str]:
         spec["train"]["checkpoint_every"] = spec["train"]["steps"] // CHECKPOINTS
         spec["train"]["seed"] = "SEED"
         out[f"suite-{path.stem}"] = yaml.safe_dump(spec, sort_keys=False)
+    return out
+
+
+def enforced_configs() -> dict[str, str]:
+    """The contract suite's specs with their contracts, trained under ``--enforce``
+    (``enforced-<spec>``), checkpointed like the others: the enforced runs role forecasts are
+    fit and scored on (``bench/bench_role_scores.py``)."""
+    out: dict[str, str] = {}
+    for path in sorted(SUITE.glob("*.yaml")):
+        spec = _suite_spec(path)
+        for field in ("name", "description"):
+            spec.pop(field, None)
+        spec["train"]["checkpoint_every"] = spec["train"]["steps"] // CHECKPOINTS
+        spec["train"]["seed"] = "SEED"
+        out[f"enforced-{path.stem}"] = yaml.safe_dump(spec, sort_keys=False)
     return out
 
 
@@ -194,7 +224,8 @@ def run_one(name: str, seed: int, key: str) -> dict:
     spec = run_dir.parent / f"{name}_s{seed}.yaml"
     spec.write_text(f"name: {name}\n" + CONFIGS[name].replace("SEED", str(seed)))
     t0 = time.perf_counter()
-    outcome = train_run(spec, run_dir, overwrite=True, progress=False)
+    outcome = train_run(spec, run_dir, overwrite=True, progress=False,
+                        enforce=name.startswith("enforced-"), warn=lambda _: None)
     traj = run_trajectory(run_dir, outcome.compiled)
     assert traj is not None
     record = {"config": name, "seed": seed, "total_steps": outcome.train.step,

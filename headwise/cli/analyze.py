@@ -128,6 +128,7 @@ def _forecast(run_dir: str, compiled: Any, forecaster: Forecaster, tables: list[
     """The forecast from the run's first 20% of checkpoints (its table added to ``tables``,
     its sentences to ``notes``)."""
     from headwise.contract.forecast import forecast_summary
+    from headwise.forecast.role_scores import load_role_score_forecaster, measured_text_scores
     from headwise.forecast.roles import measured_text
     from headwise.pipeline.run_report import run_trajectory
 
@@ -136,14 +137,18 @@ def _forecast(run_dir: str, compiled: Any, forecaster: Forecaster, tables: list[
         raise SpecError(f"--forecast: {run_dir} has no checkpoints; expected a run trained "
                         "with train.checkpoint_every >= 1")
     spec = compiled.spec
+    enforced = (Path(run_dir) / "enforcement.json").is_file()
     summary = forecast_summary(traj, forecaster, 0.2, None,
-                               spec.contract if spec.contract else None)
+                               spec.contract if spec.contract else None,
+                               load_role_score_forecaster(),
+                               {"enforced": enforced, "context": compiled.forecast_context})
     tables.append(TextTable(
         f"forecast (forecaster v{summary['forecaster_version']}) from steps "
         f"{summary['from_steps']}", ("head", "forecast", "confidence", "committed at",
-                                     "final role"),
+                                     "final score, 90% interval", "final role"),
         tuple((h["head"], h["role"], f"{h['confidence']:.0%}",
-               "-" if h["committed_at"] is None else str(h["committed_at"]), h["final_role"])
+               "-" if h["committed_at"] is None else str(h["committed_at"]),
+               h["score_forecast"]["text"], h["final_role"])
               for h in summary["heads"])))
     for c in summary.get("clauses", []):
         heads = ", ".join(f"{h['head']} forecast {h['role']}" for h in c["heads"])
@@ -153,6 +158,11 @@ def _forecast(run_dir: str, compiled: Any, forecaster: Forecaster, tables: list[
         notes.append(f"{c['clause']} {c['description']}: {verdict}"
                      + (f" ({heads})" if heads and c["verdict"] == "fail" else ""))
     notes.append(measured_text(summary["measured"]))
+    notes.append(measured_text_scores(summary["score_forecaster_measured"]))
+    outside = summary["heads"][0]["score_forecast"]["outside"] if summary["heads"] else []
+    if outside:
+        notes.append("score intervals doubled, this run is outside the runs the score "
+                     "forecaster was fit on: " + "; ".join(outside))
     return summary
 
 

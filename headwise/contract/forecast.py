@@ -24,6 +24,7 @@ from torch import nn
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.trajectories import Trajectory
 from headwise.contract.clause import Clause, Contract
+from headwise.forecast.role_scores import RoleRun, RoleScoreForecaster
 from headwise.forecast.roles import CLASSES, Forecaster, HeadForecast, forecast_heads, n_early
 from headwise.heads import Head
 from headwise.model.eval_mode import eval_mode
@@ -124,19 +125,30 @@ class ForecastWatch:
 
 
 def forecast_summary(traj: Trajectory, forecaster: Forecaster, fraction: float = 0.2,
-                     total_steps: int | None = None,
-                     contract: Contract | None = None) -> dict[str, Any]:
+                     total_steps: int | None = None, contract: Contract | None = None,
+                     scores: RoleScoreForecaster | None = None,
+                     run: dict[str, Any] | None = None) -> dict[str, Any]:
     """JSON-ready forecast from the first ``fraction`` of ``traj``'s checkpoints, as reports
     and ``headwise analyze --forecast`` show it (``total_steps`` ``None``: a finished run, whose
     last checkpoint is its end, as in the benchmark): per head the predicted role, confidence,
-    commitment so far and actual final role; per clause the forecast verdict; and the accuracy
-    the benchmark measured for this forecaster (never one graded on this run)."""
+    commitment so far and actual final role; with ``scores``, each role's final score with its
+    interval and whether that decides the head's role (``score_forecast``; ``run``: the run's
+    ``enforced`` and ``context``, read against the forecaster's fitted range); per clause the
+    forecast verdict; and the accuracy the benchmark measured for each forecaster (never one
+    graded on this run)."""
     n = n_early(len(traj.steps), fraction)
     heads = forecast_heads(traj, forecaster, n, total_steps)
     out: dict[str, Any] = {
         "forecaster_version": forecaster.version, "fraction": fraction,
         "from_steps": traj.steps[:n], "measured": forecaster.measured,
         "heads": [{**f.to_dict(), "final_role": traj.final_role(f.head)} for f in heads]}
+    if scores is not None:
+        role_run = RoleRun(traj.upto(n), total_steps if total_steps is not None
+                           else traj.steps[-1], **(run or {}))
+        for h, f in zip(out["heads"], scores.forecast(role_run, n), strict=True):
+            h["score_forecast"] = f.to_dict()
+            h["score_forecast"]["text"] = f.text()
+        out["score_forecaster_measured"] = scores.measured
     if contract is not None:
         out["clauses"] = [c.to_dict() for c in forecast_clauses(contract, heads)]
     return out

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from headwise.bounds import margin
+from headwise.forecast.fitting import conformal_quantile, ridge, span
 from headwise.jsonfile import read_json_object
 
 FORMAT = "headwise-clause-forecaster"
@@ -192,17 +193,17 @@ class ClauseForecaster:
         change = torch.tensor([(float(t.final or 0.0) - t.early(fraction)[-1][1]) / t.scale
                                for t in known], dtype=torch.float64)
         design = torch.cat([z, torch.ones(len(known), 1, dtype=torch.float64)], 1)
-        ridge = l2 * torch.eye(design.shape[1], dtype=torch.float64)
-        ridge[-1, -1] = 0.0
-        coef = torch.linalg.solve(design.T @ design + ridge, design.T @ change)
+        coef = ridge(design, change, l2)
         residuals = (design @ coef - change).abs()
         finite = torch.tensor([math.isfinite(t.high - t.low) for t in known])
-        closed = _quantile(residuals[finite]) if bool(finite.any()) else _quantile(residuals)
-        open_ = _quantile(residuals[~finite]) if bool((~finite).any()) else closed
+        closed = conformal_quantile(residuals[finite] if bool(finite.any()) else residuals,
+                                    COVERAGE)
+        open_ = (conformal_quantile(residuals[~finite], COVERAGE) if bool((~finite).any())
+                 else closed)
         ranges = {"features": {n: [float(lo), float(hi)] for n, lo, hi in
                                zip(FEATURES, x.min(0).values, x.max(0).values, strict=True)},
-                  "n_layers": _span(t.context.get("n_layers") for t in known),
-                  "n_heads": _span(t.context.get("n_heads") for t in known),
+                  "n_layers": span(t.context.get("n_layers") for t in known),
+                  "n_heads": span(t.context.get("n_heads") for t in known),
                   "tasks": sorted({k for t in known for k in t.context.get("tasks", ())}),
                   "kinds": sorted({str(t.context.get("kind")) for t in known}),
                   "modes": sorted({"enforced" if t.enforced else "plain" for t in known})}
@@ -234,9 +235,9 @@ class ClauseForecaster:
             if not lo - pad <= value <= hi + pad:
                 why.append(f"{name} {value:.3g} outside the fitted {lo:.3g} to {hi:.3g}")
         for key in ("n_layers", "n_heads"):
-            got, span = traj.context.get(key), self.ranges.get(key)
-            if got is not None and span is not None and not span[0] <= got <= span[1]:
-                why.append(f"{key} {got} outside the fitted {span[0]} to {span[1]}")
+            got, fitted = traj.context.get(key), self.ranges.get(key)
+            if got is not None and fitted is not None and not fitted[0] <= got <= fitted[1]:
+                why.append(f"{key} {got} outside the fitted {fitted[0]} to {fitted[1]}")
         unseen = sorted(set(traj.context.get("tasks", ())) - set(self.ranges["tasks"]))
         if unseen:
             why.append(f"tasks not in the fitted runs: {', '.join(unseen)}")
@@ -360,18 +361,6 @@ def _ranges(ranges: Any, where: str) -> dict[str, Any]:
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
             raise ValueError(f"{where}.{key}: expected a list of names")
     return ranges
-
-
-def _quantile(residuals: Tensor) -> float:
-    """The split-conformal ``COVERAGE`` quantile of absolute residuals: the
-    ``ceil(COVERAGE (n + 1))``-th smallest (the largest when that exceeds n)."""
-    k = min(len(residuals) - 1, math.ceil(COVERAGE * (len(residuals) + 1)) - 1)
-    return float(residuals.sort().values[k])
-
-
-def _span(values: Any) -> list[int] | None:
-    got = [v for v in values if v is not None]
-    return [min(got), max(got)] if got else None
 
 
 def brier(probabilities: Sequence[float], outcomes: Sequence[bool]) -> float:

@@ -334,11 +334,9 @@ def _forecast_watch(compiled: Compiled, data: VerifyData, contract: Contract, ev
         levers = plan(again, contract, probe_sampler(spec), config, enforcement_data(again))
         return {i: lever.description for i, lever in levers.items() if lever is not None}
 
-    model_config: Any = compiled.model.config
-    context = {"n_layers": model_config.n_layers, "n_heads": model_config.n_heads,
-               "tasks": sorted({t.task for t in spec.data.tasks})}
     clauses = ClauseWatch(contract, None if enforced else (lambda m: verify(m, contract, data)),
-                          total_steps, every, load_clause_forecasters(), context,
+                          total_steps, every, load_clause_forecasters(),
+                          compiled.forecast_context,
                           None if enforced else advice, warn)
     return [roles, clauses]
 

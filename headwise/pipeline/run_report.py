@@ -98,7 +98,7 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
         title=f"headwise report: {_title(spec.text) or run_dir.name}",
         model_config=spec.model.config, roles=analysis.roles, importance=analysis.importance,
         contract=None if contract is None else contract.to_dict(), trajectory=trajectory,
-        forecast=_forecast(trajectory, compiled),
+        forecast=_forecast(trajectory, compiled, enforcement is not None),
         supervised=_supervised(compiled, names), walkthroughs=_walkthroughs(compiled, names),
         attention=attention, attention_note=note, training=training_curves(lines),
         enforcement=(None if enforcement is None
@@ -204,15 +204,19 @@ def run_trajectory(run_dir: Path, compiled: Compiled) -> Trajectory | None:
         load_weights(model, final)
 
 
-def _forecast(traj: Trajectory | None, compiled: Compiled) -> dict[str, Any] | None:
-    """The packaged forecaster's view from the first 20% of checkpoints (with the contract)."""
+def _forecast(traj: Trajectory | None, compiled: Compiled, enforced: bool
+              ) -> dict[str, Any] | None:
+    """The packaged forecasters' view from the first 20% of checkpoints (with the contract)."""
+    from headwise.forecast.role_scores import load_role_score_forecaster
     from headwise.forecast.roles import load_forecaster
 
     if traj is None or len(traj.steps) < 2:
         return None
     spec = compiled.spec
     return forecast_summary(traj, load_forecaster(), 0.2, None,
-                            spec.contract if spec.contract else None)
+                            spec.contract if spec.contract else None,
+                            load_role_score_forecaster(),
+                            {"enforced": enforced, "context": compiled.forecast_context})
 
 
 def _first_example(compiled: Compiled, task: int) -> tuple[torch.Tensor, int]:

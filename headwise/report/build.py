@@ -29,6 +29,7 @@ from headwise.analysis.importance_matrix import ImportanceMatrix
 from headwise.analysis.role_table import SHOWN_MIN_SCORE, RoleTable
 from headwise.analysis.trajectories import Trajectory
 from headwise.atomic import write_bytes_atomic
+from headwise.forecast.role_scores import measured_text_scores
 from headwise.forecast.roles import measured_text
 from headwise.heads import Head, HeadSet, select_heads
 from headwise.model.eval_mode import in_eval_mode
@@ -265,9 +266,13 @@ def _traj_html(t: Mapping[str, Any]) -> str:
         html += (f"<p>Forecast by forecaster v{H.esc(f['forecaster_version'])} from the first "
                  f"{f['fraction']:.0%} of checkpoints (steps {H.esc(f['from_steps'])}); "
                  f"{H.esc(measured_text(f['measured']))}.</p>")
-        html += H.table(["head", "forecast", "confidence", "committed at", "final role"],
+        if f.get("score_forecaster_measured") is not None:
+            html += f"<p>{H.esc(measured_text_scores(f['score_forecaster_measured']))}.</p>"
+        html += H.table(["head", "forecast", "confidence", "committed at",
+                         "final score, 90% interval", "final role"],
                         [(h["head"], h["role"], f"{h['confidence']:.0%}", h["committed_at"],
-                          h["final_role"]) for h in f["heads"]])
+                          h.get("score_forecast", {}).get("text", "-"), h["final_role"])
+                         for h in f["heads"]])
         if f.get("clauses"):
             html += H.table(["clause", "description", "forecast"],
                             [(c["clause"], c["description"], c["verdict"])

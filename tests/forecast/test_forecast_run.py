@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from html import escape as html_escape
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,18 @@ def test_report_quotes_the_benchmark_not_the_run(run: Run) -> None:
     assert [c["verdict"] for c in f["clauses"]][:2] == ["pass", "fail"]  # as verified at the end
     html = (run.outcome.run_dir / "report.html").read_text()
     assert "benchmark accuracy from the first 20% of checkpoints on held-out runs" in html
+    from headwise.forecast.role_scores import load_role_score_forecaster, measured_text_scores
+
+    # the score forecaster's view beside it, quoting its benchmark figures on fresh runs
+    assert f["score_forecaster_measured"] == load_role_score_forecaster().measured
+    assert "score forecasts from the first 20% of checkpoints" in html
+    for h in f["heads"]:
+        s = h["score_forecast"]
+        assert s["role"] in ("none", *s["scores"]) and isinstance(s["decided"], bool)
+        for v in s["scores"].values():
+            assert 0.0 <= v["interval"][0] <= v["value"] <= v["interval"][1] <= 1.0
+        assert s["text"].startswith("undecided: ") != s["decided"]
+    assert html_escape(measured_text_scores(f["score_forecaster_measured"])) in html
 
 
 def test_analyze_forecast_cli(run: Run, tmp_path: Path,
@@ -113,6 +126,7 @@ def test_analyze_forecast_cli(run: Run, tmp_path: Path,
     assert main(["analyze", str(run.outcome.run_dir), "--forecast", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "forecast (forecaster v2)" in text and "held-out" in text
+    assert "final score, 90% interval" in text and "score forecasts from the first 20%" in text
     task_line = next(line for line in text.splitlines() if line.startswith("contract[2]"))
     assert "not forecast (the forecaster predicts each head's top role" in task_line
     result = json.loads(out.read_text())
