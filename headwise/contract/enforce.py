@@ -136,8 +136,9 @@ class Enforcer:
                 if key not in assisted and self._stalled(record["history"], key, r):
                     assisted[key] = state.step
                 on = key in assisted and lambdas[key] > 0
+                share = 1.0 + lambdas[key] * lever.scale  # the task loss's weight now
                 for obj in lever.assists:
-                    obj.weight = self.config.assist_weight if on else 0.0
+                    obj.weight = self.config.assist_weight * share if on else 0.0
         confident = all(v <= 0.0 for v in aimed.values())
         point: dict[str, Any] = {"step": state.step, "passed": result.passed,
                                  "confident": confident, "clauses": {}}

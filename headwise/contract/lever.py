@@ -50,7 +50,9 @@ class EnforceConfig:
         stop: ``"end"`` (train the whole budget with the constraints kept; keep the model of
             the last evaluation point at which the contract held on the enforcement set) or
             ``"first_hold"`` (stop at the first such point).
-        assist_weight: the weight of a task floor's circuit assists once switched on.
+        assist_weight: the weight of a task floor's circuit assists once switched on, per
+            unit of the task loss's weight (1 + the floor's extra weight): the assists keep
+            their share of the gradient while the floor's multiplier rises.
         assist_patience: evaluation points a failing floor must go without improving by more
             than 0.01 before its assists switch on.
         confidence: how sure enforcement must be that a clause holding on the enforcement set

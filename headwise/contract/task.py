@@ -5,14 +5,14 @@
 bootstrap CI (``task_metric_ci``). A lower bound (``at_most`` for loss) is a floor: its lever is
 extra weight on the task's loss. When the task declares the circuit known to solve it
 (``headwise.data.Task.circuit``), the lever also holds that circuit's role objectives on heads
-the contract leaves free (*assists*), which the enforcer switches on only when the floor fails
+the contract leaves to it (*assists*), which the enforcer switches on only when the floor fails
 and has stopped improving.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from torch import nn
@@ -92,7 +92,7 @@ class TaskKind(ClauseKind):
                                                       kind="ce"),
                                      f"enforce:assist:{role}[{h}][{clause.path}]")
                              for role, h in assists]
-            lever.description += ("; if it stops improving, the task's circuit on free heads: "
+            lever.description += ("; if it stops improving, the task's circuit: "
                                   + ", ".join(f"{role} on {h}" for role, h in assists))
         return lever
 
@@ -103,22 +103,31 @@ def metric_range(metric: str) -> tuple[float, float]:
 
 
 def _assists(ctx: PlanContext, clause: Clause) -> list[tuple[str, Head]]:
-    """The task's circuit placed on free heads: for each ``(role, layer)``, the first head of
-    that layer no clause names and no mask fixes (none when a layer has no free head, the
-    model is too shallow, or the task declares no circuit)."""
+    """The task's circuit placed on heads the contract leaves to it: for each ``(role,
+    layer)``, the first head of that layer that no clause names and no mask fixes, else the
+    first whose every clause asks it for that very role (a score floor on ``role``: the
+    assist pulls the way the contract does). None when a layer has no such head, the model is
+    too shallow, or the task declares no circuit."""
     spec = ctx.compiled.spec
     kind = next((t.task for t in spec.data.tasks if t.name == clause.task), None)
     circuit = TASKS[kind].circuit if kind in TASKS else ()
-    taken = ctx.named | ctx.masked
     out = []
     for role, layer in circuit:
         if layer >= ctx.n_layers:
             return []
-        free = [Head(layer, h) for h in range(ctx.n_heads) if Head(layer, h) not in taken]
-        if not free:
+        heads = [Head(layer, h) for h in range(ctx.n_heads) if Head(layer, h) not in ctx.masked]
+        free = [h for h in heads if h not in ctx.named]
+        asked = [h for h in heads if h in ctx.named and _asks_only(spec.contract, h, role)]
+        if not free + asked:
             return []
-        out.append((role, free[0]))
+        out.append((role, (free + asked)[0]))
     return out
+
+
+def _asks_only(contract: Iterable[Clause], head: Head, role: str) -> bool:
+    """Whether every clause naming ``head`` is a floor on its ``role`` score."""
+    return all(c.kind == "score" and c.score == role and c.at_least is not None
+               and c.at_most is None for c in contract if head in c.heads)
 
 
 KIND = TaskKind()

@@ -296,16 +296,43 @@ def test_a_floor_that_stops_improving_switches_its_circuit_assists_on() -> None:
     enforcer = Canned(spec.contract, enforcement_data(compiled), levers, config)
     state = SimpleNamespace(step=0, model=compiled.model, extra={}, stop=False, out_dir=None,
                             rank=0)
-    weights = []
+    weights, task_weights = [], []
     for step in (5, 10, 15, 20, 25):
         state.step = step
         enforcer(state)  # type: ignore[arg-type]
         weights.append(floor.assists[0].weight)
+        task_weights.append(1.0 + floor.objectives[0].weight)  # the task loss's weight
     # Points 1-2: no history to judge; point 3 (0.505) improved 0.005 on the best of the last
-    # two (0.50): stalled, so the assists switch on from step 15 and stay on.
-    assert weights == [0.0, 0.0, config.assist_weight, config.assist_weight,
-                       config.assist_weight]
+    # two (0.50): stalled, so the assists switch on from step 15 and stay on, weighted like
+    # the task's loss (its weight 1 + the floor's multiplier), so the floor's rising
+    # multiplier does not shrink the circuit's share of the gradient.
+    assert weights[:2] == [0.0, 0.0]
+    assert weights[2:] == pytest.approx([config.assist_weight * w for w in task_weights[2:]])
+    assert task_weights[2] < task_weights[4]  # the multiplier kept rising while it failed
     assert state.extra["enforce"]["assisted"] == {"1": 15}
+
+
+@pytest.mark.parametrize(("clauses", "expected"), [
+    # every head of L0-1 named, by floors on the circuit's own roles: the assists share them
+    ("  - {any_of: L0.*, score: previous_token, at_least: 0.8}\n"
+     "  - {any_of: L1.*, score: induction, at_least: 0.5}\n",
+     [("previous_token", "L0.H0"), ("induction", "L1.H0")]),
+    # a head asked for another role, or capped on this one, is not the circuit's to use
+    ("  - {head: L0.H0, score: first_token, at_least: 0.5}\n"
+     "  - {any_of: L0.H1, score: previous_token, at_least: 0.8}\n"
+     "  - {head: L1.H0, score: induction, at_most: 0.2}\n"
+     "  - {head: L1.H1, score: induction, at_least: 0.5}\n",
+     [("previous_token", "L0.H1"), ("induction", "L1.H1")]),
+    # no head of L1 the circuit may use: no assists
+    ("  - {all_of: L1.*, score: self, at_least: 0.5}\n", []),
+])
+def test_circuit_assists_use_heads_the_contract_leaves_to_them(clauses, expected) -> None:
+    spec = load_spec(KV.replace("n_heads: 4", "n_heads: 2").replace(
+        "contract:\n  - {any_of: L0.H0-1, score: previous_token, at_least: 0.5}\n",
+        "contract:\n" + clauses))
+    levers = plan(compile_spec(spec), spec.contract)
+    floor = next(lv for lv in levers.values() if lv is not None and lv.kind == "task_weight")
+    assert [(o.target, str(o.heads)) for o in floor.assists] == expected  # type: ignore[attr-defined]
 
 
 def test_a_failing_floor_backs_off_only_the_levers_that_degrade_its_task() -> None:
