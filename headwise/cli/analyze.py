@@ -148,7 +148,7 @@ def _forecast(run_dir: str, compiled: Any, forecaster: Forecaster, tables: list[
                                      "final score, 90% interval", "final role"),
         tuple((h["head"], h["role"], f"{h['confidence']:.0%}",
                "-" if h["committed_at"] is None else str(h["committed_at"]),
-               h["score_forecast"]["text"], h["final_role"])
+               h.get("score_forecast", {}).get("text", "-"), h["final_role"])
               for h in summary["heads"])))
     for c in summary.get("clauses", []):
         heads = ", ".join(f"{h['head']} forecast {h['role']}" for h in c["heads"])
@@ -158,8 +158,10 @@ def _forecast(run_dir: str, compiled: Any, forecaster: Forecaster, tables: list[
         notes.append(f"{c['clause']} {c['description']}: {verdict}"
                      + (f" ({heads})" if heads and c["verdict"] == "fail" else ""))
     notes.append(measured_text(summary["measured"]))
-    notes.append(measured_text_scores(summary["score_forecaster_measured"]))
-    outside = summary["heads"][0]["score_forecast"]["outside"] if summary["heads"] else []
+    if "score_forecaster_measured" in summary:
+        notes.append(measured_text_scores(summary["score_forecaster_measured"]))
+    first = summary["heads"][0] if summary["heads"] else {}
+    outside = first.get("score_forecast", {}).get("outside", [])
     if outside:
         notes.append("score intervals doubled, this run is outside the runs the score "
                      "forecaster was fit on: " + "; ".join(outside))

@@ -136,7 +136,7 @@ class Enforcer:
                 if key not in assisted and self._stalled(record["history"], key, r):
                     assisted[key] = state.step
                 on = key in assisted and lambdas[key] > 0
-                share = 1.0 + lambdas[key] * lever.scale  # the task loss's weight now
+                share = 1.0 + lever.objectives[0].weight  # the task loss's weight now
                 for obj in lever.assists:
                     obj.weight = self.config.assist_weight * share if on else 0.0
         confident = all(v <= 0.0 for v in aimed.values())

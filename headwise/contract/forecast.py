@@ -142,7 +142,7 @@ def forecast_summary(traj: Trajectory, forecaster: Forecaster, fraction: float =
         "forecaster_version": forecaster.version, "fraction": fraction,
         "from_steps": traj.steps[:n], "measured": forecaster.measured,
         "heads": [{**f.to_dict(), "final_role": traj.final_role(f.head)} for f in heads]}
-    if scores is not None:
+    if scores is not None and n >= 2:  # a score forecast reads a change
         role_run = RoleRun(traj.upto(n), total_steps if total_steps is not None
                            else traj.steps[-1], **(run or {}))
         for h, f in zip(out["heads"], scores.forecast(role_run, n), strict=True):

@@ -140,8 +140,9 @@ class ClauseLever:
     terms rather than ablation probabilities (the carrier's margin), weighted ``max(0,
     multiplier - loss_from)``: ``loss_from`` is ``EnforceConfig.staged_from`` when they form
     a second stage, else 0. ``assists``: objectives the enforcer switches on (at
-    ``EnforceConfig.assist_weight``) once the clause fails and has stopped improving (a task
-    floor's circuit assists). ``perturbs``: the tasks whose examples the lever degrades
+    ``EnforceConfig.assist_weight`` times the task loss's weight, 1 + the weight of
+    ``objectives[0]``) once the clause fails and has stopped improving (a task floor's
+    circuit assists). ``perturbs``: the tasks whose examples the lever degrades
     (an ablation lever ablates heads on them), so it backs off while a floor on one of them
     fails (``Enforcer.dual_step``).
     """

@@ -39,7 +39,13 @@ import torch
 from torch import Tensor
 
 from headwise.bounds import margin
-from headwise.forecast.fitting import conformal_quantile, ridge, span
+from headwise.forecast.fitting import (
+    check_ranges,
+    conformal_quantile,
+    fitted_range,
+    outside_range,
+    ridge,
+)
 from headwise.jsonfile import read_json_object
 
 FORMAT = "headwise-clause-forecaster"
@@ -200,13 +206,9 @@ class ClauseForecaster:
                                     COVERAGE)
         open_ = (conformal_quantile(residuals[~finite], COVERAGE) if bool((~finite).any())
                  else closed)
-        ranges = {"features": {n: [float(lo), float(hi)] for n, lo, hi in
-                               zip(FEATURES, x.min(0).values, x.max(0).values, strict=True)},
-                  "n_layers": span(t.context.get("n_layers") for t in known),
-                  "n_heads": span(t.context.get("n_heads") for t in known),
-                  "tasks": sorted({k for t in known for k in t.context.get("tasks", ())}),
-                  "kinds": sorted({str(t.context.get("kind")) for t in known}),
-                  "modes": sorted({"enforced" if t.enforced else "plain" for t in known})}
+        ranges = {**fitted_range(FEATURES, x, [t.context for t in known],
+                                 [t.enforced for t in known]),
+                  "kinds": sorted({str(t.context.get("kind")) for t in known})}
         return cls(fraction, mean, std, w.detach(), float(b.detach()), coef[:-1],
                    float(coef[-1]), closed, open_, ranges)
 
@@ -227,26 +229,11 @@ class ClauseForecaster:
 
     def outside(self, traj: ClauseTrajectory, x: Tensor | None = None) -> list[str]:
         """Why ``traj`` lies outside the runs this forecaster was fit on (empty: inside)."""
-        x = torch.tensor(features(traj, self.fraction)) if x is None else x
-        why = []
-        for name, value in zip(FEATURES, x.tolist(), strict=True):
-            lo, hi = self.ranges["features"][name]
-            pad = 0.1 * (hi - lo)
-            if not lo - pad <= value <= hi + pad:
-                why.append(f"{name} {value:.3g} outside the fitted {lo:.3g} to {hi:.3g}")
-        for key in ("n_layers", "n_heads"):
-            got, fitted = traj.context.get(key), self.ranges.get(key)
-            if got is not None and fitted is not None and not fitted[0] <= got <= fitted[1]:
-                why.append(f"{key} {got} outside the fitted {fitted[0]} to {fitted[1]}")
-        unseen = sorted(set(traj.context.get("tasks", ())) - set(self.ranges["tasks"]))
-        if unseen:
-            why.append(f"tasks not in the fitted runs: {', '.join(unseen)}")
+        values = (torch.tensor(features(traj, self.fraction)) if x is None else x).tolist()
+        why = outside_range(self.ranges, FEATURES, values, values, traj.context, traj.enforced)
         kind = traj.context.get("kind")
         if kind is not None and str(kind) not in self.ranges["kinds"]:
             why.append(f"clause kind {kind} not in the fitted runs")
-        mode = "enforced" if traj.enforced else "plain"
-        if mode not in self.ranges["modes"]:
-            why.append(f"fitted on {'/'.join(self.ranges['modes'])} runs only, this is {mode}")
         return why
 
     def to_dict(self) -> dict[str, Any]:
@@ -282,7 +269,8 @@ class ClauseForecaster:
         return cls(numbers["fraction"], vectors["mean"], vectors["std"], vectors["weight"],
                    numbers["bias"], vectors["value_weight"], numbers["value_bias"],
                    numbers["residual"], numbers["residual_open"],
-                   _ranges(d.get("ranges"), f"{where}.ranges"))
+                   check_ranges(d.get("ranges"), f"{where}.ranges", FEATURES,
+                                ("tasks", "kinds", "modes")))
 
 
 @dataclass(frozen=True)
@@ -339,28 +327,6 @@ def load_clause_forecasters(path: str | Path | None = None) -> ClauseForecasters
         return ClauseForecasters.from_json(text, f"headwise/data/{PACKAGED}")
     return ClauseForecasters.from_dict(read_json_object(Path(path), ValueError, MAX_BYTES),
                                        str(path))
-
-
-def _ranges(ranges: Any, where: str) -> dict[str, Any]:
-    """A fitted range record as ``fit`` writes it (``ValueError`` naming the field)."""
-    def numbers(v: Any, n: int | None = None) -> bool:
-        return isinstance(v, list) and (n is None or len(v) == n) and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
-
-    if not isinstance(ranges, dict):
-        raise ValueError(f"{where}: expected an object")
-    feats = ranges.get("features")
-    if not isinstance(feats, dict) or set(feats) != set(FEATURES) or not all(
-            numbers(v, 2) for v in feats.values()):
-        raise ValueError(f"{where}.features: expected [low, high] for each of {list(FEATURES)}")
-    for key in ("n_layers", "n_heads"):
-        if ranges.get(key) is not None and not numbers(ranges[key], 2):
-            raise ValueError(f"{where}.{key}: expected [low, high] or null")
-    for key in ("tasks", "kinds", "modes"):
-        v = ranges.get(key)
-        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-            raise ValueError(f"{where}.{key}: expected a list of names")
-    return ranges
 
 
 def brier(probabilities: Sequence[float], outcomes: Sequence[bool]) -> float:

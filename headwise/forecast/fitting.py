@@ -1,11 +1,12 @@
-"""What every forecaster's fit shares: ridge regression, the split-conformal quantile that
-turns a point forecast into an interval with a stated coverage, and the span of the runs it
-was fit on."""
+"""What every forecaster's fit shares: ridge regression, the conformal quantile that turns a
+point forecast into an interval with a stated coverage, and the range of runs it was fit on
+(recorded, checked against a run, validated when read from a file)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -21,8 +22,10 @@ def ridge(design: Tensor, target: Tensor, l2: float) -> Tensor:
 
 def conformal_quantile(residuals: Tensor, coverage: float) -> float:
     """The split-conformal ``coverage`` quantile of absolute residuals: the
-    ``ceil(coverage (n + 1))``-th smallest (the largest when that exceeds n). On exchangeable
-    fresh data, ``|error| <=`` it with probability at least ``coverage``."""
+    ``ceil(coverage (n + 1))``-th smallest (the largest when that exceeds n). With residuals
+    of a held-out calibration set exchangeable with fresh data, ``|error| <=`` it with
+    probability at least ``coverage``; on residuals that are not (cross-fitted, or rows of
+    one run), the coverage is what the benchmark measures."""
     if len(residuals) == 0:
         raise ValueError("residuals: expected at least one")
     k = min(len(residuals) - 1, math.ceil(coverage * (len(residuals) + 1)) - 1)
@@ -33,3 +36,68 @@ def span(values: Iterable[int | None]) -> list[int] | None:
     """``[min, max]`` of the known values (``None`` where none is known): a fitted range."""
     got = [v for v in values if v is not None]
     return [min(got), max(got)] if got else None
+
+
+def fitted_range(features: Sequence[str], x: Tensor, contexts: Sequence[dict[str, Any]],
+                 enforced: Sequence[bool]) -> dict[str, Any]:
+    """The range of runs a forecaster was fit on: each feature's ``[low, high]`` over the rows
+    ``x`` (M, F), the span of model sizes, the tasks and whether runs were plain or enforced."""
+    return {"features": {n: [float(lo), float(hi)] for n, lo, hi in
+                         zip(features, x.min(0).values, x.max(0).values, strict=True)},
+            "n_layers": span(c.get("n_layers") for c in contexts),
+            "n_heads": span(c.get("n_heads") for c in contexts),
+            "tasks": sorted({t for c in contexts for t in c.get("tasks", ())}),
+            "modes": sorted({"enforced" if e else "plain" for e in enforced})}
+
+
+def outside_range(ranges: dict[str, Any], features: Sequence[str], low: Sequence[float],
+                  high: Sequence[float], context: dict[str, Any], enforced: bool) -> list[str]:
+    """Why a run lies outside ``ranges`` (empty: inside): a feature whose values ``low`` to
+    ``high`` leave its fitted range by more than a tenth of it, a model size, a task or a mode
+    the fit never saw."""
+    why = []
+    for name, got_lo, got_hi in zip(features, low, high, strict=True):
+        lo, hi = ranges["features"][name]
+        pad = 0.1 * (hi - lo)
+        if got_lo < lo - pad or got_hi > hi + pad:
+            shown = f"{got_lo:.3g}" if got_lo == got_hi else f"{got_lo:.3g} to {got_hi:.3g}"
+            why.append(f"{name} {shown} outside the fitted {lo:.3g} to {hi:.3g}")
+    for key in ("n_layers", "n_heads"):
+        got, fitted = context.get(key), ranges.get(key)
+        if got is not None and fitted is not None and not fitted[0] <= got <= fitted[1]:
+            why.append(f"{key} {got} outside the fitted {fitted[0]} to {fitted[1]}")
+    unseen = sorted(set(context.get("tasks", ())) - set(ranges["tasks"]))
+    if unseen:
+        why.append(f"tasks not in the fitted runs: {', '.join(unseen)}")
+    mode = "enforced" if enforced else "plain"
+    if mode not in ranges["modes"]:
+        why.append(f"fitted on {'/'.join(ranges['modes'])} runs only, this is {mode}")
+    return why
+
+
+def check_ranges(ranges: Any, where: str, features: Sequence[str],
+                 names: Sequence[str] = ("tasks", "modes")) -> dict[str, Any]:
+    """A fitted range record as ``fitted_range`` writes it, read from a file: finite
+    ``[low, high]`` (low <= high) per feature, integer spans or null for the model sizes, lists
+    of names for ``names`` (``ValueError`` naming ``where`` and the field)."""
+    def pair(v: Any, integers: bool = False) -> bool:
+        kinds = (int,) if integers else (int, float)
+        return (isinstance(v, list) and len(v) == 2
+                and all(isinstance(x, kinds) and not isinstance(x, bool) for x in v)
+                and all(math.isfinite(x) for x in v) and v[0] <= v[1])
+
+    if not isinstance(ranges, dict):
+        raise ValueError(f"{where}: expected an object")
+    feats = ranges.get("features")
+    if not isinstance(feats, dict) or set(feats) != set(features) or not all(
+            pair(v) for v in feats.values()):
+        raise ValueError(f"{where}.features: expected finite [low, high] (low <= high) for "
+                         f"each of {list(features)}")
+    for key in ("n_layers", "n_heads"):
+        if ranges.get(key) is not None and not pair(ranges[key], integers=True):
+            raise ValueError(f"{where}.{key}: expected integers [low, high] or null")
+    for key in names:
+        v = ranges.get(key)
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise ValueError(f"{where}.{key}: expected a list of names")
+    return ranges

@@ -40,7 +40,13 @@ from torch import Tensor
 
 from headwise.analysis.role_table import SHOWN_MIN_SCORE, TOP_ROLE_CANDIDATES
 from headwise.analysis.trajectories import Trajectory
-from headwise.forecast.fitting import conformal_quantile, ridge, span
+from headwise.forecast.fitting import (
+    check_ranges,
+    conformal_quantile,
+    fitted_range,
+    outside_range,
+    ridge,
+)
 from headwise.forecast.roles import ROLE_FEATURES, _candidate_values, early_features, n_early
 from headwise.heads import Head
 from headwise.jsonfile import read_json_object
@@ -111,7 +117,8 @@ class RoleScoreForecast:
 def decide(scores: dict[str, tuple[float, float, float]],
            threshold: float = SHOWN_MIN_SCORE) -> tuple[str, bool]:
     """The forecast role of per-role ``(score, low, high)`` and whether the intervals decide
-    it (see the module docstring)."""
+    it (see the module docstring). With no defined score the head shows ``none`` whatever
+    happens (no role can reach the threshold), so that is decided."""
     if not scores:
         return "none", True
     top = max(scores, key=lambda r: scores[r][0])
@@ -199,13 +206,8 @@ class RoleScoreForecaster:
                        for b in range(len(SEEN_BANDS) - 1))
         out = cls._fit_point(x, y, l2)
         out.half_widths = widths
-        out.ranges = {
-            "features": {n: [float(lo), float(hi)] for n, lo, hi in
-                         zip(FEATURES, x.min(0).values, x.max(0).values, strict=True)},
-            "n_layers": span(r.context.get("n_layers") for r in runs),
-            "n_heads": span(r.context.get("n_heads") for r in runs),
-            "tasks": sorted({t for r in runs for t in r.context.get("tasks", ())}),
-            "modes": sorted({"enforced" if r.enforced else "plain" for r in runs})}
+        out.ranges = fitted_range(FEATURES, x, [r.context for r in runs],
+                                  [r.enforced for r in runs])
         return out
 
     @classmethod
@@ -219,7 +221,11 @@ class RoleScoreForecaster:
         return ((x - self.mean) / self.std) @ self.weight + self.bias
 
     def forecast(self, run: RoleRun, n: int) -> list[RoleScoreForecast]:
-        """Every head's forecast from the first ``n`` checkpoints of ``run``."""
+        """Every head's forecast from the first ``n`` checkpoints of ``run`` (at least 2:
+        ``ValueError`` for a run with fewer)."""
+        if len(run.traj.steps) < 2:
+            raise ValueError(f"run: {len(run.traj.steps)} checkpoint(s), expected at least 2 "
+                             "(a forecast reads a change)")
         n = max(2, min(n, len(run.traj.steps)))
         x, now, defined = _rows(run, n)
         at = x[:1, 0, FEATURES.index("seen")]
@@ -243,26 +249,11 @@ class RoleScoreForecaster:
 
     def outside(self, run: RoleRun, x: Tensor) -> list[str]:
         """Why ``run`` (its feature rows ``x``) lies outside the fitted runs (empty: inside)."""
-        why = []
         if len(x):
-            for j, name in enumerate(FEATURES):
-                lo, hi = self.ranges["features"][name]
-                pad = 0.1 * (hi - lo)
-                got_lo, got_hi = float(x[:, j].min()), float(x[:, j].max())
-                if got_lo < lo - pad or got_hi > hi + pad:
-                    why.append(f"{name} {got_lo:.3g} to {got_hi:.3g} outside the fitted "
-                               f"{lo:.3g} to {hi:.3g}")
-        for key in ("n_layers", "n_heads"):
-            got, fitted = run.context.get(key), self.ranges.get(key)
-            if got is not None and fitted is not None and not fitted[0] <= got <= fitted[1]:
-                why.append(f"{key} {got} outside the fitted {fitted[0]} to {fitted[1]}")
-        unseen = sorted(set(run.context.get("tasks", ())) - set(self.ranges["tasks"]))
-        if unseen:
-            why.append(f"tasks not in the fitted runs: {', '.join(unseen)}")
-        mode = "enforced" if run.enforced else "plain"
-        if mode not in self.ranges["modes"]:
-            why.append(f"fitted on {'/'.join(self.ranges['modes'])} runs only, this is {mode}")
-        return why
+            low, high = x.min(0).values.tolist(), x.max(0).values.tolist()
+        else:  # no defined score: only the run itself can be off-range
+            low = high = [self.ranges["features"][n][0] for n in FEATURES]
+        return outside_range(self.ranges, FEATURES, low, high, run.context, run.enforced)
 
     def to_json(self) -> str:
         return json.dumps({
@@ -278,7 +269,7 @@ class RoleScoreForecaster:
         """``to_json``'s object back (``ValueError`` naming ``where`` and the field)."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ValueError(f"{where}: format: expected {FORMAT!r}")
-        if (str(d.get("version")) != VERSION or d.get("features") != list(FEATURES)
+        if (d.get("version") != VERSION or d.get("features") != list(FEATURES)
                 or d.get("roles") != list(TOP_ROLE_CANDIDATES)
                 or d.get("seen_bands") != list(SEEN_BANDS) or d.get("coverage") != COVERAGE):
             raise ValueError(f"{where}: version/features/roles/seen_bands/coverage: expected "
@@ -308,7 +299,8 @@ class RoleScoreForecaster:
             raise ValueError(f"{where}: measured: expected an object with the benchmark's "
                              f"numbers ({type(e).__name__}: {e})") from None
         return cls(vectors["mean"], vectors["std"], vectors["weight"], float(bias),
-                   tuple(vectors["half_widths"].tolist()), _ranges(d.get("ranges"), where),
+                   tuple(vectors["half_widths"].tolist()),
+                   check_ranges(d.get("ranges"), f"{where}: ranges", FEATURES),
                    measured)
 
 
@@ -333,26 +325,3 @@ def measured_text_scores(measured: dict[str, Any]) -> str:
             f"confident forecasts, as many heads: {fresh['v2_most_confident']:.1%}); final "
             f"scores inside their 90% intervals {fresh['coverage']:.1%} "
             f"({measured.get('doc', 'docs/benchmarks.md')})")
-
-
-def _ranges(ranges: Any, where: str) -> dict[str, Any]:
-    """A fitted range record as ``fit`` writes it (``ValueError`` naming the field)."""
-    def pair(v: Any) -> bool:
-        return isinstance(v, list) and len(v) == 2 and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
-
-    if not isinstance(ranges, dict):
-        raise ValueError(f"{where}: ranges: expected an object")
-    feats = ranges.get("features")
-    if not isinstance(feats, dict) or set(feats) != set(FEATURES) or not all(
-            pair(v) for v in feats.values()):
-        raise ValueError(f"{where}: ranges.features: expected [low, high] for each of "
-                         f"{list(FEATURES)}")
-    for key in ("n_layers", "n_heads"):
-        if ranges.get(key) is not None and not pair(ranges[key]):
-            raise ValueError(f"{where}: ranges.{key}: expected [low, high] or null")
-    for key in ("tasks", "modes"):
-        v = ranges.get(key)
-        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-            raise ValueError(f"{where}: ranges.{key}: expected a list of names")
-    return ranges

@@ -62,9 +62,15 @@ def test_decide_follows_the_intervals() -> None:
     # a rival's interval reaches above the top role's lower end
     assert decide({"induction": (0.8, 0.6, 1.0), "self": (0.5, 0.4, 0.65)}) == (
         "induction", False)
+    # at the edges: a top role's lower end on the threshold decides; a rival reaching
+    # exactly that lower end does not leave it decided
+    assert decide({"induction": (0.5, thr, 0.7), "self": (0.1, 0.0, 0.2)}) == ("induction", True)
+    assert decide({"induction": (0.8, 0.6, 1.0), "self": (0.5, 0.4, 0.6)}) == (
+        "induction", False)
     # none, and no interval reaches the threshold; none, and one does
     assert decide({"induction": (0.1, 0.0, 0.2)}) == ("none", True)
     assert decide({"induction": (0.2, 0.1, 0.3)}) == ("none", False)
+    assert decide({}) == ("none", True)  # no defined score: nothing can reach the threshold
 
 
 def test_intervals_cover_fresh_synthetic_runs_at_the_stated_rate(fitted) -> None:
@@ -100,13 +106,16 @@ def test_decided_heads_are_right_and_heads_ending_at_the_threshold_are_undecided
 
 
 def test_intervals_narrow_as_more_of_the_run_is_seen(fitted) -> None:
-    run = synthetic_run(random_finals(torch.Generator().manual_seed(7)),
-                        torch.Generator().manual_seed(7))
+    finals = torch.full((8, len(TOP_ROLE_CANDIDATES)), 0.5, dtype=torch.float64)
+    run = synthetic_run(finals, torch.Generator().manual_seed(7), noise=0.0)
     widths = []
-    for n in (2, 4, 8, 12):
+    for n in (4, 8, 12):
+        for f in fitted.forecast(run, n):
+            for _, lo, hi in f.scores.values():
+                assert 0.0 < lo and hi < 1.0  # not clipped: the width is the interval's own
         _, lo, hi = fitted.forecast(run, n)[0].scores[TOP_ROLE_CANDIDATES[0]]
         widths.append(hi - lo)
-    assert widths == sorted(widths, reverse=True) and widths[-1] > 0, widths
+    assert widths[0] > widths[1] > widths[2] > 0, widths
 
 
 def test_an_off_range_run_widens_every_interval_and_says_why(fitted) -> None:
@@ -151,11 +160,23 @@ def test_json_round_trip_never_unpickles(fitted, tmp_path, monkeypatch) -> None:
     ("weight", [1.0], "weight: expected 13 finite numbers"),
     ("half_widths", [0.1, -0.1, 0.1, 0.1, 0.1], "half_widths: expected scales > 0 and widths >= 0"),
     ("bias", "x", "bias: expected a finite number"),
-    ("ranges", {"features": {}}, "ranges.features: expected [low, high]"),
+    ("ranges", {"features": {}}, "ranges.features: expected finite [low, high]"),
+    ("version", 1, "version/features"),
+    (("ranges", "features", "seen"), [float("nan"), 1.0], "ranges.features: expected finite"),
+    (("ranges", "features", "seen"), [0.9, 0.1], "ranges.features: expected finite"),
+    (("ranges", "n_heads"), [8, 2], "ranges.n_heads: expected integers"),
+    (("ranges", "n_layers"), [1.5, 2], "ranges.n_layers: expected integers"),
 ])
 def test_malformed_files_name_the_field(fitted, tmp_path, field, value, message) -> None:
     d = json.loads(fitted.to_json())
-    d[field] = value
+    if isinstance(field, tuple):  # a nested field
+        *path, last = field
+        inner = d
+        for key in path:
+            inner = inner[key]
+        inner[last] = value
+    else:
+        d[field] = value
     path = tmp_path / "f.json"
     path.write_text(json.dumps(d))
     with pytest.raises(ValueError, match=message.replace("[", r"\[")):
@@ -179,3 +200,22 @@ def test_a_measured_record_missing_what_reports_quote_is_refused(fitted, tmp_pat
     path.write_text(json.dumps(d))
     with pytest.raises(ValueError, match="measured: expected an object with the benchmark"):
         load_role_score_forecaster(path)
+
+
+def test_a_run_with_one_checkpoint_is_refused(fitted) -> None:
+    run = synthetic_run(random_finals(torch.Generator().manual_seed(8)),
+                        torch.Generator().manual_seed(8))
+    with pytest.raises(ValueError, match="1 checkpoint"):
+        fitted.forecast(RoleRun(run.traj.upto(1)), 1)
+
+
+def test_a_summary_of_a_one_checkpoint_run_has_no_score_forecast(fitted) -> None:
+    from headwise.contract.forecast import forecast_summary
+    from headwise.forecast.roles import load_forecaster
+
+    run = synthetic_run(random_finals(torch.Generator().manual_seed(9)),
+                        torch.Generator().manual_seed(9))
+    one = forecast_summary(run.traj.upto(1), load_forecaster(), scores=fitted)
+    assert all("score_forecast" not in h for h in one["heads"])
+    two = forecast_summary(run.traj, load_forecaster(), scores=fitted)
+    assert all("score_forecast" in h for h in two["heads"])
