@@ -23,8 +23,8 @@ from torch import Tensor, nn
 from headwise.atomic import write_bytes_atomic
 from headwise.errors import CheckpointError
 
-__all__ = ["ALIASES_KEY", "check_finite", "check_header", "load_tensors", "load_weights",
-           "model_tensors", "save_tensors", "save_weights", "sha256_file"]
+__all__ = ["ALIASES_KEY", "canonical_header", "check_finite", "check_header", "load_tensors",
+           "load_weights", "model_tensors", "save_tensors", "save_weights", "sha256_file"]
 
 ALIASES_KEY = "headwise.aliases"
 MAX_TENSORS = 65536  # per file; the largest sharded checkpoints hold a few thousand per shard
@@ -33,11 +33,24 @@ MAX_HEADER_BYTES = 16 << 20  # ~100 bytes per tensor; the format's own limit is 
 
 def save_tensors(tensors: dict[str, Tensor], path: Path,
                  metadata: dict[str, str] | None = None) -> str:
-    """Write tensors as safetensors atomically; returns the file's sha256 hex digest."""
+    """Write tensors as safetensors atomically; returns the file's sha256 hex digest. The same
+    tensors and metadata always give the same bytes (``canonical_header``)."""
     data = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
                 metadata=metadata)
+    data = canonical_header(data)
     write_bytes_atomic(path, data)
     return hashlib.sha256(data).hexdigest()
+
+
+def canonical_header(data: bytes) -> bytes:
+    """``data`` (a safetensors file) with its JSON header's keys sorted, padded with spaces to
+    a multiple of 8 bytes as the format's writer pads it. The writer emits the metadata in hash
+    order, which differs from call to call, so two saves of the same weights would otherwise
+    differ in their bytes (and sha256) while every tensor is identical."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.dumps(json.loads(data[8:8 + n]), sort_keys=True, separators=(",", ":"))
+    raw = header.encode() + b" " * (-len(header.encode()) % 8)
+    return len(raw).to_bytes(8, "little") + raw + data[8 + n:]
 
 
 def load_tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:

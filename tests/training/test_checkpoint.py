@@ -173,3 +173,26 @@ def test_clean_restores_a_checkpoint_moved_aside_and_drops_partial_writes(tmp_pa
     assert sorted(p.name for p in root.iterdir()) == ["step_0000006"]
     fresh = build_model(CFG)
     assert load_checkpoint(path, fresh, make_optimizer(fresh, TrainConfig())).step == 6
+
+
+def test_the_same_weights_always_give_the_same_file_bytes(tmp_path) -> None:
+    """The safetensors writer emits metadata in hash order, different from call to call; the
+    files headwise writes are canonical, so one training run's weights hash the same twice."""
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    from headwise.training.safetensors_io import save_tensors
+
+    tensors = {"b": torch.arange(6.0).reshape(2, 3), "a": torch.ones(4, dtype=torch.float16)}
+    digests = set()
+    for i in range(8):  # metadata given in both orders, several times
+        meta = {"format": "pt", "x": "1"} if i % 2 else {"x": "1", "format": "pt"}
+        path = tmp_path / f"w{i}.safetensors"
+        assert save_tensors(tensors, path, meta) == hashlib.sha256(path.read_bytes()).hexdigest()
+        digests.add(hashlib.sha256(path.read_bytes()).hexdigest())
+        back = load_file(path)  # the library's own reader accepts the canonical header
+        assert set(back) == set(tensors) and all(torch.equal(back[k], v)
+                                                for k, v in tensors.items())
+        assert int.from_bytes(path.read_bytes()[:8], "little") % 8 == 0
+    assert len(digests) == 1
