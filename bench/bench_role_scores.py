@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_forecast as bf  # noqa: E402  (a sibling script module)
@@ -74,26 +73,21 @@ def load(seeds: list[int], keys: dict[str, str]) -> list[dict[str, Any]]:
     """Every configuration's run for ``seeds`` (trained and cached on first use)."""
     from headwise.analysis.trajectories import Trajectory
     from headwise.forecast.role_scores import RoleRun
+    from headwise.runspec import load_spec
 
     out = []
     for seed in seeds:
-        for name, text in bf.CONFIGS.items():
+        for name in bf.CONFIGS:
             rec = bf.run_one(name, seed, keys[name])
-            spec = yaml.safe_load(text.replace("SEED", "0"))
-            tasks = spec["data"]["tasks"]  # name -> settings; the kind is `task:` or the name
-            context = {"n_layers": spec["model"]["n_layers"], "n_heads": spec["model"]["n_heads"],
-                       "tasks": sorted({v.get("task", k) if isinstance(v, dict) else k
-                                        for k, v in tasks.items()})}
-            run = RoleRun(Trajectory.from_dict(rec["trajectory"]), rec["total_steps"],
-                          name.startswith("enforced-"), context)
+            spec = load_spec(bf.CACHE / "runs" / f"{name}_s{seed}.yaml")  # run_one's copy
+            traj = Trajectory.from_dict(rec["trajectory"])
+            run = RoleRun(traj, rec["total_steps"], name.startswith("enforced-"),
+                          spec.forecast_context)
+            # "traj" and "total_steps" as bench_forecast's predictors read a run
             out.append({"config": name, "group": group(name), "seed": seed, "run": run,
+                        "traj": traj, "total_steps": rec["total_steps"],
                         "seconds": rec["seconds"]})
     return out
-
-
-def truth(r: dict[str, Any]) -> list[str]:
-    traj = r["run"].traj
-    return [traj.final_role(h) for h in traj.heads]
 
 
 def finals(r: dict[str, Any]) -> list[dict[str, float]]:
@@ -109,32 +103,17 @@ def finals(r: dict[str, Any]) -> list[dict[str, float]]:
 def evaluate(fit_on: list[dict[str, Any]], test: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per head of ``test`` and fraction: the score forecast, v2's and the baseline's."""
     from headwise.forecast.role_scores import RoleScoreForecaster
-    from headwise.forecast.roles import (
-        EarlyFeatures,
-        Forecaster,
-        early_features,
-        linear_forecast,
-        n_early,
-    )
+    from headwise.forecast.roles import n_early
 
     model = RoleScoreForecaster.fit([r["run"] for r in fit_on])
-    feats, labels = [], []
-    for r in fit_on:  # v2's features, fit on the same runs
-        traj = r["run"].traj
-        final = truth(r)
-        for n in range(2, len(traj.steps) + 1):
-            feats.append(early_features(traj, n, r["run"].budget))
-            labels += final
-    v2 = Forecaster.fit(EarlyFeatures.cat(feats), labels, "cv")
+    v2 = bf.fitted(fit_on, "cv")  # the role forecaster, fit on the same runs
     rows = []
     for r in test:
-        run, true, fin = r["run"], truth(r), finals(r)
+        run, true, fin = r["run"], bf.truth(r), finals(r)
         for frac in FRACTIONS:
-            n = n_early(len(run.traj.steps), frac)
-            got = model.forecast(run, n)
-            cls = v2.predict(run.traj, n, run.budget)
-            base = linear_forecast(run.traj, n, run.budget)
-            for f, t, final, (c, conf), b in zip(got, true, fin, cls, base, strict=True):
+            got = model.forecast(run, n_early(len(run.traj.steps), frac))
+            cls, base = v2(r, frac), bf.baseline(r, frac)
+            for f, t, final, (c, conf), (b, _) in zip(got, true, fin, cls, base, strict=True):
                 inside = [f.scores[k][1] <= v <= f.scores[k][2]
                           for k, v in final.items() if k in f.scores]
                 rows.append({"config": r["config"], "seed": r["seed"], "fraction": frac,

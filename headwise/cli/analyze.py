@@ -141,7 +141,7 @@ def _forecast(run_dir: str, compiled: Any, forecaster: Forecaster, tables: list[
     summary = forecast_summary(traj, forecaster, 0.2, None,
                                spec.contract if spec.contract else None,
                                load_role_score_forecaster(),
-                               {"enforced": enforced, "context": compiled.forecast_context})
+                               {"enforced": enforced, "context": compiled.spec.forecast_context})
     tables.append(TextTable(
         f"forecast (forecaster v{summary['forecaster_version']}) from steps "
         f"{summary['from_steps']}", ("head", "forecast", "confidence", "committed at",

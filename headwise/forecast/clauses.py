@@ -42,6 +42,8 @@ from headwise.bounds import margin
 from headwise.forecast.fitting import (
     check_ranges,
     conformal_quantile,
+    finite_number,
+    finite_vector,
     fitted_range,
     outside_range,
     ridge,
@@ -248,24 +250,12 @@ class ClauseForecaster:
         """``to_dict``'s output back (``ValueError`` naming ``where`` and the field)."""
         if not isinstance(d, dict):
             raise ValueError(f"{where}: expected an object")
-        n = len(FEATURES)
-        vectors = {}
-        for key in ("mean", "std", "weight", "value_weight"):
-            try:
-                vectors[key] = torch.tensor(d[key], dtype=torch.float64)
-            except (KeyError, TypeError, ValueError):
-                raise ValueError(f"{where}.{key}: expected a list of {n} numbers") from None
-            if tuple(vectors[key].shape) != (n,) or not bool(vectors[key].isfinite().all()):
-                raise ValueError(f"{where}.{key}: expected {n} finite numbers")
+        vectors = {key: finite_vector(d.get(key), len(FEATURES), f"{where}.{key}")
+                   for key in ("mean", "std", "weight", "value_weight")}
         if not bool((vectors["std"] > 0).all()):
             raise ValueError(f"{where}.std: expected scales > 0")
-        numbers = {}
-        for key in ("fraction", "bias", "value_bias", "residual", "residual_open"):
-            value = d.get(key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                    math.isfinite(value)):
-                raise ValueError(f"{where}.{key}: expected a finite number")
-            numbers[key] = float(value)
+        numbers = {key: finite_number(d.get(key), f"{where}.{key}")
+                   for key in ("fraction", "bias", "value_bias", "residual", "residual_open")}
         return cls(numbers["fraction"], vectors["mean"], vectors["std"], vectors["weight"],
                    numbers["bias"], vectors["value_weight"], numbers["value_bias"],
                    numbers["residual"], numbers["residual_open"],

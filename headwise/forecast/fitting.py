@@ -5,7 +5,7 @@ point forecast into an interval with a stated coverage, and the range of runs it
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -101,3 +101,38 @@ def check_ranges(ranges: Any, where: str, features: Sequence[str],
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
             raise ValueError(f"{where}.{key}: expected a list of names")
     return ranges
+
+
+def finite_vector(value: Any, size: int, field: str) -> Tensor:
+    """``value`` (read from a forecaster file) as ``size`` finite float64 numbers
+    (``ValueError`` naming ``field`` otherwise)."""
+    try:
+        t = torch.tensor(value, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"{field}: expected {size} finite numbers") from None
+    if tuple(t.shape) != (size,) or not bool(t.isfinite().all()):
+        raise ValueError(f"{field}: expected {size} finite numbers")
+    return t
+
+
+def finite_number(value: Any, field: str) -> float:
+    """``value`` (read from a forecaster file) as a finite number (``ValueError`` naming
+    ``field`` otherwise; a bool is not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+            value):
+        raise ValueError(f"{field}: expected a finite number")
+    return float(value)
+
+
+def checked_measured(measured: Any, quote: Callable[[dict[str, Any]], str], field: str,
+                     what: str) -> dict[str, Any]:
+    """A forecaster file's ``measured`` record, refused unless ``quote`` (the sentence reports
+    make of it) can read it: ``ValueError`` naming ``field`` and ``what`` it should hold."""
+    try:
+        if not isinstance(measured, dict):
+            raise TypeError(f"got {type(measured).__name__}")
+        quote(measured)
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{field}: expected an object with {what} "
+                         f"({type(e).__name__}: {e})") from None
+    return measured

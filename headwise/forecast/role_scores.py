@@ -28,7 +28,6 @@ benchmark measured it to do (``bench/bench_role_scores.py --save`` writes the pa
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -42,7 +41,10 @@ from headwise.analysis.role_table import SHOWN_MIN_SCORE, TOP_ROLE_CANDIDATES
 from headwise.analysis.trajectories import Trajectory
 from headwise.forecast.fitting import (
     check_ranges,
+    checked_measured,
     conformal_quantile,
+    finite_number,
+    finite_vector,
     fitted_range,
     outside_range,
     ridge,
@@ -275,30 +277,16 @@ class RoleScoreForecaster:
             raise ValueError(f"{where}: version/features/roles/seen_bands/coverage: expected "
                              f"{VERSION!r} with {list(FEATURES)}, {list(TOP_ROLE_CANDIDATES)}, "
                              f"{list(SEEN_BANDS)}, {COVERAGE}")
-        vectors = {}
-        for key, size in (("mean", len(FEATURES)), ("std", len(FEATURES)),
-                          ("weight", len(FEATURES)), ("half_widths", len(SEEN_BANDS) - 1)):
-            try:
-                vectors[key] = torch.tensor(d[key], dtype=torch.float64)
-            except (KeyError, TypeError, ValueError):
-                raise ValueError(f"{where}: {key}: expected a list of {size} numbers") from None
-            if tuple(vectors[key].shape) != (size,) or not bool(vectors[key].isfinite().all()):
-                raise ValueError(f"{where}: {key}: expected {size} finite numbers")
+        vectors = {key: finite_vector(d.get(key), size, f"{where}: {key}")
+                   for key, size in (("mean", len(FEATURES)), ("std", len(FEATURES)),
+                                     ("weight", len(FEATURES)),
+                                     ("half_widths", len(SEEN_BANDS) - 1))}
         if not bool((vectors["std"] > 0).all()) or not bool((vectors["half_widths"] >= 0).all()):
             raise ValueError(f"{where}: std/half_widths: expected scales > 0 and widths >= 0")
-        bias = d.get("bias")
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(
-                bias):
-            raise ValueError(f"{where}: bias: expected a finite number")
-        measured = d.get("measured", {})
-        try:  # the record must hold what reports quote from it
-            if not isinstance(measured, dict):
-                raise TypeError(f"got {type(measured).__name__}")
-            measured_text_scores(measured)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{where}: measured: expected an object with the benchmark's "
-                             f"numbers ({type(e).__name__}: {e})") from None
-        return cls(vectors["mean"], vectors["std"], vectors["weight"], float(bias),
+        bias = finite_number(d.get("bias"), f"{where}: bias")
+        measured = checked_measured(d.get("measured", {}), measured_text_scores,
+                                    f"{where}: measured", "the benchmark's numbers")
+        return cls(vectors["mean"], vectors["std"], vectors["weight"], bias,
                    tuple(vectors["half_widths"].tolist()),
                    check_ranges(d.get("ranges"), f"{where}: ranges", FEATURES),
                    measured)

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from headwise.analysis.role_table import SHOWN_MIN_SCORE, TOP_ROLE_CANDIDATES
 from headwise.analysis.trajectories import Trajectory
+from headwise.forecast.fitting import checked_measured, finite_vector
 from headwise.heads import Head
 from headwise.jsonfile import read_json_object
 
@@ -289,28 +290,14 @@ def load_forecaster(path: str | Path | None = None) -> Forecaster:
         raise ValueError(f"{where}: classes/role_features/none_features: expected "
                          f"{list(CLASSES)}, {list(ROLE_FEATURES)}, {list(NONE_FEATURES)}")
     fr, fn = len(ROLE_FEATURES), len(NONE_FEATURES)
-    shapes = {"role_mean": (fr,), "role_std": (fr,), "role_weight": (fr,), "none_mean": (fn,),
-              "none_std": (fn,), "none_weight": (fn,), "none_bias": (1,)}
-    t = {}
-    for k, shape in shapes.items():
-        try:
-            t[k] = torch.tensor(d[k], dtype=torch.float64)
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{where}: {k}: expected a list of {shape[0]} numbers") from None
-        if tuple(t[k].shape) != shape:
-            raise ValueError(f"{where}: {k}: got shape {tuple(t[k].shape)}, expected {shape}")
-        if not bool(torch.isfinite(t[k]).all()):
-            raise ValueError(f"{where}: {k}: has values that are not finite numbers")
-        if k.endswith("_std") and not bool((t[k] > 0).all()):
+    sizes = {"role_mean": fr, "role_std": fr, "role_weight": fr, "none_mean": fn,
+             "none_std": fn, "none_weight": fn, "none_bias": 1}
+    t = {k: finite_vector(d.get(k), n, f"{where}: {k}") for k, n in sizes.items()}
+    for k in ("role_std", "none_std"):
+        if not bool((t[k] > 0).all()):
             raise ValueError(f"{where}: {k}: expected scales > 0")
-    measured = d.get("measured", {})
-    try:  # the record must hold what reports quote from it
-        if not isinstance(measured, dict):
-            raise TypeError(f"got {type(measured).__name__}")
-        measured_text(measured)
-    except (AttributeError, KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{where}: measured: expected an object with the benchmark's or "
-                         f"fit_forecaster's numbers ({type(e).__name__}: {e})") from None
+    measured = checked_measured(d.get("measured", {}), measured_text, f"{where}: measured",
+                                "the benchmark's or fit_forecaster's numbers")
     return Forecaster(VERSION, **t, measured=measured)
 
 

@@ -88,14 +88,6 @@ class Compiled:
         """Task names in task-id order."""
         return self.spec.data.names
 
-    @property
-    def forecast_context(self) -> dict[str, Any]:
-        """What forecasters read against the range of runs they were fit on: the model's
-        ``n_layers`` and ``n_heads`` and the built-in tasks the run trains."""
-        config: Any = self.model.config
-        return {"n_layers": config.n_layers, "n_heads": config.n_heads,
-                "tasks": sorted({t.task for t in self.spec.data.tasks})}
-
 
 def compile_spec(spec: Spec, weights: str | Path | None = None) -> Compiled:
     """Build the model, levers, data and held-out batch a spec describes.

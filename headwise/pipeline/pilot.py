@@ -58,11 +58,9 @@ def pilot(compiled: Compiled, contract: Contract, steps: int) -> list[PilotRow]:
     config = dataclasses.replace(spec_train, eval_every=every, checkpoint_every=0)
     data = enforcement_data(compiled)
     before = verify(compiled.model, contract, data)
-    model_config: Any = compiled.model.config
     watch = ClauseWatch(contract, lambda m: verify(m, contract, data), spec_train.steps,
                         spec_train.steps + 1, load_clause_forecasters(),
-                        {"n_layers": model_config.n_layers, "n_heads": model_config.n_heads,
-                         "tasks": sorted({t.task for t in compiled.spec.data.tasks})},
+                        compiled.spec.forecast_context,
                         None, lambda line: None)  # records every point, never warns
 
     def stop(state: Any) -> None:

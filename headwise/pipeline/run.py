@@ -336,7 +336,7 @@ def _forecast_watch(compiled: Compiled, data: VerifyData, contract: Contract, ev
 
     clauses = ClauseWatch(contract, None if enforced else (lambda m: verify(m, contract, data)),
                           total_steps, every, load_clause_forecasters(),
-                          compiled.forecast_context,
+                          compiled.spec.forecast_context,
                           None if enforced else advice, warn)
     return [roles, clauses]
 

@@ -216,7 +216,7 @@ def _forecast(traj: Trajectory | None, compiled: Compiled, enforced: bool
     return forecast_summary(traj, load_forecaster(), 0.2, None,
                             spec.contract if spec.contract else None,
                             load_role_score_forecaster(),
-                            {"enforced": enforced, "context": compiled.forecast_context})
+                            {"enforced": enforced, "context": compiled.spec.forecast_context})
 
 
 def _first_example(compiled: Compiled, task: int) -> tuple[torch.Tensor, int]:

@@ -220,3 +220,10 @@ class Spec:
     def n_heads(self) -> int:
         """Query heads per layer of the model the spec describes."""
         return self.model.config.n_heads
+
+    @property
+    def forecast_context(self) -> dict[str, Any]:
+        """What forecasters read against the range of runs they were fit on: the model's
+        ``n_layers`` and ``n_heads`` and the built-in tasks the run trains."""
+        return {"n_layers": self.n_layers, "n_heads": self.n_heads,
+                "tasks": sorted({t.task for t in self.data.tasks})}
