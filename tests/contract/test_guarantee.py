@@ -301,7 +301,9 @@ def test_a_floor_that_stops_improving_switches_its_circuit_assists_on() -> None:
         state.step = step
         enforcer(state)  # type: ignore[arg-type]
         weights.append(floor.assists[0].weight)
-        task_weights.append(1.0 + floor.objectives[0].weight)  # the task loss's weight
+        # the task loss's weight: 1 + the floor's multiplier (its lever's scale is 1)
+        task_weights.append(1.0 + state.extra["enforce"]["history"][-1]["clauses"]["1"][
+            "multiplier"])
     # Points 1-2: no history to judge; point 3 (0.505) improved 0.005 on the best of the last
     # two (0.50): stalled, so the assists switch on from step 15 and stay on, weighted like
     # the task's loss (its weight 1 + the floor's multiplier), so the floor's rising
