@@ -21,8 +21,14 @@ all of them and scores it on the runs of fresh seeds (never read while the forec
 designed), and ``--save`` writes those forecasters with the fresh seeds' figures as the
 packaged ``headwise/data/clause_forecaster_v1.json``.
 
+``--configs DIR`` scores the forecasters fit on every run of ``--seeds`` on
+the runs ``bench/clause_trajectories.py --configs`` wrote: the forecast benchmark's
+configurations with their contracts (``bench/config_contracts.py``), model sizes and budgets
+no forecaster was fit on; per fraction, plain and enforced, and per configuration at 20%.
+With ``--save`` their figures join the packaged file's ``measured`` block.
+
     PYTHONPATH=$PWD .venv/bin/python bench/bench_clause_forecast.py [--data DIR]
-        [--seeds 0 1 2] [--confirm 3 4] [--save]
+        [--seeds 0 1 2] [--confirm 3 4] [--save] [--configs DIR]
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,19 +63,34 @@ COMMAND = ("OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python bench/clause_traj
            "bench/bench_clause_forecast.py --seeds 0 1 2 --confirm 3 4 --save")
 
 
-def trajectories(run: dict[str, Any]) -> list[tuple[str, ClauseTrajectory]]:
-    """(spec/clause label, trajectory) for every measured clause of one run's record (each
-    value's range from the clause kind, on the spec's contract as parsed)."""
+def _spec(run: dict[str, Any]) -> Any:
+    """The spec ``run`` trained, as parsed (a suite spec or, for records of
+    ``clause_trajectories.py --configs``, a forecast-benchmark configuration's)."""
     from headwise.runspec import load_spec
 
-    contract = load_spec(SUITE / f"{run['spec']}.yaml").contract
+    if run.get("suite", "suite") == "suite":
+        return load_spec(SUITE / f"{run['spec']}.yaml")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from config_contracts import spec_text
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{run['spec']}.yaml"
+        path.write_text(spec_text(run["spec"], run["seed"]))
+        return load_spec(path)
+
+
+def trajectories(run: dict[str, Any]) -> list[tuple[str, ClauseTrajectory]]:
+    """(spec/clause label, trajectory) for every measured clause of one run's record (each
+    value's range from the clause kind, on the spec's contract as parsed; the run's context
+    as ``train --forecast-every`` gives it, ``Spec.forecast_context``)."""
+    spec = _spec(run)
     out = []
     for c in run["clauses"]:
         if all(v is None for v in c["values"]) or c["final"] is None:
             continue
-        clause = contract[c["index"]]
+        clause = spec.contract[c["index"]]
         low, high = KINDS[clause.kind].value_range(clause)
-        context = {**run["model"], "tasks": run["tasks"], "kind": c["kind"]}
+        context = {**spec.forecast_context, "kind": c["kind"]}
         out.append((f"{run['spec']}[{c['index']}]", ClauseTrajectory(
             tuple(c["steps"]), tuple(c["values"]), tuple(c["stderrs"]), c["at_least"],
             c["at_most"], run["total_steps"], run["mode"] == "enforced", low, high, c["final"],
@@ -159,6 +182,48 @@ def line(name: str, s: dict[str, Any]) -> str:
             f"(p = {s['p_sign']:.3g}) |")
 
 
+def configs_table(bundle: ClauseForecasters, data: Path,
+                  curves: dict[str, list[tuple[float, float, float, int]]],
+                  figures: dict[str, Any]) -> dict[str, Any]:
+    """Print ``bundle``'s figures on the configuration runs in ``data`` (every fraction, plain
+    and enforced, and per configuration at 20%); the 20% calibration joins ``curves``.
+    Returns the per-fraction figures for the packaged file's ``measured`` block."""
+    runs = [json.loads(f.read_text()) for f in sorted(data.glob("seed*/*.json"))]
+    items = [(run, label, t) for run in runs for label, t in trajectories(run)]
+    print(f"\nForecast-benchmark configurations ({len(runs)} runs: "
+          f"{len({r['spec'] for r in runs})} configurations, seeds "
+          f"{sorted({r['seed'] for r in runs})}; {len(items)} clause trajectories), "
+          f"forecasters fit on every suite run of seeds {bundle.measured['fit_seeds']}:\n")
+    print("| fraction, runs | clauses | right: forecaster | right: baseline | Brier | "
+          "Brier baseline | ECE | 90% interval coverage | outside range | forecaster-only "
+          "right / baseline-only right (sign test) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    measured: dict[str, Any] = {}
+    at_20: list[dict[str, Any]] = []
+    for fraction in FRACTIONS:
+        model = next(m for m in bundle.models if abs(m.fraction - fraction) < 1e-9)
+        rows = forecast_rows(model, items, lambda r: r["spec"])
+        s = score(rows)
+        measured[str(fraction)] = {k: round(v, 4) if isinstance(v, float) else v
+                                   for k, v in s.items()}
+        figures[f"configs {fraction}"] = s
+        print(line(f"{fraction:.0%}, all", s))
+        for mode in ("plain", "enforced"):
+            print(line(f"{fraction:.0%}, {mode}", score([r for r in rows if r["mode"] == mode])))
+        if fraction == 0.2:
+            at_20 = rows
+            curves["forecast-benchmark configurations"] = bins_of(rows)
+    print("\nPer configuration at 20%:\n")
+    print("| configuration | clauses | right: forecaster | right: baseline | outside range | "
+          "forecaster-only / baseline-only (sign test) |")
+    print("|---|---:|---:|---:|---:|---|")
+    for config in sorted({r["group"] for r in at_20}):
+        s = score([r for r in at_20 if r["group"] == config])
+        print(f"| {config} | {s['n']} | {s['accuracy']:.3f} | {s['baseline_accuracy']:.3f} | "
+              f"{s['outside']:.2f} | {s['wins']} / {s['losses']} (p = {s['p_sign']:.3g}) |")
+    return measured
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
@@ -168,6 +233,8 @@ def main() -> None:
     p.add_argument("--save", action="store_true")
     p.add_argument("--figure", type=Path, default=None,
                    help="with --confirm: write the calibration curve at 20%% (PNG) here")
+    p.add_argument("--configs", type=Path, default=None,
+                   help="also score on these forecast-benchmark configuration runs")
     args = p.parse_args()
     if args.save and not args.confirm:
         raise SystemExit("--save: needs --confirm SEED ... (the figures the file quotes)")
@@ -212,20 +279,27 @@ def main() -> None:
     curves = {"held-out specs": bins_of(per_spec)}
     for lo, mean_p, held, n in curves["held-out specs"]:
         print(f"| {lo:.1f}-{lo + 0.1:.1f} | {n} | {mean_p:.3f} | {held:.3f} |")
+    models = tuple(ClauseForecaster.fit([t for _, _, t in items], fraction)
+                   for fraction in FRACTIONS)
+    bundle = ClauseForecasters(models, {
+        "fit_seeds": seeds, "fresh_seeds": list(args.confirm),
+        "specs": sorted({run["spec"] for run in runs}), "command": COMMAND,
+        "doc": "docs/benchmarks.md#clause-verdict-forecasts"})
     if args.confirm:
         fresh = [(run, label, t) for run in every if run["seed"] in args.confirm
                  for label, t in trajectories(run)]
+        if not fresh:
+            raise SystemExit(f"--confirm {args.confirm}: no runs of those seeds in {args.data}")
         print(f"\nFresh seeds {args.confirm} ({len(fresh)} clause trajectories), forecasters "
               f"fit on every run of seeds {seeds}:\n")
         print("| fraction, runs | clauses | right: forecaster | right: baseline | Brier | "
               "Brier baseline | ECE | 90% interval coverage | outside range | forecaster-only "
               "right / baseline-only right (sign test) |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-        models, measured = [], {}
-        for fraction in FRACTIONS:
-            model = ClauseForecaster.fit([t for _, _, t in items], fraction)
+        measured = {}
+        for model in models:
+            fraction = model.fraction
             rows = forecast_rows(model, fresh, "fresh")
-            models.append(model)
             measured[str(fraction)] = {k: round(v, 4) if isinstance(v, float) else v
                                        for k, v in score(rows).items()}
             print(line(f"{fraction:.0%}, all", score(rows)))
@@ -235,17 +309,16 @@ def main() -> None:
                 print(line(f"{fraction:.0%}, {mode}",
                            score([r for r in rows if r["mode"] == mode])))
             figures[f"fresh {fraction}"] = score(rows)
-        if args.save:
-            bundle = ClauseForecasters(tuple(models), {
-                "fit_seeds": seeds, "fresh_seeds": list(args.confirm),
-                "specs": sorted({run["spec"] for run in runs}), "fresh": measured,
-                "command": COMMAND, "doc": "docs/benchmarks.md#clause-verdict-forecasts"})
-            tmp = PACKAGE_FILE.with_suffix(".tmp")
-            tmp.write_text(bundle.to_json() + "\n")
-            tmp.replace(PACKAGE_FILE)
-            print(f"\nwrote {PACKAGE_FILE.relative_to(PACKAGE_FILE.parents[2])}")
-        if args.figure:
-            figure(curves, args.figure)
+        bundle.measured["fresh"] = measured
+    if args.configs:
+        bundle.measured["configs"] = configs_table(bundle, args.configs, curves, figures)
+    if args.save:
+        tmp = PACKAGE_FILE.with_suffix(".tmp")
+        tmp.write_text(bundle.to_json() + "\n")
+        tmp.replace(PACKAGE_FILE)
+        print(f"\nwrote {PACKAGE_FILE.relative_to(PACKAGE_FILE.parents[2])}")
+    if args.figure:
+        figure(curves, args.figure)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
 

@@ -15,10 +15,12 @@ The outcome of a clause is its verdict on the verification set at the end: the f
 for a plain run, the kept model's under ``--enforce`` (what ``contract.json`` reports).
 
 One JSON file per run in ``--out`` (default ``bench/.cache/clause_traj``, git-ignored); a
-finished run is not rerun.
+finished run is not rerun. ``--configs`` trains the forecast benchmark's configurations with
+their contracts (``bench/config_contracts.py``) instead of the suite (default ``--out``
+``bench/.cache/clause_traj_configs``; each record says which with ``"suite"``).
 
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python bench/clause_trajectories.py \
-        --seeds 0 1 [--only SPEC ...] [--jobs 2] [--out DIR]
+        --seeds 0 1 [--only SPEC ...] [--configs] [--jobs 2] [--out DIR]
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 
 SUITE = Path(__file__).resolve().parent.parent / "headwise" / "examples" / "suite"
 DEFAULT_OUT = Path(__file__).resolve().parent / ".cache" / "clause_traj"
+CONFIGS_OUT = Path(__file__).resolve().parent / ".cache" / "clause_traj_configs"
 
 
 def measure_only() -> Any:
@@ -85,7 +88,8 @@ def run_one(spec: Path, seed: int, enforce: bool, out: Path) -> dict[str, Any]:
             "steps": [p[0] for p in points], "values": [p[1] for p in points],
             "stderrs": [p[2] for p in points],
             "final": r.measured, "holds": r.passed})
-    return {"spec": spec.stem, "seed": seed, "mode": "enforced" if enforce else "plain",
+    return {"spec": spec.stem, "suite": "suite" if spec.parent == SUITE else "configs",
+            "seed": seed, "mode": "enforced" if enforce else "plain",
             "total_steps": outcome.compiled.spec.train.steps, "wall_s": wall,
             "model": {"n_layers": model.n_layers, "n_heads": model.n_heads,
                       "d_model": model.d_model},
@@ -122,7 +126,9 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--only", nargs="+", default=None)
     p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--configs", action="store_true",
+                   help="the forecast benchmark's configurations with their contracts")
+    p.add_argument("--out", type=Path, default=None)
     p.add_argument("--worker", nargs=3, metavar=("SPEC", "SEED", "OUT"), default=None)
     p.add_argument("--enforce", action="store_true")
     args = p.parse_args()
@@ -130,12 +136,18 @@ def main() -> None:
         spec, seed, out = args.worker
         print(json.dumps(run_one(Path(spec), int(seed), args.enforce, Path(out) / "run")))
         return
-    specs = sorted(SUITE.glob("*.yaml"))
+    out = args.out or (CONFIGS_OUT if args.configs else DEFAULT_OUT)
+    if args.configs:
+        from config_contracts import write_specs
+
+        specs = write_specs(out / "specs")
+    else:
+        specs = sorted(SUITE.glob("*.yaml"))
     if args.only:
         specs = [s for s in specs if s.stem in set(args.only)]
     jobs = [(s, seed, enforce) for seed in args.seeds for s in specs for enforce in (False, True)]
     with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(lambda job: spawn(job[0], job[1], job[2], args.out), jobs))
+        list(pool.map(lambda job: spawn(job[0], job[1], job[2], out), jobs))
 
 
 if __name__ == "__main__":

@@ -41,20 +41,23 @@ def span(values: Iterable[int | None]) -> list[int] | None:
 def fitted_range(features: Sequence[str], x: Tensor, contexts: Sequence[dict[str, Any]],
                  enforced: Sequence[bool]) -> dict[str, Any]:
     """The range of runs a forecaster was fit on: each feature's ``[low, high]`` over the rows
-    ``x`` (M, F), the span of model sizes, the tasks and whether runs were plain or enforced."""
+    ``x`` (M, F), the span of model sizes, the tasks, the per-head levers
+    (``Spec.head_levers``) and whether runs were plain or enforced."""
     return {"features": {n: [float(lo), float(hi)] for n, lo, hi in
                          zip(features, x.min(0).values, x.max(0).values, strict=True)},
             "n_layers": span(c.get("n_layers") for c in contexts),
             "n_heads": span(c.get("n_heads") for c in contexts),
             "tasks": sorted({t for c in contexts for t in c.get("tasks", ())}),
+            "levers": sorted({lever for c in contexts for lever in c.get("levers", ())}),
             "modes": sorted({"enforced" if e else "plain" for e in enforced})}
 
 
 def outside_range(ranges: dict[str, Any], features: Sequence[str], low: Sequence[float],
                   high: Sequence[float], context: dict[str, Any], enforced: bool) -> list[str]:
     """Why a run lies outside ``ranges`` (empty: inside): a feature whose values ``low`` to
-    ``high`` leave its fitted range by more than a tenth of it, a model size, a task or a mode
-    the fit never saw."""
+    ``high`` leave its fitted range by more than a tenth of it, a model size, a task, a
+    per-head lever or a mode the fit never saw (levers only where ``ranges`` records them:
+    files fit before they were recorded check none)."""
     why = []
     for name, got_lo, got_hi in zip(features, low, high, strict=True):
         lo, hi = ranges["features"][name]
@@ -69,6 +72,10 @@ def outside_range(ranges: dict[str, Any], features: Sequence[str], low: Sequence
     unseen = sorted(set(context.get("tasks", ())) - set(ranges["tasks"]))
     if unseen:
         why.append(f"tasks not in the fitted runs: {', '.join(unseen)}")
+    if "levers" in ranges:
+        new_levers = sorted(set(context.get("levers", ())) - set(ranges["levers"]))
+        if new_levers:
+            why.append(f"head levers not in the fitted runs: {', '.join(new_levers)}")
     mode = "enforced" if enforced else "plain"
     if mode not in ranges["modes"]:
         why.append(f"fitted on {'/'.join(ranges['modes'])} runs only, this is {mode}")
@@ -96,7 +103,7 @@ def check_ranges(ranges: Any, where: str, features: Sequence[str],
     for key in ("n_layers", "n_heads"):
         if ranges.get(key) is not None and not pair(ranges[key], integers=True):
             raise ValueError(f"{where}.{key}: expected integers [low, high] or null")
-    for key in names:
+    for key in (*names, *(("levers",) if "levers" in ranges else ())):
         v = ranges.get(key)
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
             raise ValueError(f"{where}.{key}: expected a list of names")

@@ -222,8 +222,26 @@ class Spec:
         return self.model.config.n_heads
 
     @property
+    def head_levers(self) -> list[str]:
+        """The kinds of per-head lever the spec sets (``heads:``, ``gates``, ``adapters``):
+        ``gate``, ``learned_gate``, ``mask``, ``objective``, ``entropy``, ``diversity``,
+        ``freeze``, ``trainable``, ``adapter``."""
+        used = {name for rule in self.heads for name, on in (
+            ("gate", rule.tasks is not None), ("mask", rule.mask is not None),
+            ("objective", rule.objective is not None), ("entropy", rule.entropy is not None),
+            ("diversity", rule.diversity is not None), ("freeze", rule.freeze),
+            ("trainable", rule.trainable)) if on}
+        if self.gates is not None and self.gates.kind == "learned":
+            used.add("learned_gate")
+        if self.adapters:
+            used.add("adapter")
+        return sorted(used)
+
+    @property
     def forecast_context(self) -> dict[str, Any]:
         """What forecasters read against the range of runs they were fit on: the model's
-        ``n_layers`` and ``n_heads`` and the built-in tasks the run trains."""
+        ``n_layers`` and ``n_heads``, the built-in tasks the run trains and its per-head
+        levers (``head_levers``)."""
         return {"n_layers": self.n_layers, "n_heads": self.n_heads,
-                "tasks": sorted({t.task for t in self.data.tasks})}
+                "tasks": sorted({t.task for t in self.data.tasks}),
+                "levers": self.head_levers}

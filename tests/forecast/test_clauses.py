@@ -112,8 +112,12 @@ def test_off_range_runs_lower_confidence_and_say_why() -> None:
     inside = run(0.2, 0.9, 0.0, torch.Generator())
     bigger = run(0.2, 0.9, 0.0, torch.Generator(), n_layers=6)
     enforced = run(0.2, 0.9, 0.0, torch.Generator(), enforced=True)
+    masked = ClauseTrajectory(inside.steps, inside.values, inside.stderrs, inside.at_least,
+                              None, TOTAL, False, 0.0, 1.0,
+                              context={**inside.context, "levers": ["gate", "mask"]})
     p_in = model.forecast(inside).probability
-    for other, word in ((bigger, "n_layers 6"), (enforced, "plain runs only")):
+    for other, word in ((bigger, "n_layers 6"), (enforced, "plain runs only"),
+                        (masked, "head levers not in the fitted runs: gate, mask")):
         f = model.forecast(other)
         assert any(word in why for why in f.outside)
         assert abs(f.probability - 0.5) < abs(p_in - 0.5)

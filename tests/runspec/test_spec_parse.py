@@ -65,6 +65,10 @@ def test_full_spec_parses_into_dataclasses() -> None:
     assert spec.contract.to_list() == [{"head": "L0.H0", "score": "previous_token",
                                        "at_least": 0.99}]
     assert spec.contract[0].kind == "score" and str(spec.contract[0].head) == "L0.H0"
+    # what a forecaster reads against the range of runs it was fit on
+    assert spec.forecast_context == {
+        "n_layers": 2, "n_heads": PRESETS["tiny"].n_heads, "tasks": ["copy", "reverse"],
+        "levers": ["diversity", "entropy", "gate", "mask", "objective", "trainable"]}
 
 
 def test_load_from_file_resolves_relative_paths(tmp_path: Path) -> None:
@@ -89,6 +93,7 @@ def test_defaults_when_sections_absent() -> None:
     assert spec.train == TrainConfig()
     assert spec.heads == () and spec.gates is None and spec.adapters == ()
     assert len(spec.contract) == 0 and not spec.contract
+    assert spec.head_levers == []
 
 
 def test_yaml_never_constructs_python_objects() -> None:
@@ -105,6 +110,7 @@ def test_learned_gates_and_adapters() -> None:
     (adapter,) = spec.adapters
     assert adapter.targets == ("q", "v") and adapter.rank == 2 and adapter.alpha == 2.0
     assert adapter.heads == (Head(1, 0), Head(1, 1))
+    assert spec.head_levers == ["adapter", "learned_gate"]
 
 
 @pytest.mark.parametrize("text,message", [
