@@ -59,8 +59,11 @@ SUITE = Path(__file__).resolve().parent.parent / "headwise" / "examples" / "suit
 FRACTIONS = (0.1, 0.2, 0.4, 0.6, 0.8)  # the issue's three, and two later ones for `train`
 PACKAGE_FILE = Path(__file__).resolve().parent.parent / "headwise" / "data" / PACKAGED
 COMMAND = ("OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python bench/clause_trajectories.py "
-           "--seeds 0 1 2 3 4 --jobs 2; PYTHONPATH=$PWD .venv/bin/python "
-           "bench/bench_clause_forecast.py --seeds 0 1 2 --confirm 3 4 --save")
+           "--seeds 0 1 2 5 6 3 4 --jobs 2; OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python "
+           "bench/clause_trajectories.py --configs --seeds 5 6 7 8 9 --jobs 2 "
+           "--out bench/.cache/clause_traj_configs_fresh; PYTHONPATH=$PWD .venv/bin/python "
+           "bench/bench_clause_forecast.py --seeds 0 1 2 3 4 --confirm 5 6 "
+           "--configs bench/.cache/clause_traj_configs_fresh --save")
 
 
 def _spec(run: dict[str, Any]) -> Any:
@@ -184,11 +187,15 @@ def line(name: str, s: dict[str, Any]) -> str:
 
 def configs_table(bundle: ClauseForecasters, data: Path,
                   curves: dict[str, list[tuple[float, float, float, int]]],
-                  figures: dict[str, Any]) -> dict[str, Any]:
+                  figures: dict[str, Any], seeds_seen: list[int]) -> dict[str, Any]:
     """Print ``bundle``'s figures on the configuration runs in ``data`` (every fraction, plain
-    and enforced, and per configuration at 20%); the 20% calibration joins ``curves``.
-    Returns the per-fraction figures for the packaged file's ``measured`` block."""
+    and enforced, and per configuration at 20%); the 20% calibration joins ``curves`` and the
+    runs' seeds ``seeds_seen``. Returns the per-fraction figures for the packaged file's
+    ``measured`` block."""
     runs = [json.loads(f.read_text()) for f in sorted(data.glob("seed*/*.json"))]
+    if not runs:
+        raise SystemExit(f"--configs {data}: no runs (bench/clause_trajectories.py --configs)")
+    seeds_seen += sorted({r["seed"] for r in runs})
     items = [(run, label, t) for run in runs for label, t in trajectories(run)]
     print(f"\nForecast-benchmark configurations ({len(runs)} runs: "
           f"{len({r['spec'] for r in runs})} configurations, seeds "
@@ -311,7 +318,10 @@ def main() -> None:
             figures[f"fresh {fraction}"] = score(rows)
         bundle.measured["fresh"] = measured
     if args.configs:
-        bundle.measured["configs"] = configs_table(bundle, args.configs, curves, figures)
+        seeds_seen: list[int] = []
+        bundle.measured["configs"] = configs_table(bundle, args.configs, curves, figures,
+                                                   seeds_seen)
+        bundle.measured["configs_seeds"] = seeds_seen
     if args.save:
         tmp = PACKAGE_FILE.with_suffix(".tmp")
         tmp.write_text(bundle.to_json() + "\n")

@@ -111,7 +111,10 @@ class ClauseWatch:
             text += (f"; --enforce would add: {lever}" if lever else
                      "; no lever of --enforce moves it (see `headwise plan`)")
         fresh = self.forecasters.measured.get("fresh", {}).get(str(fraction))
+        configs = self.forecasters.measured.get("configs", {}).get(str(fraction))
         if fresh:
             text += (f" [the forecaster from {fraction:.0%} of the budget was right on "
-                     f"{fresh['accuracy']:.0%} of clause verdicts of runs it was not fit on]")
+                     f"{fresh['accuracy']:.0%} of clause verdicts of runs it was not fit on"
+                     + (f", {configs['accuracy']:.0%} on configurations unlike any it was fit "
+                        f"on" if configs else "") + "]")
         return text

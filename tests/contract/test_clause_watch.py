@@ -33,7 +33,8 @@ def forecasters() -> ClauseForecasters:
                                      context={"n_layers": 1, "n_heads": 2, "tasks": ["copy"],
                                               "kind": "score"}))
     return ClauseForecasters((ClauseForecaster.fit(runs, 0.2), ClauseForecaster.fit(runs, 0.4)),
-                             {"fresh": {"0.2": {"accuracy": 0.9}}})
+                             {"fresh": {"0.2": {"accuracy": 0.9}},
+                              "configs": {"0.2": {"accuracy": 0.85}}})
 
 
 def results(step: int) -> ContractResult:
@@ -70,7 +71,8 @@ def test_plain_run_measures_each_point_and_warns_on_the_clause_forecast_to_fail(
     first = warnings[0]
     assert first.startswith("clause forecast at step 20: contract[1] 'stays low'")
     assert "--enforce would add: pattern objective (previous_token, ce) on L0.H1" in first
-    assert "right on 90% of clause verdicts" in first
+    assert ("right on 90% of clause verdicts of runs it was not fit on, 85% on "
+            "configurations unlike any it was fit on]") in first
     assert asked == [1]  # the plan is made once, at the first warning
     late = [f for f in record["forecasts"] if f["step"] == 100]
     assert {f["model_fraction"] for f in late} == {0.4}  # the largest fraction seen
