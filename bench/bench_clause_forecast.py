@@ -21,14 +21,16 @@ all of them and scores it on the runs of fresh seeds (never read while the forec
 designed), and ``--save`` writes those forecasters with the fresh seeds' figures as the
 packaged ``headwise/data/clause_forecaster_v1.json``.
 
-``--configs DIR`` scores the forecasters fit on every run of ``--seeds`` on
-the runs ``bench/clause_trajectories.py --configs`` wrote: the forecast benchmark's
-configurations with their contracts (``bench/config_contracts.py``), model sizes and budgets
-no forecaster was fit on; per fraction, plain and enforced, and per configuration at 20%.
-With ``--save`` their figures join the packaged file's ``measured`` block.
+``--configs DIR`` scores the forecasters fit on every run of ``--seeds`` on the runs
+``bench/clause_trajectories.py --configs`` wrote: the forecast benchmark's configurations
+with their contracts (``bench/config_contracts.py``), per fraction, plain and enforced, and
+per configuration at 20%; with ``--save`` their figures join the packaged file's ``measured``
+block. ``--fit-configs DIR ...`` adds every configuration run in those directories (at any
+seed) to the runs fit on and split, beside the suite's: ``--configs`` then scores fresh seeds
+of configurations the fit has seen other seeds of.
 
     PYTHONPATH=$PWD .venv/bin/python bench/bench_clause_forecast.py [--data DIR]
-        [--seeds 0 1 2] [--confirm 3 4] [--save] [--configs DIR]
+        [--seeds 0 1 2] [--confirm 3 4] [--save] [--configs DIR] [--fit-configs DIR ...]
 """
 
 from __future__ import annotations
@@ -59,11 +61,12 @@ SUITE = Path(__file__).resolve().parent.parent / "headwise" / "examples" / "suit
 FRACTIONS = (0.1, 0.2, 0.4, 0.6, 0.8)  # the issue's three, and two later ones for `train`
 PACKAGE_FILE = Path(__file__).resolve().parent.parent / "headwise" / "data" / PACKAGED
 COMMAND = ("OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python bench/clause_trajectories.py "
-           "--seeds 0 1 2 5 6 3 4 --jobs 2; OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python "
-           "bench/clause_trajectories.py --configs --seeds 5 6 7 8 9 --jobs 2 "
-           "--out bench/.cache/clause_traj_configs_fresh; PYTHONPATH=$PWD .venv/bin/python "
-           "bench/bench_clause_forecast.py --seeds 0 1 2 3 4 --confirm 5 6 "
-           "--configs bench/.cache/clause_traj_configs_fresh --save")
+           "--seeds 0 1 2 3 4 7 8 --jobs 2; the same with --configs --seeds 0 ... 9 --out "
+           "bench/.cache/clause_traj_configs and --configs --seeds 10 ... 14 --out "
+           "bench/.cache/clause_traj_configs_fresh2; PYTHONPATH=$PWD .venv/bin/python "
+           "bench/bench_clause_forecast.py --seeds 0 1 2 3 4 --fit-configs "
+           "bench/.cache/clause_traj_configs --confirm 7 8 --configs "
+           "bench/.cache/clause_traj_configs_fresh2 --save")
 
 
 def _spec(run: dict[str, Any]) -> Any:
@@ -200,7 +203,8 @@ def configs_table(bundle: ClauseForecasters, data: Path,
     print(f"\nForecast-benchmark configurations ({len(runs)} runs: "
           f"{len({r['spec'] for r in runs})} configurations, seeds "
           f"{sorted({r['seed'] for r in runs})}; {len(items)} clause trajectories), "
-          f"forecasters fit on every suite run of seeds {bundle.measured['fit_seeds']}:\n")
+          f"forecasters fit on every run of seeds {bundle.measured['fit_seeds']} (configuration "
+          f"runs of seeds {bundle.measured['fit_configs_seeds']}):\n")
     print("| fraction, runs | clauses | right: forecaster | right: baseline | Brier | "
           "Brier baseline | ECE | 90% interval coverage | outside range | forecaster-only "
           "right / baseline-only right (sign test) |")
@@ -242,13 +246,17 @@ def main() -> None:
                    help="with --confirm: write the calibration curve at 20%% (PNG) here")
     p.add_argument("--configs", type=Path, default=None,
                    help="also score on these forecast-benchmark configuration runs")
+    p.add_argument("--fit-configs", type=Path, nargs="+", default=[],
+                   help="forecast-benchmark configuration runs (every seed) to fit on too")
     args = p.parse_args()
     if args.save and not args.confirm:
         raise SystemExit("--save: needs --confirm SEED ... (the figures the file quotes)")
     every = [json.loads(f.read_text()) for f in sorted(args.data.glob("seed*/*.json"))]
-    runs = [run for run in every if run["seed"] in args.seeds]
+    fit_configs = [json.loads(f.read_text()) for d in args.fit_configs
+                   for f in sorted(d.glob("seed*/*.json"))]
+    runs = [run for run in every if run["seed"] in args.seeds] + fit_configs
     items = [(run, label, t) for run in runs for label, t in trajectories(run)]
-    seeds = sorted({run["seed"] for run in runs})
+    seeds = sorted({run["seed"] for run in runs if run.get("suite", "suite") == "suite"})
     print(f"{len(runs)} runs ({len({r['spec'] for r in runs})} specs, seeds {seeds}), "
           f"{len(items)} clause trajectories\n")
     print("| split, fraction | clauses | right: forecaster | right: baseline | Brier | "
@@ -290,6 +298,7 @@ def main() -> None:
                    for fraction in FRACTIONS)
     bundle = ClauseForecasters(models, {
         "fit_seeds": seeds, "fresh_seeds": list(args.confirm),
+        "fit_configs_seeds": sorted({r["seed"] for r in fit_configs}),
         "specs": sorted({run["spec"] for run in runs}), "command": COMMAND,
         "doc": "docs/benchmarks.md#clause-verdict-forecasts"})
     if args.confirm:

@@ -114,7 +114,7 @@ class ClauseWatch:
         configs = self.forecasters.measured.get("configs", {}).get(str(fraction))
         if fresh:
             text += (f" [the forecaster from {fraction:.0%} of the budget was right on "
-                     f"{fresh['accuracy']:.0%} of clause verdicts of runs it was not fit on"
-                     + (f", {configs['accuracy']:.0%} on configurations unlike any it was fit "
-                        f"on" if configs else "") + "]")
+                     f"{fresh['accuracy']:.0%} of clause verdicts of suite runs it was not fit "
+                     f"on" + (f", {configs['accuracy']:.0%} of the role-forecast benchmark's "
+                              f"runs it was not fit on" if configs else "") + "]")
         return text

@@ -71,8 +71,8 @@ def test_plain_run_measures_each_point_and_warns_on_the_clause_forecast_to_fail(
     first = warnings[0]
     assert first.startswith("clause forecast at step 20: contract[1] 'stays low'")
     assert "--enforce would add: pattern objective (previous_token, ce) on L0.H1" in first
-    assert ("right on 90% of clause verdicts of runs it was not fit on, 85% on "
-            "configurations unlike any it was fit on]") in first
+    assert ("right on 90% of clause verdicts of suite runs it was not fit on, 85% of the "
+            "role-forecast benchmark's runs it was not fit on]") in first
     assert asked == [1]  # the plan is made once, at the first warning
     late = [f for f in record["forecasts"] if f["step"] == 100]
     assert {f["model_fraction"] for f in late} == {0.4}  # the largest fraction seen

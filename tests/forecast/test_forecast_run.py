@@ -74,7 +74,7 @@ def test_warning_names_the_clause_that_later_fails(run: Run) -> None:
     p = float(first.split("P(holds at the end) ")[1].split(",")[0])
     assert p < 0.5
     assert "--enforce would add: pattern objective (previous_token, ce) on L0.H1" in first
-    assert "right on" in first and "of runs it was not fit on" in first
+    assert "right on" in first and "of suite runs it was not fit on" in first
     forecasts = run.outcome.train.extra["clause_watch"]["forecasts"]
     assert {f["clause"] for f in forecasts} == {"contract[0]", "contract[1]", "contract[2]"}
     assert all(0.0 <= f["interval"][0] <= f["value"] <= f["interval"][1] <= 1.0
