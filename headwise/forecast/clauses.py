@@ -12,7 +12,9 @@ first ``fraction`` of the budget, two forecasts:
   and the extrapolated *margin*, i.e. signed distance to the bound in the metric's ``scale``,
   > 0 when the clause holds, each squashed by ``tanh(SQUASH x)``; the line's slope; the share
   of early points that held; the latest margin in standard errors; whether the run enforces,
-  and each of those times that) and a ridge model of the final value, with a split-conformal
+  and each of those times that; which kind of clause it is, task, score or ablation, and
+  whether its bound is a floor: a task floor's value rises as the task is learnt, whatever
+  its first points say) and a ridge model of the final value, with a split-conformal
   interval (the fit runs' absolute residuals' ``COVERAGE`` quantile, one for values of a
   finite range and one for the others, whose changes in ``scale`` units differ in size).
   It records the range of the runs it was fit on (feature ranges, model sizes, tasks, clause
@@ -21,7 +23,7 @@ first ``fraction`` of the budget, two forecasts:
 
 ``ClauseForecasters`` holds one forecaster per fraction with what the benchmark measured them
 to do (``bench/bench_clause_forecast.py --save`` writes the packaged file,
-``headwise/data/clause_forecaster_v1.json``); it is plain JSON, and reading one never
+``headwise/data/clause_forecaster_v2.json``); it is plain JSON, and reading one never
 unpickles.
 """
 
@@ -51,11 +53,13 @@ from headwise.forecast.fitting import (
 from headwise.jsonfile import read_json_object
 
 FORMAT = "headwise-clause-forecaster"
-VERSION = "1"
+VERSION = "2"
 PACKAGED = f"clause_forecaster_v{VERSION}.json"
 MAX_BYTES = 1 << 20
 BASE = ("margin_now", "margin_best", "margin_line", "slope", "held_share", "z_now")
-FEATURES = (*BASE, "enforced", *(f"{n}*enforced" for n in BASE))
+KIND_FEATURES = ("task", "score", "ablation")  # clause kinds with an indicator each
+FEATURES = (*BASE, "enforced", *(f"{n}*enforced" for n in BASE),
+            *(f"kind={k}" for k in KIND_FEATURES), "floor")
 SQUASH = 3.0
 COVERAGE = 0.9  # the value interval's target coverage
 OUTSIDE_SHRINK = 0.5  # how much of its distance from 0.5 a probability keeps off-range
@@ -68,7 +72,8 @@ class ClauseTrajectory:
     ``values``/``stderrs``: the measured value and its standard error at each of ``steps``
     (``None`` where not measured); ``low``/``high``: the range the value can take (the clause
     kind's ``value_range``); ``context``: what the run was (``n_layers``, ``n_heads``,
-    ``tasks``, ``kind``), read against the forecaster's fitted range.
+    ``tasks``, ``levers``) and the clause's ``kind``, read against the forecaster's fitted
+    range (the kind is a feature too).
     """
 
     steps: tuple[int, ...]
@@ -133,7 +138,9 @@ def features(traj: ClauseTrajectory, fraction: float) -> list[float]:
             math.tanh(SQUASH * traj.margin(traj.clip(end))), math.tanh(slope / traj.scale),
             sum(m >= 0 for m in margins) / len(margins), math.tanh(z / 3.0)]
     e = float(traj.enforced)
-    return [*base, e, *(v * e for v in base)]
+    kind = traj.context.get("kind")
+    return [*base, e, *(v * e for v in base), *(float(kind == k) for k in KIND_FEATURES),
+            float(traj.at_least is not None)]
 
 
 def extrapolation_forecast(traj: ClauseTrajectory, fraction: float) -> tuple[bool, float]:

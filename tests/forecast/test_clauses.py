@@ -77,6 +77,28 @@ def test_the_baseline_extrapolates_a_line_exactly() -> None:
     assert f["margin_line"] == pytest.approx(math.tanh(SQUASH * (0.6 - 0.65)))
     assert f["margin_now"] == pytest.approx(math.tanh(SQUASH * (0.1 + 0.5 * 80 / TOTAL - 0.65)))
     assert f["held_share"] == 0.0 and f["enforced"] == 0.0
+    assert (f["kind=task"], f["kind=score"], f["kind=ablation"], f["floor"]) == (0, 0, 0, 1)
+
+
+def test_the_clause_kind_tells_apart_runs_whose_early_points_are_the_same() -> None:
+    # the same flat, failing early values: task floors whose task is learnt later (they
+    # hold at the end) and score floors that never move (they fail); only the kind differs
+    gen = torch.Generator().manual_seed(5)
+    runs = []
+    for i in range(120):
+        kind = "task" if i % 2 else "score"
+        start = 0.1 + 0.2 * float(torch.rand(1, generator=gen))
+        values = tuple(start if s <= 0.3 * TOTAL else (0.95 if kind == "task" else start)
+                       for s in STEPS)
+        runs.append(ClauseTrajectory(STEPS, values, (0.01,) * len(STEPS), 0.9, None, TOTAL,
+                                     False, 0.0, 1.0, final=values[-1],
+                                     holds=kind == "task",
+                                     context={"n_layers": 2, "n_heads": 4, "tasks": ["copy"],
+                                              "kind": kind}))
+    model = ClauseForecaster.fit(runs, 0.2)
+    for t in runs[:20]:
+        p = model.forecast(t).probability
+        assert (p > 0.9) if t.context["kind"] == "task" else (p < 0.1)
 
 
 def test_forecaster_learns_a_known_outcome_on_fresh_runs() -> None:
