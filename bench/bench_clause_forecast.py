@@ -61,11 +61,11 @@ SUITE = Path(__file__).resolve().parent.parent / "headwise" / "examples" / "suit
 FRACTIONS = (0.1, 0.2, 0.4, 0.6, 0.8)  # the issue's three, and two later ones for `train`
 PACKAGE_FILE = Path(__file__).resolve().parent.parent / "headwise" / "data" / PACKAGED
 COMMAND = ("OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python bench/clause_trajectories.py "
-           "--seeds 0 1 2 3 4 9 10 --jobs 2; the same with --configs --seeds 0 ... 9 --out "
-           "bench/.cache/clause_traj_configs and --configs --seeds 15 ... 19 --out "
+           "--seeds 0 1 2 3 4 9 10 11 12 --jobs 2; the same with --configs --seeds 0 ... 9 --out "
+           "bench/.cache/clause_traj_configs and --configs --seeds 15 ... 24 --out "
            "bench/.cache/clause_traj_configs_fresh3; PYTHONPATH=$PWD .venv/bin/python "
            "bench/bench_clause_forecast.py --seeds 0 1 2 3 4 --fit-configs "
-           "bench/.cache/clause_traj_configs --confirm 9 10 --configs "
+           "bench/.cache/clause_traj_configs --confirm 9 10 11 12 --configs "
            "bench/.cache/clause_traj_configs_fresh3 --save")
 
 
