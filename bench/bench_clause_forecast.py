@@ -188,42 +188,57 @@ def line(name: str, s: dict[str, Any]) -> str:
             f"(p = {s['p_sign']:.3g}) |")
 
 
+def header(first: str) -> str:
+    """The markdown header of a table of ``line`` rows, its first column named ``first``."""
+    return (f"| {first} | clauses | right: forecaster | right: baseline | Brier | Brier "
+            "baseline | ECE | 90% interval coverage | outside range | forecaster-only right / "
+            "baseline-only right (sign test) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+
+
+def fraction_table(models: Sequence[ClauseForecaster], items: Sequence[Item], group: Any,
+                   name: str, curve: str,
+                   curves: dict[str, list[tuple[float, float, float, int]]],
+                   figures: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Print each model's figures on ``items`` (all runs, plain, enforced), record them in
+    ``figures`` (``"<name> <fraction>"``) and the 20% calibration in ``curves[curve]``.
+    Returns the per-fraction figures, rounded, for the packaged file's ``measured`` block,
+    and the 20% forecast rows."""
+    print(header("fraction, runs"))
+    measured: dict[str, Any] = {}
+    at_20: list[dict[str, Any]] = []
+    for model in models:
+        rows = forecast_rows(model, items, group)
+        s = score(rows)
+        measured[str(model.fraction)] = {k: round(v, 4) if isinstance(v, float) else v
+                                         for k, v in s.items()}
+        figures[f"{name} {model.fraction}"] = s
+        print(line(f"{model.fraction:.0%}, all", s))
+        for mode in ("plain", "enforced"):
+            print(line(f"{model.fraction:.0%}, {mode}",
+                       score([r for r in rows if r["mode"] == mode])))
+        if model.fraction == 0.2:
+            at_20 = rows
+            curves[curve] = bins_of(rows)
+    return measured, at_20
+
+
 def configs_table(bundle: ClauseForecasters, data: Path,
                   curves: dict[str, list[tuple[float, float, float, int]]],
-                  figures: dict[str, Any], seeds_seen: list[int]) -> dict[str, Any]:
-    """Print ``bundle``'s figures on the configuration runs in ``data`` (every fraction, plain
-    and enforced, and per configuration at 20%); the 20% calibration joins ``curves`` and the
-    runs' seeds ``seeds_seen``. Returns the per-fraction figures for the packaged file's
-    ``measured`` block."""
+                  figures: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+    """Print ``bundle``'s figures on the configuration runs in ``data`` (``fraction_table``,
+    then per configuration at 20%). Returns the per-fraction figures for the packaged file's
+    ``measured`` block and the runs' seeds."""
     runs = [json.loads(f.read_text()) for f in sorted(data.glob("seed*/*.json"))]
     if not runs:
         raise SystemExit(f"--configs {data}: no runs (bench/clause_trajectories.py --configs)")
-    seeds_seen += sorted({r["seed"] for r in runs})
+    seeds = sorted({r["seed"] for r in runs})
     items = [(run, label, t) for run in runs for label, t in trajectories(run)]
     print(f"\nForecast-benchmark configurations ({len(runs)} runs: "
-          f"{len({r['spec'] for r in runs})} configurations, seeds "
-          f"{sorted({r['seed'] for r in runs})}; {len(items)} clause trajectories), "
-          f"forecasters fit on every run of seeds {bundle.measured['fit_seeds']} (configuration "
-          f"runs of seeds {bundle.measured['fit_configs_seeds']}):\n")
-    print("| fraction, runs | clauses | right: forecaster | right: baseline | Brier | "
-          "Brier baseline | ECE | 90% interval coverage | outside range | forecaster-only "
-          "right / baseline-only right (sign test) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    measured: dict[str, Any] = {}
-    at_20: list[dict[str, Any]] = []
-    for fraction in FRACTIONS:
-        model = next(m for m in bundle.models if abs(m.fraction - fraction) < 1e-9)
-        rows = forecast_rows(model, items, lambda r: r["spec"])
-        s = score(rows)
-        measured[str(fraction)] = {k: round(v, 4) if isinstance(v, float) else v
-                                   for k, v in s.items()}
-        figures[f"configs {fraction}"] = s
-        print(line(f"{fraction:.0%}, all", s))
-        for mode in ("plain", "enforced"):
-            print(line(f"{fraction:.0%}, {mode}", score([r for r in rows if r["mode"] == mode])))
-        if fraction == 0.2:
-            at_20 = rows
-            curves["forecast-benchmark configurations"] = bins_of(rows)
+          f"{len({r['spec'] for r in runs})} configurations, seeds {seeds}; {len(items)} clause "
+          f"trajectories), forecasters fit on every run of seeds {bundle.measured['fit_seeds']} "
+          f"(configuration runs of seeds {bundle.measured['fit_configs_seeds']}):\n")
+    measured, at_20 = fraction_table(bundle.models, items, lambda r: r["spec"], "configs",
+                                     "forecast-benchmark configurations", curves, figures)
     print("\nPer configuration at 20%:\n")
     print("| configuration | clauses | right: forecaster | right: baseline | outside range | "
           "forecaster-only / baseline-only (sign test) |")
@@ -232,7 +247,7 @@ def configs_table(bundle: ClauseForecasters, data: Path,
         s = score([r for r in at_20 if r["group"] == config])
         print(f"| {config} | {s['n']} | {s['accuracy']:.3f} | {s['baseline_accuracy']:.3f} | "
               f"{s['outside']:.2f} | {s['wins']} / {s['losses']} (p = {s['p_sign']:.3g}) |")
-    return measured
+    return measured, seeds
 
 
 def main() -> None:
@@ -259,10 +274,7 @@ def main() -> None:
     seeds = sorted({run["seed"] for run in runs if run.get("suite", "suite") == "suite"})
     print(f"{len(runs)} runs ({len({r['spec'] for r in runs})} specs, seeds {seeds}), "
           f"{len(items)} clause trajectories\n")
-    print("| split, fraction | clauses | right: forecaster | right: baseline | Brier | "
-          "Brier baseline | ECE | 90% interval coverage | outside range | forecaster-only "
-          "right / baseline-only right (sign test) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print(header("split, fraction"))
     figures: dict[str, Any] = {}
     per_spec: list[dict[str, Any]] = []
     for fraction in FRACTIONS:
@@ -308,29 +320,12 @@ def main() -> None:
             raise SystemExit(f"--confirm {args.confirm}: no runs of those seeds in {args.data}")
         print(f"\nFresh seeds {args.confirm} ({len(fresh)} clause trajectories), forecasters "
               f"fit on every run of seeds {seeds}:\n")
-        print("| fraction, runs | clauses | right: forecaster | right: baseline | Brier | "
-              "Brier baseline | ECE | 90% interval coverage | outside range | forecaster-only "
-              "right / baseline-only right (sign test) |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-        measured = {}
-        for model in models:
-            fraction = model.fraction
-            rows = forecast_rows(model, fresh, "fresh")
-            measured[str(fraction)] = {k: round(v, 4) if isinstance(v, float) else v
-                                       for k, v in score(rows).items()}
-            print(line(f"{fraction:.0%}, all", score(rows)))
-            if fraction == 0.2:
-                curves[f"fresh seeds {args.confirm}"] = bins_of(rows)
-            for mode in ("plain", "enforced"):
-                print(line(f"{fraction:.0%}, {mode}",
-                           score([r for r in rows if r["mode"] == mode])))
-            figures[f"fresh {fraction}"] = score(rows)
+        measured, _ = fraction_table(models, fresh, "fresh", "fresh",
+                                     f"fresh seeds {args.confirm}", curves, figures)
         bundle.measured["fresh"] = measured
     if args.configs:
-        seeds_seen: list[int] = []
-        bundle.measured["configs"] = configs_table(bundle, args.configs, curves, figures,
-                                                   seeds_seen)
-        bundle.measured["configs_seeds"] = seeds_seen
+        bundle.measured["configs"], bundle.measured["configs_seeds"] = configs_table(
+            bundle, args.configs, curves, figures)
     if args.save:
         tmp = PACKAGE_FILE.with_suffix(".tmp")
         tmp.write_text(bundle.to_json() + "\n")

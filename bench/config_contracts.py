@@ -1,7 +1,8 @@
 """The forecast benchmark's four configurations (``bench_forecast.py``'s ``CONFIGS``) with a
-contract each, written as a user of that configuration would before training it: the
-held-out configurations clause-verdict forecasts are scored on (no forecaster was fit on
-them, nor on any run of these model sizes and step budgets).
+contract each, written as a user of that configuration would before training it: runs beside
+the contract suite's that clause-verdict forecasts are fit and scored on
+(``bench_clause_forecast.py --fit-configs`` for some seeds, ``--configs`` for fresh ones; left
+out one at a time, the held-out configurations of its held-out-spec split).
 
 The contracts were written once, before any of these runs was trained, and are not changed
 to make a forecast right or wrong: what they ask is the test.

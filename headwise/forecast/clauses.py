@@ -17,9 +17,9 @@ first ``fraction`` of the budget, two forecasts:
   its first points say) and a ridge model of the final value, with a split-conformal
   interval (the fit runs' absolute residuals' ``COVERAGE`` quantile, one for values of a
   finite range and one for the others, whose changes in ``scale`` units differ in size).
-  It records the range of the runs it was fit on (feature ranges, model sizes, tasks, clause
-  kinds, plain or enforced); outside it the probability is pulled half-way towards 0.5 and
-  the forecast says why (``ClauseForecast.outside``).
+  It records the range of the runs it was fit on (feature ranges, model sizes, tasks,
+  per-head levers, clause kinds, plain or enforced); outside it the probability is pulled
+  half-way towards 0.5 and the forecast says why (``ClauseForecast.outside``).
 
 ``ClauseForecasters`` holds one forecaster per fraction with what the benchmark measured them
 to do (``bench/bench_clause_forecast.py --save`` writes the packaged file,

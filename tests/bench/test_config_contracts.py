@@ -1,5 +1,6 @@
-"""The held-out configurations of clause-verdict forecasts (bench/config_contracts.py): each is
-the forecast benchmark's configuration, trained the same way, with a contract that parses."""
+"""The configurations clause-verdict forecasts are fit and scored on beside the suite
+(bench/config_contracts.py): each is the forecast benchmark's configuration, trained the same
+way, with a contract that parses."""
 
 from __future__ import annotations
 
