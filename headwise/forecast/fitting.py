@@ -1,6 +1,7 @@
 """What every forecaster's fit shares: ridge regression, the conformal quantile that turns a
-point forecast into an interval with a stated coverage, and the range of runs it was fit on
-(recorded, checked against a run, validated when read from a file)."""
+point forecast into an interval with a stated coverage, isotonic recalibration of a score
+into a probability, and the range of runs it was fit on (recorded, checked against a run,
+validated when read from a file)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,54 @@ def conformal_quantile(residuals: Tensor, coverage: float) -> float:
         raise ValueError("residuals: expected at least one")
     k = min(len(residuals) - 1, math.ceil(coverage * (len(residuals) + 1)) - 1)
     return float(residuals.sort().values[k])
+
+
+def _pool(values: Sequence[float], weights: Sequence[float]) -> list[list[float]]:
+    """Pool-adjacent-violators: the non-decreasing step fit of ``values`` (in order) under
+    squared error weighted by ``weights``, as blocks [weighted sum, weight, first index,
+    last index]."""
+    blocks: list[list[float]] = []
+    for i, (v, w) in enumerate(zip(values, weights, strict=True)):
+        blocks.append([v * w, w, i, i])
+        while len(blocks) > 1 and blocks[-2][0] * blocks[-1][1] >= blocks[-1][0] * blocks[-2][1]:
+            s, w2, _, last = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += w2
+            blocks[-1][3] = last
+    return blocks
+
+
+def isotonic(scores: Tensor, outcomes: Tensor, prior: float) -> tuple[list[float], list[float]]:
+    """A non-decreasing map from a score to the probability of an outcome, as knots (score,
+    probability): the isotonic regression of the 0/1 ``outcomes`` on ``scores``, each block's
+    share smoothed by ``prior`` pseudo-outcomes (half of each kind, so no block says 0 or 1),
+    then pooled again where smoothing broke the order. A knot sits at the mean score of its
+    block; ``interpolate`` reads the map between and beyond them."""
+    if len(scores) == 0:
+        raise ValueError("scores: expected at least one")
+    order = torch.argsort(scores, stable=True)
+    x = scores[order].tolist()
+    first = _pool(outcomes[order].tolist(), [1.0] * len(x))
+    smoothed = [(s + prior / 2) / (w + prior) for s, w, _, _ in first]
+    centres = [sum(x[int(a):int(b) + 1]) / (b - a + 1) for _, _, a, b in first]
+    knots_x, knots_p = [], []
+    for s, w, a, b in _pool(smoothed, [blk[1] for blk in first]):
+        weights = [first[i][1] for i in range(int(a), int(b) + 1)]
+        knots_x.append(sum(c * v for c, v in zip(centres[int(a):int(b) + 1], weights,
+                                                  strict=True)) / sum(weights))
+        knots_p.append(s / w)
+    return knots_x, knots_p
+
+
+def interpolate(knots_x: Sequence[float], knots_p: Sequence[float], score: float) -> float:
+    """``isotonic``'s map at ``score``: linear between knots, flat beyond the outer ones."""
+    if score <= knots_x[0]:
+        return float(knots_p[0])
+    for i in range(1, len(knots_x)):
+        if score <= knots_x[i]:
+            x0, x1, p0, p1 = knots_x[i - 1], knots_x[i], knots_p[i - 1], knots_p[i]
+            return float(p0 + (p1 - p0) * (score - x0) / max(x1 - x0, 1e-12))
+    return float(knots_p[-1])
 
 
 def span(values: Iterable[int | None]) -> list[int] | None:

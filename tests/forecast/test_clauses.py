@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from headwise.forecast.clauses import (
+    CALIBRATION_PRIOR,
     FEATURES,
     OUTSIDE_SHRINK,
     SQUASH,
@@ -25,6 +26,7 @@ from headwise.forecast.clauses import (
     features,
     load_clause_forecasters,
 )
+from headwise.forecast.fitting import interpolate, isotonic
 
 TOTAL = 400
 STEPS = tuple(range(20, TOTAL + 1, 20))
@@ -147,6 +149,55 @@ def test_off_range_runs_lower_confidence_and_say_why() -> None:
                                                                * OUTSIDE_SHRINK)
 
 
+def test_isotonic_map_is_pool_adjacent_violators_by_hand() -> None:
+    scores = torch.tensor([4.0, 1.0, 3.0, 2.0, 5.0], dtype=torch.float64)
+    held = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    # in score order the outcomes are 1, 0, 1, 1, 0: the first two pool (mean score 1.5,
+    # 1 of 2), then the last three (mean score 4, 2 of 3); smoothed by one pseudo-outcome
+    # half held: (1 + 0.5) / 3 and (2 + 0.5) / 4
+    xs, ps = isotonic(scores, held, 1.0)
+    assert xs == pytest.approx([1.5, 4.0]) and ps == pytest.approx([0.5, 0.625])
+    assert interpolate(xs, ps, 0.0) == pytest.approx(0.5)
+    assert interpolate(xs, ps, 2.75) == pytest.approx(0.5625)
+    assert interpolate(xs, ps, 9.0) == pytest.approx(0.625)
+    # smoothing can break the order (1 of 1 becomes 0.75, 9 of 10 becomes 0.86): pooled again
+    xs, ps = isotonic(torch.arange(11.0, dtype=torch.float64),
+                      torch.tensor([0.0] + [1.0] * 10, dtype=torch.float64), 1.0)
+    assert ps == sorted(ps) and ps[0] == pytest.approx(0.5 / 2)
+
+
+def test_stated_probabilities_follow_a_known_non_logistic_truth() -> None:
+    # a flat score clause at level v (bound 0.5) holds with probability 0.05 below 0.25,
+    # 0.5 up to 0.75 and 0.95 above: monotone in v but no logistic curve of the features;
+    # the isotonic map on cross-fitted logits recovers the steps, the logit alone does not
+    def truth(v: float) -> float:
+        return 0.05 if v < 0.25 else 0.5 if v < 0.75 else 0.95
+
+    def sample(n: int, seed: int) -> list[ClauseTrajectory]:
+        gen = torch.Generator().manual_seed(seed)
+        out = []
+        for _ in range(n):
+            v, u = (float(x) for x in torch.rand(2, generator=gen))
+            out.append(ClauseTrajectory(STEPS, (v,) * len(STEPS), (0.01,) * len(STEPS), 0.5,
+                                        None, TOTAL, False, 0.0, 1.0, final=v,
+                                        holds=u < truth(v), context={"kind": "score"}))
+        return out
+
+    model = ClauseForecaster.fit(sample(2000, 0), 0.2)
+    fresh = sample(400, 1)
+    stated = [model.forecast(t).probability for t in fresh]
+    raw = [float(torch.sigmoid(((torch.tensor(features(t, 0.2), dtype=torch.float64)
+                                 - model.mean) / model.std) @ model.weight + model.bias))
+           for t in fresh]
+    true = [truth(t.values[0] or 0.0) for t in fresh]
+    error = sum(abs(p - q) for p, q in zip(stated, true, strict=True)) / len(fresh)
+    raw_error = sum(abs(p - q) for p, q in zip(raw, true, strict=True)) / len(fresh)
+    # each step's share comes from >= 500 runs (standard error <= 0.023); linear
+    # interpolation between knots blurs the two edges
+    assert error < 0.05 < raw_error, (error, raw_error)
+    assert CALIBRATION_PRIOR > 0 and 0 < min(stated) and max(stated) < 1
+
+
 def test_calibration_and_brier_match_their_closed_forms() -> None:
     p, y = [0.05, 0.15, 0.95, 0.95], [False, True, True, False]
     # bins: [0, 0.1): 0.05 vs 0; [0.1, 0.2): 0.15 vs 1; [0.9, 1]: 0.95 vs 0.5
@@ -182,6 +233,10 @@ def test_forecasters_round_trip_through_plain_json_without_pickle(
     (lambda d: d["models"][0].update(weight=[1.0]), "models\\[0\\].weight"),
     (lambda d: d["models"][0].update(std=[0.0] * len(FEATURES)), "models\\[0\\].std"),
     (lambda d: d["models"][0].update(residual="wide"), "models\\[0\\].residual"),
+    (lambda d: d["models"][0].pop("calibration"), "models\\[0\\].calibration"),
+    (lambda d: d["models"][0].update(calibration={"logit": [0.0, 1.0],
+                                                  "probability": [0.9, 0.1]}),
+     "models\\[0\\].calibration"),
     (lambda d: d["models"][0].pop("ranges"), "models\\[0\\].ranges"),
     (lambda d: d["models"][0]["ranges"].pop("tasks"), "models\\[0\\].ranges.tasks"),
     (lambda d: d["models"][0]["ranges"]["features"].update(slope=[0.0]),
@@ -198,3 +253,17 @@ def test_fit_refuses_one_kind_of_outcome() -> None:
     always = [t for t in family(50, 0) if t.holds]
     with pytest.raises(ValueError, match="both kinds"):
         ClauseForecaster.fit(always, 0.2)
+    with pytest.raises(ValueError, match="groups: expected at least two"):
+        ClauseForecaster.fit(family(50, 0), 0.2, groups=[0] * 50)
+
+
+def test_the_packaged_forecasters_quote_runs_they_were_not_fit_on() -> None:
+    bundle = load_clause_forecasters()
+    m = bundle.measured
+    assert m["fresh_seeds"] and not set(m["fit_seeds"]) & set(m["fresh_seeds"])
+    assert m["configs_seeds"] and not set(m["fit_configs_seeds"]) & set(m["configs_seeds"])
+    for block in ("fresh", "configs"):
+        for model in bundle.models:
+            quoted = m[block][str(model.fraction)]
+            assert quoted["n"] > 0 and 0 <= quoted["ece"] <= 1 and 0 <= quoted["accuracy"] <= 1
+        assert all(len(model.calibration[0]) >= 2 for model in bundle.models)
