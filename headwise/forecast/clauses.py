@@ -188,7 +188,7 @@ def _cross_fitted_logits(z: Tensor, y: Tensor, groups: Sequence[Hashable], l2: f
     for k in sorted(set(fold.values())):
         held = torch.tensor([fold[h] == k for h in groups])
         rest = y[~held]
-        if len(rest) and 0 < float(rest.sum()) < len(rest):
+        if 0 < float(rest.sum()) < len(rest):
             w, b = _logistic(z[~held], rest, l2)
             out[held] = z[held] @ w + b
         else:

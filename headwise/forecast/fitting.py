@@ -60,12 +60,10 @@ def isotonic(scores: Tensor, outcomes: Tensor, prior: float) -> tuple[list[float
     x = scores[order].tolist()
     first = _pool(outcomes[order].tolist(), [1.0] * len(x))
     smoothed = [(s + prior / 2) / (w + prior) for s, w, _, _ in first]
-    centres = [sum(x[int(a):int(b) + 1]) / (b - a + 1) for _, _, a, b in first]
     knots_x, knots_p = [], []
     for s, w, a, b in _pool(smoothed, [blk[1] for blk in first]):
-        weights = [first[i][1] for i in range(int(a), int(b) + 1)]
-        knots_x.append(sum(c * v for c, v in zip(centres[int(a):int(b) + 1], weights,
-                                                  strict=True)) / sum(weights))
+        lo, hi = int(first[int(a)][2]), int(first[int(b)][3])  # the scores it pools
+        knots_x.append(sum(x[lo:hi + 1]) / (hi - lo + 1))
         knots_p.append(s / w)
     return knots_x, knots_p
 
