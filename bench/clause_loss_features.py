@@ -1,0 +1,125 @@
+"""Would the run's loss curve improve clause-verdict forecasts? The packaged features against
+the same with loss-curve features added, on held-out seeds and held-out specs.
+
+The errors clause forecasts still make are systematic per spec: a task floor flat at 0.65
+through 20% of the budget that stays there, one flat at 0.3 that later rises. The clause's
+own early values cannot tell those apart; the run's held-out task loss might (still falling
+fast, or flat). Each record of ``bench/clause_trajectories.py`` keeps the run's loss curves;
+this script adds, per variant, features of the held-out task loss at the evaluation points in
+the first ``fraction`` of the budget (the clause's own task's loss with ``--task-loss`` where
+the clause names a task):
+
+- ``slope``: the least-squares slope of log loss per budget (latest half of the points from
+  eight on, as the clause line), ``tanh(slope / 5)``;
+- ``drop``: ``tanh(log(first / latest) / 3)``, how much of the loss is gone;
+- ``level``: ``tanh(log(latest))``;
+- ``task_slope``: ``slope`` on task floors only (0 on other clauses).
+
+and scores each variant as ``bench/bench_clause_forecast.py`` does its splits (accuracy,
+Brier score, ECE). The variants swap ``headwise.forecast.clauses.features``/``FEATURES`` in
+this process only.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python bench/clause_loss_features.py \
+        --seeds 0 1 2 3 4 [--fit-configs DIR] [--config-seeds 0 ... 9] [--task-loss]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from bench_clause_forecast import DEFAULT_DATA, held_out, score, trajectories
+
+import headwise.forecast.clauses as clauses
+from headwise.forecast.clauses import ClauseTrajectory
+
+PACKAGED_FEATURES, PACKAGED = clauses.FEATURES, clauses.features
+LOSS = "_loss"  # the context key the loss curve rides in (this script's only)
+
+
+def _log_slope(points: list[tuple[int, float]], total: int) -> float:
+    tail = points[len(points) // 2:] if len(points) >= 8 else points
+    if len(tail) < 2:
+        return 0.0
+    x = torch.tensor([s / total for s, _ in tail], dtype=torch.float64)
+    y = torch.tensor([math.log(max(v, 1e-6)) for _, v in tail], dtype=torch.float64)
+    xm, ym = x.mean(), y.mean()
+    return float(((x - xm) * (y - ym)).sum() / ((x - xm) ** 2).sum().clamp_min(1e-12))
+
+
+def loss_features(t: ClauseTrajectory, fraction: float) -> dict[str, float]:
+    """Every variant's loss-curve feature of ``t`` from the first ``fraction``."""
+    curve = t.context[LOSS]
+    pts = [p for p in curve if p[0] <= fraction * t.total_steps] or curve[:1]
+    slope = math.tanh(_log_slope(pts, t.total_steps) / 5.0)
+    task_floor = float(t.at_least is not None and t.context.get("kind") == "task")
+    return {"slope": slope,
+            "drop": math.tanh(math.log(max(pts[0][1], 1e-6) / max(pts[-1][1], 1e-6)) / 3.0),
+            "level": math.tanh(math.log(max(pts[-1][1], 1e-6))), "task_slope": slope * task_floor}
+
+
+VARIANTS = {"packaged": (), "slope": ("slope",), "drop": ("drop",), "level": ("level",),
+            "slope+drop": ("slope", "drop"), "task_slope": ("task_slope",)}
+
+
+def use(names: tuple[str, ...]) -> None:
+    """Make ``headwise.forecast.clauses`` fit and forecast with ``names`` added."""
+    clauses.FEATURES = (*PACKAGED_FEATURES, *(f"loss_{n}" for n in names))
+
+    def features(t: ClauseTrajectory, fraction: float) -> list[float]:
+        extra = loss_features(t, fraction)
+        return [*PACKAGED(t, fraction), *(extra[n] for n in names)]
+
+    clauses.features = features
+
+
+def items(runs: list[dict[str, Any]], task_loss: bool
+          ) -> list[tuple[dict[str, Any], str, ClauseTrajectory]]:
+    """``bench_clause_forecast``'s items, each trajectory carrying its run's loss curve."""
+    out = []
+    for run in runs:
+        evals = run["losses"]["eval"]
+        by_index = {c["index"]: c for c in run["clauses"]}
+        for label, t in trajectories(run):
+            task = by_index[int(label.rsplit("[", 1)[1][:-1])].get("task")
+            own = task_loss and task and all(task in e[2] for e in evals)
+            curve = [(e[0], e[2][task] if own else e[1]) for e in evals]
+            out.append((run, label, dataclasses.replace(t, context={**t.context, LOSS: curve})))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    p.add_argument("--fit-configs", type=Path, default=None)
+    p.add_argument("--config-seeds", type=int, nargs="+", default=list(range(10)))
+    p.add_argument("--task-loss", action="store_true")
+    args = p.parse_args()
+    runs = [r for f in sorted(args.data.glob("seed*/*.json"))
+            if (r := json.loads(f.read_text()))["seed"] in args.seeds]
+    if args.fit_configs:
+        runs += [r for f in sorted(args.fit_configs.glob("seed*/*.json"))
+                 if (r := json.loads(f.read_text()))["seed"] in args.config_seeds]
+    data = items(runs, args.task_loss)
+    print(f"{len(runs)} runs, {len(data)} clause trajectories\n")
+    print("| features | split | fraction | right | Brier | ECE |\n|---|---|---:|---:|---:|---:|")
+    splits: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
+        ("held-out seeds", lambda r: r["seed"]), ("held-out specs", lambda r: r["spec"]))
+    for name, names in VARIANTS.items():
+        use(names)
+        for fraction in (0.1, 0.2, 0.4):
+            for split, group in splits:
+                s = score(held_out(data, fraction, group))
+                print(f"| {name} | {split} | {fraction:.0%} | {s['accuracy']:.3f} | "
+                      f"{s['brier']:.4f} | {s['ece']:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
