@@ -18,16 +18,17 @@ Clauses never measured (no value at any evaluation point) are not forecast.
 
 The splits use the runs of ``--seeds``; ``--confirm`` then fits one forecaster per fraction on
 all of them and scores it on the runs of fresh seeds (never read while the forecaster was
-designed), and ``--save`` writes those forecasters with the fresh seeds' figures as the
-packaged ``headwise/data/clause_forecaster_v3.json``.
+designed), per fraction and, at 20%, per spec, and ``--save`` writes those forecasters with
+the fresh seeds' figures as the packaged ``headwise/data/clause_forecaster_v3.json``.
 
 ``--configs DIR`` scores the forecasters fit on every run of ``--seeds`` on the runs
 ``bench/clause_trajectories.py --configs`` wrote: the forecast benchmark's configurations
 with their contracts (``bench/config_contracts.py``), per fraction, plain and enforced, and
 per configuration at 20%; with ``--save`` their figures join the packaged file's ``measured``
-block. ``--fit-configs DIR ...`` adds every configuration run in those directories (at any
-seed) to the runs fit on and split, beside the suite's: ``--configs`` then scores fresh seeds
-of configurations the fit has seen other seeds of.
+block; with ``--confirm`` too, it also prints both sets of fresh runs pooled.
+``--fit-configs DIR ...`` adds every configuration run in those directories (at any seed) to
+the runs fit on and split, beside the suite's: ``--configs`` then scores fresh seeds of
+configurations the fit has seen other seeds of.
 
     PYTHONPATH=$PWD .venv/bin/python bench/bench_clause_forecast.py [--data DIR]
         [--seeds 0 1 2] [--confirm 3 4] [--save] [--configs DIR] [--fit-configs DIR ...]
@@ -207,16 +208,17 @@ def header(first: str) -> str:
 def fraction_table(models: Sequence[ClauseForecaster], items: Sequence[Item], group: Any,
                    name: str, curve: str,
                    curves: dict[str, list[tuple[float, float, float, int]]],
-                   figures: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                   figures: dict[str, Any]
+                   ) -> tuple[dict[str, Any], dict[float, list[dict[str, Any]]]]:
     """Print each model's figures on ``items`` (all runs, plain, enforced), record them in
     ``figures`` (``"<name> <fraction>"``) and the 20% calibration in ``curves[curve]``.
     Returns the per-fraction figures, rounded, for the packaged file's ``measured`` block,
-    and the 20% forecast rows."""
+    and the forecast rows per fraction."""
     print(header("fraction, runs"))
     measured: dict[str, Any] = {}
-    at_20: list[dict[str, Any]] = []
+    rows_at: dict[float, list[dict[str, Any]]] = {}
     for model in models:
-        rows = forecast_rows(model, items, group)
+        rows = rows_at[model.fraction] = forecast_rows(model, items, group)
         s = score(rows)
         measured[str(model.fraction)] = {k: round(v, 4) if isinstance(v, float) else v
                                          for k, v in s.items()}
@@ -226,17 +228,28 @@ def fraction_table(models: Sequence[ClauseForecaster], items: Sequence[Item], gr
             print(line(f"{model.fraction:.0%}, {mode}",
                        score([r for r in rows if r["mode"] == mode])))
         if model.fraction == 0.2:
-            at_20 = rows
             curves[curve] = bins_of(rows)
-    return measured, at_20
+    return measured, rows_at
+
+
+def group_table(rows: Sequence[dict[str, Any]], first: str) -> None:
+    """Print the figures of ``rows`` per group (spec or configuration), ``first`` naming it."""
+    print(f"| {first} | clauses | right: forecaster | right: baseline | outside range | "
+          "forecaster-only / baseline-only (sign test) |")
+    print("|---|---:|---:|---:|---:|---|")
+    for g in sorted({r["group"] for r in rows}):
+        s = score([r for r in rows if r["group"] == g])
+        print(f"| {g} | {s['n']} | {s['accuracy']:.3f} | {s['baseline_accuracy']:.3f} | "
+              f"{s['outside']:.2f} | {s['wins']} / {s['losses']} (p = {s['p_sign']:.3g}) |")
 
 
 def configs_table(bundle: ClauseForecasters, data: Path,
                   curves: dict[str, list[tuple[float, float, float, int]]],
-                  figures: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+                  figures: dict[str, Any]
+                  ) -> tuple[dict[str, Any], list[int], dict[float, list[dict[str, Any]]]]:
     """Print ``bundle``'s figures on the configuration runs in ``data`` (``fraction_table``,
     then per configuration at 20%). Returns the per-fraction figures for the packaged file's
-    ``measured`` block and the runs' seeds."""
+    ``measured`` block, the runs' seeds and the forecast rows per fraction."""
     runs = [json.loads(f.read_text()) for f in sorted(data.glob("seed*/*.json"))]
     if not runs:
         raise SystemExit(f"--configs {data}: no runs (bench/clause_trajectories.py --configs)")
@@ -246,17 +259,11 @@ def configs_table(bundle: ClauseForecasters, data: Path,
           f"{len({r['spec'] for r in runs})} configurations, seeds {seeds}; {len(items)} clause "
           f"trajectories), forecasters fit on every run of seeds {bundle.measured['fit_seeds']} "
           f"(configuration runs of seeds {bundle.measured['fit_configs_seeds']}):\n")
-    measured, at_20 = fraction_table(bundle.models, items, lambda r: r["spec"], "configs",
-                                     "forecast-benchmark configurations", curves, figures)
+    measured, rows_at = fraction_table(bundle.models, items, lambda r: r["spec"], "configs",
+                                       "forecast-benchmark configurations", curves, figures)
     print("\nPer configuration at 20%:\n")
-    print("| configuration | clauses | right: forecaster | right: baseline | outside range | "
-          "forecaster-only / baseline-only (sign test) |")
-    print("|---|---:|---:|---:|---:|---|")
-    for config in sorted({r["group"] for r in at_20}):
-        s = score([r for r in at_20 if r["group"] == config])
-        print(f"| {config} | {s['n']} | {s['accuracy']:.3f} | {s['baseline_accuracy']:.3f} | "
-              f"{s['outside']:.2f} | {s['wins']} / {s['losses']} (p = {s['p_sign']:.3g}) |")
-    return measured, seeds
+    group_table(rows_at[0.2], "configuration")
+    return measured, seeds, rows_at
 
 
 def main() -> None:
@@ -302,13 +309,7 @@ def main() -> None:
             if fraction == 0.2 and split == "held-out specs":
                 per_spec = rows
     print("\nHeld-out specs at 20%, per spec:\n")
-    print("| spec | clauses | right: forecaster | right: baseline | forecaster-only / "
-          "baseline-only (sign test) |")
-    print("|---|---:|---:|---:|---|")
-    for spec in sorted({r["group"] for r in per_spec}):
-        s = score([r for r in per_spec if r["group"] == spec])
-        print(f"| {spec} | {s['n']} | {s['accuracy']:.3f} | {s['baseline_accuracy']:.3f} | "
-              f"{s['wins']} / {s['losses']} (p = {s['p_sign']:.3g}) |")
+    group_table(per_spec, "spec")
     print("\nCalibration, held-out specs at 20% (stated probability of holding):\n")
     print("| bin | clauses | mean stated | share held |")
     print("|---|---:|---:|---:|")
@@ -330,12 +331,20 @@ def main() -> None:
             raise SystemExit(f"--confirm {args.confirm}: no runs of those seeds in {args.data}")
         print(f"\nFresh seeds {args.confirm} ({len(fresh)} clause trajectories), forecasters "
               f"fit on every run of seeds {seeds}:\n")
-        measured, _ = fraction_table(models, fresh, "fresh", "fresh",
-                                     f"fresh seeds {args.confirm}", curves, figures)
+        measured, fresh_rows = fraction_table(models, fresh, lambda r: r["spec"], "fresh",
+                                              f"fresh seeds {args.confirm}", curves, figures)
         bundle.measured["fresh"] = measured
+        print(f"\nFresh seeds {args.confirm} at 20%, per spec:\n")
+        group_table(fresh_rows[0.2], "spec")
     if args.configs:
-        bundle.measured["configs"], bundle.measured["configs_seeds"] = configs_table(
-            bundle, args.configs, curves, figures)
+        bundle.measured["configs"], bundle.measured["configs_seeds"], config_rows = (
+            configs_table(bundle, args.configs, curves, figures))
+    if args.confirm and args.configs:
+        print("\nFresh suite seeds and configuration runs pooled:\n")
+        print(header("fraction"))
+        for fraction in FRACTIONS:
+            s = figures[f"pooled {fraction}"] = score(fresh_rows[fraction] + config_rows[fraction])
+            print(line(f"{fraction:.0%}", s))
     if args.save:
         tmp = PACKAGE_FILE.with_suffix(".tmp")
         tmp.write_text(bundle.to_json() + "\n")
