@@ -30,8 +30,12 @@ block; with ``--confirm`` too, it also prints both sets of fresh runs pooled.
 the runs fit on and split, beside the suite's: ``--configs`` then scores fresh seeds of
 configurations the fit has seen other seeds of.
 
+``--score FILE`` scores a forecaster file already written (the packaged one, an earlier
+one) on the ``--confirm`` and ``--configs`` runs instead of fitting one.
+
     PYTHONPATH=$PWD .venv/bin/python bench/bench_clause_forecast.py [--data DIR]
         [--seeds 0 1 2] [--confirm 3 4] [--save] [--configs DIR] [--fit-configs DIR ...]
+        [--score FILE]
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from headwise.forecast.clauses import (
     calibration_bins,
     expected_calibration_error,
     extrapolation_forecast,
+    load_clause_forecasters,
 )
 
 DEFAULT_DATA = Path(__file__).resolve().parent / ".cache" / "clause_traj"
@@ -266,32 +271,12 @@ def configs_table(bundle: ClauseForecasters, data: Path,
     return measured, seeds, rows_at
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    p.add_argument("--json", type=Path, default=None, help="also write every figure here")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--confirm", type=int, nargs="*", default=[])
-    p.add_argument("--save", action="store_true")
-    p.add_argument("--figure", type=Path, default=None,
-                   help="with --confirm: write the calibration curve at 20%% (PNG) here")
-    p.add_argument("--configs", type=Path, default=None,
-                   help="also score on these forecast-benchmark configuration runs")
-    p.add_argument("--fit-configs", type=Path, nargs="+", default=[],
-                   help="forecast-benchmark configuration runs (every seed) to fit on too")
-    args = p.parse_args()
-    if args.save and not args.confirm:
-        raise SystemExit("--save: needs --confirm SEED ... (the figures the file quotes)")
-    every = [json.loads(f.read_text()) for f in sorted(args.data.glob("seed*/*.json"))]
-    fit_configs = [json.loads(f.read_text()) for d in args.fit_configs
-                   for f in sorted(d.glob("seed*/*.json"))]
-    runs = [run for run in every if run["seed"] in args.seeds] + fit_configs
-    items = [(run, label, t) for run in runs for label, t in trajectories(run)]
-    seeds = sorted({run["seed"] for run in runs if run.get("suite", "suite") == "suite"})
-    print(f"{len(runs)} runs ({len({r['spec'] for r in runs})} specs, seeds {seeds}), "
-          f"{len(items)} clause trajectories\n")
+def splits(items: Sequence[Item], figures: dict[str, Any]
+           ) -> dict[str, list[tuple[float, float, float, int]]]:
+    """Print the held-out-seed and held-out-spec figures of ``items`` per fraction and mode,
+    the held-out specs at 20% per spec and their calibration bins (``figures`` records each);
+    returns that calibration curve."""
     print(header("split, fraction"))
-    figures: dict[str, Any] = {}
     per_spec: list[dict[str, Any]] = []
     for fraction in FRACTIONS:
         for split, group in (("held-out seeds", lambda r: r["seed"]),
@@ -316,14 +301,56 @@ def main() -> None:
     curves = {"held-out specs": bins_of(per_spec)}
     for lo, mean_p, held, n in curves["held-out specs"]:
         print(f"| {lo:.1f}-{lo + 0.1:.1f} | {n} | {mean_p:.3f} | {held:.3f} |")
-    models = tuple(ClauseForecaster.fit([t for _, _, t in items], fraction,
-                                        calibration_groups(run for run, _, _ in items))
-                   for fraction in FRACTIONS)
-    bundle = ClauseForecasters(models, {
-        "fit_seeds": seeds, "fresh_seeds": list(args.confirm),
-        "fit_configs_seeds": sorted({r["seed"] for r in fit_configs}),
-        "specs": sorted({run["spec"] for run in runs}), "command": COMMAND,
-        "doc": "docs/benchmarks.md#clause-verdict-forecasts"})
+    return curves
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    p.add_argument("--json", type=Path, default=None, help="also write every figure here")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--confirm", type=int, nargs="*", default=[])
+    p.add_argument("--save", action="store_true")
+    p.add_argument("--figure", type=Path, default=None,
+                   help="with --confirm: write the calibration curve at 20%% (PNG) here")
+    p.add_argument("--configs", type=Path, default=None,
+                   help="also score on these forecast-benchmark configuration runs")
+    p.add_argument("--fit-configs", type=Path, nargs="+", default=[],
+                   help="forecast-benchmark configuration runs (every seed) to fit on too")
+    p.add_argument("--score", type=Path, default=None,
+                   help="score this clause-forecaster file on --confirm/--configs runs "
+                        "instead of fitting one (no held-out splits)")
+    args = p.parse_args()
+    if args.save and not args.confirm:
+        raise SystemExit("--save: needs --confirm SEED ... (the figures the file quotes)")
+    if args.save and args.score:
+        raise SystemExit("--save: writes a forecaster this run fits, not a --score file")
+    every = [json.loads(f.read_text()) for f in sorted(args.data.glob("seed*/*.json"))]
+    figures: dict[str, Any] = {}
+    curves: dict[str, list[tuple[float, float, float, int]]] = {}
+    if args.score:
+        bundle = load_clause_forecasters(args.score)
+        seeds = bundle.measured.get("fit_seeds", "?")
+        print(f"Scoring {args.score} (fit on suite seeds {seeds}, configuration seeds "
+              f"{bundle.measured.get('fit_configs_seeds', '?')})")
+    else:
+        fit_configs = [json.loads(f.read_text()) for d in args.fit_configs
+                       for f in sorted(d.glob("seed*/*.json"))]
+        runs = [run for run in every if run["seed"] in args.seeds] + fit_configs
+        items = [(run, label, t) for run in runs for label, t in trajectories(run)]
+        seeds = sorted({run["seed"] for run in runs if run.get("suite", "suite") == "suite"})
+        print(f"{len(runs)} runs ({len({r['spec'] for r in runs})} specs, seeds {seeds}), "
+              f"{len(items)} clause trajectories\n")
+        curves = splits(items, figures)
+        bundle = ClauseForecasters(tuple(
+            ClauseForecaster.fit([t for _, _, t in items], fraction,
+                                 calibration_groups(run for run, _, _ in items))
+            for fraction in FRACTIONS), {
+            "fit_seeds": seeds, "fresh_seeds": list(args.confirm),
+            "fit_configs_seeds": sorted({r["seed"] for r in fit_configs}),
+            "specs": sorted({run["spec"] for run in runs}), "command": COMMAND,
+            "doc": "docs/benchmarks.md#clause-verdict-forecasts"})
+    models = bundle.models
     if args.confirm:
         fresh = [(run, label, t) for run in every if run["seed"] in args.confirm
                  for label, t in trajectories(run)]

@@ -1,25 +1,27 @@
-"""Would the run's loss curve improve clause-verdict forecasts? The packaged features against
-the same with loss-curve features added, on held-out seeds and held-out specs.
+"""Would more features improve clause-verdict forecasts? The packaged features against the
+same with one or two added, on held-out seeds and held-out specs.
 
 The errors clause forecasts still make are systematic per spec: a task floor flat at 0.65
-through 20% of the budget that stays there, one flat at 0.3 that later rises. The clause's
-own early values cannot tell those apart; the run's held-out task loss might (still falling
-fast, or flat). Each record of ``bench/clause_trajectories.py`` keeps the run's loss curves;
-this script adds, per variant, features of the held-out task loss at the evaluation points in
-the first ``fraction`` of the budget (the clause's own task's loss with ``--task-loss`` where
-the clause names a task):
+through 20% of the budget that stays there, one flat at 0.3 that later rises. Two sources of
+features that might tell them apart:
 
-- ``slope``: the least-squares slope of log loss per budget (latest half of the points from
-  eight on, as the clause line), ``tanh(slope / 5)``;
-- ``drop``: ``tanh(log(first / latest) / 3)``, how much of the loss is gone;
-- ``level``: ``tanh(log(latest))``;
-- ``task_slope``: ``slope`` on task floors only (0 on other clauses).
+- the run's held-out task loss at the evaluation points in the first ``fraction`` of the
+  budget (each record of ``bench/clause_trajectories.py`` keeps the run's loss curves; the
+  clause's own task's loss with ``--task-loss`` where the clause names a task): ``slope``, the
+  least-squares slope of log loss per budget (latest half of the points from eight on, as the
+  clause line), ``tanh(slope / 5)``; ``drop``, ``tanh(log(first / latest) / 3)``, how much of
+  the loss is gone; ``level``, ``tanh(log(latest))``; ``task_slope``, ``slope`` on task
+  floors only (0 on other clauses);
+- the shape of the clause's own early values: ``range``, ``tanh(3 (max - min) / scale)``,
+  whether it has moved at all; ``accel``, the slope of the latest half of the points less
+  the earliest half's, in ``scale`` units (``tanh``); ``noise``, the root-mean-square
+  residual about one line through them, ``tanh(10 rms / scale)``.
 
-and scores each variant as ``bench/bench_clause_forecast.py`` does its splits (accuracy,
+Each variant is scored as ``bench/bench_clause_forecast.py`` scores its splits (accuracy,
 Brier score, ECE). The variants swap ``headwise.forecast.clauses.features``/``FEATURES`` in
 this process only.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python bench/clause_loss_features.py \
+    OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python bench/clause_feature_variants.py \
         --seeds 0 1 2 3 4 [--fit-configs DIR] [--config-seeds 0 ... 9] [--task-loss]
 """
 
@@ -43,37 +45,49 @@ PACKAGED_FEATURES, PACKAGED = clauses.FEATURES, clauses.features
 LOSS = "_loss"  # the context key the loss curve rides in (this script's only)
 
 
-def _log_slope(points: list[tuple[int, float]], total: int) -> float:
-    tail = points[len(points) // 2:] if len(points) >= 8 else points
-    if len(tail) < 2:
-        return 0.0
-    x = torch.tensor([s / total for s, _ in tail], dtype=torch.float64)
-    y = torch.tensor([math.log(max(v, 1e-6)) for _, v in tail], dtype=torch.float64)
+def _line(points: list[tuple[int, float]], total: int) -> tuple[float, float]:
+    """(slope per budget, root-mean-square residual) of a least-squares line (0, 0: < 2)."""
+    if len(points) < 2:
+        return 0.0, 0.0
+    x = torch.tensor([s / total for s, _ in points], dtype=torch.float64)
+    y = torch.tensor([v for _, v in points], dtype=torch.float64)
     xm, ym = x.mean(), y.mean()
-    return float(((x - xm) * (y - ym)).sum() / ((x - xm) ** 2).sum().clamp_min(1e-12))
+    slope = ((x - xm) * (y - ym)).sum() / ((x - xm) ** 2).sum().clamp_min(1e-12)
+    return float(slope), float(((y - ym - slope * (x - xm)) ** 2).mean().sqrt())
 
 
-def loss_features(t: ClauseTrajectory, fraction: float) -> dict[str, float]:
-    """Every variant's loss-curve feature of ``t`` from the first ``fraction``."""
+def extra_features(t: ClauseTrajectory, fraction: float) -> dict[str, float]:
+    """Every variant's added feature of ``t`` from the first ``fraction``."""
     curve = t.context[LOSS]
     pts = [p for p in curve if p[0] <= fraction * t.total_steps] or curve[:1]
-    slope = math.tanh(_log_slope(pts, t.total_steps) / 5.0)
+    logs = [(s, math.log(max(v, 1e-6))) for s, v in pts]
+    slope = math.tanh(_line(logs[len(logs) // 2:] if len(logs) >= 8 else logs,
+                            t.total_steps)[0] / 5.0)
     task_floor = float(t.at_least is not None and t.context.get("kind") == "task")
-    return {"slope": slope,
-            "drop": math.tanh(math.log(max(pts[0][1], 1e-6) / max(pts[-1][1], 1e-6)) / 3.0),
-            "level": math.tanh(math.log(max(pts[-1][1], 1e-6))), "task_slope": slope * task_floor}
+    own = [(s, v) for s, v, _ in t.early(fraction)]
+    values = [v for _, v in own]
+    half = len(own) // 2
+    accel = (_line(own[half:], t.total_steps)[0]
+             - _line(own[:half + 1], t.total_steps)[0]) / t.scale
+    return {"slope": slope, "drop": math.tanh((logs[0][1] - logs[-1][1]) / 3.0),
+            "level": math.tanh(logs[-1][1]), "task_slope": slope * task_floor,
+            "range": math.tanh(3.0 * (max(values) - min(values)) / t.scale),
+            "accel": math.tanh(accel),
+            "noise": math.tanh(10.0 * _line(own, t.total_steps)[1] / t.scale)}
 
 
 VARIANTS = {"packaged": (), "slope": ("slope",), "drop": ("drop",), "level": ("level",),
-            "slope+drop": ("slope", "drop"), "task_slope": ("task_slope",)}
+            "slope+drop": ("slope", "drop"), "task_slope": ("task_slope",),
+            "range": ("range",), "accel": ("accel",), "noise": ("noise",),
+            "accel+range": ("accel", "range")}
 
 
 def use(names: tuple[str, ...]) -> None:
     """Make ``headwise.forecast.clauses`` fit and forecast with ``names`` added."""
-    clauses.FEATURES = (*PACKAGED_FEATURES, *(f"loss_{n}" for n in names))
+    clauses.FEATURES = (*PACKAGED_FEATURES, *names)
 
     def features(t: ClauseTrajectory, fraction: float) -> list[float]:
-        extra = loss_features(t, fraction)
+        extra = extra_features(t, fraction)
         return [*PACKAGED(t, fraction), *(extra[n] for n in names)]
 
     clauses.features = features
