@@ -67,12 +67,11 @@ SUITE = Path(__file__).resolve().parent.parent / "headwise" / "examples" / "suit
 FRACTIONS = (0.1, 0.2, 0.4, 0.6, 0.8)  # the issue's three, and two later ones for `train`
 PACKAGE_FILE = Path(__file__).resolve().parent.parent / "headwise" / "data" / PACKAGED
 COMMAND = ("OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python bench/clause_trajectories.py "
-           "--seeds 0 1 ... 16 --jobs 2; the same with --configs --seeds 0 1 ... 24 --out "
-           "bench/.cache/clause_traj_configs and --configs --seeds 25 ... 34 --out "
-           "bench/.cache/clause_traj_configs_fresh4; PYTHONPATH=$PWD .venv/bin/python "
-           "bench/bench_clause_forecast.py --seeds 0 1 ... 12 --fit-configs "
-           "bench/.cache/clause_traj_configs --confirm 13 14 15 16 --configs "
-           "bench/.cache/clause_traj_configs_fresh4 --save")
+           "--seeds 0 1 ... 25 --jobs 2; the same with --configs --seeds 0 1 ... 34 and "
+           "--configs --seeds 35 ... 54 --out bench/.cache/clause_traj_configs_fresh; "
+           "PYTHONPATH=$PWD .venv/bin/python bench/bench_clause_forecast.py --seeds 0 1 ... 17 "
+           "--fit-configs bench/.cache/clause_traj_configs --confirm 18 19 ... 25 --configs "
+           "bench/.cache/clause_traj_configs_fresh --save")
 
 
 def _spec(run: dict[str, Any]) -> Any:
