@@ -31,7 +31,9 @@ the runs fit on and split, beside the suite's: ``--configs`` then scores fresh s
 configurations the fit has seen other seeds of.
 
 ``--score FILE`` scores a forecaster file already written (the packaged one, an earlier
-one) on the ``--confirm`` and ``--configs`` runs instead of fitting one.
+one) on the ``--confirm`` and ``--configs`` runs instead of fitting one; with ``--save`` it
+rewrites that file's ``measured`` block with those figures (its models unchanged), refusing
+runs of seeds the forecaster was fit on.
 
     PYTHONPATH=$PWD .venv/bin/python bench/bench_clause_forecast.py [--data DIR]
         [--seeds 0 1 2] [--confirm 3 4] [--save] [--configs DIR] [--fit-configs DIR ...]
@@ -67,11 +69,19 @@ SUITE = Path(__file__).resolve().parent.parent / "headwise" / "examples" / "suit
 FRACTIONS = (0.1, 0.2, 0.4, 0.6, 0.8)  # the issue's three, and two later ones for `train`
 PACKAGE_FILE = Path(__file__).resolve().parent.parent / "headwise" / "data" / PACKAGED
 COMMAND = ("OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python bench/clause_trajectories.py "
-           "--seeds 0 1 ... 25 --jobs 2; the same with --configs --seeds 0 1 ... 34 and "
-           "--configs --seeds 35 ... 54 --out bench/.cache/clause_traj_configs_fresh; "
-           "PYTHONPATH=$PWD .venv/bin/python bench/bench_clause_forecast.py --seeds 0 1 ... 17 "
-           "--fit-configs bench/.cache/clause_traj_configs --confirm 18 19 ... 25 --configs "
-           "bench/.cache/clause_traj_configs_fresh --save")
+           "--seeds 0 1 ... 16 --jobs 2; the same with --configs --seeds 0 1 ... 24 --out "
+           "bench/.cache/clause_traj_configs and --configs --seeds 25 ... 34 --out "
+           "bench/.cache/clause_traj_configs_fresh4; PYTHONPATH=$PWD .venv/bin/python "
+           "bench/bench_clause_forecast.py --seeds 0 1 ... 12 --fit-configs "
+           "bench/.cache/clause_traj_configs --confirm 13 14 15 16 --configs "
+           "bench/.cache/clause_traj_configs_fresh4 --save")
+SCORE_COMMAND = ("OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python "
+                 "bench/clause_trajectories.py --seeds 13 14 15 16 18 19 ... 25 --jobs 2; the "
+                 "same with --configs --seeds 25 26 ... 54 --out "
+                 "bench/.cache/clause_traj_configs_fresh; PYTHONPATH=$PWD .venv/bin/python "
+                 "bench/bench_clause_forecast.py --score headwise/data/clause_forecaster_v3.json "
+                 "--confirm 13 14 15 16 18 19 ... 25 --configs "
+                 "bench/.cache/clause_traj_configs_fresh --save")
 
 
 def _spec(run: dict[str, Any]) -> Any:
@@ -137,6 +147,11 @@ def score(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 Item = tuple[dict[str, Any], str, ClauseTrajectory]
+
+
+def rounded(figures: dict[str, Any]) -> dict[str, Any]:
+    """``score``'s figures as the packaged file's ``measured`` block keeps them."""
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()}
 
 
 def forecast_rows(model: ClauseForecaster, items: Sequence[Item], group: Any
@@ -224,8 +239,7 @@ def fraction_table(models: Sequence[ClauseForecaster], items: Sequence[Item], gr
     for model in models:
         rows = rows_at[model.fraction] = forecast_rows(model, items, group)
         s = score(rows)
-        measured[str(model.fraction)] = {k: round(v, 4) if isinstance(v, float) else v
-                                         for k, v in s.items()}
+        measured[str(model.fraction)] = rounded(s)
         figures[f"{name} {model.fraction}"] = s
         print(line(f"{model.fraction:.0%}, all", s))
         for mode in ("plain", "enforced"):
@@ -268,6 +282,18 @@ def configs_table(bundle: ClauseForecasters, data: Path,
     print("\nPer configuration at 20%:\n")
     group_table(rows_at[0.2], "configuration")
     return measured, seeds, rows_at
+
+
+def rescored(bundle: ClauseForecasters, fresh_seeds: Sequence[int]) -> None:
+    """Make ``bundle``'s ``measured`` block (its fresh and configuration figures already
+    replaced by this run's) say which runs it now quotes; refuse runs it was fit on."""
+    m = bundle.measured
+    if set(fresh_seeds) & set(m["fit_seeds"]) or (
+            set(m.get("configs_seeds", [])) & set(m["fit_configs_seeds"])):
+        raise SystemExit("--score --save: the scored runs include seeds the forecaster was fit "
+                         "on; its figures must come from runs it never saw")
+    m["fresh_seeds"] = sorted(fresh_seeds)
+    m["scored_by"] = SCORE_COMMAND
 
 
 def splits(items: Sequence[Item], figures: dict[str, Any]
@@ -322,8 +348,6 @@ def main() -> None:
     args = p.parse_args()
     if args.save and not args.confirm:
         raise SystemExit("--save: needs --confirm SEED ... (the figures the file quotes)")
-    if args.save and args.score:
-        raise SystemExit("--save: writes a forecaster this run fits, not a --score file")
     every = [json.loads(f.read_text()) for f in sorted(args.data.glob("seed*/*.json"))]
     figures: dict[str, Any] = {}
     curves: dict[str, list[tuple[float, float, float, int]]] = {}
@@ -368,14 +392,19 @@ def main() -> None:
     if args.confirm and args.configs:
         print("\nFresh suite seeds and configuration runs pooled:\n")
         print(header("fraction"))
+        bundle.measured["pooled"] = {}
         for fraction in FRACTIONS:
             s = figures[f"pooled {fraction}"] = score(fresh_rows[fraction] + config_rows[fraction])
+            bundle.measured["pooled"][str(fraction)] = rounded(s)
             print(line(f"{fraction:.0%}", s))
     if args.save:
-        tmp = PACKAGE_FILE.with_suffix(".tmp")
+        target = args.score or PACKAGE_FILE
+        if args.score:
+            rescored(bundle, args.confirm)
+        tmp = target.with_suffix(".tmp")
         tmp.write_text(bundle.to_json() + "\n")
-        tmp.replace(PACKAGE_FILE)
-        print(f"\nwrote {PACKAGE_FILE.relative_to(PACKAGE_FILE.parents[2])}")
+        tmp.replace(target)
+        print(f"\nwrote {target}")
     if args.figure:
         figure(curves, args.figure)
     if args.json:
