@@ -267,3 +267,9 @@ def test_the_packaged_forecasters_quote_runs_they_were_not_fit_on() -> None:
             quoted = m[block][str(model.fraction)]
             assert quoted["n"] > 0 and 0 <= quoted["ece"] <= 1 and 0 <= quoted["accuracy"] <= 1
         assert all(len(model.calibration[0]) >= 2 for model in bundle.models)
+    for model in bundle.models:  # the pooled figures are the two sets' clauses together
+        key = str(model.fraction)
+        fresh, configs, pooled = m["fresh"][key], m["configs"][key], m["pooled"][key]
+        assert pooled["n"] == fresh["n"] + configs["n"]
+        mixed = (fresh["accuracy"] * fresh["n"] + configs["accuracy"] * configs["n"]) / pooled["n"]
+        assert abs(pooled["accuracy"] - mixed) < 1e-3
