@@ -289,7 +289,7 @@ def rescored(bundle: ClauseForecasters, fresh_seeds: Sequence[int]) -> None:
     replaced by this run's) say which runs it now quotes; refuse runs it was fit on."""
     m = bundle.measured
     if set(fresh_seeds) & set(m["fit_seeds"]) or (
-            set(m.get("configs_seeds", [])) & set(m["fit_configs_seeds"])):
+            set(m["configs_seeds"]) & set(m["fit_configs_seeds"])):
         raise SystemExit("--score --save: the scored runs include seeds the forecaster was fit "
                          "on; its figures must come from runs it never saw")
     m["fresh_seeds"] = sorted(fresh_seeds)
@@ -348,14 +348,22 @@ def main() -> None:
     args = p.parse_args()
     if args.save and not args.confirm:
         raise SystemExit("--save: needs --confirm SEED ... (the figures the file quotes)")
+    if args.save and args.score and not args.configs:
+        raise SystemExit("--score --save: needs --configs DIR too (every figure the file "
+                         "quotes is replaced, none left from other runs)")
     every = [json.loads(f.read_text()) for f in sorted(args.data.glob("seed*/*.json"))]
     figures: dict[str, Any] = {}
     curves: dict[str, list[tuple[float, float, float, int]]] = {}
     if args.score:
         bundle = load_clause_forecasters(args.score)
-        seeds = bundle.measured.get("fit_seeds", "?")
+        seeds = bundle.measured.get("fit_seeds")
+        if not (isinstance(seeds, list)
+                and isinstance(bundle.measured.get("fit_configs_seeds"), list)):
+            raise SystemExit(f"--score {args.score}: measured.fit_seeds/fit_configs_seeds: "
+                             "expected lists of the seeds it was fit on (to tell the runs it "
+                             "never saw)")
         print(f"Scoring {args.score} (fit on suite seeds {seeds}, configuration seeds "
-              f"{bundle.measured.get('fit_configs_seeds', '?')})")
+              f"{bundle.measured['fit_configs_seeds']})")
     else:
         fit_configs = [json.loads(f.read_text()) for d in args.fit_configs
                        for f in sorted(d.glob("seed*/*.json"))]

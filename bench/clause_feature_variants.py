@@ -6,7 +6,7 @@ through 20% of the budget that stays there, one flat at 0.3 that later rises. Tw
 features that might tell them apart:
 
 - the run's held-out task loss at the evaluation points in the first ``fraction`` of the
-  budget (each record of ``bench/clause_trajectories.py`` keeps the run's loss curves; the
+  budget (each record of ``bench/clause_trajectories.py`` keeps the run's held-out loss; the
   clause's own task's loss with ``--task-loss`` where the clause names a task): ``slope``, the
   least-squares slope of log loss per budget (latest half of the points from eight on, as the
   clause line), ``tanh(slope / 5)``; ``drop``, ``tanh(log(first / latest) / 3)``, how much of

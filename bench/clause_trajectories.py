@@ -13,7 +13,7 @@ attention path: final values agree with a plain ``headwise train`` to ~4 digits)
 the contract at the same points.
 The outcome of a clause is its verdict on the verification set at the end: the final model's
 for a plain run, the kept model's under ``--enforce`` (what ``contract.json`` reports). Each
-record also keeps the run's loss curves (``"losses"``: training and held-out task loss).
+record also keeps the run's held-out task loss at each evaluation point (``"losses"``).
 
 One JSON file per run in ``--out`` (default ``bench/.cache/clause_traj``, git-ignored); a
 finished run is not rerun. ``--configs`` trains the forecast benchmark's configurations with
@@ -95,23 +95,16 @@ def run_one(spec: Path, seed: int, enforce: bool, out: Path) -> dict[str, Any]:
             "model": {"n_layers": model.n_layers, "n_heads": model.n_heads,
                       "d_model": model.d_model},
             "tasks": sorted({t.task for t in outcome.compiled.spec.data.tasks}),
-            "clauses": clauses, "losses": losses(out / "metrics.jsonl")}
+            "clauses": clauses, "losses": losses(out)}
 
 
-def losses(path: Path) -> dict[str, list[Any]]:
-    """The run's loss curves from ``metrics.jsonl``: the training task loss (and gradient
-    norm) at each ``"train"`` line, the held-out task loss (overall and per task) at each
-    ``"eval"`` line."""
-    train: list[Any] = []
-    evals: list[Any] = []
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        if row.get("kind") == "train":
-            train.append([row["step"], row["task_loss"], row.get("grad_norm")])
-        elif row.get("kind") == "eval":
-            evals.append([row["step"], row["loss"],
-                          {name: t["loss"] for name, t in row["tasks"].items()}])
-    return {"train": train, "eval": evals}
+def losses(run_dir: Path) -> dict[str, list[Any]]:
+    """The run's held-out task loss (overall and per task) at each evaluation point, from its
+    ``metrics.jsonl`` (``metrics_curve``)."""
+    from headwise.pipeline.run_analysis import metrics_curve
+
+    return {"eval": [[r["step"], r["loss"], {name: t["loss"] for name, t in r["tasks"].items()}]
+                     for r in metrics_curve(run_dir)]}
 
 
 def spawn(spec: Path, seed: int, enforce: bool, out_dir: Path) -> dict[str, Any]:
