@@ -213,6 +213,7 @@ def signals_key() -> str:
 
 def run_one(name: str, seed: int, key: str) -> dict:
     """Train one run (or read its cached trajectory) and return the cached record."""
+    from headwise.pipeline.options import RunOptions
     from headwise.pipeline.run import train_run
     from headwise.pipeline.run_report import run_trajectory
 
@@ -224,8 +225,9 @@ def run_one(name: str, seed: int, key: str) -> dict:
     spec = run_dir.parent / f"{name}_s{seed}.yaml"
     spec.write_text(f"name: {name}\n" + CONFIGS[name].replace("SEED", str(seed)))
     t0 = time.perf_counter()
-    outcome = train_run(spec, run_dir, overwrite=True, progress=False,
-                        enforce=name.startswith("enforced-"), warn=lambda _: None)
+    outcome = train_run(spec, run_dir, RunOptions(
+        overwrite=True, progress=False, enforce=name.startswith("enforced-"),
+        warn=lambda _: None))
     traj = run_trajectory(run_dir, outcome.compiled)
     assert traj is not None
     record = {"config": name, "seed": seed, "total_steps": outcome.train.step,

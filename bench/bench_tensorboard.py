@@ -76,11 +76,11 @@ def _time_sink(out: Path, calls: int) -> tuple[float, float]:
 def _report_sizes(out: Path) -> tuple[int, int]:
     import json
 
-    from headwise.pipeline.run import train_run
+    from headwise.pipeline import RunOptions, train_run
     from headwise.pipeline.run_report import write_run_report
     from headwise.report.viewer import report_viewers
 
-    outcome = train_run(str(DEMO), out, progress=False)
+    outcome = train_run(str(DEMO), out, RunOptions(progress=False))
     paths = write_run_report(out, outcome.compiled, outcome.contract)
     report = json.loads(paths["json"].read_text())
     viewers = sum(len(v.encode()) for v in report_viewers(report).values())

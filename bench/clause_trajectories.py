@@ -43,35 +43,36 @@ CONFIGS_OUT = Path(__file__).resolve().parent / ".cache" / "clause_traj_configs"
 
 
 def measure_only() -> Any:
-    """An ``Enforcer`` that measures and records but never moves a multiplier off 0."""
-    from headwise.contract import Enforcer
+    """A ``DualUpdate`` that never moves a multiplier off 0, and keeps the final model: the
+    enforcer measures and records, as a plain run trains."""
+    from dataclasses import dataclass
 
-    class MeasureOnly(Enforcer):
-        def back_off(self, lambdas: dict[str, float], failing: set[str | None]) -> None:
-            return None
+    @dataclass(frozen=True)
+    class MeasureOnly:
+        keeps_held_model: bool = False
 
-        def dual_step(self, lambdas: dict[str, float], violations: dict[str, float]) -> None:
-            for key in violations:
-                lambdas[key] = 0.0
+        def update(self, lambdas: dict[int, float], violations: Any, ctx: Any) -> None:
+            for index in violations:
+                lambdas[index] = 0.0
 
-        def restore_kept(self, model: Any, out_dir: Any, extra: dict[str, Any],
-                         final_step: int) -> int:
-            return final_step  # a plain run's model is its final one
-
-    return MeasureOnly
+    return MeasureOnly()
 
 
 def run_one(spec: Path, seed: int, enforce: bool, out: Path) -> dict[str, Any]:
     """Train once in this process; the clauses, their trajectories and outcomes."""
+    import dataclasses
+
     import torch
 
-    from headwise.contract import Enforcer
-    from headwise.pipeline.run import train_run
+    from headwise.pipeline import RunOptions, train_run
+    from headwise.runspec import load_spec
 
     torch.set_num_threads(1)
     start = time.perf_counter()
-    outcome = train_run(spec, out, enforce=True, overwrite=True, progress=False, seed=seed,
-                        enforcer=Enforcer if enforce else measure_only())
+    config = None if enforce else dataclasses.replace(load_spec(spec).enforce,
+                                                      dual=measure_only())
+    outcome = train_run(spec, out, RunOptions(enforce=True, overwrite=True, progress=False,
+                                              seed=seed, enforce_config=config))
     wall = time.perf_counter() - start
     record = outcome.train.extra["enforce"]
     verdict = outcome.contract

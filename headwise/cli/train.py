@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     Under ``torchrun --nproc_per_node=N`` every rank trains its shard (DDP inside ``train()``)
     and verifies; rank 0 writes the run directory and prints.
     """
+    from headwise.pipeline.options import RunOptions
     from headwise.pipeline.run import train_run
     from headwise.pipeline.run_dir import is_main_process
     from headwise.pipeline.run_report import write_run_report
@@ -88,14 +89,13 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out(args.spec)
     resume = resume_command(args, out)
     try:
-        outcome = train_run(Path(args.spec), out, resume=args.resume, enforce=args.enforce,
-                            overwrite=args.overwrite, progress=not args.quiet,
-                            steps=args.steps, allow_unenforced=args.allow_unenforced,
-                            enforce_budget=args.enforce_budget, seed=args.seed,
-                            overrides=args.set, device=args.device,
-                            forecast_every=args.forecast_every, forecaster=args.forecaster,
-                            warn=lambda line: console().print(f"[yellow]warning:[/yellow] "
-                                                              f"{escape(line)}"))
+        outcome = train_run(Path(args.spec), out, RunOptions(
+            enforce=args.enforce, enforce_budget=args.enforce_budget,
+            allow_unenforced=args.allow_unenforced, steps=args.steps,
+            overrides=None if args.set is None else tuple(args.set), seed=args.seed,
+            resume=args.resume, overwrite=args.overwrite, progress=not args.quiet,
+            device=args.device, forecast_every=args.forecast_every, forecaster=args.forecaster,
+            warn=lambda line: console().print(f"[yellow]warning:[/yellow] {escape(line)}")))
     except Interrupted as e:  # under torchrun every rank stops at the same step; one line
         if is_main_process():
             print(f"interrupted at step {e.step}; resume with: {resume}" if e.checkpoint

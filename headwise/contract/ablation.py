@@ -32,7 +32,7 @@ from headwise.contract.clause import (
     number_or_none,
 )
 from headwise.contract.kind import ClauseKind, ParseContext
-from headwise.contract.lever import ClauseLever, PlanContext, names
+from headwise.contract.lever import ClauseLever, LeverKind, PlanContext, names
 from headwise.contract.results import ClauseResult, VerifyData
 from headwise.control.task_levers import AblatedMargin, StochasticAblation
 from headwise.errors import SpecError
@@ -119,7 +119,7 @@ class AblationKind(ClauseKind):
             refuse_gated_drop(ctx, clause, clause.task or "")
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
-        task_ids = [list(ctx.compiled.task_names).index(clause.task or "")]
+        task_ids = [list(ctx.task_names).index(clause.task or "")]
         return ablation_lever(ctx, clause, task_ids, [] if clause.at_most is None else task_ids)
 
 
@@ -166,9 +166,9 @@ def ablation_lever(ctx: PlanContext, clause: Clause, carried: list[int],
     plans = [_parts(ctx, clause, heads, carried, spared) for heads in units]
     if not any(parts for parts, _ in plans):
         return None
-    task_names = list(ctx.compiled.task_names)
+    task_names = list(ctx.task_names)
     staged = len(ctx.config.carrier_stages) > 1 and plans[0][1]
-    lever = ClauseLever("ablation", " | ".join("; ".join(
+    lever = ClauseLever(LeverKind.ABLATION, " | ".join("; ".join(
         _PARTS[what][1].format(names(heads), [task_names[i] for i in tasks])
         for what, heads, tasks in parts) for parts, _ in plans),
         scale=ctx.config.ablation_scale, cap=ctx.config.p_max,
@@ -183,7 +183,7 @@ def ablation_lever(ctx: PlanContext, clause: Clause, carried: list[int],
         for what, heads, tasks in parts:
             name = (f"enforce:{'ablate-' if what != 'margin' else ''}{what}[{names(heads)}]"
                     f"[{clause.path}]")
-            obj = ctx.add(_PARTS[what][0](ctx.compiled.model, ctx.heads(heads), tasks,
+            obj = ctx.add(_PARTS[what][0](ctx.model, ctx.heads(heads), tasks,
                                           mode=clause.mode or "zero"), name)
             if what == "margin":
                 lever.loss_terms.append(obj)  # a loss term: weight = multiplier excess, not p

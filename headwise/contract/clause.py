@@ -2,9 +2,10 @@
 ``headwise.bounds.margin`` (forecasts read it too).
 
 A contract is a list of clauses parsed once (``headwise.contract.parse_contract``) into frozen
-``Clause`` objects. Each clause names its *kind* (``score``, ``ablation``, ``exclusive``,
-``task``): the registry entry (``headwise.contract.kinds``) that parses, describes, measures and
-enforces clauses of that kind. Full reference: docs/contracts.md.
+``Clause`` objects. Each clause holds its kind's registry entry (``Clause.entry``, a
+``ClauseKind``; the kinds are listed in ``headwise.contract.kinds``), which parses, describes,
+measures and enforces clauses of that kind: everything reaches the kind through
+``clause.entry``. Full reference: docs/contracts.md.
 """
 
 from __future__ import annotations
@@ -12,29 +13,20 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from headwise.bounds import margin
 from headwise.heads import Head, HeadSet
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from headwise.contract.kind import ClauseKind
 
 METRICS = ("accuracy", "exact", "loss")
 # Metrics in [0, 1] whose drop is in [-1, 1]; ``loss`` is in nats (>= 0).
 UNIT_METRICS = ("accuracy", "exact")
 MODES = ("zero", "mean", "resample")
-
-
-class KindEntry(Protocol):
-    """What a clause reads of its kind's registry entry (a ``headwise.contract.kind.ClauseKind``;
-    everything else of the entry is reached through the registry, ``kinds.KINDS[clause.kind]``).
-    """
-
-    name: str
-
-    def describe(self, clause: Clause) -> str: ...
-
-    def threshold_text(self, clause: Clause) -> str: ...
-
-    def measured_on(self, clause: Clause) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -53,7 +45,7 @@ class Clause:
     """
 
     index: int
-    entry: KindEntry = field(repr=False)
+    entry: ClauseKind = field(repr=False)
     quantifier: str
     heads: HeadSet
     score: str | None = None
@@ -69,7 +61,8 @@ class Clause:
 
     @property
     def kind(self) -> str:
-        """The kind's name: ``"score"``, ``"ablation"``, ``"exclusive"`` or ``"task"``."""
+        """The kind's name (``"score"``, ``"ablation"``, ``"exclusive"``, ``"task"``,
+        ``"preserve"``, or a kind registered from outside)."""
         return self.entry.name
 
     @property
@@ -146,6 +139,21 @@ class Contract:
 
     def __getitem__(self, i: int) -> Clause:
         return self.clauses[i]
+
+    @property
+    def named_heads(self) -> frozenset[Head]:
+        """Every head some clause names (what a ``role_drift`` preserve clause leaves out)."""
+        return frozenset(h for c in self.clauses for h in c.heads)
+
+    def prepare(self, model: nn.Module) -> None:
+        """What the run must prepare on ``model`` before training and before any trained
+        weights load, asked of each kind once with its clauses (``ClauseKind.prepare``: a
+        ``preserve`` clause captures the starting model)."""
+        kinds: dict[str, list[Clause]] = {}
+        for c in self.clauses:
+            kinds.setdefault(c.kind, []).append(c)
+        for clauses in kinds.values():
+            clauses[0].entry.prepare(model, clauses)
 
 
 def decide(clause: Clause, values: dict[str, float]) -> tuple[bool, str, float]:

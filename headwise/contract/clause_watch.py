@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 from headwise.contract.clause import Clause, Contract
-from headwise.contract.kinds import KINDS
 from headwise.contract.results import ContractResult
 from headwise.forecast.clauses import ClauseForecast, ClauseForecasters, ClauseTrajectory
 
@@ -89,11 +88,12 @@ class ClauseWatch:
                   for p in history if key in p["clauses"]]
         if not any(v is not None for _, v, _ in points):
             return None
-        low, high = KINDS[clause.kind].value_range(clause)
+        low, high = clause.entry.value_range(clause)
         return ClauseTrajectory(
             tuple(p[0] for p in points), tuple(p[1] for p in points),
             tuple(p[2] for p in points), clause.at_least, clause.at_most, self.total_steps,
-            self.measure is None, low, high, context={**self.context, "kind": clause.kind})
+            self.measure is None, low, high,
+            context={**self.context, "kind": clause.entry.forecast_kind(clause)})
 
     def message(self, step: int, clause: Clause, f: ClauseForecast, fraction: float) -> str:
         """The warning line about ``clause`` (see the module docstring)."""

@@ -9,6 +9,8 @@ measured violation::
 
     lambda_c <- clip(lambda_c + eta * v_c, 0, lambda_max)    at every evaluation point
 
+(the default ``EnforceConfig.dual``, ``ProjectedAscent``; another ``DualUpdate`` may be set by
+code)
 with ``v_c`` the signed violation aimed past the bound by ``EnforceConfig.guard`` standard
 errors of the clause's measurement (``ClauseKind.violation``: negative when the clause holds
 with that margin, so a multiplier relaxes only once a clause holds by more than its
@@ -20,11 +22,15 @@ examples) is halved before its step; the other levers keep theirs (halving every
 a floor failed switched off the very levers that build a task's circuit; docs/benchmarks.md
 compares the rules).
 
+``plan`` returns a ``Plan``: each clause's lever and the objectives the levers add, which the
+caller trains with (``train(..., objectives=compiled.objectives + plan.objectives)``).
+
 Each kind builds its own lever (``ClauseKind.lever``; the table is in docs/contracts.md). A
 lever's weight is ``lambda * scale`` (an ablation probability is capped at ``p_max``; a loss
 term's weight is ``max(0, lambda - loss_from)``). The settings are an ``EnforceConfig``. The
-multipliers and the whole history live in ``TrainState.extra["enforce"]``, so they are saved in
-checkpoints and ``--resume`` continues exactly.
+multipliers and the whole history are an ``EnforcementRecord`` (``headwise.contract.record``),
+carried as JSON in ``TrainState.extra["enforce"]``, so they are saved in checkpoints and
+``--resume`` continues exactly.
 
 Everything the enforcer reads is the *enforcement* set; the verdict a run reports is measured
 afterwards on the verification set, which enforcement never sees
@@ -40,24 +46,45 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch import nn
+
 from headwise.contract.clause import Clause, Contract
 from headwise.contract.kept import KeptModel
-from headwise.contract.kinds import KINDS
-from headwise.contract.lever import ClauseLever, Compiled, EnforceConfig, PlanContext, ProbeSampler
+from headwise.contract.lever import (
+    ClauseLever,
+    DualContext,
+    EnforceConfig,
+    PlanContext,
+    ProbeSampler,
+    RunStructure,
+)
+from headwise.contract.record import ENTRY, ClauseTrack, EnforcementRecord, EvalPoint, PointValues
 from headwise.contract.results import ClauseResult, ContractResult, VerifyData
 from headwise.contract.verify import verify
+from headwise.control.objective import Objective
 from headwise.training import TrainState
 
 
-def plan(compiled: Compiled, contract: Contract, probes: ProbeSampler | None = None,
-         config: EnforceConfig | None = None,
-         data: VerifyData | None = None) -> dict[int, ClauseLever | None]:
-    """Each clause's lever (``None``: no lever can move it), adding the lever objectives to
-    ``compiled.objectives`` at weight 0. Call before ``train()``.
+@dataclass
+class Plan:
+    """What ``plan`` builds: each clause's lever by index (``None``: no lever can move it) and
+    the objectives the levers add, at weight 0 (train with them: the multipliers weight
+    them)."""
+
+    levers: dict[int, ClauseLever | None]
+    objectives: list[Objective] = field(default_factory=list)
+
+
+def plan(model: nn.Module, contract: Contract, structure: RunStructure, *,
+         probes: ProbeSampler | None = None, config: EnforceConfig | None = None,
+         data: VerifyData | None = None) -> Plan:
+    """Each clause's lever and the objectives they add. Call before ``train()``.
 
     Args:
-        compiled: the compiled spec (its model, objectives, task names).
+        model: the model to train (prepared: ``contract.prepare(model)``).
         contract: the contract to plan for.
+        structure: what planning reads of the run besides the model (task names, masks,
+            fixed gates, the tasks' circuits; ``headwise.pipeline.compile.Compiled.structure``).
         probes: draws examples like a named probe, for score clauses measured ``on`` one
             (needed only when a clause is).
         config: the enforcement settings (default ``EnforceConfig()``).
@@ -67,30 +94,26 @@ def plan(compiled: Compiled, contract: Contract, probes: ProbeSampler | None = N
     Raises:
         SpecError: with ``data``, an impossible clause.
     """
-    ctx = _context(compiled, contract, config, probes, data)
+    ctx = PlanContext(model, contract, structure, config or EnforceConfig(), probes, data)
     if data is not None:
         _refuse_impossible(ctx, contract)
-    return {c.index: KINDS[c.kind].lever(ctx, c) for c in contract}
+    levers = {c.index: c.entry.lever(ctx, c) for c in contract}
+    return Plan(levers, ctx.objectives)
 
 
-def check_possible(compiled: Compiled, contract: Contract, data: VerifyData,
-                   config: EnforceConfig | None = None) -> None:
+def check_possible(model: nn.Module, contract: Contract, structure: RunStructure,
+                   data: VerifyData, config: EnforceConfig | None = None) -> None:
     """Refuse, before any training, a clause that a structural mask or a fixed gate makes
     impossible (``ClauseKind.check_possible``, measured on ``data``, the enforcement set):
     ``SpecError`` naming the clause and the mask or gate. ``plan`` with ``data`` does this
     first; a plain run calls it alone."""
-    _refuse_impossible(_context(compiled, contract, config, None, data), contract)
-
-
-def _context(compiled: Compiled, contract: Contract, config: EnforceConfig | None,
-             probes: ProbeSampler | None, data: VerifyData | None) -> PlanContext:
-    return PlanContext(compiled, contract.n_layers, contract.n_heads, config or EnforceConfig(),
-                       probes, data, {h for c in contract for h in c.heads})
+    _refuse_impossible(PlanContext(model, contract, structure, config or EnforceConfig(),
+                                   None, data), contract)
 
 
 def _refuse_impossible(ctx: PlanContext, contract: Contract) -> None:
     for c in contract:
-        KINDS[c.kind].check_possible(ctx, c)
+        c.entry.check_possible(ctx, c)
 
 
 @dataclass
@@ -100,9 +123,9 @@ class Enforcer:
     Args:
         contract: the contract to hold.
         data: what it is verified on.
-        levers: from ``plan``.
-        config: the enforcement settings (``eta``, ``lambda_max``; the levers' scales were
-            fixed by ``plan``).
+        levers: from ``plan`` (``Plan.levers``).
+        config: the enforcement settings (``eta``, ``lambda_max``, the dual update; the levers'
+            scales were fixed by ``plan``).
     """
 
     contract: Contract
@@ -112,95 +135,80 @@ class Enforcer:
     kept: KeptModel = field(default_factory=KeptModel)
 
     def __call__(self, state: TrainState) -> None:
-        record = state.extra.setdefault("enforce", {"history": [], "multipliers": {},
-                                                    "chosen": {}, "clauses": {}})
-        result = self.measure(state)
-        lambdas = record["multipliers"]
-        violations = {str(r.clause.index): KINDS[r.clause.kind].violation(r)
-                      for r in result.results}
-        aimed = {str(r.clause.index): KINDS[r.clause.kind].violation(r, self.config.guard)
+        record = EnforcementRecord.of(state.extra)
+        self.update(record, state, self.measure(state))
+        state.extra[ENTRY] = record.to_dict()
+
+    def measure(self, state: TrainState) -> ContractResult:
+        """The contract measured on the enforcement set at an evaluation point."""
+        return verify(state.model, self.contract, self.data)
+
+    def update(self, record: EnforcementRecord, state: TrainState,
+               result: ContractResult) -> None:
+        """One evaluation point: the multipliers' step from ``result`` (the contract measured
+        on the enforcement set), the levers' weights, the assists, the record, the kept
+        model."""
+        lambdas = record.multipliers
+        violations = {r.clause.index: r.clause.entry.violation(r) for r in result.results}
+        aimed = {r.clause.index: r.clause.entry.violation(r, self.config.guard)
                  for r in result.results}
         levered = [r for r in result.results if self.levers.get(r.clause.index) is not None]
-        failing = {r.clause.task for r in result.results
-                   if not r.passed and KINDS[r.clause.kind].guards_task(r.clause)}
-        self.back_off(lambdas, failing)
-        self.dual_step(lambdas, {str(r.clause.index): aimed[str(r.clause.index)]
-                                 for r in levered})
-        assisted = record.setdefault("assisted", {})
+        failing = frozenset(r.clause.task for r in result.results
+                            if not r.passed and r.clause.entry.guards_task(r.clause))
+        floors = frozenset(c.index for c in self.contract if c.entry.guards_task(c))
+        self.config.dual.update(lambdas, {r.clause.index: aimed[r.clause.index]
+                                          for r in levered},
+                                DualContext(self.levers, failing, floors, self.config.eta,
+                                            self.config.lambda_max))
         for r in levered:
-            key = str(r.clause.index)
-            lever = self.levers[r.clause.index]
+            index = r.clause.index
+            lever = self.levers[index]
             assert lever is not None
-            self._apply(lever, lambdas[key], r, record["chosen"], key)
+            self._apply(lever, lambdas[index], r, record.chosen)
             if lever.assists:
-                if key not in assisted and self._stalled(record["history"], key, r):
-                    assisted[key] = state.step
-                on = key in assisted and lambdas[key] > 0
+                if index not in record.assisted and self._stalled(record.history, index, r):
+                    record.assisted[index] = state.step
+                on = index in record.assisted and lambdas[index] > 0
                 share = 1.0 + lever.objectives[0].weight  # the task loss's weight now
                 for obj in lever.assists:
                     obj.weight = self.config.assist_weight * share if on else 0.0
         confident = all(v <= 0.0 for v in aimed.values())
-        point: dict[str, Any] = {"step": state.step, "passed": result.passed,
-                                 "confident": confident, "clauses": {}}
+        point = EvalPoint(state.step, result.passed, confident)
         for r in result.results:
-            key = str(r.clause.index)
-            lever = self.levers.get(r.clause.index)
-            _track(record["clauses"].setdefault(key, _entry(r.clause, lever)), r, state.step)
-            point["clauses"][key] = {"measured": r.measured, "stderr": r.stderr,
-                                     "violation": violations[key], "aimed": aimed[key],
-                                     "multiplier": lambdas.get(key), "passed": r.passed,
-                                     "saturated": self._saturated(lever, lambdas.get(key))}
-        record["history"].append(point)
+            index = r.clause.index
+            lever = self.levers.get(index)
+            _track(record.clauses.setdefault(index, _entry(r.clause, lever)), r, state.step)
+            point.clauses[index] = PointValues(r.measured, r.stderr, violations[index],
+                                               aimed[index], lambdas.get(index), r.passed,
+                                               self._saturated(lever, lambdas.get(index)))
+        record.history.append(point)
         if result.passed:
-            record["held_at"] = record.get("held_at") or state.step
+            record.held_at = record.held_at or state.step
             if self.config.stop == "first_hold":  # training ends here: the final model
-                record["kept_step"], state.stop = state.step, True
-            elif confident or not record.get("kept_confident"):
-                record["kept_confident"] = confident
+                record.kept_step, state.stop = state.step, True
+            elif confident or not record.kept_confident:
+                record.kept_confident = confident
                 self.kept.keep(state.model, state.out_dir, state.rank, record, state.step)
 
-    def measure(self, state: TrainState) -> ContractResult:
-        """The contract measured on the enforcement set at an evaluation point (a subclass
-        may time or log it)."""
-        return verify(state.model, self.contract, self.data)
-
-    def back_off(self, lambdas: dict[str, float], failing: set[str | None]) -> None:
-        """Halve, in place, the multiplier of each lever that degrades a task whose floor
-        fails (``ClauseLever.perturbs``: an ablation lever on that task's examples); every
-        other lever, a role objective building the task's circuit among them, keeps its
-        multiplier."""
-        for index, lever in self.levers.items():
-            key = str(index)
-            if lever is not None and key in lambdas and lever.perturbs & failing:
-                lambdas[key] *= 0.5
-
-    def dual_step(self, lambdas: dict[str, float], violations: dict[str, float]) -> None:
-        """Projected dual ascent, in place: ``lambdas[k] <- clip(lambda_k + eta v_k, 0, max)``
-        for each levered clause ``k``."""
-        for key, v in violations.items():
-            lam = float(lambdas.get(key, 0.0))
-            lambdas[key] = min(max(lam + self.config.eta * v, 0.0), self.config.lambda_max)
-
-    def restore_kept(self, model: Any, out_dir: Any, extra: dict[str, Any],
+    def restore_kept(self, model: Any, out_dir: Any, record: EnforcementRecord,
                      final_step: int) -> int:
         """Put the kept model back into ``model`` unless it is the final one; returns the
         step whose weights ``model`` now holds (the final step when the contract never held
-        on the enforcement set: nothing was kept)."""
-        record = extra.get("enforce", {})
-        step = record.get("kept_step")
-        if step is None or step == final_step:
+        on the enforcement set, or when the dual update keeps the final model)."""
+        step = record.kept_step
+        if step is None or step == final_step or not self.config.dual.keeps_held_model:
             return final_step
         self.kept.restore(model, out_dir, record)
         return int(step)
 
-    def _stalled(self, history: list[dict[str, Any]], key: str, result: ClauseResult) -> bool:
+    def _stalled(self, history: list[EvalPoint], index: int, result: ClauseResult) -> bool:
         """Whether a failing clause has gone ``assist_patience`` evaluation points without its
         violation falling by more than 0.01 (the task has stopped improving)."""
         n = self.config.assist_patience
-        past = [p["clauses"][key]["violation"] for p in history[-n:] if key in p["clauses"]]
+        past = [p.clauses[index].violation for p in history[-n:] if index in p.clauses]
         if result.passed or len(past) < n:
             return False
-        now = KINDS[result.clause.kind].violation(result)
+        now = result.clause.entry.violation(result)
         return min(past) - now <= 0.01
 
     def _saturated(self, lever: ClauseLever | None, lam: float | None) -> bool:
@@ -212,41 +220,40 @@ class Enforcer:
         return lam >= self.config.lambda_max or (capped and not lever.loss_terms)
 
     def _apply(self, lever: ClauseLever, lam: float, result: ClauseResult,
-               chosen: dict[str, str], key: str) -> None:
+               chosen: dict[int, str]) -> None:
         weight = lam * lever.scale
         if lever.cap is not None:
             weight = min(weight, lever.cap)
         targets = lever.objectives
         if lever.per_head and result.clause.quantifier == "any_of":
-            pick = chosen.setdefault(key, result.decided_by or next(iter(lever.per_head)))
+            pick = chosen.setdefault(result.clause.index,
+                                     result.decided_by or next(iter(lever.per_head)))
             targets = lever.per_head.get(pick, targets)
         for obj in targets:
             loss_term = any(obj is o for o in lever.loss_terms)
             obj.weight = max(0.0, lam - lever.loss_from) if loss_term else weight
 
 
-def _track(entry: dict[str, Any], result: ClauseResult, step: int) -> None:
-    """Update a clause's entry: the step from which it holds, its failures, its best value."""
+def _track(entry: ClauseTrack, result: ClauseResult, step: int) -> None:
+    """Update a clause's track: the step from which it holds, its failures, its best value."""
     passed = result.passed
-    entry["held_at"] = (entry["held_at"] or step) if passed else None
+    entry.held_at = (entry.held_at or step) if passed else None
     if not passed:
-        entry["failed_evals"] += 1
-        entry["first_failed_at"] = entry["first_failed_at"] or step
-    value, violation = result.measured, KINDS[result.clause.kind].violation(result)
-    best = entry.get("best")
-    if value is not None and (best is None or violation < best["violation"]):
-        entry["best"] = {"step": step, "violation": violation, "value": value}
+        entry.failed_evals += 1
+        entry.first_failed_at = entry.first_failed_at or step
+    value, violation = result.measured, result.clause.entry.violation(result)
+    if value is not None and (entry.best is None or violation < entry.best["violation"]):
+        entry.best = {"step": step, "violation": violation, "value": value}
 
 
-def _entry(clause: Clause, lever: ClauseLever | None) -> dict[str, Any]:
-    return {"index": clause.index, "description": clause.label,
-            "lever": None if lever is None else lever.description,
-            "lever_objectives": [] if lever is None else [o.name for o in lever.objectives],
-            "assists": [] if lever is None else [o.name for o in lever.assists],
-            "first_failed_at": None, "failed_evals": 0, "held_at": None, "best": None}
+def _entry(clause: Clause, lever: ClauseLever | None) -> ClauseTrack:
+    return ClauseTrack(clause.index, clause.label,
+                       None if lever is None else lever.description,
+                       [] if lever is None else [o.name for o in lever.objectives],
+                       [] if lever is None else [o.name for o in lever.assists])
 
 
-def summary(extra: dict[str, Any], final: ContractResult, steps_done: int,
+def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
             kept_step: int | None = None) -> dict[str, Any]:
     """What enforcement did, for ``enforcement.json`` and the report.
 
@@ -264,42 +271,42 @@ def summary(extra: dict[str, Any], final: ContractResult, steps_done: int,
     ``enforced``: whether some lever was weighted at some evaluation point (multipliers
     relax to 0 once their clauses hold with margin, so the final ones do not say).
     """
-    record = extra.get("enforce", {"history": [], "multipliers": {}, "clauses": {}})
     holds = {r.clause.index: r.passed for r in final.results}
-    history = record["history"]
+    history = record.history
     clauses = []
-    for key, entry in sorted(record["clauses"].items(), key=lambda kv: int(kv[0])):
-        best = entry.get("best") or {}
-        item = {k: v for k, v in entry.items() if k != "best"}
-        item.update(multiplier=record["multipliers"].get(key),
-                    holds_at_end=holds.get(entry["index"]))
-        if not holds.get(entry["index"], True):
-            saturated = bool(history) and bool(history[-1]["clauses"].get(key, {})
-                                               .get("saturated"))
+    for index, track in sorted(record.clauses.items()):
+        best = track.best or {}
+        item = {k: v for k, v in track.to_dict().items() if k != "best"}
+        item.update(multiplier=record.multipliers.get(index),
+                    holds_at_end=holds.get(track.index))
+        if not holds.get(track.index, True):
+            last = history[-1].clauses.get(index) if history else None
+            saturated = last is not None and last.saturated
             item.update(best_value=best.get("value"), best_step=best.get("step"),
                         saturated=saturated,
-                        advice=_advice(entry, saturated, history, key))
+                        advice=_advice(track, saturated, history, index))
         clauses.append(item)
-    acted = any(c.get("multiplier") for p in history  # a lever weighted at some point
-                for c in p["clauses"].values())
-    at = next((p for p in reversed(history) if p["step"] == kept_step), None)
+    acted = any(c.multiplier for p in history  # a lever weighted at some point
+                for c in p.clauses.values())
+    at = next((p for p in reversed(history) if p.step == kept_step), None)
     enforcement_set = None if at is None else {
-        "step": at["step"], "passed": at["passed"], "confident": at.get("confident"),
-        "measured": {k: c["measured"] for k, c in at["clauses"].items()}}
+        "step": at.step, "passed": at.passed, "confident": at.confident,
+        "measured": {str(i): c.measured for i, c in at.clauses.items()}}
     return {"enforced": acted, "evaluations": len(history),
-            "held_at_step": record.get("held_at"), "kept_step": kept_step,
+            "held_at_step": record.held_at, "kept_step": kept_step,
             "steps": steps_done, "contract_holds": final.passed,
-            "enforcement_set": enforcement_set, "assists_from": dict(record.get("assisted", {})),
-            "clauses": clauses, "history": history}
+            "enforcement_set": enforcement_set,
+            "assists_from": {str(i): s for i, s in record.assisted.items()},
+            "clauses": clauses, "history": [p.to_dict() for p in history]}
 
 
-def _advice(entry: dict[str, Any], saturated: bool, history: list[dict[str, Any]],
-            key: str) -> str:
+def _advice(track: ClauseTrack, saturated: bool, history: list[EvalPoint],
+            index: int) -> str:
     """What would help a clause that fails at the end, in words."""
-    if entry["lever"] is None:
+    if track.lever is None:
         return ("no lever moves it: change the spec (a structural mask, a gate or an "
                 "objective on the head), or drop the clause")
-    held = any(p["clauses"].get(key, {}).get("passed") for p in history)
+    held = any(p.clauses[index].passed for p in history if index in p.clauses)
     if held:
         return ("it held on the enforcement set but not on the verification set: raise "
                 "enforce.confidence, or hold out more data (data.eval_examples, a corpus "

@@ -124,7 +124,7 @@ class ExclusiveKind(ClauseKind):
                 refuse_gated_drop(ctx, clause, task)
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
-        task_names = list(ctx.compiled.task_names)
+        task_names = list(ctx.task_names)
         carried = [task_names.index(t) for t in clause.tasks]
         spared = [i for i in range(len(task_names)) if i not in carried]
         return ablation_lever(ctx, clause, carried, spared)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from headwise.contract.record import EnforcementRecord
 from headwise.errors import CheckpointError
 from headwise.training.safetensors_io import load_weights, save_weights, sha256_file
 
@@ -31,17 +31,18 @@ class KeptModel:
     memory: dict[str, Tensor] | None = field(default=None, repr=False)
 
     def keep(self, model: nn.Module, out_dir: Path | None, rank: int,
-             record: dict[str, Any], step: int) -> None:
+             record: EnforcementRecord, step: int) -> None:
         """Keep ``model``'s weights as those of ``step``; ``record`` gets ``kept_step`` and
         (with a run directory) the file's ``kept_sha256``."""
-        record["kept_step"] = step
+        record.kept_step = step
         if out_dir is None:
             self.memory = {k: v.detach().clone() for k, v in model.state_dict().items()}
             return
         if rank == 0:
-            record["kept_sha256"] = save_weights(model, Path(out_dir) / KEPT)
+            record.kept_sha256 = save_weights(model, Path(out_dir) / KEPT)
 
-    def restore(self, model: nn.Module, out_dir: Path | None, record: dict[str, Any]) -> None:
+    def restore(self, model: nn.Module, out_dir: Path | None,
+                record: EnforcementRecord) -> None:
         """Load the kept weights into ``model``.
 
         Raises:
@@ -50,13 +51,13 @@ class KeptModel:
         if out_dir is None:
             if self.memory is None:
                 raise CheckpointError("enforcement: no kept model in memory for step "
-                                      f"{record.get('kept_step')}")
+                                      f"{record.kept_step}")
             with torch.no_grad():
                 model.load_state_dict(self.memory)
             return
         path = Path(out_dir) / KEPT
-        if not path.is_file() or sha256_file(path) != record.get("kept_sha256"):
+        if not path.is_file() or sha256_file(path) != record.kept_sha256:
             raise CheckpointError(f"{path}: missing or not the model kept at step "
-                                  f"{record.get('kept_step')}; expected the file this run "
+                                  f"{record.kept_step}; expected the file this run "
                                   "wrote (retrain the run)")
         load_weights(model, path)

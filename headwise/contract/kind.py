@@ -2,9 +2,11 @@
 levered and scored as a constraint.
 
 Each kind is one ``ClauseKind`` subclass in its own module (``score``, ``ablation``,
-``exclusive``, ``task``), listed once in ``headwise.contract.kinds.KINDS``; a new kind is one
-more entry there. Parsing, verification, planning and enforcement dispatch through the entry
-and never compare kind strings.
+``exclusive``, ``task``, ``preserve``), listed once in ``headwise.contract.kinds.KINDS``; a new
+kind is one file plus one entry there (or passed to ``parse_contract(kinds=...)``). The parser
+reads the registry; everything after it (verification, planning, enforcement, the run's
+preparation, forecasts) reaches the kind through ``clause.entry`` and never compares kind
+strings.
 """
 
 from __future__ import annotations
@@ -106,6 +108,16 @@ class ClauseKind(ABC):
         """The range the clause's measured value can take (its bounds are checked against it
         when parsed; forecasts clip to it); by default unbounded."""
         return (-math.inf, math.inf)
+
+    def prepare(self, model: nn.Module, clauses: Sequence[Clause]) -> None:
+        """Prepare ``model`` for this kind's ``clauses`` before training and before any trained
+        weights load (``Contract.prepare``); by default nothing is needed."""
+        return None
+
+    def forecast_kind(self, clause: Clause) -> str | None:
+        """The kind as the clause-verdict forecaster's features know it (its kind indicators,
+        ``headwise.forecast.clauses.KIND_FEATURES``); ``None``: none of them."""
+        return self.name
 
     def guards_task(self, clause: Clause) -> bool:
         """Whether the clause bounds a task's own performance (a task floor)."""

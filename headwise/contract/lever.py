@@ -3,22 +3,30 @@
 ``EnforceConfig`` holds every knob of ``--enforce`` (docs/contracts.md, "Enforcement"); it is
 passed from the spec and command line through ``train_run`` to ``plan`` and the ``Enforcer``.
 A ``ClauseLever`` is the set of objectives (``headwise.control.Objective`` loss terms) that one
-clause's multiplier weights.
+clause's multiplier weights; ``RunStructure`` is what planning reads of a run besides its
+model (task names, structural masks, fixed gates, the tasks' known circuits), and
+``PlanContext`` what a kind's ``lever`` builds on, collecting the objectives it adds.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from statistics import NormalDist
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from torch import nn
 
 from headwise.control.objectives import Objective
 from headwise.control.task_levers import OnProbeData
 from headwise.data import Batch
 from headwise.errors import field_error
 from headwise.heads import Head, HeadSet
+
+if TYPE_CHECKING:
+    from headwise.contract.clause import Contract
 
 ProbeSampler = Callable[[str, int, int], Batch]
 """``fn(probe name, n, seed) -> Batch``: ``n`` examples drawn like a named probe (the pipeline
@@ -28,6 +36,63 @@ passes ``headwise.pipeline.heldout.probe_sampler(spec)``)."""
 STOPS = ("end", "first_hold")  # EnforceConfig.stop
 CARRIER_STAGES = ((("others",), ("margin",)), (("others", "margin"),), (("others",),),
                   (("margin",),))
+
+
+@dataclass(frozen=True)
+class DualContext:
+    """What a dual update reads at an evaluation point besides the multipliers.
+
+    Attributes:
+        levers: each clause's lever by index (``None``: no lever).
+        failing: the tasks whose floor fails on the enforcement set now.
+        floors: the indices of task-floor clauses (``ClauseKind.guards_task``).
+        eta: the dual step per unit of violation.
+        lambda_max: the cap on every multiplier.
+    """
+
+    levers: Mapping[int, ClauseLever | None]
+    failing: frozenset[str | None]
+    floors: frozenset[int]
+    eta: float
+    lambda_max: float
+
+
+class DualUpdate(Protocol):
+    """How the multipliers move at an evaluation point (``EnforceConfig.dual``, set by code;
+    specs keep the default).
+
+    ``update`` changes ``lambdas`` (by clause index) in place from ``violations`` (each levered
+    clause's signed violation aimed past its guard). ``keeps_held_model``: whether the run keeps
+    the model of the last evaluation point at which the contract held (else its final one).
+    """
+
+    @property
+    def keeps_held_model(self) -> bool: ...
+
+    def update(self, lambdas: dict[int, float], violations: Mapping[int, float],
+               ctx: DualContext) -> None: ...
+
+
+@dataclass(frozen=True)
+class ProjectedAscent:
+    """The default dual update: projected dual ascent after the floor rule.
+
+    First the multiplier of each lever that degrades a task whose floor fails
+    (``ClauseLever.perturbs``: an ablation lever on that task's examples) is halved; every
+    other lever, a role objective building the task's circuit among them, keeps its own. Then
+    ``lambda_c <- clip(lambda_c + eta v_c, 0, lambda_max)`` for each levered clause ``c``.
+    """
+
+    keeps_held_model: bool = True
+
+    def update(self, lambdas: dict[int, float], violations: Mapping[int, float],
+               ctx: DualContext) -> None:
+        for index, lever in ctx.levers.items():
+            if lever is not None and index in lambdas and lever.perturbs & ctx.failing:
+                lambdas[index] *= 0.5
+        for index, v in violations.items():
+            lam = float(lambdas.get(index, 0.0))
+            lambdas[index] = min(max(lam + ctx.eta * v, 0.0), ctx.lambda_max)
 
 
 @dataclass(frozen=True)
@@ -55,6 +120,8 @@ class EnforceConfig:
             their share of the gradient while the floor's multiplier rises.
         assist_patience: evaluation points a failing floor must go without improving by more
             than 0.01 before its assists switch on.
+        dual: how the multipliers move at evaluation points (a ``DualUpdate``; default
+            ``ProjectedAscent``). Set by code only: a spec's ``enforce:`` keeps the default.
         confidence: how sure enforcement must be that a clause holding on the enforcement set
             holds on an independent set of the same size too (one-sided, normal
             approximation): a multiplier keeps rising until its clause holds with a margin of
@@ -77,6 +144,7 @@ class EnforceConfig:
     assist_weight: float = 1.0
     assist_patience: int = 3
     confidence: float = 0.95
+    dual: DualUpdate = field(default_factory=ProjectedAscent)
 
     def __post_init__(self) -> None:
         if isinstance(self.confidence, bool) or not isinstance(
@@ -120,15 +188,34 @@ class EnforceConfig:
         return self.p_max / self.ablation_scale
 
 
-class Compiled(Protocol):
-    """What planning reads of a compiled spec (``headwise.pipeline.compile.Compiled``)."""
+@dataclass(frozen=True)
+class RunStructure:
+    """What planning reads of a run besides its model and contract.
 
-    spec: Any
-    model: Any
-    objectives: list[Any]
+    Attributes:
+        task_names: the tasks in task-id order.
+        masks: each structurally masked head and its mask's name.
+        gated_off: per task, the heads fixed task gates switch off on its examples (their
+            output is zero there); empty without fixed gates (learned gates may open).
+        circuits: per task, the circuit its generator declares (``(role, layer)`` pairs:
+            ``headwise.data.Task.circuit``), for a floor's circuit assists.
+    """
 
-    @property
-    def task_names(self) -> tuple[str, ...]: ...
+    task_names: tuple[str, ...]
+    masks: Mapping[Head, str] = field(default_factory=dict)
+    gated_off: Mapping[str, frozenset[Head]] = field(default_factory=dict)
+    circuits: Mapping[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+
+
+class LeverKind(str, Enum):
+    """What a clause's lever acts through (``ClauseLever.kind``)."""
+
+    PATTERN = "pattern"  # pattern objectives towards a role's target
+    BOUND = "bound"  # a mass penalty keeping a role score under a cap
+    ABLATION = "ablation"  # stochastic ablation of heads (and the carrier's hinge)
+    TASK_WEIGHT = "task_weight"  # extra loss weight on a task (a task floor)
+    DISTILL = "distill"  # distillation to the starting model (preserve clauses)
+    STRUCTURAL = "structural"  # nothing to train: the run's structure decides the clause
 
 
 @dataclass
@@ -147,7 +234,7 @@ class ClauseLever:
     fails (``Enforcer.dual_step``).
     """
 
-    kind: str
+    kind: LeverKind
     description: str
     objectives: list[Objective] = field(default_factory=list)
     scale: float = 1.0
@@ -161,15 +248,33 @@ class ClauseLever:
 
 @dataclass
 class PlanContext:
-    """What a clause kind's ``lever`` builds on: the compiled run, probe sampling, settings."""
+    """What a clause kind's ``lever`` builds on: the model, the contract and the run's
+    structure, probe sampling, settings; ``objectives`` collects what the levers add."""
 
-    compiled: Compiled
-    n_layers: int
-    n_heads: int
+    model: nn.Module
+    contract: Contract
+    structure: RunStructure
     config: EnforceConfig
     probes: ProbeSampler | None = None
     data: Any = None  # the enforcement set (VerifyData), for checks that read a probe's shape
-    named: set[Head] = field(default_factory=set)  # heads some clause of the contract names
+    objectives: list[Objective] = field(default_factory=list)
+
+    @property
+    def n_layers(self) -> int:
+        return self.contract.n_layers
+
+    @property
+    def n_heads(self) -> int:
+        return self.contract.n_heads
+
+    @property
+    def task_names(self) -> tuple[str, ...]:
+        return self.structure.task_names
+
+    @property
+    def named(self) -> frozenset[Head]:
+        """Heads some clause of the contract names."""
+        return self.contract.named_heads
 
     def heads(self, heads: Head | Sequence[Head]) -> HeadSet:
         items = [heads] if isinstance(heads, Head) else list(heads)
@@ -181,29 +286,21 @@ class PlanContext:
         return set(self.masks)
 
     @property
-    def masks(self) -> dict[Head, str]:
+    def masks(self) -> Mapping[Head, str]:
         """Each structurally masked head and its mask's name."""
-        return {h: r.mask.name for r in self.compiled.spec.heads if r.mask is not None
-                for h in r.heads}
+        return self.structure.masks
 
-    def gated_off(self, task: str) -> set[Head]:
+    def gated_off(self, task: str) -> frozenset[Head]:
         """Heads that fixed task gates switch off on ``task``'s examples (their output is
         zero there, so ablating them changes nothing)."""
-        gates = getattr(self.compiled, "gates", None)
-        assignment = getattr(gates, "assignment", None)
-        if assignment is None:  # no gates, or learned ones (they may open)
-            return set()
-        task_id = list(self.compiled.task_names).index(task)
-        on = set(assignment.get(task_id, ()))
-        return {Head(l, h) for l in gates.gates for h in range(self.n_heads)  # type: ignore[union-attr]
-                if Head(l, h) not in on}
+        return self.structure.gated_off.get(task, frozenset())
 
     def add(self, obj: Any, name: str) -> Any:
-        """Add a lever objective to the run at weight 0 (names are unique: checkpoints store
+        """Add a lever objective to the plan at weight 0 (names are unique: checkpoints store
         lever weights by name)."""
         obj.name = name
         obj.weight = 0.0
-        self.compiled.objectives.append(obj)
+        self.objectives.append(obj)
         return obj
 
     def on_probe(self, obj: Any, name: str, clause: Any) -> Any:
@@ -215,18 +312,18 @@ class PlanContext:
         """
         obj.name = name
         probe = clause.on
-        if probe is None or probe == "default" or probe in self.compiled.task_names:
+        if probe is None or probe == "default" or probe in self.task_names:
             return obj
         if self.probes is None:
             raise ValueError(f"plan: {clause.path} is measured on probe {probe!r}; pass "
                              "probes= (headwise.pipeline.heldout.probe_sampler)")
         sample = self.probes
-        return OnProbeData(self.compiled.model, obj, lambda n, seed: sample(probe, n, seed))
+        return OnProbeData(self.model, obj, lambda n, seed: sample(probe, n, seed))
 
     def reads_probe(self, clause: Any) -> bool:
         """Whether the clause's lever trains on probe-like batches (see ``on_probe``)."""
         return not (clause.on is None or clause.on == "default"
-                    or clause.on in self.compiled.task_names)
+                    or clause.on in self.task_names)
 
 def names(heads: Any) -> str:
     """``L0.H1,L1.H2``."""

@@ -10,7 +10,7 @@ a finite number``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from headwise.contract import fields
@@ -25,11 +25,15 @@ MAX_CLAUSES = 512  # each clause is measured at every evaluation point
 
 
 def parse_contract(clauses: Any, n_layers: int, n_heads: int, tasks: Sequence[str],
-                   probes: Sequence[str] | None = None) -> Contract:
+                   probes: Sequence[str] | None = None,
+                   kinds: Mapping[str, ClauseKind] | None = None) -> Contract:
     """Validate ``clauses`` (a list of mappings, or ``None``: no contract) and build the contract.
 
     Args:
         probes: the probe names score clauses may measure ``on`` (``None``: not checked).
+        kinds: the clause kinds, asked in order which one a raw clause is (default ``KINDS``;
+            a kind defined elsewhere joins as ``{**KINDS, kind.name: kind}``, before the
+            built-in kinds if it must claim clauses they would).
 
     Raises:
         SpecError: the first problem found, its message starting with the clause path.
@@ -41,8 +45,9 @@ def parse_contract(clauses: Any, n_layers: int, n_heads: int, tasks: Sequence[st
     if len(clauses) > MAX_CLAUSES:
         raise SpecError(f"contract: got {len(clauses)} clauses, expected at most {MAX_CLAUSES} "
                         "(any_of / all_of name many heads in one clause)")
+    registry = KINDS if kinds is None else kinds
     ctx = ParseContext(n_layers, n_heads, tuple(tasks))
-    parsed = tuple(_parse(i, raw, ctx) for i, raw in enumerate(clauses))
+    parsed = tuple(_parse(i, raw, ctx, registry) for i, raw in enumerate(clauses))
     _check_together(parsed)
     for c in parsed:
         if probes is not None and c.on is not None and c.on not in probes:
@@ -51,28 +56,37 @@ def parse_contract(clauses: Any, n_layers: int, n_heads: int, tasks: Sequence[st
     return Contract(parsed, n_layers, n_heads, tuple(tasks))
 
 
-def kind_of(path: str, raw: dict[str, Any]) -> ClauseKind:
-    """The kind that claims ``raw``.
+def kind_of(path: str, raw: dict[str, Any],
+            kinds: Mapping[str, ClauseKind] | None = None) -> ClauseKind:
+    """The kind of ``kinds`` (default ``KINDS``) that claims ``raw``.
 
     Raises:
         SpecError: an unknown key, or no kind claims the clause.
     """
-    for kind in KINDS.values():
+    registry = KINDS if kinds is None else kinds
+    for kind in registry.values():
         if kind.claims(raw):
             return kind
-    unknown = [k for k in raw if k not in EVERY_KEY]
+    every = every_key(registry)
+    unknown = [k for k in raw if k not in every]
     if unknown:
         k = unknown[0]
-        raise SpecError(f"{path}: unknown key {k!r}{fields.suggest(k, EVERY_KEY)}")
+        raise SpecError(f"{path}: unknown key {k!r}{fields.suggest(k, every)}")
     raise SpecError(f"{path}: cannot tell the clause kind; expected a 'score' clause, an "
                     "'ablate' clause, a 'task' clause or 'exclusive: true'")
 
 
-def _parse(i: int, raw: Any, ctx: ParseContext) -> Clause:
+def every_key(kinds: Mapping[str, ClauseKind]) -> list[str]:
+    """Every key some kind of ``kinds`` reads (for unknown-key messages)."""
+    return EVERY_KEY if kinds is KINDS else sorted(set().union(*(k.keys
+                                                                 for k in kinds.values())))
+
+
+def _parse(i: int, raw: Any, ctx: ParseContext, kinds: Mapping[str, ClauseKind]) -> Clause:
     path = f"contract[{i}]"
     raw = mapping(raw, path, f"a clause mapping such as {EXAMPLE}")
-    kind = kind_of(path, raw)
-    fields.check_keys(path, raw, kind.name, kind.keys, EVERY_KEY)
+    kind = kind_of(path, raw, kinds)
+    fields.check_keys(path, raw, kind.name, kind.keys, every_key(kinds))
     return kind.parse(path, i, raw, ctx)
 
 
@@ -80,7 +94,7 @@ def _check_together(clauses: tuple[Clause, ...]) -> None:
     """Reject clauses that contradict each other (see the module docstring)."""
     bounds: dict[tuple[Any, ...], tuple[float, int, float, int]] = {}
     for c in clauses:
-        for key, what in KINDS[c.kind].bounded(c):
+        for key, what in c.entry.bounded(c):
             lo, lo_i, hi, hi_i = bounds.get(key, (-math.inf, -1, math.inf, -1))
             if c.at_least is not None and c.at_least > lo:
                 lo, lo_i = c.at_least, c.index
@@ -92,12 +106,15 @@ def _check_together(clauses: tuple[Clause, ...]) -> None:
                                 f"<= {hi:g}")
             bounds[key] = (lo, lo_i, hi, hi_i)
     for c in clauses:
-        for key, need in KINDS[c.kind].needs_clean(c):
+        for key, need in c.entry.needs_clean(c):
             _, _, cap, cap_i = bounds.get(key, (-math.inf, -1, math.inf, -1))
             if need > cap:
                 capper = clauses[cap_i]
                 raise SpecError(f"{c.path}: contradicts {capper.path}: a {key[1]} {key[2]} "
                                 f"drop >= {need:g} needs {key[2]} >= {need:g}, but "
                                 f"{capper.path} caps it at {cap:g}")
-    for kind in KINDS.values():
-        kind.check_together([c for c in clauses if c.kind == kind.name])
+    by_kind: dict[str, list[Clause]] = {}
+    for c in clauses:
+        by_kind.setdefault(c.kind, []).append(c)
+    for mine in by_kind.values():
+        mine[0].entry.check_together(mine)

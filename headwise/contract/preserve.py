@@ -26,7 +26,8 @@ precedes training).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,7 +39,7 @@ from headwise.analysis.roles import role_scores
 from headwise.contract import fields
 from headwise.contract.clause import Clause, holds, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
-from headwise.contract.lever import ClauseLever, PlanContext, names
+from headwise.contract.lever import ClauseLever, LeverKind, PlanContext, names
 from headwise.contract.results import ClauseResult, VerifyData
 from headwise.control.base_reference import BaseReference, base_of, capture_base
 from headwise.control.distill import Distill, PatternDistill, cosine_sums, kl_sums, scored_rows
@@ -47,13 +48,40 @@ from headwise.errors import SpecError
 from headwise.heads import Head, HeadSet
 from headwise.patterns import ROLE_NAMES, real_tokens
 
-# metric -> (the one bound it admits, its range, the unit in words)
-METRICS: dict[str, tuple[str, float, float, str]] = {
-    "kl": ("at_most", 0.0, math.inf, "nats"),
-    "hidden_cosine": ("at_least", -1.0, 1.0, "a cosine"),
-    "loss_increase": ("at_most", -math.inf, math.inf, "nats"),
-    "role_drift": ("at_most", 0.0, 1.0, "a role-score change"),
-}
+Pair = tuple["Tensor | float", "Tensor | float"]  # a group's (distance summed, count)
+Sums = Callable[[Tensor, Tensor, "_Rows", slice, bool], Pair]
+
+
+@dataclass(frozen=True)
+class PreserveMetric:
+    """One ``preserve`` metric: the one bound it admits, the range of its value, its unit in
+    words, and how the distance is measured and levered.
+
+    Attributes:
+        bound: ``"at_most"`` or ``"at_least"``.
+        low, high: the range of the measured value.
+        unit: the value's unit, in words.
+        on_task: whether ``on`` must name a task (``loss_increase``).
+        sums: one group of rows' ``(distance summed, count)`` from the base's and the model's
+            outputs (``_distance`` pools them), or ``None`` for a role-score change
+            (``role_drift``, measured by ``_role_drift``).
+        reads_hidden: whether ``sums`` reads the final hidden states (else the logits).
+        lever: what its ``Distill`` lever matches (``"kl"`` or ``"hidden_cosine"``), or
+            ``None``: attention-pattern distillation on the free heads (``PatternDistill``).
+        lever_words: what that lever minimises, in words.
+    """
+
+    bound: str
+    low: float
+    high: float
+    unit: str
+    on_task: bool = False
+    sums: Sums | None = None
+    reads_hidden: bool = False
+    lever: str | None = None
+    lever_words: str = ""
+
+
 CHUNK_ELEMENTS = 1 << 24  # logits per forward chunk when measuring (64 MiB in float32)
 
 
@@ -69,7 +97,8 @@ class PreserveKind(ClauseKind):
         if "metric" not in raw:
             raise SpecError(f"{path}.metric: missing; expected one of {list(METRICS)}")
         metric = fields.choice(path, raw, "metric", tuple(METRICS), "")
-        bound, low, high, unit = METRICS[metric]
+        spec = METRICS[metric]
+        bound, low, high, unit = spec.bound, spec.low, spec.high, spec.unit
         other = "at_least" if bound == "at_most" else "at_most"
         if other in raw:
             raise SpecError(f"{path}.{other}: not allowed for metric {metric}; expected "
@@ -81,7 +110,7 @@ class PreserveKind(ClauseKind):
         fields.in_range(path, {bound: value}, low, high,
                         f"a number in [{low:g}, {high:g}] ({unit})")
         on = raw.get("on")
-        if metric == "loss_increase":
+        if spec.on_task:
             on = fields.task(path, "on", on, ctx.tasks)
         elif on is not None and not isinstance(on, str):
             raise SpecError(f"{path}.on: got {on!r}, expected the name of a task or probe")
@@ -94,8 +123,14 @@ class PreserveKind(ClauseKind):
         return f"preserve base: {clause.metric} on {clause.on or '(default probe)'}"
 
     def value_range(self, clause: Clause) -> tuple[float, float]:
-        _, low, high, _ = METRICS[clause.metric]
-        return (low, high)
+        spec = METRICS[clause.metric]
+        return (spec.low, spec.high)
+
+    def prepare(self, model: nn.Module, clauses: Sequence[Clause]) -> None:
+        """Capture the starting model the clauses compare with (before training, before any
+        trained weights load)."""
+        if base_of(model) is None:
+            capture_base(model)
 
     def measured_on(self, clause: Clause) -> str:
         where = f"held-out {clause.on} examples" if clause.on else "the default probe"
@@ -103,48 +138,41 @@ class PreserveKind(ClauseKind):
 
     def measure(self, model: nn.Module, clause: Clause, data: VerifyData) -> ClauseResult:
         base = data.base_reference(clause.path)
-        if clause.metric == "role_drift":
+        metric = METRICS[clause.metric]
+        if metric.sums is None:
             return _role_drift(model, base, clause, data)
         probe, batch = _rows(clause, data)
         with torch.no_grad():
-            value, stderr = _distance(model, base, clause.metric, batch)
+            value, stderr = _distance(model, base, metric, batch)
         return ClauseResult(clause, holds(value, clause.at_least, clause.at_most),
                             number_or_none(value), clause.threshold_text(), "the model",
                             details={"probe": probe, "examples": int(batch.tokens.shape[0])},
                             stderr=number_or_none(stderr))
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
-        model = ctx.compiled.model
-        base = base_of(model) or capture_base(model)  # planning precedes training: the start
+        model = ctx.model
+        base = base_of(model)
+        if base is None:
+            raise ValueError(f"plan: {clause.path} compares with the starting model, which was "
+                             "not captured; call contract.prepare(model) before training")
         where = f" on {clause.on}-like batches" if ctx.reads_probe(clause) else ""
         name = f"enforce:preserve:{clause.metric}[{clause.path}]"
-        if clause.metric == "role_drift":
-            free = _free(named_heads(ctx.compiled.spec.contract), ctx.n_layers, ctx.n_heads)
+        spec = METRICS[clause.metric]
+        if spec.lever is None:
+            free = _free(ctx.named, ctx.n_layers, ctx.n_heads)
             if not len(free):
-                return ClauseLever("structural", "every head is named by another clause "
-                                   "(nothing drifts)")
+                return ClauseLever(LeverKind.STRUCTURAL, "every head is named by another "
+                                   "clause (nothing drifts)")
             obj = ctx.add(ctx.on_probe(PatternDistill(model, base, free), name, clause), name)
             heads = names(free) if len(free) <= 4 else f"the {len(free)} heads no clause names"
-            return ClauseLever("distill", f"attention-pattern KL to the starting model on "
-                               f"{heads}{where}", [obj])
-        metric = "hidden_cosine" if clause.metric == "hidden_cosine" else "kl"
-        tasks = list(ctx.compiled.task_names)
+            return ClauseLever(LeverKind.DISTILL, f"attention-pattern KL to the starting model "
+                               f"on {heads}{where}", [obj])
+        tasks = list(ctx.task_names)
         task_id = tasks.index(clause.on) if clause.on in tasks else None
-        obj = ctx.add(ctx.on_probe(Distill(model, base, metric, task_id), name, clause), name)
-        what = "1 - cosine of the final hidden states" if metric == "hidden_cosine" else \
-            "KL(base || trained) of the outputs"
-        return ClauseLever("distill", f"distillation to the starting model ({what}){where}",
-                           [obj])
-
-
-def needs_base(clauses: Iterable[Clause]) -> bool:
-    """Whether some clause compares with the starting model (capture it before training)."""
-    return any(c.kind == PreserveKind.name for c in clauses)
-
-
-def named_heads(clauses: Iterable[Clause]) -> frozenset[Head]:
-    """Every head some clause names (``VerifyData.named``; ``role_drift`` keeps the others)."""
-    return frozenset(h for c in clauses for h in c.heads)
+        obj = ctx.add(ctx.on_probe(Distill(model, base, spec.lever, task_id), name, clause),
+                      name)
+        return ClauseLever(LeverKind.DISTILL, f"distillation to the starting model "
+                           f"({spec.lever_words}){where}", [obj])
 
 
 def _free(named: frozenset[Head], n_layers: int, n_heads: int) -> HeadSet:
@@ -181,7 +209,7 @@ def _rows(clause: Clause, data: VerifyData) -> tuple[str, _Rows]:
     if clause.on is not None and clause.on in data.tasks:
         b = data.tasks[clause.on]
         return clause.on, _Rows(b.tokens, b.attention_mask, b.task_ids, b.targets)
-    if clause.metric == "loss_increase":
+    if METRICS[clause.metric].on_task:
         raise SpecError(f"{clause.path}.on: got {clause.on!r}, expected one of the data's tasks "
                         f"{sorted(data.tasks)}")
     probe = data.probe_name(clause.on, clause.path)
@@ -190,15 +218,16 @@ def _rows(clause: Clause, data: VerifyData) -> tuple[str, _Rows]:
                         getattr(data.probes[probe], "targets", None))
 
 
-def _distance(model: nn.Module, base: BaseReference, metric: str,
+def _distance(model: nn.Module, base: BaseReference, metric: PreserveMetric,
               rows: _Rows) -> tuple[float, float]:
-    """``kl``, ``hidden_cosine`` or ``loss_increase`` of ``model`` to ``base`` on ``rows``,
-    pooled exactly over memory-sized chunks of rows (each forwarded once), and its standard
-    error over ``STDERR_GROUPS`` contiguous groups of rows (``ratio_stderr``)."""
+    """``metric``'s distance of ``model`` to ``base`` on ``rows``, pooled exactly over
+    memory-sized chunks of rows (each forwarded once), and its standard error over
+    ``STDERR_GROUPS`` contiguous groups of rows (``ratio_stderr``)."""
     m: Any = model
-    pooled = metric == "hidden_cosine" and not m.config.causal
-    per_row = rows.tokens.shape[1] * (m.config.vocab_size if metric != "hidden_cosine"
-                                      else m.config.d_model)
+    assert metric.sums is not None
+    pooled = metric.reads_hidden and not m.config.causal
+    per_row = rows.tokens.shape[1] * (m.config.d_model if metric.reads_hidden
+                                      else m.config.vocab_size)
     n = rows.tokens.shape[0]
     size = max(1, CHUNK_ELEMENTS // per_row)
     n_groups = max(1, min(STDERR_GROUPS, n))
@@ -207,39 +236,38 @@ def _distance(model: nn.Module, base: BaseReference, metric: str,
     for first, part in zip(range(0, n, size), rows.chunks(size), strict=True):
         kw = {"attention_mask": part.attention_mask, "task_ids": part.task_ids}
         with base.model() as b:
-            ref = b.hidden(part.tokens, **kw) if metric == "hidden_cosine" else b(part.tokens,
-                                                                                  **kw)
-        out = m.hidden(part.tokens, **kw) if metric == "hidden_cosine" else model(part.tokens,
-                                                                                   **kw)
+            ref = b.hidden(part.tokens, **kw) if metric.reads_hidden else b(part.tokens, **kw)
+        out = m.hidden(part.tokens, **kw) if metric.reads_hidden else model(part.tokens, **kw)
         groups = group_of[first:first + part.tokens.shape[0]]
         for g in groups.unique().tolist():
             at = (groups == g).nonzero()[:, 0]
             rows_g = slice(int(at[0]), int(at[-1]) + 1)
-            sums[g] += torch.tensor(_sums(metric, pooled, ref[rows_g], out[rows_g], part,
-                                          rows_g), dtype=torch.float64)
+            s, c = metric.sums(ref[rows_g], out[rows_g], part, rows_g, pooled)
+            sums[g] += torch.tensor((float(s), float(c)), dtype=torch.float64)
     num, den = sums.unbind(1)
     if float(den.sum()) == 0:
         return math.nan, math.nan
     return float(num.sum() / den.sum()), ratio_stderr(num, den)
 
 
-def _sums(metric: str, pooled: bool, ref: Tensor, out: Tensor, part: _Rows,
-          g: slice) -> tuple[float, float]:
-    """One group's ``(distance summed, count)`` from the base's and the model's outputs on
-    rows ``g`` of ``part``."""
-    if metric == "hidden_cosine":
-        mask = part.valid(not pooled)[g]
-        s, c = cosine_sums(ref, out, mask, pooled)
-    elif metric == "kl":
-        valid = part.valid(True)[g]
-        (p, w), (q, _) = scored_rows(ref, valid), scored_rows(out, valid)
-        s, c = kl_sums(p, q, w)
-    else:
-        assert part.targets is not None  # loss_increase is measured on a task
-        targets = part.targets[g]
-        trained, count = example_stats(out, targets)["loss"]
-        s, c = trained.sum() - example_stats(ref, targets)["loss"][0].sum(), count.sum()
-    return float(s), float(c)
+def _cosine_sums(ref: Tensor, out: Tensor, part: _Rows, g: slice, pooled: bool) -> Pair:
+    """Cosine of the final hidden states: per scored position, or per sequence when pooled."""
+    return cosine_sums(ref, out, part.valid(not pooled)[g], pooled)
+
+
+def _kl_sums(ref: Tensor, out: Tensor, part: _Rows, g: slice, pooled: bool) -> Pair:
+    """``KL(base || trained)`` of the output distributions at the scored positions."""
+    valid = part.valid(True)[g]
+    (p, w), (q, _) = scored_rows(ref, valid), scored_rows(out, valid)
+    return kl_sums(p, q, w)
+
+
+def _loss_increase_sums(ref: Tensor, out: Tensor, part: _Rows, g: slice, pooled: bool) -> Pair:
+    """The task's loss of the trained model minus the base's, summed over target tokens."""
+    assert part.targets is not None  # measured on a task's batch, which has targets
+    targets = part.targets[g]
+    trained, count = example_stats(out, targets)["loss"]
+    return trained.sum() - example_stats(ref, targets)["loss"][0].sum(), count.sum()
 
 
 def _role_drift(model: nn.Module, base: BaseReference, clause: Clause,
@@ -247,7 +275,7 @@ def _role_drift(model: nn.Module, base: BaseReference, clause: Clause,
     """The largest role-score change among the heads no clause names (per head: its largest)."""
     if data.named is None:
         raise SpecError(f"{clause.path}.metric: role_drift needs the heads the contract names "
-                        "(VerifyData.named = headwise.contract.preserve.named_heads(contract))")
+                        "(VerifyData.named = contract.named_heads)")
     m: Any = model
     free = _free(data.named, m.config.n_layers, m.config.n_heads)
     probe = data.probe_name(clause.on, clause.path)
@@ -274,5 +302,18 @@ def _role_drift(model: nn.Module, base: BaseReference, clause: Clause,
                         details={"probe": probe, "heads": len(free),
                                  "role": roles[int(per_head.indices[worst])]})
 
+
+METRICS: dict[str, PreserveMetric] = {
+    "kl": PreserveMetric("at_most", 0.0, math.inf, "nats", sums=_kl_sums, lever="kl",
+                         lever_words="KL(base || trained) of the outputs"),
+    "hidden_cosine": PreserveMetric("at_least", -1.0, 1.0, "a cosine", sums=_cosine_sums,
+                                    reads_hidden=True, lever="hidden_cosine",
+                                    lever_words="1 - cosine of the final hidden states"),
+    "loss_increase": PreserveMetric("at_most", -math.inf, math.inf, "nats", on_task=True,
+                                    sums=_loss_increase_sums, lever="kl",
+                                    lever_words="KL(base || trained) of the outputs"),
+    "role_drift": PreserveMetric("at_most", 0.0, 1.0, "a role-score change"),
+}
+"""Each ``preserve`` metric's record (docs/contracts.md, "Preserve clauses")."""
 
 KIND = PreserveKind()

@@ -22,7 +22,7 @@ from headwise.analysis.roles import ROLES, role_scores
 from headwise.contract import fields
 from headwise.contract.clause import Clause, decide, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
-from headwise.contract.lever import ClauseLever, PlanContext, names
+from headwise.contract.lever import ClauseLever, LeverKind, PlanContext, names
 from headwise.contract.results import ClauseResult, VerifyData
 from headwise.control.objectives import PatternObjective, RoleBound
 from headwise.errors import SpecError
@@ -109,7 +109,7 @@ class ScoreKind(ClauseKind):
         if clause.quantifier == "any_of" and len(masked) < len(clause.heads):
             return  # an unmasked head can reach any value
         tokens, mask, kw = ctx.data.probe(clause.on, clause.path)
-        model = ctx.compiled.model
+        model: Any = ctx.model
         target = role_target(role, tokens, mask, causal=bool(model.config.causal))
         reach = {h: reachable(model, h, target, kw.get("task_ids")) for h in masked}
         lo, hi = clause.at_least, clause.at_most
@@ -127,14 +127,15 @@ class ScoreKind(ClauseKind):
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         heads = [h for h in clause.heads if h not in ctx.masked]
         if not heads:  # a structural mask fixes every head's pattern: nothing to drive
-            return ClauseLever("structural", f"structural mask on {names(clause.heads)} (fixed)")
+            return ClauseLever(LeverKind.STRUCTURAL,
+                               f"structural mask on {names(clause.heads)} (fixed)")
         role = ROLE_OF_SCORE.get(clause.score or "")
         if role is None:
             return None
-        model, tag = ctx.compiled.model, f"[{clause.path}]"
+        model, tag = ctx.model, f"[{clause.path}]"
         where = f" on {clause.on}-like batches" if ctx.reads_probe(clause) else ""
         if clause.at_least is not None and role in TARGET_ROLES:
-            lever = ClauseLever("pattern", f"pattern objective ({role}, ce) on "
+            lever = ClauseLever(LeverKind.PATTERN, f"pattern objective ({role}, ce) on "
                                 f"{names(heads)}{where}")
             for h in heads:
                 name = f"enforce:{role}[{h}]{tag}"
@@ -151,8 +152,8 @@ class ScoreKind(ClauseKind):
                                    name, clause), name)
         bounds = " and ".join(x for x in (lo is not None and f">= {lo:g}" or "",
                                           hi is not None and f"<= {hi:g}" or "") if x)
-        return ClauseLever("bound", f"row-wise {role} bound {bounds} on {names(heads)}{where}",
-                           [obj])
+        return ClauseLever(LeverKind.BOUND,
+                           f"row-wise {role} bound {bounds} on {names(heads)}{where}", [obj])
 
 
 def reachable(model: nn.Module, head: Head, target: RoleTarget,

@@ -19,14 +19,13 @@ from torch import nn
 
 from headwise.analysis.importance import task_metric_ci
 from headwise.analysis.importance_matrix import ci_stderr
-from headwise.contract import fields
+from headwise.contract import fields, score
 from headwise.contract.clause import METRICS, UNIT_METRICS, Clause, holds, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
-from headwise.contract.lever import ClauseLever, PlanContext
+from headwise.contract.lever import ClauseLever, LeverKind, PlanContext
 from headwise.contract.results import ClauseResult, VerifyData
 from headwise.control.objectives import PatternObjective
 from headwise.control.task_levers import TaskLossWeight
-from headwise.data import TASKS
 from headwise.errors import SpecError
 from headwise.heads import Head, HeadSet
 
@@ -82,13 +81,13 @@ class TaskKind(ClauseKind):
                  else clause.at_most is not None)
         if not floor or clause.task is None:
             return None
-        task_id = list(ctx.compiled.task_names).index(clause.task)
-        obj = ctx.add(TaskLossWeight(ctx.compiled.model, task_id),
+        task_id = list(ctx.task_names).index(clause.task)
+        obj = ctx.add(TaskLossWeight(ctx.model, task_id),
                       f"enforce:task-weight[{clause.task}][{clause.path}]")
-        lever = ClauseLever("task_weight", f"extra loss weight on {clause.task}", [obj])
+        lever = ClauseLever(LeverKind.TASK_WEIGHT, f"extra loss weight on {clause.task}", [obj])
         assists = _assists(ctx, clause)
         if assists:
-            lever.assists = [ctx.add(PatternObjective(ctx.compiled.model, ctx.heads(h), role,
+            lever.assists = [ctx.add(PatternObjective(ctx.model, ctx.heads(h), role,
                                                       kind="ce"),
                                      f"enforce:assist:{role}[{h}][{clause.path}]")
                              for role, h in assists]
@@ -108,16 +107,14 @@ def _assists(ctx: PlanContext, clause: Clause) -> list[tuple[str, Head]]:
     first whose every clause asks it for that very role (a score floor on ``role``: the
     assist pulls the way the contract does). None when a layer has no such head, the model is
     too shallow, or the task declares no circuit."""
-    spec = ctx.compiled.spec
-    kind = next((t.task for t in spec.data.tasks if t.name == clause.task), None)
-    circuit = TASKS[kind].circuit if kind in TASKS else ()
+    circuit = ctx.structure.circuits.get(clause.task or "", ())
     out = []
     for role, layer in circuit:
         if layer >= ctx.n_layers:
             return []
         heads = [Head(layer, h) for h in range(ctx.n_heads) if Head(layer, h) not in ctx.masked]
         free = [h for h in heads if h not in ctx.named]
-        asked = [h for h in heads if h in ctx.named and _asks_only(spec.contract, h, role)]
+        asked = [h for h in heads if h in ctx.named and _asks_only(ctx.contract, h, role)]
         if not free + asked:
             return []
         out.append((role, (free + asked)[0]))
@@ -126,7 +123,7 @@ def _assists(ctx: PlanContext, clause: Clause) -> list[tuple[str, Head]]:
 
 def _asks_only(contract: Iterable[Clause], head: Head, role: str) -> bool:
     """Whether every clause naming ``head`` is a floor on its ``role`` score."""
-    return all(c.kind == "score" and c.score == role and c.at_least is not None
+    return all(c.entry is score.KIND and c.score == role and c.at_least is not None
                and c.at_most is None for c in contract if head in c.heads)
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from headwise.contract.clause import Contract
-from headwise.contract.kinds import KINDS
+from headwise.contract.clause import Clause, Contract
 from headwise.contract.results import ContractResult, VerifyData
 from headwise.model.eval_mode import eval_mode
 
@@ -22,9 +21,10 @@ def verify(model: nn.Module, contract: Contract, data: VerifyData) -> ContractRe
         SpecError: a clause names a probe or task that ``data`` lacks.
     """
     with eval_mode(model):
+        by_kind: dict[str, list[Clause]] = {}
+        for c in contract:
+            by_kind.setdefault(c.kind, []).append(c)
         results = {}
-        for kind in KINDS.values():
-            mine = [c for c in contract if c.kind == kind.name]
-            if mine:
-                results.update(kind.measure_all(model, mine, data))
+        for clauses in by_kind.values():
+            results.update(clauses[0].entry.measure_all(model, clauses, data))
         return ContractResult([results[c.index] for c in contract])

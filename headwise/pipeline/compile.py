@@ -2,10 +2,11 @@
 
 ``compile_spec(spec)`` builds (or loads) the model, then installs, in this order: LoRA adapters,
 structural masks, task gates, a masked-LM head where an ``mlm`` task needs one, pattern
-objectives and regularisers, the starting model when a ``preserve`` clause compares with it
-(``headwise.control.capture_base``, before a run's trained weights load), and freezing. The result
-holds everything ``train()`` and ``verify()`` need; the levers are the same objects the Python
-API offers (``headwise.control``), so anything a spec does, code can do.
+objectives and regularisers, what the contract's clauses need prepared (``Contract.prepare``:
+the starting model a ``preserve`` clause compares with, before a run's trained weights load),
+and freezing. The result holds everything ``train()`` and ``verify()`` need, and the run's
+structure that planning reads (``Compiled.structure``); the levers are the same objects the
+Python API offers (``headwise.control``), so anything a spec does, code can do.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from headwise.contract.preserve import needs_base
+from headwise.contract import RunStructure
 from headwise.control import masks as mask_lib
-from headwise.control.base_reference import capture_base
 from headwise.control.freeze import FreezeHandle, freeze
 from headwise.control.gates import FixedGates, LearnedGates
 from headwise.control.lora import apply_lora
@@ -88,6 +88,23 @@ class Compiled:
         """Task names in task-id order."""
         return self.spec.data.names
 
+    @property
+    def structure(self) -> RunStructure:
+        """What planning reads of this run besides its model: task names, structural masks,
+        the heads fixed gates switch off per task, and each task's declared circuit."""
+        spec, names = self.spec, self.task_names
+        masks = {h: r.mask.name for r in spec.heads if r.mask is not None for h in r.heads}
+        gated_off: dict[str, frozenset[Head]] = {}
+        assignment = getattr(self.gates, "assignment", None)
+        if self.gates is not None and assignment is not None:  # fixed gates only
+            n_heads = spec.contract.n_heads
+            for task_id, name in enumerate(names):
+                on = set(assignment.get(task_id, ()))
+                gated_off[name] = frozenset(Head(l, h) for l in self.gates.gates
+                                            for h in range(n_heads) if Head(l, h) not in on)
+        circuits = {t.name: TASKS[t.task].circuit for t in spec.data.tasks if t.task in TASKS}
+        return RunStructure(names, masks, gated_off, circuits)
+
 
 def compile_spec(spec: Spec, weights: str | Path | None = None) -> Compiled:
     """Build the model, levers, data and held-out batch a spec describes.
@@ -124,8 +141,7 @@ def compile_spec(spec: Spec, weights: str | Path | None = None) -> Compiled:
     if spec.ffn is not None:
         out.objectives.append(FFNPenalty(model, spec.ffn.layers, kind="l1",
                                          weight=spec.ffn.weight))
-    if needs_base(spec.contract):  # the starting model, before any trained weights load
-        capture_base(model)
+    spec.contract.prepare(model)  # e.g. the starting model, before any trained weights load
     if weights is not None:
         load_weights(model, Path(weights))
     out.freeze_handle = _freeze(spec, model)

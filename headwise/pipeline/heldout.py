@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from headwise.contract import VerifyData
-from headwise.contract.preserve import named_heads
 from headwise.control.base_reference import base_of
 from headwise.data import Batch
 from headwise.pipeline.compile import Compiled, held_out_mixture
@@ -61,7 +60,7 @@ def _sets(batch: Batch, compiled: Compiled, seed: int) -> VerifyData:
                                 batch.task_ids[rows])
     probes: dict[str, Any] = {"default": batch, **tasks, **spec_probes(compiled.spec, seed)}
     return VerifyData(tasks=tasks, probes=probes, base=base_of(compiled.model),
-                      named=named_heads(compiled.spec.contract))
+                      named=compiled.spec.contract.named_heads)
 
 
 def _on_device(compiled: Compiled, data: VerifyData) -> VerifyData:

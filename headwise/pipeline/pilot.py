@@ -19,7 +19,6 @@ from typing import Any
 
 from headwise.contract import Contract, ContractResult, verify
 from headwise.contract.clause_watch import ClauseWatch
-from headwise.contract.kinds import KINDS
 from headwise.forecast.clauses import ClauseForecast, load_clause_forecasters
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.heldout import enforcement_data
@@ -84,7 +83,7 @@ def _rows(before: ContractResult, after: ContractResult,
           forecasts: dict[int, ClauseForecast | None]) -> list[PilotRow]:
     rows = []
     for b, a in zip(before.results, after.results, strict=True):
-        kind = KINDS[a.clause.kind]
+        kind = a.clause.entry
         rows.append(PilotRow(a.clause.index, a.clause.label, b.measured, a.measured,
                              kind.violation(b) - kind.violation(a), a.passed,
                              kind.guards_task(a.clause), forecasts.get(a.clause.index)))

@@ -1,4 +1,4 @@
-"""Resume as the same run: the flags that shape training, recorded, reused and checked.
+"""Resume as the same run: the options that shape training, recorded, reused and checked.
 
 A run records in ``run.json``, and in the callback state of every checkpoint (entry ``"run"``),
 the flags that shape what it trains: ``--enforce``, ``--enforce-budget``,
@@ -17,12 +17,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from headwise.errors import CheckpointError, SpecError
 from headwise.jsonfile import read_json_object
+from headwise.pipeline.options import SHAPING, RunOptions
 from headwise.runspec import Spec
 from headwise.training import clean_checkpoints, list_checkpoints
 
@@ -30,37 +30,13 @@ RUN_FORMAT = "headwise-run/1"
 RUN_ENTRY = "run"  # the checkpoints' callback-state entry holding run.json's content
 
 
-@dataclass(frozen=True)
-class RunFlags:
-    """The flags that shape a run's training (``None``: not given on this command line).
-
-    Attributes:
-        enforce: ``--enforce``.
-        enforce_budget: ``--enforce-budget`` (a factor in [1, 1.3] on the steps).
-        allow_unenforced: ``--allow-unenforced``.
-        steps: steps trained (``--steps``, or the spec's ``train.steps``), before the budget.
-        overrides: ``--set`` items, ``--seed N`` last as ``train.seed=N``.
-    """
-
-    enforce: bool | None = None
-    enforce_budget: float | None = None
-    allow_unenforced: bool | None = None
-    steps: int | None = None
-    overrides: tuple[str, ...] | None = None
-
-    def filled(self) -> RunFlags:
-        """These flags with the defaults of a fresh run for those not given."""
-        return RunFlags(bool(self.enforce), 1.0 if self.enforce_budget is None
-                        else self.enforce_budget, bool(self.allow_unenforced), self.steps,
-                        self.overrides or ())
-
-
-def run_info(flags: RunFlags, spec: Spec, spec_dir: Path | None) -> dict[str, Any]:
-    """``run.json``: the format, where the spec came from and the run's flags."""
-    return {"format": RUN_FORMAT, "enforce": bool(flags.enforce),
+def run_info(options: RunOptions, spec: Spec, spec_dir: Path | None) -> dict[str, Any]:
+    """``run.json``: the format, where the spec came from and the run's shaping options."""
+    return {"format": RUN_FORMAT, "enforce": bool(options.enforce),
             "spec_dir": str(spec_dir.resolve()) if spec_dir is not None else None,
-            "enforce_budget": flags.enforce_budget, "allow_unenforced": flags.allow_unenforced,
-            "steps": spec.train.steps, "set": list(flags.overrides or ())}
+            "enforce_budget": options.enforce_budget,
+            "allow_unenforced": options.allow_unenforced,
+            "steps": spec.train.steps, "set": list(options.overrides or ())}
 
 
 def check_run_info(info: Any, where: str) -> dict[str, Any]:
@@ -127,16 +103,22 @@ def recorded_info(out: Path) -> dict[str, Any]:
     return check_run_info(extra[RUN_ENTRY], f"{path} (entry extra.{RUN_ENTRY})")
 
 
-def resume_flags(info: dict[str, Any], given: RunFlags, out: Path) -> RunFlags:
-    """The flags a resume trains with: the run's, with those given checked against them.
+def recorded_options(info: dict[str, Any]) -> RunOptions:
+    """The shaping options a run recorded (``run.json``; ``None`` where it recorded none)."""
+    return RunOptions(info.get("enforce", False), info.get("enforce_budget"),
+                      info.get("allow_unenforced"), info.get("steps"),
+                      None if info.get("set") is None else tuple(info["set"]))
+
+
+def resume_options(run: RunOptions, given: RunOptions, out: Path) -> RunOptions:
+    """The options a resume trains with: ``given``, its shaping options left out taken from
+    ``run`` (the run's recorded ones), those given checked against them.
 
     Raises:
-        SpecError: a given flag differs from the run's (naming it), or ``--steps`` smaller
-            than the run's.
+        SpecError: a given shaping option differs from the run's (naming the flag), or
+            ``--steps`` smaller than the run's.
     """
-    run = RunFlags(info.get("enforce", False), info.get("enforce_budget"),
-                   info.get("allow_unenforced"), info.get("steps"),
-                   None if info.get("set") is None else tuple(info["set"]))
+    given = given.given()
     for name, flag in (("enforce", "--enforce"), ("allow_unenforced", "--allow-unenforced"),
                        ("enforce_budget", "--enforce-budget")):
         mine, theirs = getattr(given, name), getattr(run, name)
@@ -153,9 +135,9 @@ def resume_flags(info: dict[str, Any], given: RunFlags, out: Path) -> RunFlags:
         raise SpecError(f"--steps: got {given.steps}, but the run in {out} trains "
                         f"{run.steps} steps; a resume may extend a run (a larger --steps), "
                         "not shorten it: leave --steps out to finish it")
-    merged = {f.name: getattr(given, f.name) if getattr(given, f.name) is not None
-              else getattr(run, f.name) for f in dataclasses.fields(RunFlags)}
-    return RunFlags(**merged).filled()
+    merged = {name: getattr(given, name) if getattr(given, name) is not None
+              else getattr(run, name) for name in SHAPING}
+    return dataclasses.replace(given, **merged).filled()
 
 
 def _override_error(given: tuple[str, ...], run: tuple[str, ...], out: Path) -> str:

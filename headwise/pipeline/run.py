@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +24,10 @@ from headwise.contract import (
     Contract,
     ContractResult,
     EnforceConfig,
+    EnforcementRecord,
     Enforcer,
     ForecastWatch,
+    Plan,
     VerifyData,
     check_possible,
     plan,
@@ -39,18 +41,19 @@ from headwise.forecast.roles import Forecaster, load_forecaster
 from headwise.memory import check_memory, training_bytes
 from headwise.pipeline.compile import Compiled, compile_spec
 from headwise.pipeline.heldout import enforcement_data, probe_sampler, verification_data
+from headwise.pipeline.options import RunOptions
 from headwise.pipeline.resume import (
     RUN_ENTRY,
-    RunFlags,
     read_run_info,
     recorded_info,
-    resume_flags,
+    recorded_options,
+    resume_options,
     run_info,
 )
 from headwise.pipeline.run_analysis import role_heatmap_png, run_role_table
 from headwise.pipeline.run_dir import is_main_process, prepare_run_dir, write_json, write_outcome
 from headwise.runspec import Spec
-from headwise.runspec.overrides import load_spec_with, overrides_of
+from headwise.runspec.overrides import load_spec_with
 from headwise.training import TrainConfig, TrainResult, train
 from headwise.training.device import check_device_name, model_device, place
 from headwise.training.progress import EvalLines
@@ -71,95 +74,90 @@ class RunOutcome:
     enforcement: dict[str, Any] | None
 
 
-def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
-              enforce: bool | None = None, overwrite: bool = False,
-              progress: bool = True, allow_unenforced: bool | None = None,
-              enforce_budget: float | None = None, steps: int | None = None,
-              seed: int | None = None, overrides: Sequence[str] | None = None,
-              device: str | None = None, forecast_every: int = 0,
-              forecaster: str | Path | None = None,
-              enforce_config: EnforceConfig | None = None,
-              enforcer: type[Enforcer] = Enforcer,
-              warn: Callable[[str], None] = print) -> RunOutcome:
-    """Train a spec into ``out``, verify its contract and write the report.
+def train_run(spec_source: str | Path, out: str | Path,
+              options: RunOptions | None = None) -> RunOutcome:
+    """Train a spec into ``out`` and verify its contract (the report is written apart:
+    ``headwise.pipeline.run_report``).
 
-    With ``enforce``, training runs ``train.steps x enforce_budget`` steps (1 to 1.3; the
-    schedule spans the budget) with the contract's constraints, measured on the enforcement
-    set, and keeps the model of the last evaluation point at which the whole contract held
-    there (``enforce.stop: first_hold``: it stops at the first). The verdict written to
-    ``contract.json`` (and returned) is measured once, after training, on the verification
-    set (``headwise.pipeline.heldout``), with or without ``enforce``.
-    ``device`` overrides the spec's ``train.device`` (``--device``), ``steps`` its
-    ``train.steps`` (``headwise train --steps N``), ``seed`` its ``train.seed`` and each
-    ``overrides`` item ``path.to.key=value`` a key (``--set``; ``headwise.runspec.overrides``).
+    With ``options.enforce``, training runs ``train.steps x enforce_budget`` steps (1 to 1.3;
+    the schedule spans the budget) with the contract's constraints, measured on the
+    enforcement set, and keeps the model of the last evaluation point at which the whole
+    contract held there (``enforce.stop: first_hold``: it stops at the first). The verdict
+    written to ``contract.json`` (and returned) is measured once, after training, on the
+    verification set (``headwise.pipeline.heldout``), with or without enforcement.
+    ``options.device`` overrides the spec's ``train.device`` (``--device``), ``steps`` its
+    ``train.steps`` (``--steps N``), ``seed`` its ``train.seed`` and each ``overrides`` item
+    ``path.to.key=value`` a key (``--set``; ``headwise.runspec.overrides``).
 
-    With ``resume``, the flags left ``None`` (``enforce``, ``enforce_budget``,
-    ``allow_unenforced``, ``steps``, ``seed`` and ``overrides`` together) are the run's own;
-    a flag given must equal the run's, except a larger ``steps`` (``headwise.pipeline.resume``).
+    With ``options.resume``, the shaping options left ``None`` are the run's own; one given
+    must equal the run's, except a larger ``steps`` (``headwise.pipeline.resume``).
 
-    With ``forecast_every``, every that many steps (at evaluation points) the packaged
-    forecaster (or the one in the JSON file ``forecaster``, e.g. from
-    ``headwise fit-forecaster``) predicts final roles and ``warn`` gets a line per contract
-    clause forecast to fail (``headwise.contract.forecast``). With ``progress``, a line per
-    evaluation point (eval-batch accuracy, clauses held, ETA) goes to stdout.
-
-    ``enforce_config`` sets enforcement (default: the spec's ``enforce:`` section); ``enforcer``
-    is the callback class that applies it (a subclass may instrument it, as the benchmarks do).
+    With ``options.forecast_every``, every that many steps (at evaluation points) the packaged
+    forecaster (or the one in the JSON file ``options.forecaster``, e.g. from
+    ``headwise fit-forecaster``) predicts final roles and ``options.warn`` gets a line per
+    contract clause forecast to fail (``headwise.contract.forecast``). With
+    ``options.progress``, a line per evaluation point (eval-batch accuracy, clauses held, ETA)
+    goes to stdout.
 
     Raises:
         SpecError: an invalid spec or override, ``--enforce`` or ``forecast_every`` without
             evaluation points, ``forecaster`` without ``forecast_every`` or not a forecaster
             file, (unless ``allow_unenforced``) a clause no lever can move under ``--enforce``,
-            or a resume with a flag that differs from the run's.
+            or a resume with a shaping option that differs from the run's.
         ConfigError: an unknown or unavailable device.
         CheckpointError: ``resume`` from a corrupt checkpoint.
     """
     out = Path(out)
+    given = options or RunOptions()
     if is_main_process():  # a run replaces only a run (with --overwrite, checked under the lock)
         check_output_dir(out, "--out", overwrite=True, replaces=(RUN,))
-    flags = _flags(out, resume and not overwrite, RunFlags(
-        enforce, enforce_budget, allow_unenforced, None if steps is None else check_steps(steps),
-        None if overrides is None and seed is None else overrides_of(overrides, seed)))
-    spec = _run_spec(load_spec_with(spec_source, flags.overrides or ()), flags, device=device,
-                     forecast_every=forecast_every)
-    if forecaster is not None and not forecast_every:
+    resume = given.resume
+    if given.steps is not None:
+        check_steps(given.steps)
+    opts = (resume_options(recorded_options(recorded_info(out)), given, out)
+            if resume and not given.overwrite else given.filled())
+    spec = _run_spec(load_spec_with(spec_source, opts.overrides or ()), opts)
+    if opts.forecaster is not None and not opts.forecast_every:
         raise SpecError("--forecaster: only used with --forecast-every")
-    watch_with = read_forecaster(forecaster) if forecast_every else None
+    watch_with = read_forecaster(opts.forecaster) if opts.forecast_every else None
     compiled = compile_spec(spec)
-    place(compiled.model, spec.train.device, "--device" if device is not None else "train.device")
+    place(compiled.model, spec.train.device,
+          "--device" if opts.device is not None else "train.device")
     contract = spec.contract
-    config = enforce_config or spec.enforce
+    config = opts.enforce_config or spec.enforce
     data = enforcement_data(compiled)  # on the training device: enforcement measures mid-run
-    enforcing = _enforcer(compiled, contract, data, flags, config, enforcer)
-    if enforcing is None and contract:  # plain runs refuse impossible clauses too
-        check_possible(compiled, contract, data, config)
+    planned = _plan(compiled, contract, data, opts, config)
+    enforcing = (Enforcer(contract, data, planned.levers, config)
+                 if planned is not None and opts.enforce else None)
     callbacks: list[Callable[[Any], None]] = [enforcing] if enforcing is not None else []
-    train_config = _budgeted(spec.train, flags.enforce_budget or 1.0)
+    train_config = _budgeted(spec.train, opts.enforce_budget or 1.0)
     if enforcing is not None and config.stop == "end" and train_config.parallel == "fsdp":
         raise SpecError("enforce.stop: got 'end' with train.parallel: fsdp, expected "
                         "'first_hold' (keeping the model of an evaluation point is not "
                         "supported on sharded training)")
     if watch_with is not None:
-        callbacks += _forecast_watch(compiled, data, contract, forecast_every, warn,
-                                     train_config.steps, watch_with, enforcing is not None,
-                                     config)
+        callbacks += _forecast_watch(compiled, data, contract, opts, train_config.steps,
+                                     watch_with, enforcing is not None, planned)
     main = is_main_process()
+    levers = planned.objectives if enforcing is not None and planned is not None else []
+    objectives = [*compiled.objectives, *levers]
     with hold_lock(out) if main else contextlib.nullcontext():  # one writer per run
-        info = _prepare(out, spec, spec_source, resume, overwrite, flags) if main else {}
-        if progress and main:
+        info = _prepare(out, spec, spec_source, resume, opts) if main else {}
+        if opts.progress and main:
             callbacks.append(EvalLines(train_config.steps, _clauses_held))
         result = train(compiled.model, compiled.data, train_config, out_dir=out,
-                       objectives=compiled.objectives, callbacks=callbacks,
+                       objectives=objectives, callbacks=callbacks,
                        optimizer_hooks=compiled.optimizer_hooks, resume=resume,
-                       eval_data=compiled.eval_data, progress=progress, figures=FIGURES,
+                       eval_data=compiled.eval_data, progress=opts.progress, figures=FIGURES,
                        extra={RUN_ENTRY: info} if main else None)
         step = result.step
+        record = EnforcementRecord.of(result.extra)
         if enforcing is not None:
-            step = enforcing.restore_kept(compiled.model, out, result.extra, result.step)
+            step = enforcing.restore_kept(compiled.model, out, record, result.step)
             if main and step != result.step:  # the run's weights are the kept model's
                 save_weights(compiled.model, out / "model.safetensors")
         verdict = _verify_trained(compiled, contract)
-        enforcement = (summary(result.extra, verdict, result.step, step)
+        enforcement = (summary(record, verdict, result.step, step)
                        if enforcing is not None and verdict is not None else None)
         if main:
             write_json(out / "run.json", {**info, "step": step, "trained_steps": result.step})
@@ -167,33 +165,35 @@ def train_run(spec_source: str | Path, out: str | Path, *, resume: bool = False,
     return RunOutcome(out, compiled, result, verdict, enforcement)
 
 
-def _flags(out: Path, resume: bool, given: RunFlags) -> RunFlags:
-    """The flags the run trains with: the run's own on resume (checked), else those given."""
-    return resume_flags(recorded_info(out), given, out) if resume else given.filled()
-
-
-def _enforcer(compiled: Compiled, contract: Contract, data: VerifyData, flags: RunFlags,
-              config: EnforceConfig, enforcer: type[Enforcer]) -> Enforcer | None:
-    """The enforcer with ``--enforce`` (else ``None``), after checking every clause has a
-    lever.
+def _plan(compiled: Compiled, contract: Contract, data: VerifyData, opts: RunOptions,
+          config: EnforceConfig) -> Plan | None:
+    """The contract's plan (``None`` without a contract), after refusing impossible clauses
+    (plain runs too); under ``--enforce``, after checking every clause has a lever. A plain
+    run trains without the plan's objectives (the forecast watch words its advice from it).
 
     Raises:
-        SpecError: a clause no lever can move, without ``--allow-unenforced``.
+        SpecError: an impossible clause; under ``--enforce``, a clause no lever can move,
+            without ``--allow-unenforced``.
     """
-    if not flags.enforce:
+    if not contract:
         return None
-    levers = plan(compiled, contract, probe_sampler(compiled.spec), config, data)
-    missing = [c for c in contract if levers.get(c.index) is None]
-    if missing and not flags.allow_unenforced:
+    if not opts.enforce:
+        check_possible(compiled.model, contract, compiled.structure, data, config)
+        if not opts.forecast_every:
+            return None
+    planned = plan(compiled.model, contract, compiled.structure,
+                   probes=probe_sampler(compiled.spec), config=config,
+                   data=data if opts.enforce else None)
+    missing = [c for c in contract if planned.levers.get(c.index) is None]
+    if opts.enforce and missing and not opts.allow_unenforced:
         c = missing[0]
         raise SpecError(f"{c.path}: no lever can move this clause ({c.describe()}, "
                         f"{c.threshold_text()}); see `headwise plan`, or pass "
                         "--allow-unenforced to enforce the others")
-    return enforcer(contract, data, levers, config)
+    return planned
 
 
-def _run_spec(spec: Spec, flags: RunFlags, *, device: str | None,
-              forecast_every: int) -> Spec:
+def _run_spec(spec: Spec, opts: RunOptions) -> Spec:
     """``spec`` with the command line's overrides, after checking the options fit it (and
     that its training fits in memory).
 
@@ -204,15 +204,16 @@ def _run_spec(spec: Spec, flags: RunFlags, *, device: str | None,
         ConfigError: an unknown ``--device``.
         ResourceError: the training step or evaluation set cannot fit in memory.
     """
-    enforce, enforce_budget = bool(flags.enforce), flags.enforce_budget
+    enforce, enforce_budget = bool(opts.enforce), opts.enforce_budget
+    device, forecast_every = opts.device, opts.forecast_every
     if isinstance(enforce_budget, bool) or not (
             isinstance(enforce_budget, (int, float)) and 1.0 <= enforce_budget <= 1.3):
         raise SpecError(f"--enforce-budget: got {enforce_budget!r}, expected a number in "
                         "[1, 1.3] (a factor on train.steps)")
     if enforce_budget != 1.0 and not enforce:
         raise SpecError("--enforce-budget: given without --enforce; expected both or neither")
-    if flags.steps is not None:
-        spec = with_steps(spec, flags.steps)
+    if opts.steps is not None:
+        spec = with_steps(spec, opts.steps)
     if device is not None:
         spec = dataclasses.replace(spec, train=dataclasses.replace(
             spec.train, device=check_device_name(device, "--device")))
@@ -239,8 +240,8 @@ def _budgeted(config: TrainConfig, enforce_budget: float) -> TrainConfig:
     return dataclasses.replace(config, steps=math.ceil(config.steps * enforce_budget))
 
 
-def _prepare(out: Path, spec: Spec, spec_source: str | Path, resume: bool, overwrite: bool,
-             flags: RunFlags) -> dict[str, Any]:
+def _prepare(out: Path, spec: Spec, spec_source: str | Path, resume: bool,
+             opts: RunOptions) -> dict[str, Any]:
     """``prepare_run_dir`` with the spec's directory (for relative paths); says a resume.
 
     Returns:
@@ -248,12 +249,12 @@ def _prepare(out: Path, spec: Spec, spec_source: str | Path, resume: bool, overw
     """
     spec_dir = Path(spec_source).parent if isinstance(spec_source, Path) or (
         "\n" not in spec_source and spec_source.endswith((".yaml", ".yml"))) else None
-    step = prepare_run_dir(out, spec, resume, overwrite, flags, spec_dir)
+    step = prepare_run_dir(out, spec, resume, opts.overwrite, opts, spec_dir)
     if step is None:
         return read_run_info(out)
     print(f"resuming from step {step}", flush=True)
     old = read_run_info(out)
-    info = run_info(flags, spec, Path(old["spec_dir"]) if old.get("spec_dir") else spec_dir)
+    info = run_info(opts, spec, Path(old["spec_dir"]) if old.get("spec_dir") else spec_dir)
     if {k: v for k, v in old.items() if k not in ("step", "trained_steps")} != info:
         write_json(out / "run.json", info)  # lost, written by an older version, or extended
     return info
@@ -261,11 +262,11 @@ def _prepare(out: Path, spec: Spec, spec_source: str | Path, resume: bool, overw
 
 def _clauses_held(extra: dict[str, Any]) -> str | None:
     """``contract 1/2 held`` at the latest enforcement point (``None`` without enforcement)."""
-    history = extra.get("enforce", {}).get("history")
+    history = EnforcementRecord.of(extra).history
     if not history:
         return None
-    clauses = history[-1]["clauses"].values()
-    return f"contract {sum(bool(c['passed']) for c in clauses)}/{len(clauses)} held"
+    clauses = history[-1].clauses.values()
+    return f"contract {sum(c.passed for c in clauses)}/{len(clauses)} held"
 
 
 def _verify_trained(compiled: Compiled, contract: Contract) -> ContractResult | None:
@@ -316,28 +317,24 @@ def check_training_memory(spec: Spec) -> None:
                  training_bytes(config, train_config.batch_size, seq) + examples * seq * 24)
 
 
-def _forecast_watch(compiled: Compiled, data: VerifyData, contract: Contract, every: int,
-                    warn: Callable[[str], None], total_steps: int, forecaster: Forecaster,
-                    enforced: bool, config: EnforceConfig) -> list[Callable[[Any], None]]:
+def _forecast_watch(compiled: Compiled, data: VerifyData, contract: Contract,
+                    opts: RunOptions, total_steps: int, forecaster: Forecaster, enforced: bool,
+                    planned: Plan | None) -> list[Callable[[Any], None]]:
     """The role forecast's watch (warning on score clauses whose heads are forecast another
     role), and with a contract the clause-verdict watch (warning on every clause forecast to
     fail; in an enforced run it reads the enforcer's measurements, in a plain run it
-    measures)."""
+    measures, and words its advice from the run's plan)."""
+    every, warn = opts.forecast_every, opts.warn
     roles = ForecastWatch(lambda m: run_role_table(m, data), total_steps, every,
                           contract if contract else None, forecaster, warn)
     if not contract:
         return [roles]
-    spec = compiled.spec
-
-    def advice() -> dict[int, str]:  # the plan of a second compile: this run's stays plain
-        again = compile_spec(spec)
-        levers = plan(again, contract, probe_sampler(spec), config, enforcement_data(again))
-        return {i: lever.description for i, lever in levers.items() if lever is not None}
-
+    levers = {} if planned is None else planned.levers
+    advice = {i: lever.description for i, lever in levers.items() if lever is not None}
     clauses = ClauseWatch(contract, None if enforced else (lambda m: verify(m, contract, data)),
                           total_steps, every, load_clause_forecasters(),
                           compiled.spec.forecast_context,
-                          None if enforced else advice, warn)
+                          None if enforced else (lambda: advice), warn)
     return [roles, clauses]
 
 

@@ -28,7 +28,8 @@ from headwise.atomic import linked_entries, remove_entries, write_bytes_atomic
 from headwise.contract import ContractResult
 from headwise.contract.kept import KEPT
 from headwise.errors import SpecError
-from headwise.pipeline.resume import RunFlags, check_resume, run_info
+from headwise.pipeline.options import RunOptions
+from headwise.pipeline.resume import check_resume, run_info
 from headwise.runspec import Spec
 from headwise.training import list_checkpoints
 from headwise.training.manifest import MANIFEST, write_manifest
@@ -55,7 +56,7 @@ def holds_work(out: Path) -> bool:
 
 
 def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
-                    flags: RunFlags | None = None, spec_dir: Path | None = None) -> int | None:
+                    flags: RunOptions | None = None, spec_dir: Path | None = None) -> int | None:
     """Create ``out`` and write ``spec.yaml`` and ``run.json``; refuse to clobber a run.
 
     Returns:
@@ -81,7 +82,7 @@ def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
     try:
         out.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(out / "spec.yaml", spec.text.encode())
-        write_json(out / "run.json", run_info(flags or RunFlags().filled(), spec, spec_dir))
+        write_json(out / "run.json", run_info(flags or RunOptions().filled(), spec, spec_dir))
     except OSError as e:
         raise SpecError(f"{out}: cannot write the run directory ({e.strerror or e})") from None
     return None

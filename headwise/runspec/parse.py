@@ -259,7 +259,8 @@ def parse_train(value: Any) -> Any:
 def parse_enforce(value: Any) -> EnforceConfig:
     """``enforce:`` -> ``headwise.contract.EnforceConfig`` (defaults when absent): the settings
     ``--enforce`` trains with (docs/contracts.md, "Enforcement levers")."""
-    return check.dataclass_from(EnforceConfig, {} if value is None else value, "enforce")
+    return check.dataclass_from(EnforceConfig, {} if value is None else value, "enforce",
+                                skip=("dual",))
 
 
 def _selector(sel: str, path: str, config: ModelConfig) -> HeadSet:

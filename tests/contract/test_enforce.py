@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from headwise.cli import main
-from headwise.contract import EnforceConfig, Enforcer, plan
+from headwise.contract import EnforceConfig, Enforcer, LeverKind, plan
 from headwise.control.objectives import PatternObjective, RoleBound
 from headwise.control.task_levers import (
     PROBE_POOL,
@@ -96,7 +96,7 @@ def test_multipliers_follow_dual_ascent_and_a_failing_floor_backs_no_lever_off()
     spec = load_spec(SPEC.replace("contract:", "contract:\n  - {task: copy, at_least: 0.99}"))
     compiled = compile_spec(spec)
     contract = spec.contract
-    levers = plan(compiled, contract)
+    levers = plan(compiled.model, contract, compiled.structure).levers
     enforcer = Enforcer(contract, enforcement_data(compiled), levers)
     state = SimpleNamespace(step=20, model=compiled.model, extra={}, stop=False, out_dir=None,
                             rank=0)
@@ -142,10 +142,12 @@ contract:
   - {task: reverse, metric: accuracy, at_most: 0.99}
 """)
     compiled = compile_spec(spec)
-    levers = plan(compiled, spec.contract)
+    planned = plan(compiled.model, spec.contract, compiled.structure)
+    levers = planned.levers
     kinds = {i: (None if lv is None else lv.kind) for i, lv in levers.items()}
-    assert kinds == {0: "structural", 1: "pattern", 2: "bound", 3: "bound", 4: None,
-                     5: "ablation", 6: "ablation", 7: "ablation", 8: "task_weight", 9: None}
+    k = LeverKind
+    assert kinds == {0: k.STRUCTURAL, 1: k.PATTERN, 2: k.BOUND, 3: k.BOUND, 4: None,
+                     5: k.ABLATION, 6: k.ABLATION, 7: k.ABLATION, 8: k.TASK_WEIGHT, 9: None}
     assert set(levers[1].per_head) == {"L1.H0", "L1.H1", "L1.H2", "L1.H3"}  # type: ignore[union-attr]
     (bound,) = levers[2].objectives  # type: ignore[union-attr]
     assert isinstance(bound, RoleBound) and (bound.role, bound.max) == ("self", 0.25)
@@ -161,7 +163,7 @@ contract:
     others, need_h3, only = levers[7].objectives  # type: ignore[union-attr]
     assert (others.task_ids, need_h3.task_ids, [str(h) for h in only.heads], only.task_ids) == (
         [1], [1], ["L1.H3"], [0])
-    assert all(o.weight == 0.0 and o in compiled.objectives
+    assert all(o.weight == 0.0 and o in planned.objectives
                for lv in levers.values() if lv is not None for o in lv.objectives)
 
 
@@ -227,7 +229,8 @@ contract:
   - {any_of: L1.*, score: induction, at_least: 0.5, "on": induction}
 """)
     compiled = compile_spec(spec)
-    levers = plan(compiled, spec.contract, probe_sampler(spec))
+    levers = plan(compiled.model, spec.contract, compiled.structure,
+                  probes=probe_sampler(spec)).levers
     (on_probe,) = levers[0].per_head["L1.H0"]  # type: ignore[union-attr]
     (on_task,) = levers[1].per_head["L1.H0"]  # type: ignore[union-attr]
     assert isinstance(on_probe, OnProbeData) and isinstance(on_task, PatternObjective)
@@ -259,16 +262,16 @@ contract:
 def test_a_run_whose_multipliers_relaxed_to_zero_still_says_it_was_enforced() -> None:
     """Multipliers relax to 0 once their clauses hold with margin; ``enforced`` reads the
     history, not the final multipliers."""
+    from headwise.contract import EnforcementRecord
     from headwise.contract.enforce import summary
+    from headwise.contract.record import EvalPoint, PointValues
     from headwise.contract.results import ContractResult
 
-    def point(step: int, lam: float) -> dict[str, object]:
-        return {"step": step, "passed": lam == 0.0,
-                "clauses": {"0": {"measured": 0.5, "violation": -0.1, "multiplier": lam,
-                                  "passed": lam == 0.0, "saturated": False}}}
-    record = {"history": [point(10, 2.0), point(20, 0.0)], "multipliers": {"0": 0.0},
-              "clauses": {}}
+    def point(step: int, lam: float) -> EvalPoint:
+        return EvalPoint(step, lam == 0.0, lam == 0.0,
+                         {0: PointValues(0.5, 0.01, -0.1, -0.1, lam, lam == 0.0, False)})
+    record = EnforcementRecord([point(10, 2.0), point(20, 0.0)], {0: 0.0})
     final = ContractResult(results=[])
-    assert summary({"enforce": record}, final, 20, 20)["enforced"] is True
-    record["history"] = [point(10, 0.0), point(20, 0.0)]
-    assert summary({"enforce": record}, final, 20, 20)["enforced"] is False
+    assert summary(record, final, 20, 20)["enforced"] is True
+    record.history = [point(10, 0.0), point(20, 0.0)]
+    assert summary(record, final, 20, 20)["enforced"] is False

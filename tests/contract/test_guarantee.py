@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from headwise.cli import main
-from headwise.contract import plan
+from headwise.contract import EnforcementRecord, LeverKind, plan
 from headwise.contract.score import reachable
 from headwise.control.task_levers import AblatedMargin, StochasticAblation
 from headwise.heads import Head
@@ -145,7 +145,7 @@ def test_an_ablation_clause_trains_with_the_ablation_it_is_measured_with(mode: s
         f"  - {{ablate: L0.H1, task: copy, mode: {mode}, drop_at_most: 0.05}}\n"
         f"  - {{ablate: L0.H0, task: copy, mode: {mode}, drop_at_least: 0.3}}"))
     compiled = compile_spec(spec)
-    levers = plan(compiled, spec.contract)
+    levers = plan(compiled.model, spec.contract, compiled.structure).levers
     spare = levers[0].objectives[0]  # type: ignore[union-attr]
     others, margin = levers[1].objectives  # type: ignore[union-attr]
     assert isinstance(spare, StochasticAblation) and isinstance(margin, AblatedMargin)
@@ -179,7 +179,7 @@ def test_an_all_of_dispensable_clause_ablates_each_head_on_its_own() -> None:
         "  - {all_of: L0.H2-3, task: copy, drop_at_most: 0.1}\n"
         "  - {ablate: L0.H0-1, task: copy, drop_at_most: 0.1}"))
     compiled = compile_spec(spec)
-    levers = plan(compiled, spec.contract)
+    levers = plan(compiled.model, spec.contract, compiled.structure).levers
     each, together = levers[0], levers[1]
     assert each is not None and together is not None
     assert [str(o.heads) for o in each.objectives] == ["L0.H2", "L0.H3"]
@@ -236,7 +236,8 @@ def test_a_later_failure_restores_the_model_of_the_last_point_that_held(
             return ContractResult([ClauseResult(spec.contract[0], passed,
                                                 0.95 if passed else 0.5, ">= 0.9", "L0.H1")])
 
-    enforcer = Canned(spec.contract, enforcement_data(compiled), plan(compiled, spec.contract))
+    levers = plan(compiled.model, spec.contract, compiled.structure).levers
+    enforcer = Canned(spec.contract, enforcement_data(compiled), levers)
     state = SimpleNamespace(step=0, model=model, extra={}, stop=False,
                             out_dir=tmp_path if on_disk else None, rank=0)
     snapshots = {}
@@ -248,12 +249,12 @@ def test_a_later_failure_restores_the_model_of_the_last_point_that_held(
         state.step = step
         enforcer(state)  # type: ignore[arg-type]
         assert not state.stop  # stop: end trains on
-    assert enforcer.restore_kept(model, state.out_dir, state.extra, 30) == 20
+    assert enforcer.restore_kept(model, state.out_dir, EnforcementRecord.of(state.extra), 30) == 20
     assert all(torch.equal(v, snapshots[20][k]) for k, v in model.state_dict().items())
     if on_disk:  # the kept file is the one the run recorded, or it is refused
         (tmp_path / "kept.safetensors").write_bytes(b"not the kept model")
         with pytest.raises(CheckpointError, match="not the model kept at step 20"):
-            enforcer.restore_kept(model, tmp_path, state.extra, 30)
+            enforcer.restore_kept(model, tmp_path, EnforcementRecord.of(state.extra), 30)
 
 
 KV = """
@@ -276,7 +277,7 @@ def test_a_floor_that_stops_improving_switches_its_circuit_assists_on() -> None:
     spec = load_spec(KV)
     compiled = compile_spec(spec)
     config = EnforceConfig(assist_patience=2)
-    levers = plan(compiled, spec.contract, config=config)
+    levers = plan(compiled.model, spec.contract, compiled.structure, config=config).levers
     floor = levers[1]
     assert floor is not None
     # The retrieval circuit on heads no clause names: previous-token in L0, induction in L1.
@@ -332,8 +333,10 @@ def test_circuit_assists_use_heads_the_contract_leaves_to_them(clauses, expected
     spec = load_spec(KV.replace("n_heads: 4", "n_heads: 2").replace(
         "contract:\n  - {any_of: L0.H0-1, score: previous_token, at_least: 0.5}\n",
         "contract:\n" + clauses))
-    levers = plan(compile_spec(spec), spec.contract)
-    floor = next(lv for lv in levers.values() if lv is not None and lv.kind == "task_weight")
+    compiled = compile_spec(spec)
+    levers = plan(compiled.model, spec.contract, compiled.structure).levers
+    floor = next(lv for lv in levers.values()
+                 if lv is not None and lv.kind is LeverKind.TASK_WEIGHT)
     assert [(o.target, str(o.heads)) for o in floor.assists] == expected  # type: ignore[attr-defined]
 
 
@@ -346,7 +349,7 @@ def test_a_failing_floor_backs_off_only_the_levers_that_degrade_its_task() -> No
                                                "  - {ablate: L0.H0, task: copy, drop_at_most: "
                                                "0.0}"))
     compiled = compile_spec(spec)
-    levers = plan(compiled, spec.contract)
+    levers = plan(compiled.model, spec.contract, compiled.structure).levers
     # 0: the copy floor, 1: the ablation clause on copy, 2: the score clause.
     assert levers[1].perturbs == {"copy"} and not levers[2].perturbs  # type: ignore[union-attr]
     enforcer = Enforcer(spec.contract, enforcement_data(compiled), levers)
@@ -377,7 +380,7 @@ contract:
   - {any_of: L0.*, task: copy, drop_at_least: 0.3}
 """)
     compiled = compile_spec(spec)
-    lever = plan(compiled, spec.contract)[0]
+    lever = plan(compiled.model, spec.contract, compiled.structure).levers[0]
     assert lever is not None and set(lever.per_head) == {"L0.H0", "L0.H1", "L0.H2"}
     others, margin = lever.per_head["L0.H1"]
     # Some head alone must carry copy: the others of its layer ablated, then the hinge on the
@@ -404,7 +407,7 @@ def test_a_clause_held_within_its_noise_keeps_its_multiplier_and_is_not_kept(
     config = EnforceConfig(confidence=confidence)
     assert config.guard == pytest.approx(
         {0.95: 1.6448536 * 2 ** 0.5, 0.5: 0.0}[confidence], rel=1e-6)
-    levers = plan(compiled, spec.contract, config=config)
+    levers = plan(compiled.model, spec.contract, compiled.structure, config=config).levers
     # (measured, stderr): held by 0.01 with a standard error of 0.01; by 0.1; by 0.01 again.
     canned = iter([(0.91, 0.01), (1.0, 0.01), (0.91, 0.01)])
 

@@ -17,8 +17,15 @@ import torch.nn.functional as F
 
 from headwise.analysis import scores_from_patterns
 from headwise.cli import main
-from headwise.contract import EnforceConfig, VerifyData, parse_contract, plan, verify
-from headwise.contract.preserve import named_heads, needs_base
+from headwise.contract import (
+    Contract,
+    EnforceConfig,
+    RunStructure,
+    VerifyData,
+    parse_contract,
+    plan,
+    verify,
+)
 from headwise.control import apply_lora, base_of, capture_base, lora_modules
 from headwise.control.task_levers import OnProbeData
 from headwise.data import Batch
@@ -76,7 +83,7 @@ def _measure(model: Any, base: Any, clause: dict, data: dict, named: Any = froze
     m = model.config
     contract = parse_contract([*(extra or []), clause], m.n_layers, m.n_heads, ["lm"])
     vd = VerifyData(tasks=data.get("tasks", {}), probes=data["probes"], base=base,
-                    named=named_heads(contract) if named is None else named)
+                    named=contract.named_heads if named is None else named)
     return verify(model, contract, vd).results[-1]
 
 
@@ -259,14 +266,18 @@ def test_each_clause_plans_its_distillation_lever_on_data_drawn_like_its_own() -
                                {"preserve": "base", "metric": "hidden_cosine",
                                 "at_least": 0.9}],
                               2, 2, ["sort", "copy"])
-    assert needs_base(contract) and not needs_base(contract.clauses[:1])
-    spec = SimpleNamespace(heads=(), contract=contract)
-    compiled = SimpleNamespace(spec=spec, model=model, objectives=[],
-                               task_names=("sort", "copy"))
-    levers = plan(compiled, contract, lambda name, n, seed: None,  # type: ignore[arg-type]
-                  EnforceConfig())
+    scores_only = Contract(contract.clauses[:1], 2, 2, ("sort", "copy"))
+    scores_only.prepare(model)
+    assert base_of(model) is None  # nothing compares with the start
+    contract.prepare(model)  # before training: the preserve clauses capture the start, once
+    captured = base_of(model)
+    contract.prepare(model)
+    levers = plan(model, contract, RunStructure(("sort", "copy")),
+                  probes=lambda name, n, seed: None,  # type: ignore[arg-type,return-value]
+                  config=EnforceConfig()).levers
     kl, drift, cos = (levers[i].objectives[0] for i in (1, 2, 3))  # type: ignore[union-attr]
-    base = base_of(model)  # planning precedes training: it captured the start, once
+    base = base_of(model)
+    assert base is captured
     assert base is not None and kl.base is base and drift.inner.base is base
     assert kl.task_id == 1 and kl.metric == "kl" and kl.weight == 0.0
     assert isinstance(drift, OnProbeData)  # trained on repeated-like batches
@@ -326,12 +337,14 @@ def _trained(enforce: bool) -> tuple[float, dict[str, Any]]:
     spec = load_spec(ENFORCED)
     compiled = compile_spec(spec)
     data = enforcement_data(compiled)  # compile_spec captured the starting model
-    assert data.base is not None and data.named == named_heads(spec.contract)
-    callbacks = []
+    assert data.base is not None and data.named == spec.contract.named_heads
+    callbacks, objectives = [], list(compiled.objectives)
     if enforce:
-        levers = plan(compiled, spec.contract, probe_sampler(spec), EnforceConfig())
-        callbacks.append(Enforcer(spec.contract, data, levers))
-    result = train(compiled.model, compiled.data, spec.train, objectives=compiled.objectives,
+        planned = plan(compiled.model, spec.contract, compiled.structure,
+                       probes=probe_sampler(spec), config=EnforceConfig())
+        callbacks.append(Enforcer(spec.contract, data, planned.levers))
+        objectives += planned.objectives
+    result = train(compiled.model, compiled.data, spec.train, objectives=objectives,
                    callbacks=callbacks, eval_data=compiled.eval_data, progress=False)
     measured = verify(compiled.model, spec.contract, data).results[0].measured
     assert measured is not None

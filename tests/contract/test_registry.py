@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,8 +16,13 @@ from headwise.contract import (
     KINDS,
     Clause,
     ClauseKind,
+    ClauseLever,
     ClauseResult,
     EnforceConfig,
+    EnforcementRecord,
+    Enforcer,
+    LeverKind,
+    RunStructure,
     VerifyData,
     margin,
     parse_contract,
@@ -25,6 +31,7 @@ from headwise.contract import (
 )
 from headwise.contract.clause import decide, holds
 from headwise.contract.kind import ParseContext
+from headwise.contract.lever import PlanContext
 from headwise.errors import ConfigError
 from headwise.heads import HeadSet
 from headwise.pipeline import compile_spec
@@ -56,22 +63,40 @@ class ConstantKind(ClauseKind):
         return ClauseResult(clause, holds(v, clause.at_least, clause.at_most), v,
                             clause.threshold_text())
 
-    def lever(self, ctx: Any, clause: Clause) -> None:
-        return None
+    def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
+        """A lever that trains nothing: an objective whose weight the multiplier sets."""
+        return ClauseLever(LeverKind.PATTERN, "the constant's lever",
+                           [ctx.add(_Weighted(), f"constant[{clause.path}]")])
+
+    def prepare(self, model: Any, clauses: Any) -> None:
+        self.prepared = [c.index for c in clauses]
 
 
-@pytest.fixture()
-def with_constant(monkeypatch: pytest.MonkeyPatch) -> ClauseKind:
-    kind = ConstantKind()
-    monkeypatch.setitem(KINDS, kind.name, kind)
-    return kind
+class _Weighted:
+    """An objective with no loss: only its weight (the multiplier's) is read."""
+
+    name, weight = "", 0.0
+
+    def prepare(self, *_: Any) -> None: ...
+
+    def hooks(self) -> list[Any]:
+        return []
+
+    def loss(self, *_: Any) -> torch.Tensor:
+        return torch.zeros(())
+
+    def reset(self) -> None: ...
 
 
-def test_a_new_kind_is_one_entry(with_constant: ClauseKind) -> None:
+def test_a_new_kind_is_one_entry() -> None:
+    with_constant = ConstantKind()
+    kinds = {**KINDS, with_constant.name: with_constant}  # passed in: the registry is unchanged
     contract = parse_contract([{"constant": 0.5, "at_least": 0.4},
                                {"constant": 0.5, "at_least": 0.6, "name": "too high"},
                                {"task": "copy", "metric": "loss", "at_most": 100.0}],
-                              n_layers=1, n_heads=2, tasks=["copy"])
+                              n_layers=1, n_heads=2, tasks=["copy"], kinds=kinds)
+    assert "constant" not in KINDS
+    assert all(c.entry is kinds[c.kind] for c in contract)
     assert [c.kind for c in contract] == ["constant", "constant", "task"]
     assert contract[1].label == "too high" and contract[0].describe() == "the constant 0.5"
     model = build_model(ModelConfig(n_layers=1, n_heads=2, d_model=8, vocab_size=8,
@@ -85,6 +110,20 @@ def test_a_new_kind_is_one_entry(with_constant: ClauseKind) -> None:
     # The default violation is the negative margin: 0.6 - 0.5.
     assert with_constant.violation(result.results[1]) == pytest.approx(0.1)
     assert with_constant.violation(result.results[0]) == pytest.approx(-0.1)
+    # The run prepares it, plans its lever and enforces it, all through ``clause.entry``.
+    contract.prepare(model)
+    assert with_constant.prepared == [0, 1]
+    planned = plan(model, contract, RunStructure(("copy",)))
+    lever = planned.levers[1]
+    assert lever is not None and lever.objectives[0] in planned.objectives
+    enforcer = Enforcer(contract, VerifyData(tasks={"copy": batch}), planned.levers)
+    state = SimpleNamespace(step=5, model=model, extra={}, stop=False, out_dir=None, rank=0)
+    enforcer(state)  # type: ignore[arg-type]
+    record = EnforcementRecord.of(state.extra)
+    eta = EnforceConfig().eta  # the failing clause's multiplier steps by eta x its violation
+    assert record.multipliers[1] == pytest.approx(eta * 0.1)
+    assert lever.objectives[0].weight == pytest.approx(eta * 0.1)
+    assert record.multipliers[0] == 0.0 and not record.history[0].passed
 
 
 def test_the_margin_is_the_distance_inside_the_bounds() -> None:
@@ -128,13 +167,15 @@ def test_plan_takes_its_settings_from_the_enforce_config() -> None:
     spec = load_spec(SPEC)
     config = EnforceConfig(p_max=0.4, ablation_scale=0.1, margin=0.1,
                            carrier_stages=(("others", "margin"),))
-    levers = plan(compile_spec(spec), spec.contract, config=config)
+    compiled = compile_spec(spec)
+    levers = plan(compiled.model, spec.contract, compiled.structure, config=config).levers
     bound = levers[0].objectives[0]  # type: ignore[union-attr]
     assert bound.max == pytest.approx(0.2)  # the bound lever aims 0.1 past at_most 0.3
     carrier = levers[1]
     assert carrier is not None and (carrier.scale, carrier.cap) == (0.1, 0.4)
     assert carrier.loss_from == 0.0  # one stage: the hinge acts from the start
-    staged = plan(compile_spec(spec), spec.contract)[1]  # the default: two stages
+    again = compile_spec(spec)
+    staged = plan(again.model, spec.contract, again.structure).levers[1]  # default: two stages
     assert staged is not None and staged.loss_from == pytest.approx(0.5 / 0.15)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from headwise.cli import main
+from headwise.pipeline.options import RunOptions
 from headwise.pipeline.run import train_run
 from headwise.runspec import load_spec
 
@@ -60,8 +61,8 @@ CASES = [
 def test_enforce_holds_a_clause_the_plain_run_fails(tmp_path: Path, name: str, index: int,
                                                     kind: str) -> None:
     spec = SUITE / f"{name}.yaml"
-    plain = train_run(spec, tmp_path / "plain", progress=False).contract
-    enforced = train_run(spec, tmp_path / "enf", enforce=True, progress=False)
+    plain = train_run(spec, tmp_path / "plain", RunOptions(progress=False)).contract
+    enforced = train_run(spec, tmp_path / "enf", RunOptions(enforce=True, progress=False))
     assert plain is not None and enforced.contract is not None
     before, after = plain.results[index], enforced.contract.results[index]
     clause = before.clause

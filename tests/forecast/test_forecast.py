@@ -297,15 +297,16 @@ def test_forecast_every_needs_evaluation_points(tmp_path: pytest.TempPathFactory
     assert main(["train", str(spec), "--out", out, "--forecast-every", "-1", "--quiet"]) == 2
     assert "--forecast-every" in capsys.readouterr().err
     from headwise.errors import SpecError
+    from headwise.pipeline.options import RunOptions
     from headwise.pipeline.run import train_run
 
     with pytest.raises(SpecError, match=r"^--forecast-every: got -3, expected an integer >= 1"):
-        train_run(spec, tmp_path / "lib", forecast_every=-3)  # type: ignore[operator]
+        train_run(spec, tmp_path / "lib", RunOptions(forecast_every=-3))  # type: ignore[operator]
 
 
 def test_train_forecasts_with_the_forecaster_file_given(tmp_path: Path) -> None:
     from headwise.errors import SpecError
-    from headwise.pipeline.run import train_run
+    from headwise.pipeline import RunOptions, train_run
 
     spec = tmp_path / "s.yaml"
     spec.write_text("model: {n_layers: 1, n_heads: 2, d_model: 16, vocab_size: 12, "
@@ -318,12 +319,13 @@ def test_train_forecasts_with_the_forecaster_file_given(tmp_path: Path) -> None:
     mine = tmp_path / "always_none.json"
     mine.write_text(json.dumps(d))
     warnings: list[str] = []
-    train_run(spec, tmp_path / "run", progress=False, forecast_every=2, forecaster=mine,
-              warn=warnings.append)
+    train_run(spec, tmp_path / "run", RunOptions(progress=False, forecast_every=2,
+                                                 forecaster=mine, warn=warnings.append))
     roles = [w for w in warnings if not w.startswith("clause forecast")]  # the role forecast's
     assert roles and all("L0.H0 forecast none" in w for w in roles)
     with pytest.raises(SpecError, match=r"^--forecaster: only used with --forecast-every"):
-        train_run(spec, tmp_path / "r2", forecaster=mine)
+        train_run(spec, tmp_path / "r2", RunOptions(forecaster=mine))
     with pytest.raises(SpecError, match=r"^--forecaster: .*missing\.json: file not found"):
-        train_run(spec, tmp_path / "r3", forecast_every=2, forecaster=tmp_path / "missing.json")
+        train_run(spec, tmp_path / "r3", RunOptions(forecast_every=2,
+                                                  forecaster=tmp_path / "missing.json"))
     assert not (tmp_path / "r2").exists() and not (tmp_path / "r3").exists()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from headwise.cli import main
+from headwise.pipeline.options import RunOptions
 from headwise.pipeline.run import RunOutcome, train_run
 from headwise.pipeline.run_report import write_run_report
 
@@ -50,8 +51,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     spec = root / "spec.yaml"
     spec.write_text(SPEC)
     warnings: list[str] = []
-    outcome = train_run(spec, root / "run", progress=False, forecast_every=40,
-                        warn=warnings.append)
+    outcome = train_run(spec, root / "run", RunOptions(progress=False, forecast_every=40,
+                                                       warn=warnings.append))
     paths = write_run_report(outcome.run_dir, outcome.compiled, outcome.contract)
     return Run(outcome, warnings, json.loads(paths["json"].read_text()))
 
@@ -141,7 +142,7 @@ def test_fit_forecaster_cli_and_using_its_file(run: Run, tmp_path: Path,
 
     spec = tmp_path / "seed1.yaml"
     spec.write_text(SPEC.replace("seed: 0", "seed: 1"))
-    other = train_run(spec, tmp_path / "seed1", progress=False)
+    other = train_run(spec, tmp_path / "seed1", RunOptions(progress=False))
     d, d1 = str(run.outcome.run_dir), str(other.run_dir)
     out = tmp_path / "mine.json"
     # the same run twice would grade a fit on its own training data

@@ -18,6 +18,7 @@ import headwise as hw
 from headwise.cli import main
 from headwise.errors import CheckpointError
 from headwise.interop.st_export import sentence_transformers_files
+from headwise.pipeline.options import RunOptions
 from headwise.pipeline.run import train_run
 
 SPEC = """
@@ -51,7 +52,7 @@ def test_minilm_run_exports_a_sentence_transformers_model_and_adapter(tmp_path):
     src = Path(gt.get_model_path())
     (tmp_path / "spec.yaml").write_text(SPEC.replace("MINILM", str(src)))
     run, merged, base, adapter = (tmp_path / n for n in ("run", "merged", "base", "adapter"))
-    train_run(tmp_path / "spec.yaml", run, progress=False)  # a finished run (no report)
+    train_run(tmp_path / "spec.yaml", run, RunOptions(progress=False))  # a finished run (no report)
     assert main(["export", str(run), "--hf", str(merged)]) == 0
     for name in ST_FILES:
         assert (merged / name).read_bytes() == (src / name).read_bytes(), name
@@ -129,7 +130,7 @@ def test_a_run_on_a_sentence_transformers_checkpoint_exports_its_files(tmp_path,
     (tmp_path / "spec.yaml").write_text(f"model: {{pretrained: {{path: {src}}}}}\n"
                                         "data: {tasks: {copy: {length: 3}}, eval_examples: 4}\n"
                                         "train: {steps: 1, batch_size: 2}\n")
-    train_run(tmp_path / "spec.yaml", tmp_path / "run", progress=False)
+    train_run(tmp_path / "spec.yaml", tmp_path / "run", RunOptions(progress=False))
     out = tmp_path / "hf"
     assert main(["export", str(tmp_path / "run"), "--hf", str(out)]) == 0
     names = ["modules.json", "sentence_bert_config.json", "1_Pooling/config.json",

@@ -16,6 +16,7 @@ import headwise as hw
 from headwise.cli import main
 from headwise.contract import ContractResult
 from headwise.errors import CheckpointError, ConfigError
+from headwise.pipeline.options import RunOptions
 from headwise.pipeline.run import train_run
 
 SPEC = """
@@ -124,7 +125,7 @@ def test_a_pretrained_checkpoint_tokenizer_is_the_run_tokenizer(tmp_path, hf_mod
                                         "data: {tasks: {copy: {length: 3}}, eval_examples: 4}\n"
                                         "train: {steps: 1, batch_size: 2}\n")
     run = tmp_path / "run"
-    train_run(tmp_path / "spec.yaml", run, progress=False)  # a finished run (no report)
+    train_run(tmp_path / "spec.yaml", run, RunOptions(progress=False))  # a finished run (no report)
     loaded = hw.load_run(run)
     assert loaded.tokenizer is loaded.model.tokenizer
     assert (loaded.tokenizer.bos_token, loaded.tokenizer.pad_token) == ("<|endoftext|>",) * 2

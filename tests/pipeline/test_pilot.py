@@ -51,6 +51,7 @@ def test_the_pilot_is_the_first_steps_of_the_spec_schedule_and_forecasts_its_end
         tmp_path: Path) -> None:
     """A 20-step pilot of a 40-step spec ends where a real run is at step 20 (its warm-up and
     learning rate are the full schedule's, not a 20-step one's), and forecasts each clause."""
+    from headwise.pipeline.options import RunOptions
     from headwise.pipeline.run import train_run
 
     torch.set_num_threads(1)
@@ -58,8 +59,8 @@ def test_the_pilot_is_the_first_steps_of_the_spec_schedule_and_forecasts_its_end
     rows = pilot(compile_spec(spec), spec.contract, 20)
     path = tmp_path / "spec.yaml"
     path.write_text(SPEC)
-    run = train_run(path, tmp_path / "run", progress=False, forecast_every=20,
-                    warn=lambda line: None)
+    run = train_run(path, tmp_path / "run", RunOptions(progress=False, forecast_every=20,
+                                                     warn=lambda line: None))
     at_20 = run.train.extra["clause_watch"]["history"][0]
     assert at_20["step"] == 20
     assert [r.after for r in rows] == [at_20["clauses"][str(r.index)]["measured"]

@@ -21,6 +21,7 @@ from headwise.control.objective import Objective
 from headwise.data import CopyTask, Mixture, ModularAdditionTask
 from headwise.errors import ConfigError, SpecError
 from headwise.model import build_model
+from headwise.pipeline.options import RunOptions
 from headwise.pipeline.run import FIGURES
 from headwise.pipeline.run_analysis import DATA_ROLES, role_heatmap_png
 from headwise.training import TrainConfig, TrainState, checkpoint_dir, load_weights, train
@@ -250,7 +251,7 @@ def test_enforcement_state_is_logged(tmp_path: Path) -> None:
             "train: {steps: 40, batch_size: 16, lr: 3.0e-3, eval_every: 20, seed: 0, "
             "log: [jsonl, tensorboard]}\n"
             "contract:\n  - {name: prev, head: L0.H1, score: previous_token, at_least: 0.99}\n")
-    outcome = train_run(spec, tmp_path / "run", enforce=True, progress=False)
+    outcome = train_run(spec, tmp_path / "run", RunOptions(enforce=True, progress=False))
     history = json.loads((tmp_path / "run" / "enforcement.json").read_text())["history"]
     assert outcome.enforcement is not None and len(history) == 2
     acc = _read(tmp_path / "run")
