@@ -3,13 +3,17 @@
 ``ClauseWatch`` is a ``train()`` callback (``headwise train --forecast-every N``). At every
 evaluation point it has the contract's values on the enforcement set: an enforced run's
 enforcer measures them anyway (its history is read), a plain run's watch measures them
-itself. Every ``every`` steps it forecasts, per clause with a measured value, the probability
-that the clause holds at the end of the budget and its final value with an interval
-(``headwise.forecast.clauses``, the model fit at the largest fraction of the budget seen), and
-warns about each clause whose probability is below one half: the clause, the forecast, why the
-forecaster is outside the runs it was fit on (if it is), what ``--enforce`` would add (in a
-plain run), and what the forecaster was measured to do on runs it was not fit on. Every
-forecast is kept in the callback state (``clause_watch``: saved with checkpoints).
+itself. Every ``every`` steps before the end of the budget (at the end there is nothing left to
+forecast) it forecasts, per clause with a measured value, the probability that the clause holds
+at the end of the budget and its final value with an interval (``headwise.forecast.clauses``,
+the model fit at the largest fraction of the budget seen), and warns, one line per clause, about
+each clause whose probability is below one half or whose heads the role forecast says will take
+another role: the clause, the forecast (and, where the value forecast lands on the other side of
+the bound, that the two disagree and which is calibrated), the role forecast's reason, why the
+forecaster is outside the runs it was fit on (if it is) and what ``--enforce`` would add (in a
+plain run); the first warning from each of the forecaster's models also says what that model
+was measured to do on runs it was not fit on. Every forecast is kept in the callback state
+(``clause_watch``: saved with checkpoints).
 """
 
 from __future__ import annotations
@@ -37,17 +41,22 @@ class ClauseWatch:
         advice: clause index -> what ``--enforce`` would add for it (called once, at the first
             warning of a plain run; ``None``: no advice).
         warn: called with each warning line.
+        roles: the clauses the role forecast says fail at the same point, and why (the heads
+            forecast another role), by clause index (``None``: no role forecast); such a clause
+            gets its line even when its verdict forecast holds.
     """
 
     def __init__(self, contract: Contract, measure: Callable[[Any], ContractResult] | None,
                  total_steps: int, every: int, forecasters: ClauseForecasters,
                  context: dict[str, Any],
                  advice: Callable[[], dict[int, str]] | None,
-                 warn: Callable[[str], None]) -> None:
+                 warn: Callable[[str], None],
+                 roles: Callable[[], dict[int, str]] | None = None) -> None:
         self.contract, self.measure, self.total_steps = contract, measure, total_steps
         self.every, self.forecasters, self.context = every, forecasters, context
-        self.advice, self.warn = advice, warn
+        self.advice, self.warn, self.roles = advice, warn, roles
         self._advice: dict[int, str] | None = None
+        self._quoted: float | None = None  # the fraction whose measured accuracy was quoted
         self.next_at = every
 
     def __call__(self, state: Any) -> None:
@@ -62,12 +71,13 @@ class ClauseWatch:
             history = record["history"]
         else:
             history = state.extra.get("enforce", {}).get("history", [])
-        if state.step < self.next_at or not history:
+        if state.step < self.next_at or not history or state.step >= self.total_steps:
             return
         while self.next_at <= state.step:
             self.next_at += self.every
         seen = state.step / self.total_steps
         model = self.forecasters.at(seen)
+        by_role = {} if self.roles is None else self.roles()
         for clause in self.contract:
             traj = self.trajectory(clause, history)
             if traj is None:
@@ -77,8 +87,9 @@ class ClauseWatch:
                 "step": int(state.step), "clause": clause.path, "model_fraction": model.fraction,
                 "probability": f.probability, "value": f.value, "interval": list(f.interval),
                 "outside": list(f.outside)})
-            if not f.holds:
-                self.warn(self.message(int(state.step), clause, f, model.fraction))
+            if not f.holds or clause.index in by_role:
+                self.warn(self.message(int(state.step), clause, f, model.fraction,
+                                       by_role.get(clause.index)))
 
     def trajectory(self, clause: Clause, history: list[dict[str, Any]]
                    ) -> ClauseTrajectory | None:
@@ -95,13 +106,18 @@ class ClauseWatch:
             self.measure is None, low, high,
             context={**self.context, "kind": clause.entry.forecast_kind(clause)})
 
-    def message(self, step: int, clause: Clause, f: ClauseForecast, fraction: float) -> str:
+    def message(self, step: int, clause: Clause, f: ClauseForecast, fraction: float,
+                role: str | None = None) -> str:
         """The warning line about ``clause`` (see the module docstring)."""
         name = f" '{clause.name}'" if clause.name else ""
         text = (f"clause forecast at step {step}: {clause.path}{name} ({clause.describe()} "
                 f"{clause.threshold_text()}): P(holds at the end) {f.probability:.2f}, final "
-                f"value {f.value:.3g} (90% interval {f.interval[0]:.3g} to "
-                f"{f.interval[1]:.3g})")
+                f"value {f.value:.3g} [{f.interval[0]:.3g}, {f.interval[1]:.3g}]")
+        if f.value_holds != f.holds:
+            text += (f" (the value forecast {'holds' if f.value_holds else 'fails'}: the two "
+                     "models disagree; P(holds) is the calibrated one)")
+        if role:
+            text += f"; the role forecast says it fails: {role}"
         if f.outside:
             text += f"; outside the runs the forecaster was fit on ({'; '.join(f.outside)})"
         if self.measure is not None and self.advice is not None:
@@ -112,7 +128,8 @@ class ClauseWatch:
                      "; no lever of --enforce moves it (see `headwise plan`)")
         fresh = self.forecasters.measured.get("fresh", {}).get(str(fraction))
         configs = self.forecasters.measured.get("configs", {}).get(str(fraction))
-        if fresh:
+        if fresh and self._quoted != fraction:
+            self._quoted = fraction
             text += (f" [the forecaster from {fraction:.0%} of the budget was right on "
                      f"{fresh['accuracy']:.0%} of clause verdicts of suite runs it was not fit "
                      f"on" + (f", {configs['accuracy']:.0%} of the role-forecast benchmark's "

@@ -91,17 +91,20 @@ class ForecastWatch:
         every: forecast at the first evaluation point at or after each multiple of ``every``.
         contract: the clauses to check (``None``: forecast roles only).
         forecaster: the fitted forecaster.
-        warn: called with each warning line (e.g. a console print).
+        warn: called with each warning line (e.g. a console print); ``None``: the clauses
+            forecast to fail are only kept (``failing``: the latest point's, for the clause
+            watch's own line).
     """
 
     def __init__(self, score: Callable[[nn.Module], RoleTable], total_steps: int, every: int,
                  contract: Contract | None, forecaster: Forecaster,
-                 warn: Callable[[str], None]) -> None:
+                 warn: Callable[[str], None] | None) -> None:
         self.score, self.total_steps, self.every = score, total_steps, every
         self.contract, self.forecaster, self.warn = contract, forecaster, warn
         self.tables: list[tuple[int, RoleTable]] = []
         self.next_at = every
         self.warned: list[tuple[int, str, str]] = []  # (step, clause path, head)
+        self.failing: dict[int, str] = {}  # the latest point's failing clauses: why, by index
 
     def __call__(self, state: Any) -> None:
         if state.rank != 0:
@@ -116,10 +119,14 @@ class ForecastWatch:
                                total_steps=self.total_steps)
         if self.contract is None:
             return
+        self.failing = {}
         for cf in forecast_clauses(self.contract, heads):
             if cf.verdict == "fail":
-                self.warn(f"forecast at step {state.step} (forecaster v{self.forecaster.version})"
-                          f": {cf.message()}")
+                self.failing[cf.clause.index] = ", ".join(
+                    f"{h.head} forecast {h.role} ({h.confidence:.0%})" for h in cf.heads)
+                if self.warn is not None:
+                    self.warn(f"forecast at step {state.step} (forecaster "
+                              f"v{self.forecaster.version}): {cf.message()}")
                 self.warned += [(int(state.step), cf.clause.path, str(h.head))
                                 for h in cf.heads]
 

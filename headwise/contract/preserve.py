@@ -149,6 +149,12 @@ class PreserveKind(ClauseKind):
                             details={"probe": probe, "examples": int(batch.tokens.shape[0])},
                             stderr=number_or_none(stderr))
 
+    def check_possible(self, ctx: PlanContext, clause: Clause) -> None:
+        """A ``role_drift`` clause needs a head no other clause names (else it measures
+        nothing)."""
+        if METRICS[clause.metric].sums is None:
+            _check_free(clause, _free(ctx.named, ctx.n_layers, ctx.n_heads))
+
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         model = ctx.model
         base = base_of(model)
@@ -160,9 +166,7 @@ class PreserveKind(ClauseKind):
         spec = METRICS[clause.metric]
         if spec.lever is None:
             free = _free(ctx.named, ctx.n_layers, ctx.n_heads)
-            if not len(free):
-                return ClauseLever(LeverKind.STRUCTURAL, "every head is named by another "
-                                   "clause (nothing drifts)")
+            _check_free(clause, free)
             obj = ctx.add(ctx.on_probe(PatternDistill(model, base, free), name, clause), name)
             heads = names(free) if len(free) <= 4 else f"the {len(free)} heads no clause names"
             return ClauseLever(LeverKind.DISTILL, f"attention-pattern KL to the starting model "
@@ -178,6 +182,18 @@ class PreserveKind(ClauseKind):
 def _free(named: frozenset[Head], n_layers: int, n_heads: int) -> HeadSet:
     return HeadSet([Head(l, h) for l in range(n_layers) for h in range(n_heads)
                     if Head(l, h) not in named], n_layers, n_heads)
+
+
+def _check_free(clause: Clause, free: HeadSet) -> None:
+    """Refuse a ``role_drift`` clause with no head to measure.
+
+    Raises:
+        SpecError: every head of the model is named by another clause.
+    """
+    if not len(free):
+        raise SpecError(f"{clause.path}.metric: role_drift measures the heads no other clause "
+                        "names, and every head of the model is named; expected a head left "
+                        "free, or drop the clause")
 
 
 class _Rows:
@@ -279,9 +295,7 @@ def _role_drift(model: nn.Module, base: BaseReference, clause: Clause,
     m: Any = model
     free = _free(data.named, m.config.n_layers, m.config.n_heads)
     probe = data.probe_name(clause.on, clause.path)
-    if not len(free):
-        return ClauseResult(clause, True, 0.0, clause.threshold_text(), None,
-                            details={"probe": probe, "heads": 0})
+    _check_free(clause, free)
     tokens, mask, kw = data.probe(probe, clause.path)
     roles = list(ROLE_NAMES)
     with torch.no_grad():

@@ -219,12 +219,15 @@ def _calibration(value: Any, where: str) -> tuple[list[float], list[float]]:
 @dataclass(frozen=True)
 class ClauseForecast:
     """A clause's forecast: the probability it holds at the end, its final value with a
-    ``COVERAGE`` interval, and why the forecaster is outside its fitted range (if it is)."""
+    ``COVERAGE`` interval, whether that value is within the clause's bounds (the verdict and the
+    value come from two models, which can disagree: the probability is the calibrated one), and
+    why the forecaster is outside its fitted range (if it is)."""
 
     probability: float
     value: float
     interval: tuple[float, float]
     outside: tuple[str, ...] = ()
+    value_holds: bool = True
 
     @property
     def holds(self) -> bool:
@@ -303,7 +306,7 @@ class ClauseForecaster:
         residual = self.residual if math.isfinite(traj.high - traj.low) else self.residual_open
         half = traj.scale * residual * (1.0 if not outside else 2.0)
         return ClauseForecast(p, value, (traj.clip(value - half), traj.clip(value + half)),
-                              tuple(outside))
+                              tuple(outside), traj.margin(value) >= 0)
 
     def outside(self, traj: ClauseTrajectory, x: Tensor | None = None) -> list[str]:
         """Why ``traj`` lies outside the runs this forecaster was fit on (empty: inside)."""

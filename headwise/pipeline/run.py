@@ -320,13 +320,13 @@ def check_training_memory(spec: Spec) -> None:
 def _forecast_watch(compiled: Compiled, data: VerifyData, contract: Contract,
                     opts: RunOptions, total_steps: int, forecaster: Forecaster, enforced: bool,
                     planned: Plan | None) -> list[Callable[[Any], None]]:
-    """The role forecast's watch (warning on score clauses whose heads are forecast another
-    role), and with a contract the clause-verdict watch (warning on every clause forecast to
-    fail; in an enforced run it reads the enforcer's measurements, in a plain run it
-    measures, and words its advice from the run's plan)."""
+    """The role forecast's watch and, with a contract, the clause-verdict watch: one warning
+    line per clause forecast to fail, by either (in an enforced run the clause watch reads the
+    enforcer's measurements, in a plain run it measures, and words its advice from the run's
+    plan); the line names the heads the role forecast says will take another role."""
     every, warn = opts.forecast_every, opts.warn
     roles = ForecastWatch(lambda m: run_role_table(m, data), total_steps, every,
-                          contract if contract else None, forecaster, warn)
+                          contract if contract else None, forecaster, None)
     if not contract:
         return [roles]
     levers = {} if planned is None else planned.levers
@@ -334,7 +334,8 @@ def _forecast_watch(compiled: Compiled, data: VerifyData, contract: Contract,
     clauses = ClauseWatch(contract, None if enforced else (lambda m: verify(m, contract, data)),
                           total_steps, every, load_clause_forecasters(),
                           compiled.spec.forecast_context,
-                          None if enforced else (lambda: advice), warn)
+                          None if enforced else (lambda: advice), warn,
+                          roles=lambda: roles.failing)
     return [roles, clauses]
 
 

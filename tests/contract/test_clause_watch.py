@@ -33,7 +33,7 @@ def forecasters() -> ClauseForecasters:
                                      context={"n_layers": 1, "n_heads": 2, "tasks": ["copy"],
                                               "kind": "score"}))
     return ClauseForecasters((ClauseForecaster.fit(runs, 0.2), ClauseForecaster.fit(runs, 0.4)),
-                             {"fresh": {"0.2": {"accuracy": 0.9}},
+                             {"fresh": {"0.2": {"accuracy": 0.9}, "0.4": {"accuracy": 0.93}},
                               "configs": {"0.2": {"accuracy": 0.85}}})
 
 
@@ -66,15 +66,21 @@ def test_plain_run_measures_each_point_and_warns_on_the_clause_forecast_to_fail(
     assert [p["step"] for p in record["history"]] == list(range(10, TOTAL + 1, 10))
     assert record["history"][1]["clauses"]["0"]["measured"] == pytest.approx(0.2)
     steps = sorted({f["step"] for f in record["forecasts"]})
-    assert steps == [20, 40, 60, 80, 100]  # every 20 steps, from the first multiple on
+    # every 20 steps from the first multiple on, never at the end (nothing left to forecast)
+    assert steps == [20, 40, 60, 80]
     assert all("contract[1]" in w for w in warnings) and len(warnings) == len(steps)
+    assert all("\n" not in w for w in warnings)  # one line per clause per point
     first = warnings[0]
     assert first.startswith("clause forecast at step 20: contract[1] 'stays low'")
     assert "--enforce would add: pattern objective (previous_token, ce) on L0.H1" in first
-    assert ("right on 90% of clause verdicts of suite runs it was not fit on, 85% of the "
-            "role-forecast benchmark's runs it was not fit on]") in first
+    measured = ("right on 90% of clause verdicts of suite runs it was not fit on, 85% of the "
+                "role-forecast benchmark's runs it was not fit on]")
+    assert measured in first
+    # quoted again only when the model of a larger fraction takes over (0.2 at 20 -> 0.4 at 40)
+    assert ["was right on" in w for w in warnings] == [True, True, False, False]
+    assert "from 40% of the budget was right on 93%" in warnings[1]
     assert asked == [1]  # the plan is made once, at the first warning
-    late = [f for f in record["forecasts"] if f["step"] == 100]
+    late = [f for f in record["forecasts"] if f["step"] == 80]
     assert {f["model_fraction"] for f in late} == {0.4}  # the largest fraction seen
     rises = next(f for f in late if f["clause"] == "contract[0]")
     assert rises["probability"] > 0.5

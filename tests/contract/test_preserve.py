@@ -365,3 +365,21 @@ def test_enforcement_drives_the_distillation_lever_through_the_multiplier() -> N
     assert all(not h["passed"] for h in history)  # violated throughout: lambda only rises
     assert multipliers == sorted(multipliers) and multipliers[0] == pytest.approx(
         EnforceConfig().eta * history[0]["aimed"])
+
+
+@pytest.mark.parametrize("command", [["plan"], ["train", "--enforce"], ["train"]])
+def test_a_role_drift_clause_with_no_free_head_is_refused_before_training(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
+    """Every head is named by another clause: the clause would measure nothing, so every
+    command that plans or trains refuses it with one line, before any training step."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(ENFORCED.replace(
+        "  - {preserve: base, on: copy, metric: kl, at_most: 0.02}\n",
+        "  - {any_of: L0.*, score: self, at_most: 0.9}\n"
+        "  - {preserve: base, metric: role_drift, at_most: 0.05}\n"))
+    out = ["--out", str(tmp_path / "run"), "--quiet"] if command[0] == "train" else []
+    assert main([*command, str(spec), *out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert ("contract[1].metric: role_drift measures the heads no other clause names" in err
+            and "\n" not in err)
+    assert not (tmp_path / "run" / "model.safetensors").exists()

@@ -321,8 +321,9 @@ def test_train_forecasts_with_the_forecaster_file_given(tmp_path: Path) -> None:
     warnings: list[str] = []
     train_run(spec, tmp_path / "run", RunOptions(progress=False, forecast_every=2,
                                                  forecaster=mine, warn=warnings.append))
-    roles = [w for w in warnings if not w.startswith("clause forecast")]  # the role forecast's
-    assert roles and all("L0.H0 forecast none" in w for w in roles)
+    # one line per clause and point, naming the role forecast's reason from the file given
+    assert warnings and all(w.startswith("clause forecast at step") for w in warnings)
+    assert all("the role forecast says it fails: L0.H0 forecast none" in w for w in warnings)
     with pytest.raises(SpecError, match=r"^--forecaster: only used with --forecast-every"):
         train_run(spec, tmp_path / "r2", RunOptions(forecaster=mine))
     with pytest.raises(SpecError, match=r"^--forecaster: .*missing\.json: file not found"):
