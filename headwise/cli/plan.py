@@ -6,7 +6,7 @@ import argparse
 
 from rich.table import Table
 
-from headwise.cli.options import add_subcommand
+from headwise.cli.options import add_override_arguments, add_subcommand
 from headwise.cli.output import console
 
 
@@ -18,6 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "weight. Exit code 0: every clause has a lever; 1: some have none; 2: bad "
                     "input, or a clause the spec's masks or gates make impossible.")
     p.add_argument("spec", help="the YAML spec (reference: docs/spec.md)")
+    add_override_arguments(p)
     p.add_argument("--pilot", type=int, default=None, metavar="N",
                    help="also train N plain steps in memory and show which clauses and task "
                         "floors move (measured on the enforcement set)")
@@ -27,9 +28,10 @@ def run(args: argparse.Namespace) -> int:
     from headwise.contract import plan
     from headwise.pipeline import compile_spec
     from headwise.pipeline.heldout import enforcement_data, probe_sampler
-    from headwise.runspec import SpecError, load_spec
+    from headwise.runspec import SpecError
+    from headwise.runspec.overrides import load_spec_with, overrides_of
 
-    spec = load_spec(args.spec)
+    spec = load_spec_with(args.spec, overrides_of(args.set, args.seed))
     if not spec.contract:
         raise SpecError("contract: missing; expected a list of clauses to plan for")
     compiled = compile_spec(spec)
@@ -48,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     out = console()
     out.print(table)
     if args.pilot is not None:
-        out.print(_pilot_table(load_spec(args.spec), args.pilot))
+        out.print(_pilot_table(load_spec_with(args.spec, overrides_of(args.set, args.seed)),
+                               args.pilot))
     unmoved = [c.path for c in contract if levers[c.index] is None]
     if unmoved:
         out.print(f"{len(unmoved)} clause{'s' if len(unmoved) != 1 else ''} without a lever: "
@@ -79,6 +82,8 @@ def _pilot_table(spec: object, steps: int) -> Table:
                       "yes" if r.holds else "no", moved,
                       "-" if f is None else
                       f"{f.probability:.2f}, {f.value:.3g} [{f.interval[0]:.3g}, "
-                      f"{f.interval[1]:.3g}]" + (" (outside the fitted range)"
-                                                 if f.outside else ""))
+                      f"{f.interval[1]:.3g}]"
+                      + (" (the value model disagrees; P is calibrated)"
+                         if f.value_holds != f.holds else "")
+                      + (" (outside the fitted range)" if f.outside else ""))
     return table

@@ -95,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
             overrides=None if args.set is None else tuple(args.set), seed=args.seed,
             resume=args.resume, overwrite=args.overwrite, progress=not args.quiet,
             device=args.device, forecast_every=args.forecast_every, forecaster=args.forecaster,
-            warn=lambda line: console().print(f"[yellow]warning:[/yellow] {escape(line)}")))
+            warn=lambda line: console().print(f"[yellow]warning:[/yellow] {escape(line)}",
+                                              soft_wrap=True)))  # one line per warning
     except Interrupted as e:  # under torchrun every rank stops at the same step; one line
         if is_main_process():
             print(f"interrupted at step {e.step}; resume with: {resume}" if e.checkpoint

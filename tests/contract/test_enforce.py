@@ -182,6 +182,11 @@ def test_enforce_refuses_a_clause_without_a_lever_unless_allowed(
                                                         "ce) on L0.H1"]
     assert main(["plan", str(spec)]) == 1
     assert "1 clause without a lever: contract[0]" in capsys.readouterr().out
+    # --set applies to the spec plan reads, as train's does (here: a contract whose clause a
+    # pattern objective moves)
+    assert main(["plan", str(spec), "--set",
+                 "contract=[{head: L0.H1, score: previous_token, at_least: 0.5}]"]) == 0
+    assert "without a lever" not in capsys.readouterr().out
 
 
 def test_enforce_needs_evaluation_points(tmp_path: Path,
