@@ -157,6 +157,21 @@ class Circuit:
     threshold: float
     evaluations: int
 
+    def clauses(self, task: str) -> list[dict[str, Any]]:
+        """Contract clauses that state this circuit: one ``circuit`` clause (it keeps
+        ``threshold`` of the task), and one ``path`` clause per edge whose own drop is positive,
+        bounded at half the drop measured here (rounded down to 0.01; an edge whose half-drop
+        rounds to 0 gets none) so that fresh examples' noise does not fail it."""
+        out: list[dict[str, Any]] = [{"circuit": [str(e) for e in self.edges], "task": task,
+                                      "keeps_at_least": self.threshold}]
+        for e in self.edges:
+            bound = math.floor(self.drops[e] / 2 * 100) / 100
+            if bound > 0:
+                via = {"via": e.via} if e.via else {}
+                out.append({"path": f"{e.sender} -> {e.receiver}", **via, "task": task,
+                            "metric": self.faithfulness.metric, "drop_at_least": bound})
+        return out
+
     def heads(self) -> list[Head]:
         """The heads the circuit's edges touch, in order."""
         nodes = {n for e in self.edges for n in (e.sender, e.receiver) if n.kind == "head"}

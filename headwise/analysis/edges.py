@@ -24,7 +24,7 @@ same scale as ``path_patch(...).effect``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -277,6 +277,38 @@ class _Attribution:
         point = "hook_normalized_resid_post" if sh.post_norm else "hook_resid_post"
         out[:n, r:r + 1] = _dots(stack, grads[f"blocks.{last}.{point}"][None])
         return out
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How attribution scores agree with exact path patching on the same edges.
+
+    Attributes:
+        n_edges: edges compared.  spearman: rank correlation of the signed effects.
+        k: size of the top sets.  top_k: share of the exact top-``k`` edges (by ``|effect|``)
+            that are also in the attribution's top ``k``.
+    """
+
+    n_edges: int
+    spearman: float
+    k: int
+    top_k: float
+
+
+def agreement(scores: EdgeScores, exact: Mapping[Edge, float], k: int) -> Agreement:
+    """Compare ``scores`` with exact effects (``paths.exact_effects``) on ``exact``'s edges.
+
+    Raises:
+        ValueError: ``k`` outside 1..len(exact).
+    """
+    edges = list(exact)
+    if not 1 <= k <= len(edges):
+        raise ValueError(f"k: got {k}, expected 1-{len(edges)}")
+    est = torch.tensor([scores.score(e) for e in edges], dtype=torch.float64)
+    ex = torch.tensor([exact[e] for e in edges], dtype=torch.float64)
+    top_est = set(est.abs().argsort(descending=True)[:k].tolist())
+    top_ex = set(ex.abs().argsort(descending=True)[:k].tolist())
+    return Agreement(len(edges), spearman(est, ex), k, len(top_est & top_ex) / k)
 
 
 def _dots(a: Tensor, b: Tensor) -> Tensor:

@@ -424,3 +424,10 @@ def path_patch(model: nn.Module, batch: Any, sender: str | Node, receiver: str |
     edge = patcher.edge(sender, receiver, via)
     return PathPatchResult(edge, str(metric) if isinstance(metric, str) else "custom",
                            patcher.mode, patcher.clean(metric), patcher.value([edge], metric))
+
+
+def exact_effects(patcher: PathPatcher, edges: Iterable[Edge], metric: Metric = "loss"
+                  ) -> dict[Edge, float]:
+    """Each edge's exact ``patched - clean`` when ablated alone: one forward per edge."""
+    clean = patcher.clean(metric)
+    return {e: patcher.value([e], metric) - clean for e in edges}
