@@ -165,9 +165,10 @@ class _Attribution:
         deltas: list[Tensor] = []
         for k in range(steps, 0, -1):
             values, grads = self._gradient_run(k / steps)
-            if not deltas:
-                deltas = self._deltas(values)
-            step = self._scores(deltas, values, grads)
+            with torch.no_grad():  # (torch.func's vjp / jvp still differentiate inside)
+                if not deltas:
+                    deltas = self._deltas(values)
+                step = self._scores(deltas, values, grads)
             total = step if total is None else total + step
         assert total is not None
         return total / steps
@@ -254,28 +255,31 @@ class _Attribution:
         gradient; post-norm pushes the differences through the norms on the way up."""
         sh = self.shape
         out = torch.zeros(len(senders(sh)), len(receivers(sh)), dtype=torch.float64)
-        stack, n, r = deltas[0][None], 1, 0  # (n, B, T, D): the senders so far
+        stack = deltas[0].new_empty(len(deltas), *deltas[0].shape)
+        stack[0] = deltas[0]
+        n, r = 1, 0  # stack[:n]: the senders so far, as the current stream carries them
         for l in range(sh.n_layers):
             x = values[f"blocks.{l}.hook_resid_pre"]
             g = self._head_grads(l, grads, x)
-            out[:n, r:r + len(g)] = _dots(stack, g)
+            out[:n, r:r + len(g)] = _dots(stack[:n], g)
             r += len(g)
-            stack = torch.cat([stack, torch.stack(deltas[n:n + sh.n_heads])])
+            stack[n:n + sh.n_heads] = torch.stack(deltas[n:n + sh.n_heads])
             n += sh.n_heads
             if sh.post_norm:
                 mid = "hook_resid_mid" if sh.has_mlp else "hook_resid_post"
-                stack = _jvp(self.blocks[l].ln1, values[f"blocks.{l}.{mid}"], stack)
+                stack[:n] = _jvp(self.blocks[l].ln1, values[f"blocks.{l}.{mid}"], stack[:n])
             if sh.has_mlp:
                 g = self._mlp_grads(l, grads, values[f"blocks.{l}.hook_resid_mid"])
-                out[:n, r:r + 1] = _dots(stack, g)
+                out[:n, r:r + 1] = _dots(stack[:n], g)
                 r += 1
-                stack = torch.cat([stack, deltas[n][None]])
+                stack[n] = deltas[n]
                 n += 1
                 if sh.post_norm:
-                    stack = _jvp(self.blocks[l].ln2, values[f"blocks.{l}.hook_resid_post"], stack)
+                    stack[:n] = _jvp(self.blocks[l].ln2, values[f"blocks.{l}.hook_resid_post"],
+                                     stack[:n])
         last = sh.n_layers - 1
         point = "hook_normalized_resid_post" if sh.post_norm else "hook_resid_post"
-        out[:n, r:r + 1] = _dots(stack, grads[f"blocks.{last}.{point}"][None])
+        out[:n, r:r + 1] = _dots(stack[:n], grads[f"blocks.{last}.{point}"][None])
         return out
 
 
