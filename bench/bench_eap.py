@@ -13,7 +13,8 @@ task's verification examples compare EAP and EAP-IG with exact path patching of 
 ``discover_circuit`` at faithfulness 0.9 (accuracy).
 
     OMP_NUM_THREADS=1 python bench/bench_eap.py --batch 8 --seq 32 --reps 5
-    OMP_NUM_THREADS=1 python bench/bench_eap.py --agreement headwise/examples/suite/induction_circuit.yaml
+    OMP_NUM_THREADS=1 python bench/bench_eap.py \
+        --agreement headwise/examples/suite/induction_circuit.yaml
 """
 
 from __future__ import annotations
