@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError(f"--faithfulness: got {args.faithfulness}, expected a number in (0, 1]")
     if args.steps < 1:
         raise SpecError(f"--steps: got {args.steps}, expected an integer >= 1")
-    paths = {o: check_output_file(getattr(args, o), f"--{o}")
+    outputs = {o: check_output_file(getattr(args, o), f"--{o}")
              for o in ("clauses", "figure", "json")}
     compiled = load_compiled(args.run, device=args.device)
     tasks = verification_data(compiled).tasks
@@ -93,13 +93,16 @@ def run(args: argparse.Namespace) -> int:
               f"{agree.spearman:.3f}, top-{agree.k} overlap {agree.top_k:.2f}; "
               f"{found.scores.passes} forward+backward pass(es), {found.evaluations} ablated "
               "runs", markup=False)
-    text = yaml.safe_dump(found.clauses(args.task), sort_keys=False, width=100)
+    first, *path_clauses = found.clauses(args.task)  # the circuit in block style, paths one a line
+    text = yaml.safe_dump([first], sort_keys=False) + "".join(
+        yaml.safe_dump([c], sort_keys=False, default_flow_style=None, width=200)
+        for c in path_clauses)
     out.print("clauses:\n" + text, markup=False)
-    if paths["clauses"]:
+    if outputs["clauses"]:
         write_file(args.clauses, text, "--clauses")
-    if paths["figure"]:
+    if outputs["figure"]:
         _figure(args, found, compiled)
-    if paths["json"]:
+    if outputs["json"]:
         record = {"task": args.task, "metric": args.metric, "mode": args.mode,
                   "method": args.method, "faithfulness": {"full": f.full, "circuit": f.circuit,
                                                           "empty": f.empty, "kept": f.kept},
