@@ -32,16 +32,15 @@ import torch
 from torch import Tensor, nn
 
 from headwise.analysis.graph import EMBED, Edge, Node, Shape, model_shape, receivers, senders
-from headwise.analysis.paths import (
-    Metric,
+from headwise.analysis.path_run import (
     capture,
     forward_kwargs,
-    metric_value,
     reduce_values,
     sender_outputs,
     source_input,
     tokens_of,
 )
+from headwise.analysis.paths import Metric, metric_value
 from headwise.model.attention import effective_weight
 from headwise.model.eval_mode import eval_mode
 from headwise.model.hook_point import Hook
