@@ -59,3 +59,9 @@ def test_bad_input_exits_2_with_one_line(run_dir: Path, capsys: pytest.CaptureFi
     assert main(["circuit", str(run_dir), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["circuit", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "usage: headwise circuit" in text and "--faithfulness F" in text
