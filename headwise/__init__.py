@@ -25,9 +25,12 @@ from headwise.analysis import (
     ablation_importance,
     accumulated_resid,
     decompose_resid,
+    discover_circuit,
+    edge_attribution,
     explain_head,
     gradient_importance,
     logit_attrs,
+    path_patch,
     role_scores,
     stack_head_results,
 )
@@ -96,4 +99,6 @@ __all__ = [
     "FactoredMatrix", "accumulated_resid", "decompose_resid", "logit_attrs", "stack_head_results",
     # finished runs
     "LoadedRun", "load_run",
+    # paths and circuits
+    "discover_circuit", "edge_attribution", "path_patch",
 ]

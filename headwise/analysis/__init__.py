@@ -1,11 +1,21 @@
-"""Analysis: role scores, importance, activation patching, OV circuits, trajectories.
+"""Analysis: role scores, importance, activation and path patching, circuits, trajectories.
 
 See docs/roles.md (score definitions and sources). Contracts live in ``headwise.contract``,
 reports in ``headwise.report``, role forecasts in ``headwise.forecast``.
 """
 
+from headwise.analysis.circuit import (
+    Circuit,
+    Faithfulness,
+    circuit_edges,
+    discover_circuit,
+    edge_drop,
+    faithfulness,
+)
 from headwise.analysis.decompose import accumulated_resid, decompose_resid, stack_head_results
+from headwise.analysis.edges import Agreement, EdgeScores, agreement, edge_attribution
 from headwise.analysis.explain import Step, Walkthrough, explain_head
+from headwise.analysis.graph import Edge, Node, all_edges, parse_edge
 from headwise.analysis.importance import (
     ablation_importance,
     example_stats,
@@ -20,6 +30,7 @@ from headwise.analysis.logit_attrs import (
 )
 from headwise.analysis.ov import copying_eigen_ratio, ov_logits, ov_top1
 from headwise.analysis.patching import PatchingResult, activation_patching
+from headwise.analysis.paths import PathPatcher, PathPatchResult, exact_effects, path_patch
 from headwise.analysis.probe_inputs import (
     induction_probe,
     infer_period,
@@ -51,4 +62,8 @@ __all__ = [
     # TransformerLens-style residual decomposition and direct logit attribution
     "accumulated_resid", "apply_ln_to_stack", "decompose_resid", "logit_attrs",
     "stack_head_results", "tokens_to_residual_directions",
+    # paths and circuits
+    "Agreement", "Circuit", "Edge", "EdgeScores", "Faithfulness", "Node", "PathPatchResult",
+    "PathPatcher", "agreement", "all_edges", "circuit_edges", "discover_circuit",
+    "edge_attribution", "edge_drop", "exact_effects", "faithfulness", "parse_edge", "path_patch",
 ]

@@ -22,7 +22,7 @@ from headwise.training.interrupt import Interrupted
 # parser and sets ``func(args) -> int`` as the default. A module that does not exist yet is
 # skipped, so subcommands land independently.
 COMMANDS = ("demo", "train", "plan", "verify", "analyze", "report", "explain", "convert",
-            "export", "fit_forecaster")
+            "export", "fit_forecaster", "circuit")
 
 
 class _Parser(argparse.ArgumentParser):
