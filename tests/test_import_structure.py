@@ -223,7 +223,7 @@ def test_an_upward_import_is_reported(tmp_path, source, message):
     assert len(upward) == 1 and message in upward[0]
 
 
-CLAUSE_KINDS = {"score", "ablation", "exclusive", "task", "preserve"}
+CLAUSE_KINDS = {"score", "ablation", "exclusive", "task", "preserve", "path", "circuit"}
 
 
 def _kind_dispatch(path: Path) -> list[int]:

@@ -41,6 +41,8 @@ class Clause:
         heads: the heads the clause is about (empty for task clauses).
         at_least, at_most: bounds on the measured value (score; drop; for exclusive clauses
             the listed tasks' drop lower bound and the other tasks' drop upper bound).
+        edges: the edges (and nodes) of a ``path`` or ``circuit`` clause
+            (``headwise.analysis.graph``); empty for the others.
         source: the clause as written (JSON/YAML-ready).
     """
 
@@ -56,6 +58,7 @@ class Clause:
     mode: str = "zero"
     at_least: float | None = None
     at_most: float | None = None
+    edges: tuple[Any, ...] = ()
     name: str | None = None
     source: dict[str, Any] = field(default_factory=dict, compare=False)
 

@@ -28,11 +28,17 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ParseContext:
-    """What a clause is parsed against: the model's shape and the spec's task names."""
+    """What a clause is parsed against: the model's shape and the spec's task names.
+
+    ``n_kv_heads`` (``None``: one per head), ``has_mlp`` and ``post_norm`` complete the shape
+    of the model's graph of paths (``path`` and ``circuit`` clauses)."""
 
     n_layers: int
     n_heads: int
     tasks: tuple[str, ...]
+    n_kv_heads: int | None = None
+    has_mlp: bool = True
+    post_norm: bool = False
 
 
 class ClauseKind(ABC):

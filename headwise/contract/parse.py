@@ -26,7 +26,8 @@ MAX_CLAUSES = 512  # each clause is measured at every evaluation point
 
 def parse_contract(clauses: Any, n_layers: int, n_heads: int, tasks: Sequence[str],
                    probes: Sequence[str] | None = None,
-                   kinds: Mapping[str, ClauseKind] | None = None) -> Contract:
+                   kinds: Mapping[str, ClauseKind] | None = None,
+                   config: Any = None) -> Contract:
     """Validate ``clauses`` (a list of mappings, or ``None``: no contract) and build the contract.
 
     Args:
@@ -34,6 +35,9 @@ def parse_contract(clauses: Any, n_layers: int, n_heads: int, tasks: Sequence[st
         kinds: the clause kinds, asked in order which one a raw clause is (default ``KINDS``;
             a kind defined elsewhere joins as ``{**KINDS, kind.name: kind}``, before the
             built-in kinds if it must claim clauses they would).
+        config: the model's ``ModelConfig``, for the shape of its graph of paths (kv heads,
+            MLPs, norm order: ``path`` and ``circuit`` clauses); ``None``: one kv head per head,
+            MLPs, pre-norm.
 
     Raises:
         SpecError: the first problem found, its message starting with the clause path.
@@ -46,7 +50,9 @@ def parse_contract(clauses: Any, n_layers: int, n_heads: int, tasks: Sequence[st
         raise SpecError(f"contract: got {len(clauses)} clauses, expected at most {MAX_CLAUSES} "
                         "(any_of / all_of name many heads in one clause)")
     registry = KINDS if kinds is None else kinds
-    ctx = ParseContext(n_layers, n_heads, tuple(tasks))
+    ctx = ParseContext(n_layers, n_heads, tuple(tasks)) if config is None else ParseContext(
+        n_layers, n_heads, tuple(tasks), config.n_kv_heads, not config.attn_only,
+        config.norm == "post")
     parsed = tuple(_parse(i, raw, ctx, registry) for i, raw in enumerate(clauses))
     _check_together(parsed)
     for c in parsed:
@@ -73,7 +79,8 @@ def kind_of(path: str, raw: dict[str, Any],
         k = unknown[0]
         raise SpecError(f"{path}: unknown key {k!r}{fields.suggest(k, every)}")
     raise SpecError(f"{path}: cannot tell the clause kind; expected a 'score' clause, an "
-                    "'ablate' clause, a 'task' clause or 'exclusive: true'")
+                    "'ablate' clause, a 'task' clause, 'exclusive: true', a 'path', a "
+                    "'circuit' or a 'preserve' clause")
 
 
 def every_key(kinds: Mapping[str, ClauseKind]) -> list[str]:

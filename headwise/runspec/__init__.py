@@ -87,7 +87,7 @@ def spec_from_dict(data: dict, base: Path | None = None, text: str = "") -> Spec
     ffn = parse_ffn(data.get("ffn"), config)
     probes = parse_probes(data.get("probes"), config, dataspec, model.pretrained is not None)
     contract = parse_contract(data.get("contract"), config.n_layers, config.n_heads, tasks,
-                              probe_names(dataspec, probes))
+                              probe_names(dataspec, probes), config=config)
     return Spec(model, dataspec, train, contract, heads, gates, adapters, ffn, probes,
                 parse_enforce(data.get("enforce")), text=text)
 

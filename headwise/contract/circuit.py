@@ -1,0 +1,126 @@
+"""Circuit clauses: a set of edges (or heads) that alone keeps a task, or outside which nothing
+matters.
+
+``{circuit: [L0.H1 -> L1.H2 via k, L1.H2 -> logits], task: T, keeps_at_least: 0.9}`` states
+faithfulness: with every edge outside the circuit ablated together (``mode`` ``mean``, the
+default, or ``zero``), the share of the task metric the circuit keeps between the model with
+no edge at all and the whole model, ``(M(circuit) - M(empty)) / (M(model) - M(empty))``
+(``headwise.analysis.circuit.faithfulness``). ``outside_drop_at_most: d`` bounds instead what
+ablating the outside costs the task (``M(model) - M(circuit)`` for accuracies, the loss's
+increase: what lies outside may not matter, the strict part of strict interchange intervention
+training). A clause states one of the two; write two clauses for both. Items are edges
+(``headwise.analysis.graph``) or nodes (``L0.H1``, ``L0.MLP``), whose edges among each other,
+the embeddings and the logits belong to the circuit. Measured on the task's held-out batch. No
+lever builds a circuit yet: under ``--enforce`` the clause is refused unless
+``--allow-unenforced``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from headwise.analysis.circuit import faithfulness
+from headwise.analysis.graph import Edge, Node, parse_edge, parse_node
+from headwise.contract import fields
+from headwise.contract.clause import METRICS, Clause, holds, number_or_none
+from headwise.contract.kind import ClauseKind, ParseContext
+from headwise.contract.lever import ClauseLever, PlanContext
+from headwise.contract.path import PATH_MODES, drop_range, edge_heads, graph_shape, task_batch
+from headwise.contract.results import ClauseResult, VerifyData
+from headwise.errors import SpecError
+from headwise.heads import Head, HeadSet
+
+BOUNDS = ("keeps_at_least", "outside_drop_at_most")
+MAX_ITEMS = 4096
+
+
+class CircuitKind(ClauseKind):
+    name = "circuit"
+    keys = frozenset({"circuit", "task", "metric", "mode", *BOUNDS, "name"})
+
+    def claims(self, raw: Mapping[str, Any]) -> bool:
+        return "circuit" in raw
+
+    def parse(self, path: str, index: int, raw: dict[str, Any], ctx: ParseContext) -> Clause:
+        items = raw.get("circuit")
+        if not isinstance(items, list) or not items or len(items) > MAX_ITEMS:
+            raise SpecError(f"{path}.circuit: got {_short(items)}, expected a non-empty list "
+                            f"(at most {MAX_ITEMS}) of edges such as 'L0.H1 -> L1.H2 via k' "
+                            "or nodes such as L0.H1")
+        shape = graph_shape(ctx)
+        edges: list[Edge] = []
+        nodes: list[Node] = []
+        for i, item in enumerate(items):
+            where = f"{path}.circuit[{i}]"
+            if not isinstance(item, str):
+                raise SpecError(f"{where}: got {_short(item)}, expected an edge such as "
+                                "'L0.H1 -> L1.H2 via k' or a node such as L0.H1")
+            if "->" in item:
+                edges.append(parse_edge(item, shape, what=where))
+            else:
+                nodes.append(parse_node(item, shape, where))
+        given = [b for b in BOUNDS if b in raw]
+        if len(given) != 1:
+            raise SpecError(f"{path}: got {given or 'no bound'}, expected one of "
+                            f"{list(BOUNDS)} (write two clauses for both)")
+        metric = fields.choice(path, raw, "metric", METRICS, "accuracy")
+        mode = fields.choice(path, raw, "mode", PATH_MODES, "mean")
+        task = fields.task(path, "task", raw.get("task"), ctx.tasks)
+        value = fields.number(path, raw, given[0])
+        assert value is not None
+        if given[0] == "keeps_at_least":
+            fields.in_range(path, {given[0]: value}, -math.inf, math.inf, "a finite share")
+            lo, hi = value, None
+        else:
+            low, high = drop_range(metric)
+            fields.in_range(path, {given[0]: value}, low, high,
+                            f"an {metric} drop in [{low:g}, {high:g}]")
+            lo, hi = None, value
+        heads = edge_heads(tuple(edges), ctx)
+        named = sorted({*heads, *(Head(n.layer, n.head) for n in nodes if n.kind == "head")})
+        return Clause(index, self, "set", HeadSet(named, ctx.n_layers, ctx.n_heads),
+                      task=task, metric=metric, mode=mode, at_least=lo, at_most=hi,
+                      edges=(*edges, *nodes), name=fields.name(path, raw), source=dict(raw))
+
+    def describe(self, clause: Clause) -> str:
+        what = "share kept" if clause.at_least is not None else "outside drop"
+        return (f"circuit of {len(clause.edges)} item(s): {clause.task} {clause.metric} "
+                f"{what} ({clause.mode})")
+
+    def measured_on(self, clause: Clause) -> str:
+        return (f"held-out {clause.task} examples, every edge outside the circuit path-patched "
+                f"({clause.mode} of its sender)")
+
+    def value_range(self, clause: Clause) -> tuple[float, float]:
+        return (-math.inf, math.inf) if clause.at_least is not None else drop_range(
+            clause.metric)
+
+    def measure(self, model: nn.Module, clause: Clause, data: VerifyData) -> ClauseResult:
+        batch = task_batch(data, clause)
+        f = faithfulness(model, batch, [str(x) for x in clause.edges], metric=clause.metric,
+                         mode=clause.mode)
+        value = f.kept if clause.at_least is not None else f.outside_drop
+        return ClauseResult(clause, holds(value, clause.at_least, clause.at_most),
+                            number_or_none(value), clause.threshold_text(), "the circuit",
+                            details={"full": f.full, "circuit": f.circuit, "empty": f.empty,
+                                     "examples": int(batch.tokens.shape[0])})
+
+    def threshold_text(self, clause: Clause) -> str:
+        if clause.at_least is not None:
+            return f"keeps >= {clause.at_least:g}"
+        return f"outside drop <= {clause.at_most:g}"
+
+    def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
+        return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+KIND = CircuitKind()

@@ -1,0 +1,121 @@
+"""The ``path`` and ``circuit`` clause kinds: parsed with the model's graph, measured by path
+patching (against a head's output zeroed by hand where the two are the same thing), refused
+where gates make them impossible, and named as unlevered under ``--enforce``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from headwise.analysis.importance import example_stats
+from headwise.cli import main
+from headwise.contract import verify
+from headwise.errors import SpecError
+from headwise.hooks import ablate
+from headwise.pipeline import compile_spec
+from headwise.pipeline.heldout import verification_data
+from headwise.runspec import load_spec
+
+SPEC = {
+    "model": {"n_layers": 1, "n_heads": 2, "d_model": 16, "vocab_size": 12, "max_seq_len": 10,
+              "attn_only": True},
+    "data": {"tasks": {"copy": {"length": 3}}, "eval_examples": 32},
+    "train": {"steps": 4, "batch_size": 8, "eval_every": 2},
+}
+
+
+def spec_with(contract: list[dict], **extra: object) -> str:
+    return yaml.safe_dump({**SPEC, **extra, "contract": contract}, sort_keys=False)
+
+
+def loss(model: torch.nn.Module, batch: object, hooks: list = ()) -> float:
+    """The task's token-weighted loss, with ``hooks`` attached."""
+    m: object = model
+    with torch.no_grad(), m.hooks(*hooks):  # type: ignore[attr-defined]
+        logits = model(batch.tokens, attention_mask=batch.attention_mask,  # type: ignore[attr-defined]
+                       task_ids=batch.task_ids)  # type: ignore[attr-defined]
+    num, count = example_stats(logits, batch.targets)["loss"]  # type: ignore[attr-defined]
+    return float(num.sum() / count.sum())
+
+
+def test_a_path_to_the_logits_is_the_head_zeroed_where_that_is_its_only_reader() -> None:
+    """In a one-layer attention-only model a head's output reaches the logits alone, so
+    ablating the edge ``L0.H1 -> logits`` (zero) equals zeroing the head's output."""
+    spec = load_spec(spec_with([
+        {"path": "L0.H1 -> logits", "task": "copy", "metric": "loss", "mode": "zero",
+         "drop_at_least": 0.0},
+        {"circuit": ["L0.H0"], "task": "copy", "metric": "loss", "mode": "zero",
+         "outside_drop_at_most": 10.0}]))
+    compiled = compile_spec(spec)
+    data = verification_data(compiled)
+    model, batch = compiled.model, data.tasks["copy"]
+    with torch.no_grad():  # an untrained head barely moves the loss: make its output count
+        model.blocks[0].attn.o_proj.weight.mul_(30.0)  # type: ignore[union-attr,operator]
+    result = verify(model, spec.contract, data).results
+    clean, zeroed = loss(model, batch), loss(model, batch, ablate(model, "L0.H1", "zero"))
+    assert abs(zeroed - clean) > 1e-3  # the head matters: the comparison is not of two zeros
+    assert result[0].measured == pytest.approx(zeroed - clean, abs=1e-5)
+    assert result[0].details["clean"] == pytest.approx(clean, abs=1e-6)
+    # the circuit of L0.H0: everything of L0.H1 is outside, so its run is L0.H1 zeroed
+    assert result[1].details["circuit"] == pytest.approx(zeroed, abs=1e-5)
+    assert result[1].measured == pytest.approx(zeroed - clean, abs=1e-5)
+
+
+def test_a_whole_circuit_keeps_everything() -> None:
+    spec = load_spec(spec_with([{"circuit": ["L0.H0", "L0.H1"], "task": "copy",
+                                 "keeps_at_least": 0.99}]))
+    compiled = compile_spec(spec)
+    (r,) = verify(compiled.model, spec.contract, verification_data(compiled)).results
+    assert r.measured == pytest.approx(1.0) and r.passed
+    assert r.clause.kind == "circuit" and r.threshold == "keeps >= 0.99"
+
+
+@pytest.mark.parametrize("clause, message", [
+    ({"path": "L0.H1 -> L0.H0", "via": "k", "task": "copy", "drop_at_least": 0.1},
+     "contract[0].path: L0.H1 -> L0.H0: the sender must be below the receiver"),
+    ({"path": "embed -> L0.H0", "task": "copy", "drop_at_least": 0.1},
+     "contract[0].path: embed -> L0.H0: got via None, expected q, k or v"),
+    ({"path": "L0.H5 -> logits", "task": "copy", "drop_at_least": 0.1},
+     "contract[0].path: got 'L0.H5'"),
+    ({"path": "L0.H0 -> logits", "task": "copy"}, "contract[0]: missing bound"),
+    ({"path": "L0.H0 -> logits", "task": "copy", "drop_at_least": 2}, "contract[0].drop_at_least"),
+    ({"circuit": ["L0.H0"], "task": "copy", "keeps_at_least": 0.9,
+      "outside_drop_at_most": 0.1}, "contract[0]: got ['keeps_at_least', 'outside_drop_at_most']"),
+    ({"circuit": [], "task": "copy", "keeps_at_least": 0.9}, "contract[0].circuit: got []"),
+    ({"circuit": ["L0.MLP"], "task": "copy", "keeps_at_least": 0.9},
+     "contract[0].circuit[0]: got 'L0.MLP', expected an MLP of layers 0-0 (the model is "
+     "attention-only)"),
+])
+def test_a_bad_path_or_circuit_is_named(clause: dict, message: str) -> None:
+    with pytest.raises(SpecError) as e:
+        load_spec(spec_with([clause]))
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_under_gqa_a_key_path_names_the_kv_head_of_its_group() -> None:
+    model = {**SPEC["model"], "n_layers": 2, "n_heads": 4, "n_kv_heads": 2}
+    spec = load_spec(yaml.safe_dump({**SPEC, "model": model, "contract": [
+        {"path": "L0.H0 -> L1.H3 via k", "task": "copy", "drop_at_most": 1.0}]}))
+    (clause,) = spec.contract
+    assert str(clause.edges[0]) == "L0.H0 -> L1.H2 via k"  # query heads 2 and 3 share kv 1
+    assert sorted(str(h) for h in clause.heads) == ["L0.H0", "L1.H2", "L1.H3"]
+
+
+def test_plan_refuses_a_path_through_a_head_gated_off_and_enforce_names_the_missing_lever(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "spec.yaml"
+    two = {**SPEC, "data": {"tasks": {"copy": {"length": 3}, "reverse": {"length": 3}},
+                            "eval_examples": 32},
+           "heads": {"L0.H0": {"tasks": ["copy"]}, "L0.H1": {"tasks": ["reverse"]}}}
+    spec.write_text(yaml.safe_dump({**two, "contract": [
+        {"path": "L0.H1 -> logits", "task": "copy", "drop_at_least": 0.2}]}))
+    assert main(["plan", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert "contract[0]: path L0.H1 -> logits" in err and "switch L0.H1 off on copy" in err
+    spec.write_text(yaml.safe_dump({**two, "contract": [
+        {"path": "L0.H0 -> logits", "task": "copy", "drop_at_least": 0.2}]}))
+    assert main(["train", str(spec), "--out", str(tmp_path / "r"), "--quiet", "--enforce"]) == 2
+    assert "contract[0]: no lever can move this clause" in capsys.readouterr().err
