@@ -22,7 +22,7 @@ cap ``lambda_max`` are applied around cooper's step in both cooper variants, eac
 ``DualUpdate`` set as ``EnforceConfig.dual``. Needs the ``bench`` extra:
 ``pip install -c constraints.txt -e ".[bench]"`` (cooper-optim; the torch pin holds).
 
-    python bench/cooper_duals.py [--duals own cooper-sgd cooper-nupi] [--only NAME ...]
+    python -m bench.cooper_duals [--duals own cooper-sgd cooper-nupi] [--only NAME ...]
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from contract_suite import SUITE, run_one, run_worker  # noqa: E402
+from bench.lab.suite import SUITE, run_one
+from bench.lab.workers import module_command, run_worker
 
 DUALS = ("own", "cooper-sgd", "cooper-nupi")
 KP = 1.0
@@ -103,7 +103,7 @@ def worker(spec: Path, out: Path, dual: str) -> dict[str, Any]:
 
 def spawn(spec: Path, dual: str, tmp: Path) -> dict[str, Any]:
     out = tmp / f"{spec.stem}-{dual}"
-    cmd = [sys.executable, __file__, "--worker", str(spec), str(out), dual]
+    cmd = module_command(__spec__.name, "--worker", spec, out, dual)
     return run_worker(cmd, f"{spec.stem} ({dual})")
 
 

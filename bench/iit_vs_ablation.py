@@ -2,7 +2,7 @@
 
 Runs every suite spec that has a ``drop_at_least`` clause (ablation or exclusive) with
 ``--enforce`` once per candidate lever (``EnforceConfig.carrier_stages``), each run in its own
-subprocess with one torch thread (``bench/contract_suite.py``'s worker), same seeds and budget:
+subprocess with one torch thread (``bench.lab.suite.run_one``), same seeds and budget:
 
 - ``others``: the other heads of H's layers stochastically ablated on T's examples (H becomes
   *sufficient* for T);
@@ -17,7 +17,7 @@ An interchange-intervention lever (IIT, Geiger et al. 2022) was measured beside 
 Prints a markdown table: per spec and lever, the ``drop_at_least`` clause's measured drop and
 verdict, clauses held, steps used, the tasks' held-out exact match, wall time.
 
-    python bench/iit_vs_ablation.py [--levers others margin others+margin others>margin]
+    python -m bench.iit_vs_ablation [--levers others margin others+margin others>margin]
         [--json PATH]
 """
 
@@ -30,10 +30,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from contract_suite import STAGES, SUITE, spawn  # noqa: E402
-
-from headwise.render.numbers import fixed  # noqa: E402
+from bench.lab.suite import STAGES, SUITE, run_one
+from bench.lab.workers import module_command, run_worker
+from headwise.render.numbers import fixed
 
 LEVERS = tuple(STAGES)
 
@@ -41,6 +40,20 @@ LEVERS = tuple(STAGES)
 def carrier_specs() -> list[Path]:
     """Suite specs with a ``drop_at_least`` clause."""
     return [s for s in sorted(SUITE.glob("*.yaml")) if "drop_at_least" in s.read_text()]
+
+
+def worker(spec: Path, out: Path, lever: str) -> dict[str, Any]:
+    """One enforced run of ``spec`` with the candidate ``lever`` (this process)."""
+    from headwise.contract import EnforceConfig
+
+    return run_one(spec, True, out, EnforceConfig(carrier_stages=STAGES[lever]))
+
+
+def spawn(spec: Path, lever: str, tmp: Path) -> dict[str, Any]:
+    """``worker`` in a fresh subprocess (one thread, nothing shared between runs)."""
+    out = tmp / f"{spec.stem}-{lever.replace('+', '_')}"
+    return run_worker(module_command(__spec__.name, "--worker", spec, out, lever),
+                      f"{spec.stem} ({lever})")
 
 
 def row(res: dict[str, Any], lever: str) -> str:
@@ -57,15 +70,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levers", nargs="+", default=list(LEVERS), choices=LEVERS)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(Path(args.worker[0]), Path(args.worker[1]), args.worker[2])))
+        return
     lines = ["| spec | lever | drop clause measured | clauses held | steps (of) "
              "| task exact | wall s |", "|---|---|---|---|---|---|---|"]
     raw = []
     with tempfile.TemporaryDirectory() as tmp:
         for spec in carrier_specs():
             for lever in args.levers:  # interleaved: one spec's candidates back to back
-                res = spawn(spec, True, Path(tmp) / lever.replace("+", "_"),
-                            [f"carrier_stages={lever}"])
+                res = spawn(spec, lever, Path(tmp))
                 raw.append({"lever": lever, **res})
                 lines.append(row(res, lever))
                 print(lines[-1], file=sys.stderr, flush=True)
