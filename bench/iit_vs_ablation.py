@@ -2,7 +2,7 @@
 
 Runs every suite spec that has a ``drop_at_least`` clause (ablation or exclusive) with
 ``--enforce`` once per candidate lever (``EnforceConfig.carrier_stages``), each run in its own
-subprocess with one torch thread (``bench.lab.suite.run_one``), same seeds and budget:
+subprocess with one torch thread (``bench.lab.suite.spawn_enforced``), same seeds and budget:
 
 - ``others``: the other heads of H's layers stochastically ablated on T's examples (H becomes
   *sufficient* for T);
@@ -30,8 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.lab.suite import STAGES, SUITE, run_one
-from bench.lab.workers import module_command, run_worker
+from bench.lab.suite import STAGES, SUITE, spawn_enforced, work_enforced
 from headwise.render.numbers import fixed
 
 LEVERS = tuple(STAGES)
@@ -42,18 +41,11 @@ def carrier_specs() -> list[Path]:
     return [s for s in sorted(SUITE.glob("*.yaml")) if "drop_at_least" in s.read_text()]
 
 
-def worker(spec: Path, out: Path, lever: str) -> dict[str, Any]:
-    """One enforced run of ``spec`` with the candidate ``lever`` (this process)."""
+def config(lever: str) -> Any:
+    """The ``EnforceConfig`` of candidate ``lever``."""
     from headwise.contract import EnforceConfig
 
-    return run_one(spec, True, out, EnforceConfig(carrier_stages=STAGES[lever]))
-
-
-def spawn(spec: Path, lever: str, tmp: Path) -> dict[str, Any]:
-    """``worker`` in a fresh subprocess (one thread, nothing shared between runs)."""
-    out = tmp / f"{spec.stem}-{lever.replace('+', '_')}"
-    return run_worker(module_command(__spec__.name, "--worker", spec, out, lever),
-                      f"{spec.stem} ({lever})")
+    return EnforceConfig(carrier_stages=STAGES[lever])
 
 
 def row(res: dict[str, Any], lever: str) -> str:
@@ -73,15 +65,14 @@ def main() -> None:
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(Path(args.worker[0]), Path(args.worker[1]), args.worker[2])))
-        return
+        return work_enforced(args.worker, config)
     lines = ["| spec | lever | drop clause measured | clauses held | steps (of) "
              "| task exact | wall s |", "|---|---|---|---|---|---|---|"]
     raw = []
     with tempfile.TemporaryDirectory() as tmp:
         for spec in carrier_specs():
             for lever in args.levers:  # interleaved: one spec's candidates back to back
-                res = spawn(spec, lever, Path(tmp))
+                res = spawn_enforced(__spec__.name, spec, lever, Path(tmp))
                 raw.append({"lever": lever, **res})
                 lines.append(row(res, lever))
                 print(lines[-1], file=sys.stderr, flush=True)

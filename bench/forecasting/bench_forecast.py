@@ -93,7 +93,6 @@ ABLATION = {
 }
 
 
-
 def cross_validate(runs: list[dict], seeds: list[int], ablation: bool,
                    within: bool = False) -> dict[str, dict]:
     """Baseline and fitted forecasters on held-out seeds and held-out configurations; with

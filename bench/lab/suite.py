@@ -4,16 +4,20 @@
 worker per run, ``bench.lab.workers``) and returns what their tables read: clauses held,
 steps, task metrics, wall time, and the seconds spent in the ``Enforcer`` callback (timed by
 wrapping ``Enforcer.__call__`` in the worker's process). ``STAGES`` spells the candidate
-levers of ``EnforceConfig.carrier_stages`` as the benchmarks name them.
+levers of ``EnforceConfig.carrier_stages`` as the benchmarks name them. A benchmark that
+compares enforcement variants spawns one enforced run per (spec, variant) with
+``spawn_enforced`` and answers it with ``work_enforced``, each run in its own process.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.lab.workers import ROOT
+from bench.lab.workers import ROOT, module_command, run_worker
 
 SUITE = ROOT / "headwise" / "examples" / "suite"  # the suite's specs
 
@@ -78,3 +82,18 @@ def run_one(spec: Path, enforce: bool, out: Path, config: Any = None) -> dict[st
 
 STAGES = {"others>margin": (("others",), ("margin",)), "others+margin": (("others", "margin"),),
           "others": (("others",),), "margin": (("margin",),)}
+
+
+def spawn_enforced(module: str, spec: Path, variant: str, tmp: Path) -> dict[str, Any]:
+    """One enforced run of ``spec`` under ``variant`` in a fresh process of ``module`` (its
+    ``--worker SPEC OUT VARIANT`` calls ``work_enforced``); the run's ``run_one`` record."""
+    out = tmp / f"{spec.stem}-{variant.replace('+', '_')}"
+    return run_worker(module_command(module, "--worker", spec, out, variant),
+                      f"{spec.stem} ({variant})")
+
+
+def work_enforced(worker: Sequence[str], config: Callable[[str], Any]) -> None:
+    """The worker of ``spawn_enforced``: ``worker`` is (SPEC, OUT, VARIANT); prints the enforced
+    run's record, ``config(VARIANT)`` its ``EnforceConfig`` (``None``: the library's)."""
+    spec, out, variant = worker
+    print(json.dumps(run_one(Path(spec), True, Path(out), config(variant))))
