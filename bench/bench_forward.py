@@ -2,9 +2,9 @@
 
 Run from the repository root::
 
-    .venv/bin/python bench/bench_forward.py                       # speed + memory
-    .venv/bin/python bench/bench_forward.py --tl-python bench/.cache/tlvenv3/bin/python  # + TL
-    .venv/bin/python bench/bench_forward.py --profile --shapes 64x32,256x8 --reps 5
+    .venv/bin/python -m bench.bench_forward                       # speed + memory
+    .venv/bin/python -m bench.bench_forward --tl-python bench/.cache/tlvenv3/bin/python  # + TL
+    .venv/bin/python -m bench.bench_forward --profile --shapes 64x32,256x8 --reps 5
 
 Speed: both systems in one process, one thread, interleaved (each repetition runs every system
 once, in turn), median of ``--reps`` after ``--warmup`` runs. Forward runs under
@@ -15,7 +15,8 @@ TransformerLens (optional, memory only): ``--tl-python`` / ``--tl4-python`` name
 environment has ``transformer_lens`` 3.x / 4.x (never a headwise dependency).
 Profile (``--profile``): per-op self CPU time of the no-hook forward and of all patterns cached,
 ``torch.profiler`` around each call (``profile_ops``). Speed against TransformerLens is
-``bench_tl_cache.py``, which also builds that environment and reuses ``_tl_model`` from here.
+``bench_tl_cache.py``, which also builds that environment (both build TransformerLens's model
+with ``bench.lab.forward_models.tl_model``).
 """
 
 from __future__ import annotations
@@ -24,67 +25,17 @@ import argparse
 import json
 import os
 import resource
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-HERE = Path(__file__).resolve().parent
-SHAPE: dict[str, Any] = {"n_layers": 4, "d_model": 256, "n_heads": 8, "d_ff": 1024,
-                         "vocab_size": 4096, "max_seq_len": 1024}
-
-
-def build(seed: int = 0) -> tuple[Any, Any]:
-    """Our GPT-2-shaped model and the reference with the same weights."""
-    sys.path.insert(0, str(HERE))
-    from reference_gpt import GPT, load_from_headwise
-
-    from headwise import ModelConfig, build_model
-
-    cfg = ModelConfig(**SHAPE, positional="learned", activation="gelu_tanh", norm="pre",
-                      norm_type="layernorm", bias="all", tie_embeddings=True, causal=True)
-    ours = build_model(cfg, seed=seed).eval()
-    ref = GPT(**SHAPE).eval()
-    load_from_headwise(ref, ours)
-    return ours, ref
-
-
-# What a timing reads: wall-clock seconds, or this process's CPU seconds (user + system, every
-# thread), which a loaded shared machine inflates far less: a process waiting for a core
-# accrues none. ``--clock`` chooses; the figures say which.
-CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
-
-
-def interleaved(systems: dict[str, Callable[[], object]], reps: int, warmup: int,
-                clock: str = "wall") -> dict[str, list[float]]:
-    """Seconds per repetition per system; every repetition runs each system once, in turn."""
-    now = CLOCKS[clock]
-    for _ in range(warmup):
-        for fn in systems.values():
-            fn()
-    times: dict[str, list[float]] = {k: [] for k in systems}
-    for _ in range(reps):
-        for name, fn in systems.items():
-            t0 = now()
-            fn()
-            times[name].append(now() - t0)
-    return times
-
-
-def medians(times: dict[str, list[float]]) -> dict[str, float]:
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
-def paired(times: dict[str, list[float]], num: str, den: str) -> float:
-    """Median over repetitions of ``num_i / den_i`` (robust to load drift between reps)."""
-    return statistics.median(a / b for a, b in zip(times[num], times[den], strict=True))
+from bench.lab.forward_models import SHAPE, build, tl_model
+from bench.lab.timing import CLOCKS, interleaved, medians, paired
+from bench.lab.workers import module_command, run_worker
 
 
 def speed(T: int, B: int, reps: int, warmup: int, clock: str = "wall",
@@ -184,7 +135,7 @@ def memory_worker(mode: str, T: int, B: int) -> None:
     torch.set_num_threads(1)
     tokens = torch.randint(0, SHAPE["vocab_size"], (B, T))
     if mode.startswith("tl"):
-        model = _tl4_model(None) if mode.startswith("tl4") else _tl_model(None)
+        model = _tl4_model(None) if mode.startswith("tl4") else tl_model(None)
         run = lambda: model.run_with_cache(  # noqa: E731
             tokens, names_filter=lambda n: n.endswith("hook_pattern"))
     else:
@@ -218,51 +169,6 @@ def _peak_rss_kib() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-def _tl_model(state_path: str | None) -> Any:
-    """TransformerLens HookedTransformer of the same shape (weights from ours if given)."""
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    cfg = HookedTransformerConfig(
-        n_layers=SHAPE["n_layers"], d_model=SHAPE["d_model"], n_heads=SHAPE["n_heads"],
-        d_head=SHAPE["d_model"] // SHAPE["n_heads"], d_mlp=SHAPE["d_ff"],
-        d_vocab=SHAPE["vocab_size"], n_ctx=SHAPE["max_seq_len"], act_fn="gelu_new",
-        normalization_type="LN", positional_embedding_type="standard",
-        default_prepend_bos=False, dtype=torch.float32, device="cpu")
-    model = HookedTransformer(cfg).eval()
-    if state_path is not None:
-        saved = torch.load(state_path, weights_only=True)
-        model.load_state_dict(_tl_state(saved["state"]), strict=False)
-        with torch.no_grad():
-            diff = (model(saved["tokens"]) - saved["logits"]).abs().max().item()
-        assert diff < 1e-4, f"TransformerLens and headwise disagree: max |diff| = {diff}"
-    return model
-
-
-def _tl_state(s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    H, D = SHAPE["n_heads"], SHAPE["d_model"]
-    Dh = D // H
-    out = {"embed.W_E": s["embed.weight"], "pos_embed.W_pos": s["pos_embed.weight"],
-           "unembed.W_U": s["embed.weight"].T.contiguous(),
-           "unembed.b_U": torch.zeros(SHAPE["vocab_size"]),
-           "ln_final.w": s["ln_final.weight"], "ln_final.b": s["ln_final.bias"]}
-    for l in range(SHAPE["n_layers"]):
-        p, t = f"blocks.{l}.", f"blocks.{l}."
-        for ours, theirs in (("q", "Q"), ("k", "K"), ("v", "V")):
-            w = s[p + f"attn.{ours}_proj.weight"]  # (H*Dh, D)
-            out[t + f"attn.W_{theirs}"] = w.view(H, Dh, D).transpose(1, 2).contiguous()
-            out[t + f"attn.b_{theirs}"] = s[p + f"attn.{ours}_proj.bias"].view(H, Dh)
-        out[t + "attn.W_O"] = s[p + "attn.o_proj.weight"].T.contiguous().view(H, Dh, D)
-        out[t + "attn.b_O"] = s[p + "attn.o_proj.bias"]
-        for n in ("1", "2"):
-            out[t + f"ln{n}.w"] = s[p + f"ln{n}.weight"]
-            out[t + f"ln{n}.b"] = s[p + f"ln{n}.bias"]
-        out[t + "mlp.W_in"] = s[p + "mlp.up_proj.weight"].T.contiguous()
-        out[t + "mlp.b_in"] = s[p + "mlp.up_proj.bias"]
-        out[t + "mlp.W_out"] = s[p + "mlp.down_proj.weight"].T.contiguous()
-        out[t + "mlp.b_out"] = s[p + "mlp.down_proj.bias"]
-    return out
 
 
 def _tl4_model(state_path: str | None) -> Any:
@@ -317,15 +223,6 @@ def _gpt2_state(s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             out[t + f"ln_{n}.weight"] = s[p + f"ln{n}.weight"]
             out[t + f"ln_{n}.bias"] = s[p + f"ln{n}.bias"]
     return out
-
-
-def _sub(python: str, *args: object) -> dict[str, float]:
-    cmd = [python, str(Path(__file__).resolve()), *map(str, args)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -388,7 +285,8 @@ def main() -> None:
         for mode in modes:
             tl = {"tl_all": args.tl_python, "tl4_all": args.tl4_python}
             python = tl.get(mode) or sys.executable
-            r = _sub(python, "--memory-worker", mode, T, B)
+            r = run_worker(module_command(__spec__.name, "--memory-worker", mode, T, B,
+                                              python=python), f"{mode} memory")
             print(f"{mode:<12}{r['peak_growth_mib']:>10.1f} MiB")
         pattern_mib = SHAPE["n_layers"] * B * SHAPE["n_heads"] * T * T * 4 / 2**20
         print(f"(all patterns as float32 = {pattern_mib:.0f} MiB)")

@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python bench/bench_levers.py            # defaults: T=256, B=8, 7 reps
+    .venv/bin/python -m bench.bench_levers           # defaults: T=256, B=8, 7 reps
 
 Model: 4 layers x 8 heads (32 heads), d_model 256, d_ff 1024, vocab 4096, GPT-2 shaped.
 A *training step* is forward, cross-entropy on random next tokens, backward, AdamW step
@@ -27,15 +27,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from step_timing import interleaved, paired, status_kib
+
+from bench.lab.timing import interleaved, paired, status_kib
+from bench.lab.workers import module_command, run_worker
 
 SHAPE = {"n_layers": 4, "d_model": 256, "n_heads": 8, "d_ff": 1024, "vocab_size": 4096,
          "max_seq_len": 1024}
@@ -110,13 +109,9 @@ def main() -> None:
     torch.set_num_threads(1)
     times = speed(args.T, args.B, args.reps, args.warmup)
     t = {s: statistics.median(v) for s, v in times.items()}
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    mem = {}
-    for s in SYSTEMS:
-        out = subprocess.run([sys.executable, __file__, "--memory-worker", s, "--T",
-                              str(args.T), "--B", str(args.B)], capture_output=True,
-                             text=True, check=True, env=env)
-        mem[s] = json.loads(out.stdout.strip().splitlines()[-1])
+    mem = {s: run_worker(module_command(__spec__.name, "--memory-worker", s, "--T", args.T,
+                                        "--B", args.B), f"{s} memory")
+           for s in SYSTEMS}
     print(f"T={args.T} B={args.B} reps={args.reps} warmup={args.warmup} threads=1")
     print(f"{'system':<10} {'step ms':>9} {'trainable':>11} {'peak MiB':>9}")
     for s in SYSTEMS:

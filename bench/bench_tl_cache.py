@@ -2,15 +2,15 @@
 
 Run from the repository root::
 
-    .venv/bin/python bench/bench_tl_cache.py                 # sets up the TL venv on first use
+    .venv/bin/python -m bench.bench_tl_cache                 # sets up the TL venv on first use
     .venv/bin/python bench/bench_tl_cache.py --rounds 5 --shapes 64x32,256x8,1024x2
 
 TransformerLens is never a headwise dependency: on first use the script creates its own venv,
 ``bench/.cache/tlvenv3`` (git-ignored), and installs ``transformer_lens==3.9.0`` (the last release
 with ``HookedTransformer``) and the same torch into it from the package registry, pinned by
 ``constraints.txt``. The model is ``bench_forward.py``'s GPT-2-shaped decoder (4 layers,
-d_model 256, 8 heads); TL gets our weights (``bench_forward._tl_model``, which asserts equal
-logits, max |diff| < 1e-4, before any timing).
+d_model 256, 8 heads; ``bench.lab.forward_models``); TL gets our weights (``tl_model``, which
+asserts equal logits, max |diff| < 1e-4, before any timing).
 
 Each round runs one process per system (ours, then TL), one thread each; a process times every
 mode of every shape interleaved (each repetition runs each mode once, in turn), median of
@@ -43,9 +43,11 @@ from typing import Any
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-VENV = HERE / ".cache" / "tlvenv3"
+from bench.lab.forward_models import SHAPE, build, tl_model
+from bench.lab.timing import interleaved, medians
+from bench.lab.workers import BENCH, ROOT, module_command, run
+
+VENV = BENCH / ".cache" / "tlvenv3"
 TL_PIN = "transformer_lens==3.9.0"
 MODES = ("no_hooks", "all_patterns", "every_hook", "names_filter")
 
@@ -65,14 +67,11 @@ def ensure_env(venv: Path) -> Path:
 
 
 def _modes(system: str, state: str) -> dict[str, Callable[[], object]]:
-    sys.path.insert(0, str(HERE))
-    from bench_forward import SHAPE, _tl_model
-
     saved = torch.load(state, weights_only=True)
     tokens = saved["tokens"]
     n = SHAPE["n_layers"]
     if system == "tl":
-        tl = _tl_model(state)  # asserts TL's logits equal ours
+        tl = tl_model(state)  # asserts TL's logits equal ours
         return {
             "no_hooks": lambda: tl(tokens),
             "all_patterns": lambda: tl.run_with_cache(
@@ -81,8 +80,6 @@ def _modes(system: str, state: str) -> dict[str, Callable[[], object]]:
             "names_filter": lambda: tl.run_with_cache(
                 tokens, names_filter=lambda name: "resid" in name),
         }
-    from bench_forward import build
-
     ours, _ = build()
     with torch.no_grad():
         diff = (ours(tokens) - saved["logits"]).abs().max().item()
@@ -99,9 +96,6 @@ def _modes(system: str, state: str) -> dict[str, Callable[[], object]]:
 
 def worker(system: str, states: list[str], reps: int, warmup: int, clock: str) -> None:
     """Print one JSON line: {shape: {mode: median seconds}} for ``system``."""
-    sys.path.insert(0, str(HERE))
-    from bench_forward import interleaved, medians
-
     torch.set_num_threads(1)
     out: dict[str, dict[str, float]] = {}
     for state in states:
@@ -113,10 +107,9 @@ def worker(system: str, states: list[str], reps: int, warmup: int, clock: str) -
 
 def _run(python: str, system: str, states: list[str], reps: int, warmup: int,
          clock: str, extra_env: dict[str, str]) -> dict[str, dict[str, float]]:
-    cmd = [python, str(Path(__file__).resolve()), "--worker", system, "--reps", str(reps),
-           "--warmup", str(warmup), "--clock", clock, *states]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra_env}
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    cmd = module_command(__spec__.name, "--worker", system, "--reps", reps, "--warmup", warmup,
+                         "--clock", clock, *states, python=python)
+    done = run(cmd, {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra_env})
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -125,9 +118,6 @@ def _run(python: str, system: str, states: list[str], reps: int, warmup: int,
 def compare(tl_python: str, shapes: list[tuple[int, int]], rounds: int, reps: int,
             warmup: int, clock: str, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """Alternate our process and TL's for ``rounds``; per shape and mode: medians, ratios."""
-    sys.path.insert(0, str(HERE))
-    from bench_forward import SHAPE, build
-
     ours, _ = build()
     with tempfile.TemporaryDirectory() as tmp:
         states = []

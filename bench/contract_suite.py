@@ -17,9 +17,9 @@ exact match on the verification set, wall times, the share of the enforced run's
 measuring the contract, then the total share of clauses held and every clause that fails on
 the verification set with ``--enforce``.
 
-    python bench/contract_suite.py [--jobs 1] [--only NAME ...] [--json PATH] [--set NAME=VALUE]
+    python -m bench.contract_suite [--jobs 1] [--only NAME ...] [--json PATH] [--set NAME=VALUE]
         [--variant halving]
-    python bench/contract_suite.py --merge PART.json ...   # one table from several --json runs
+    python -m bench.contract_suite --merge PART.json ...   # one table from several --json runs
 
 ``--jobs 2`` runs two subprocesses at a time (faster on two cores, but each wall time then
 includes contention: compare only ratios measured the same way).
@@ -29,18 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench.lab.suite import STAGES, SUITE, run_one
+from bench.lab.workers import module_command, run_worker
 from headwise.render.numbers import fixed
-
-SUITE = Path(__file__).resolve().parent.parent / "headwise" / "examples" / "suite"
 
 
 def halving() -> Any:
@@ -77,68 +73,6 @@ def multipliers_alone() -> Any:
 VARIANTS = {"halving": halving, "none": multipliers_alone}
 
 
-def run_one(spec: Path, enforce: bool, out: Path, config: Any = None) -> dict[str, Any]:
-    """Train ``spec`` once (in this process) and return what the table needs.
-
-    ``config`` is the ``EnforceConfig`` of the enforced run (default: the library's; its
-    ``dual`` may be another update rule).
-    """
-    import hashlib
-
-    import torch
-
-    from headwise.contract import EnforceConfig, Enforcer
-    from headwise.pipeline import RunOptions, held_out_mixture, train_run
-    from headwise.training import evaluate
-
-    torch.set_num_threads(1)
-    timings: list[float] = []
-    call = Enforcer.__call__
-
-    def timed(self: Any, state: Any) -> None:
-        start = time.perf_counter()
-        call(self, state)
-        timings.append(time.perf_counter() - start)
-
-    Enforcer.__call__ = timed  # type: ignore[method-assign]  # this worker process only
-    start = time.perf_counter()
-    outcome = train_run(spec, out, RunOptions(enforce=enforce, overwrite=True, progress=False,
-                                              enforce_config=config or EnforceConfig()))
-    wall = time.perf_counter() - start
-    compiled = outcome.compiled
-    spec_data = compiled.spec.data
-    record = evaluate(compiled.model, held_out_mixture(compiled.spec, "verify"), batch_size=256,
-                      n_batches=2, seed=spec_data.verify_seed)
-    verdict = outcome.contract
-    assert verdict is not None
-    enforcement = outcome.enforcement or {}
-    at_kept = enforcement.get("enforcement_set") or {}
-    digest = hashlib.sha256()  # the trained weights, to show two commits train the same model
-    for name, tensor in sorted(compiled.model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return {
-        "weights_sha256": digest.hexdigest(),
-        "spec": spec.stem, "enforce": enforce, "wall_s": wall, "verify_s": sum(timings),
-        "evaluations": len(timings), "steps": outcome.train.step,
-        "kept_step": enforcement.get("kept_step", outcome.train.step),
-        "max_steps": compiled.spec.train.steps,
-        "held": sum(r.passed for r in verdict.results), "n_clauses": len(verdict.results),
-        "held_enforcement_set": at_kept.get("passed"),
-        "clauses": [{"index": r.clause.index, "name": r.clause.label,
-                     "kind": r.clause.kind, "threshold": r.clause.threshold_text(),
-                     "measured": r.measured, "passed": r.passed} for r in verdict.results],
-        "tasks": {t: {"accuracy": v["accuracy"], "exact": v["exact"]}
-                  for t, v in record["tasks"].items()},
-        "multipliers": (outcome.enforcement or {}).get("clauses") and {
-            str(c["index"]): c["multiplier"] for c in outcome.enforcement["clauses"]},
-    }
-
-
-STAGES = {"others>margin": (("others",), ("margin",)), "others+margin": (("others", "margin"),),
-          "others": (("others",),), "margin": (("margin",),)}
-
-
 def enforce_config(sets: list[str], variant: str | None = None) -> Any:
     """The ``EnforceConfig`` that ``--set NAME=VALUE`` items (and a ``--variant``) describe."""
     import dataclasses
@@ -163,7 +97,7 @@ def spawn(spec: Path, enforce: bool, tmp: Path, sets: list[str],
           variant: str | None = None) -> dict[str, Any]:
     """``run_one`` in a fresh subprocess (one thread, nothing shared between runs)."""
     out = tmp / f"{spec.stem}-{'enf' if enforce else 'plain'}"
-    cmd = [sys.executable, __file__, "--worker", str(spec), str(out)]
+    cmd = module_command(__spec__.name, "--worker", spec, out)
     if enforce:
         cmd.append("--enforce")
     if variant:
@@ -171,16 +105,6 @@ def spawn(spec: Path, enforce: bool, tmp: Path, sets: list[str],
     for item in sets:
         cmd += ["--set", item]
     return run_worker(cmd, f"{spec.stem} (enforce={enforce})")
-
-
-def run_worker(cmd: list[str], label: str) -> dict[str, Any]:
-    """Run one worker process on one torch thread; its last stdout line is its JSON result."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{label} failed:\n{proc.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
 
 
 def _tasks(res: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ cap ``lambda_max`` are applied around cooper's step in both cooper variants, eac
 ``DualUpdate`` set as ``EnforceConfig.dual``. Needs the ``bench`` extra:
 ``pip install -c constraints.txt -e ".[bench]"`` (cooper-optim; the torch pin holds).
 
-    python bench/cooper_duals.py [--duals own cooper-sgd cooper-nupi] [--only NAME ...]
+    python -m bench.cooper_duals [--duals own cooper-sgd cooper-nupi] [--only NAME ...]
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from contract_suite import SUITE, run_one, run_worker  # noqa: E402
+from bench.lab.suite import SUITE, spawn_enforced, work_enforced
 
 DUALS = ("own", "cooper-sgd", "cooper-nupi")
 KP = 1.0
@@ -94,17 +93,11 @@ def cooper_dual(dual: str) -> Any:
     return CooperDual()
 
 
-def worker(spec: Path, out: Path, dual: str) -> dict[str, Any]:
+def config(dual: str) -> Any:
+    """The ``EnforceConfig`` of dual update ``dual`` (``None``: the library's own)."""
     from headwise.contract import EnforceConfig
 
-    return run_one(spec, True, out, None if dual == "own" else
-                   EnforceConfig(dual=cooper_dual(dual)))
-
-
-def spawn(spec: Path, dual: str, tmp: Path) -> dict[str, Any]:
-    out = tmp / f"{spec.stem}-{dual}"
-    cmd = [sys.executable, __file__, "--worker", str(spec), str(out), dual]
-    return run_worker(cmd, f"{spec.stem} ({dual})")
+    return None if dual == "own" else EnforceConfig(dual=cooper_dual(dual))
 
 
 def _gap(rows: list[dict[str, Any]], dual: str) -> float:
@@ -139,15 +132,14 @@ def main() -> None:
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(Path(args.worker[0]), Path(args.worker[1]), args.worker[2])))
-        return
+        return work_enforced(args.worker, config)
     specs = [s for s in sorted(SUITE.glob("*.yaml")) if not args.only or s.stem in args.only]
     rows = []
     lines = ["| spec | dual update | clauses held | steps (of) | wall s |", "|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
         for spec in specs:
             for dual in args.duals:  # interleaved
-                res = {"dual": dual, **spawn(spec, dual, Path(tmp))}
+                res = {"dual": dual, **spawn_enforced(__spec__.name, spec, dual, Path(tmp))}
                 rows.append(res)
                 lines.append(f"| {spec.stem} | {dual} | {res['held']}/{res['n_clauses']} | "
                              f"{res['steps']} ({res['max_steps']}) | {res['wall_s']:.1f} |")

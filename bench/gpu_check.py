@@ -17,14 +17,13 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_forward import SHAPE, build, paired  # noqa: E402
+from bench.lab.forward_models import SHAPE, build
+from bench.lab.timing import paired
 
 
 def timed(systems: dict[str, Any], reps: int, warmup: int) -> dict[str, list[float]]:
@@ -89,7 +88,7 @@ def bf16_step() -> dict[str, Any]:
     import dataclasses
     import importlib.resources
 
-    from headwise.pipeline.compile import compile_spec
+    from headwise.pipeline import compile_spec
     from headwise.runspec import load_spec
     from headwise.training import train
 

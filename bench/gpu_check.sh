@@ -17,7 +17,7 @@ OUT=${1:-/tmp/headwise_gpu_check}
 mkdir -p "$OUT"
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu_check: no CUDA device (torch %s)' % torch.__version__)"
 echo "== ratios and bf16 step"
-timeout 180 "$PY" bench/gpu_check.py | tee "$OUT/gpu_check.jsonl"
+timeout 180 "$PY" -m bench.gpu_check | tee "$OUT/gpu_check.jsonl"
 echo "== tests marked cuda"
 timeout 90 "$PY" -m pytest -q -m cuda tests -p no:cacheprovider | tee "$OUT/pytest_cuda.txt"
 echo "== headwise demo --device cuda"
@@ -25,6 +25,6 @@ HW=${HEADWISE:-.venv/bin/headwise}
 time (timeout 120 "$HW" demo --device cuda --quiet --out "$OUT/demo" 2>&1 | tee "$OUT/demo.txt")
 echo "== fsdp vs one process"
 NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count())")
-timeout 240 "$PY" bench/bench_fsdp.py --device cuda --rounds 1 --steps 6 \
+timeout 240 "$PY" -m bench.bench_fsdp --device cuda --rounds 1 --steps 6 \
     --systems "none:1,fsdp:$NGPU" | tee "$OUT/fsdp.txt"
 echo "gpu_check: all steps passed; outputs in $OUT"

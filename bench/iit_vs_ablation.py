@@ -2,7 +2,7 @@
 
 Runs every suite spec that has a ``drop_at_least`` clause (ablation or exclusive) with
 ``--enforce`` once per candidate lever (``EnforceConfig.carrier_stages``), each run in its own
-subprocess with one torch thread (``bench/contract_suite.py``'s worker), same seeds and budget:
+subprocess with one torch thread (``bench.lab.suite.spawn_enforced``), same seeds and budget:
 
 - ``others``: the other heads of H's layers stochastically ablated on T's examples (H becomes
   *sufficient* for T);
@@ -17,7 +17,7 @@ An interchange-intervention lever (IIT, Geiger et al. 2022) was measured beside 
 Prints a markdown table: per spec and lever, the ``drop_at_least`` clause's measured drop and
 verdict, clauses held, steps used, the tasks' held-out exact match, wall time.
 
-    python bench/iit_vs_ablation.py [--levers others margin others+margin others>margin]
+    python -m bench.iit_vs_ablation [--levers others margin others+margin others>margin]
         [--json PATH]
 """
 
@@ -30,10 +30,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from contract_suite import STAGES, SUITE, spawn  # noqa: E402
-
-from headwise.render.numbers import fixed  # noqa: E402
+from bench.lab.suite import STAGES, SUITE, spawn_enforced, work_enforced
+from headwise.render.numbers import fixed
 
 LEVERS = tuple(STAGES)
 
@@ -41,6 +39,13 @@ LEVERS = tuple(STAGES)
 def carrier_specs() -> list[Path]:
     """Suite specs with a ``drop_at_least`` clause."""
     return [s for s in sorted(SUITE.glob("*.yaml")) if "drop_at_least" in s.read_text()]
+
+
+def config(lever: str) -> Any:
+    """The ``EnforceConfig`` of candidate ``lever``."""
+    from headwise.contract import EnforceConfig
+
+    return EnforceConfig(carrier_stages=STAGES[lever])
 
 
 def row(res: dict[str, Any], lever: str) -> str:
@@ -57,15 +62,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levers", nargs="+", default=list(LEVERS), choices=LEVERS)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        return work_enforced(args.worker, config)
     lines = ["| spec | lever | drop clause measured | clauses held | steps (of) "
              "| task exact | wall s |", "|---|---|---|---|---|---|---|"]
     raw = []
     with tempfile.TemporaryDirectory() as tmp:
         for spec in carrier_specs():
             for lever in args.levers:  # interleaved: one spec's candidates back to back
-                res = spawn(spec, True, Path(tmp) / lever.replace("+", "_"),
-                            [f"carrier_stages={lever}"])
+                res = spawn_enforced(__spec__.name, spec, lever, Path(tmp))
                 raw.append({"lever": lever, **res})
                 lines.append(row(res, lever))
                 print(lines[-1], file=sys.stderr, flush=True)

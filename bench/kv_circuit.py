@@ -28,12 +28,11 @@ from typing import Any
 
 import torch
 
-from headwise.analysis.roles import role_scores
+from headwise.analysis import role_scores
 from headwise.atomic import write_bytes_atomic
 from headwise.config import ModelConfig
-from headwise.control.objectives import PatternObjective
-from headwise.data import Mixture, build_task
-from headwise.data.task import Task
+from headwise.control import PatternObjective
+from headwise.data import Mixture, Task, build_task
 from headwise.model import build_model
 from headwise.training import TrainConfig, TrainState, train
 

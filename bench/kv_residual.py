@@ -21,8 +21,7 @@ import torch.nn.functional as F
 
 from headwise import ModelConfig, build_model
 from headwise.control import PatternObjective
-from headwise.data import Mixture
-from headwise.data.algorithmic import KVRetrievalTask
+from headwise.data import KVRetrievalTask, Mixture
 from headwise.training import TrainConfig, train
 
 VALUE_POSITIONS = (2, 4, 6, 8)  # [BOS, k1, v1, ..., k4, v4, QUERY, k]

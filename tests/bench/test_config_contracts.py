@@ -1,29 +1,18 @@
 """The configurations clause-verdict forecasts are fit and scored on beside the suite
-(bench/config_contracts.py): each is the forecast benchmark's configuration, trained the same
+(bench/lab/config_contracts.py): each is the forecast benchmark's configuration, trained the same
 way, with a contract that parses."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-import pytest
-
+from bench.lab.config_contracts import CONTRACTS, write_specs
+from bench.lab.role_runs import CONFIGS
 from headwise.runspec import load_spec
 from headwise.runspec.yaml_io import parse_yaml
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def bench_on_path() -> None:
-    sys.path.insert(0, str(BENCH))
-
 
 def test_each_configuration_keeps_its_training_and_gets_a_contract(tmp_path: Path) -> None:
-    from bench_forecast import CONFIGS
-    from config_contracts import CONTRACTS, write_specs
-
     assert set(CONTRACTS) == set(CONFIGS)
     for path in write_specs(tmp_path, seed=3):
         spec = load_spec(path)

@@ -4,12 +4,16 @@ objectives, and their arrays beside a trajectory."""
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from bench.lab.forecast_signals import (
+    Signals,
+    attach_signals,
+    gradient_signals,
+    signals_from_dict,
+)
 from headwise import Head, ModelConfig, build_model
 from headwise.analysis.role_table import TOP_ROLE_CANDIDATES, RoleTable
 from headwise.analysis.roles import role_scores
@@ -18,14 +22,6 @@ from headwise.control.objectives import PatternObjective
 from headwise.data.batch import Batch
 from headwise.model.hook_point import Hook
 from headwise.patterns import role_target
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from forecast_signals import (  # noqa: E402  (a benchmark script module)
-    Signals,
-    attach_signals,
-    gradient_signals,
-    signals_from_dict,
-)
 
 
 def _model() -> torch.nn.Module:

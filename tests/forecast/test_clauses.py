@@ -1,4 +1,4 @@
-"""Clause-verdict forecasts: margins, the extrapolation baseline, the fitted forecaster on
+"""Clause-verdict forecasts: margins, the early features, the fitted forecaster on
 synthetic runs whose outcome is known by construction, calibration against closed forms,
 off-range honesty and plain-JSON persistence."""
 
@@ -20,9 +20,6 @@ from headwise.forecast.clauses import (
     ClauseForecaster,
     ClauseForecasters,
     ClauseTrajectory,
-    brier,
-    expected_calibration_error,
-    extrapolation_forecast,
     features,
     load_clause_forecasters,
 )
@@ -65,15 +62,11 @@ def test_margin_is_the_signed_distance_to_the_nearer_bound() -> None:
     assert loss.scale == 2.5 and loss.margin(2.0) == pytest.approx(0.5 / 2.5)
 
 
-def test_the_baseline_extrapolates_a_line_exactly() -> None:
+def test_the_features_extrapolate_a_line_exactly() -> None:
     # value = 0.1 + 0.5 * step / 400: at 20% (steps <= 80) the line through the latest half of
-    # the early points reaches 0.6 at the end, which meets 0.55 and not 0.65
+    # the early points reaches 0.6 at the end, 0.05 short of the bound 0.65
     values = tuple(0.1 + 0.5 * s / TOTAL for s in STEPS)
-    for bound, expected in ((0.55, True), (0.65, False)):
-        t = ClauseTrajectory(STEPS, values, (0.01,) * len(STEPS), bound, None, TOTAL, False,
-                             0.0, 1.0)
-        holds, end = extrapolation_forecast(t, 0.2)
-        assert end == pytest.approx(0.6) and holds is expected
+    t = ClauseTrajectory(STEPS, values, (0.01,) * len(STEPS), 0.65, None, TOTAL, False, 0.0, 1.0)
     f = dict(zip(FEATURES, features(t, 0.2), strict=True))  # margins squashed by tanh
     assert f["slope"] == pytest.approx(math.tanh(0.5))
     assert f["margin_line"] == pytest.approx(math.tanh(SQUASH * (0.6 - 0.65)))
@@ -196,15 +189,6 @@ def test_stated_probabilities_follow_a_known_non_logistic_truth() -> None:
     # interpolation between knots blurs the two edges
     assert error < 0.05 < raw_error, (error, raw_error)
     assert CALIBRATION_PRIOR > 0 and 0 < min(stated) and max(stated) < 1
-
-
-def test_calibration_and_brier_match_their_closed_forms() -> None:
-    p, y = [0.05, 0.15, 0.95, 0.95], [False, True, True, False]
-    # bins: [0, 0.1): 0.05 vs 0; [0.1, 0.2): 0.15 vs 1; [0.9, 1]: 0.95 vs 0.5
-    assert expected_calibration_error(p, y) == pytest.approx(
-        0.25 * 0.05 + 0.25 * 0.85 + 0.5 * 0.45)
-    assert brier(p, y) == pytest.approx((0.05 ** 2 + 0.85 ** 2 + 0.05 ** 2 + 0.95 ** 2) / 4)
-    assert expected_calibration_error([1.0, 1.0], [True, True]) == 0.0
 
 
 def test_forecasters_round_trip_through_plain_json_without_pickle(

@@ -1,4 +1,4 @@
-"""Tables and statistics of the forecast benchmark (``bench_forecast.py``): accuracy per
+"""Tables and statistics of the role forecast benchmark (``bench_forecast``): accuracy per
 configuration, confusion, head-by-head sign tests against the baseline, calibration.
 
 Every function reads ``Row`` lists, one row per head and forecaster, and prints markdown or
@@ -7,10 +7,10 @@ returns plain numbers; nothing here trains or fits.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from bench.lab.scoring import sign_test
 from headwise.analysis.role_table import SHOWN_MIN_SCORE
 from headwise.forecast.roles import calibration as forecast_calibration
 
@@ -95,16 +95,6 @@ def print_confusion(rows: Rows, title: str) -> None:
                   for p in CLASSES]
         if sum(counts):
             print(f"| {t} | " + " | ".join(str(c) for c in counts) + " |")
-
-
-def sign_test(wins: int, losses: int) -> float:
-    """Exact two-sided sign test (McNemar's exact test) of ``wins`` vs ``losses``: the chance
-    of a split at least this uneven if either forecaster were as likely to be the right one,
-
-        p = min(1, 2 * sum_{i <= min(w, l)} C(w + l, i) / 2^(w + l))   (1 when w + l = 0)
-    """
-    n, k = wins + losses, min(wins, losses)
-    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
 
 
 def print_paired(preds: Preds, schemes: list[str], configs: Sequence[str]) -> None:

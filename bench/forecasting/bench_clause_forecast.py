@@ -1,6 +1,6 @@
 """Clause-verdict forecasts scored on runs they were not fit on: forecaster vs extrapolation.
 
-Reads the trajectories ``bench/clause_trajectories.py`` wrote (every clause of the public
+Reads the trajectories ``clause_trajectories.py`` wrote (every clause of the public
 contract suite at every evaluation point, plain and under ``--enforce``, per seed) and, from
 the points in the first 10%, 20% and 40% of each run's budget, forecasts whether each clause
 holds at the end (on the verification set) with ``headwise.forecast.clauses`` (and from
@@ -22,8 +22,8 @@ designed), per fraction and, at 20%, per spec, and ``--save`` writes those forec
 the fresh seeds' figures as the packaged ``headwise/data/clause_forecaster_v3.json``.
 
 ``--configs DIR`` scores the forecasters fit on every run of ``--seeds`` on the runs
-``bench/clause_trajectories.py --configs`` wrote: the forecast benchmark's configurations
-with their contracts (``bench/config_contracts.py``), per fraction, plain and enforced, and
+``clause_trajectories.py --configs`` wrote: the forecast benchmark's configurations
+with their contracts (``bench.lab.config_contracts``), per fraction, plain and enforced, and
 per configuration at 20%; with ``--save`` their figures join the packaged file's ``measured``
 block; with ``--confirm`` too, it also prints both sets of fresh runs pooled.
 ``--fit-configs DIR ...`` adds every configuration run in those directories (at any seed) to
@@ -35,7 +35,7 @@ one) on the ``--confirm`` and ``--configs`` runs instead of fitting one; with ``
 rewrites that file's ``measured`` block with those figures (its models unchanged), refusing
 runs of seeds the forecaster was fit on.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/bench_clause_forecast.py [--data DIR]
+    .venv/bin/python -m bench.forecasting.bench_clause_forecast [--data DIR]
         [--seeds 0 1 2] [--confirm 3 4] [--save] [--configs DIR] [--fit-configs DIR ...]
         [--score FILE]
 """
@@ -44,147 +44,48 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import sys
-import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from headwise.contract.kinds import KINDS
+from bench.lab.clause_scoring import (
+    DEFAULT_DATA,
+    Item,
+    calibration_groups,
+    forecast_rows,
+    held_out,
+    score,
+    trajectories,
+)
+from bench.lab.scoring import calibration_bins
+from bench.lab.workers import ROOT
 from headwise.forecast.clauses import (
     PACKAGED,
     ClauseForecaster,
     ClauseForecasters,
-    ClauseTrajectory,
-    brier,
-    calibration_bins,
-    expected_calibration_error,
-    extrapolation_forecast,
     load_clause_forecasters,
 )
 
-DEFAULT_DATA = Path(__file__).resolve().parent / ".cache" / "clause_traj"
-SUITE = Path(__file__).resolve().parent.parent / "headwise" / "examples" / "suite"
 FRACTIONS = (0.1, 0.2, 0.4, 0.6, 0.8)  # the issue's three, and two later ones for `train`
-PACKAGE_FILE = Path(__file__).resolve().parent.parent / "headwise" / "data" / PACKAGED
-COMMAND = ("OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python bench/clause_trajectories.py "
+PACKAGE_FILE = ROOT / "headwise" / "data" / PACKAGED
+COMMAND = ("OMP_NUM_THREADS=1 .venv/bin/python -m bench.forecasting.clause_trajectories "
            "--seeds 0 1 ... 16 --jobs 2; the same with --configs --seeds 0 1 ... 24 --out "
            "bench/.cache/clause_traj_configs and --configs --seeds 25 ... 34 --out "
-           "bench/.cache/clause_traj_configs_fresh4; PYTHONPATH=$PWD .venv/bin/python "
-           "bench/bench_clause_forecast.py --seeds 0 1 ... 12 --fit-configs "
+           "bench/.cache/clause_traj_configs_fresh4; .venv/bin/python "
+           "-m bench.forecasting.bench_clause_forecast --seeds 0 1 ... 12 --fit-configs "
            "bench/.cache/clause_traj_configs --confirm 13 14 15 16 --configs "
            "bench/.cache/clause_traj_configs_fresh4 --save")
-SCORE_COMMAND = ("OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python "
-                 "bench/clause_trajectories.py --seeds 13 14 15 16 18 19 ... 25 --jobs 2; the "
-                 "same with --configs --seeds 25 26 ... 54 --out "
-                 "bench/.cache/clause_traj_configs_fresh; PYTHONPATH=$PWD .venv/bin/python "
-                 "bench/bench_clause_forecast.py --score headwise/data/clause_forecaster_v3.json "
-                 "--confirm 13 14 15 16 18 19 ... 25 --configs "
-                 "bench/.cache/clause_traj_configs_fresh --save")
-
-
-def _spec(run: dict[str, Any]) -> Any:
-    """The spec ``run`` trained, as parsed (a suite spec or, for records of
-    ``clause_trajectories.py --configs``, a forecast-benchmark configuration's)."""
-    from headwise.runspec import load_spec
-
-    if run.get("suite", "suite") == "suite":
-        return load_spec(SUITE / f"{run['spec']}.yaml")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from config_contracts import spec_text
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"{run['spec']}.yaml"
-        path.write_text(spec_text(run["spec"], run["seed"]))
-        return load_spec(path)
-
-
-def trajectories(run: dict[str, Any]) -> list[tuple[str, ClauseTrajectory]]:
-    """(spec/clause label, trajectory) for every measured clause of one run's record (each
-    value's range from the clause kind, on the spec's contract as parsed; the run's context
-    as ``train --forecast-every`` gives it, ``Spec.forecast_context``)."""
-    spec = _spec(run)
-    out = []
-    for c in run["clauses"]:
-        if all(v is None for v in c["values"]) or c["final"] is None:
-            continue
-        clause = spec.contract[c["index"]]
-        low, high = KINDS[clause.kind].value_range(clause)
-        context = {**spec.forecast_context, "kind": c["kind"]}
-        out.append((f"{run['spec']}[{c['index']}]", ClauseTrajectory(
-            tuple(c["steps"]), tuple(c["values"]), tuple(c["stderrs"]), c["at_least"],
-            c["at_most"], run["total_steps"], run["mode"] == "enforced", low, high, c["final"],
-            c["holds"], context)))
-    return out
-
-
-def sign_test(wins: int, losses: int) -> float:
-    """Two-sided exact binomial p-value of ``wins`` vs ``losses`` under p = 1/2."""
-    n = wins + losses
-    if n == 0:
-        return 1.0
-    k = min(wins, losses)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
-
-
-def score(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The figures of one split's forecasts (see the module docstring)."""
-    p = [r["p"] for r in rows]
-    y = [r["holds"] for r in rows]
-    right = [(r["p"] >= 0.5) == r["holds"] for r in rows]
-    base = [r["base"] == r["holds"] for r in rows]
-    wins = sum(a and not b for a, b in zip(right, base, strict=True))
-    losses = sum(b and not a for a, b in zip(right, base, strict=True))
-    return {"n": len(rows), "accuracy": sum(right) / len(rows),
-            "baseline_accuracy": sum(base) / len(rows), "brier": brier(p, y),
-            "baseline_brier": brier([float(r["base"]) for r in rows], y),
-            "ece": expected_calibration_error(p, y),
-            "coverage": sum(r["lo"] <= r["final"] <= r["hi"] for r in rows) / len(rows),
-            "outside": sum(r["outside"] for r in rows) / len(rows),
-            "wins": wins, "losses": losses, "p_sign": sign_test(wins, losses)}
-
-
-Item = tuple[dict[str, Any], str, ClauseTrajectory]
+SCORE_COMMAND = ("OMP_NUM_THREADS=1 .venv/bin/python -m bench.forecasting.clause_trajectories "
+                 "--seeds 13 14 15 16 18 19 ... 25 --jobs 2; the same with --configs --seeds "
+                 "25 26 ... 54 --out bench/.cache/clause_traj_configs_fresh; .venv/bin/python "
+                 "-m bench.forecasting.bench_clause_forecast --score "
+                 "headwise/data/clause_forecaster_v3.json --confirm 13 14 15 16 18 19 ... 25 "
+                 "--configs bench/.cache/clause_traj_configs_fresh --save")
 
 
 def rounded(figures: dict[str, Any]) -> dict[str, Any]:
     """``score``'s figures as the packaged file's ``measured`` block keeps them."""
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()}
-
-
-def forecast_rows(model: ClauseForecaster, items: Sequence[Item], group: Any
-                  ) -> list[dict[str, Any]]:
-    """``model``'s forecast and the baseline's for each clause of ``items``."""
-    rows = []
-    for run, label, t in items:
-        f = model.forecast(t)
-        base, _ = extrapolation_forecast(t, model.fraction)
-        rows.append({"group": group(run) if callable(group) else group, "label": label,
-                     "mode": run["mode"], "p": f.probability, "holds": bool(t.holds),
-                     "base": base, "final": t.final, "lo": f.interval[0], "hi": f.interval[1],
-                     "outside": bool(f.outside)})
-    return rows
-
-
-def calibration_groups(runs: Iterable[dict[str, Any]]) -> list[int]:
-    """The calibration groups of ``ClauseForecaster.fit``: each run's training seed (one
-    seed's runs of a spec are alike; on the design data grouping by spec instead calibrated
-    no better on held-out specs, and worse on held-out seeds)."""
-    return [run["seed"] for run in runs]
-
-
-def held_out(items: Sequence[Item], fraction: float,
-             group: Callable[[dict[str, Any]], Any]) -> list[dict[str, Any]]:
-    """Forecast each group's clauses with a forecaster fit on every other group's."""
-    rows = []
-    for g in sorted({group(run) for run, _, _ in items}):
-        rest = [(run, t) for run, _, t in items if group(run) != g]
-        model = ClauseForecaster.fit([t for _, t in rest], fraction,
-                                     calibration_groups(run for run, _ in rest))
-        rows += forecast_rows(model, [i for i in items if group(i[0]) == g], g)
-    return rows
 
 
 def bins_of(rows: Sequence[dict[str, Any]]) -> list[tuple[float, float, float, int]]:
@@ -270,7 +171,8 @@ def configs_table(bundle: ClauseForecasters, data: Path,
     ``measured`` block, the runs' seeds and the forecast rows per fraction."""
     runs = [json.loads(f.read_text()) for f in sorted(data.glob("seed*/*.json"))]
     if not runs:
-        raise SystemExit(f"--configs {data}: no runs (bench/clause_trajectories.py --configs)")
+        raise SystemExit(f"--configs {data}: no runs (python -m "
+                         "bench.forecasting.clause_trajectories --configs)")
     seeds = sorted({r["seed"] for r in runs})
     items = [(run, label, t) for run in runs for label, t in trajectories(run)]
     print(f"\nForecast-benchmark configurations ({len(runs)} runs: "

@@ -1,25 +1,23 @@
-"""The forecast benchmark's four configurations (``bench_forecast.py``'s ``CONFIGS``) with a
+"""The forecast benchmark's four configurations (``bench.lab.role_runs.CONFIGS``) with a
 contract each, written as a user of that configuration would before training it: runs beside
 the contract suite's that clause-verdict forecasts are fit and scored on
-(``bench_clause_forecast.py --fit-configs`` for some seeds, ``--configs`` for fresh ones; left
+(``bench_clause_forecast --fit-configs`` for some seeds, ``--configs`` for fresh ones; left
 out one at a time, the held-out configurations of its held-out-spec split).
 
 The contracts were written once, before any of these runs was trained, and are not changed
 to make a forecast right or wrong: what they ask is the test.
 
 ``write_specs(directory, seed)`` writes ``<name>.yaml`` per configuration: the configuration
-as ``bench_forecast.py`` trains it, with an evaluation point where it checkpoints
-(``eval_every`` = its ``checkpoint_every``) and its contract; ``bench/clause_trajectories.py
---configs`` trains them plain and under ``--enforce``.
+as the forecast benchmark trains it, with an evaluation point where it checkpoints
+(``eval_every`` = its ``checkpoint_every``) and its contract; ``clause_trajectories --configs``
+(``bench/forecasting/``) trains them plain and under ``--enforce``.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_forecast import CONFIGS  # noqa: E402  (a sibling script module)
+from bench.lab.role_runs import CONFIGS
 
 CONTRACTS: dict[str, str] = {
     # 2 layers x 4 heads, attention only, d_model 64, random periods 4-12, 1200 steps.

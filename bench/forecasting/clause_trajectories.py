@@ -1,6 +1,6 @@
 """Clause trajectories of the public contract suite: every clause's value at every evaluation
 point, plain and under ``--enforce``, per training seed; the data clause-verdict forecasts are
-fit and scored on (``bench/bench_clause_forecast.py``).
+fit and scored on (``bench_clause_forecast.py``).
 
 Each (spec, seed, mode) is one subprocess with one torch thread running ``train_run`` with
 ``seed`` (the spec's ``train.seed``; data and its held-out sets keep the spec's seeds). The
@@ -17,10 +17,10 @@ record also keeps the run's held-out task loss at each evaluation point (``"loss
 
 One JSON file per run in ``--out`` (default ``bench/.cache/clause_traj``, git-ignored); a
 finished run is not rerun. ``--configs`` trains the forecast benchmark's configurations with
-their contracts (``bench/config_contracts.py``) instead of the suite (default ``--out``
+their contracts (``bench.lab.config_contracts``) instead of the suite (default ``--out``
 ``bench/.cache/clause_traj_configs``; each record says which with ``"suite"``).
 
-    OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python bench/clause_trajectories.py \
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.forecasting.clause_trajectories \
         --seeds 0 1 [--only SPEC ...] [--configs] [--jobs 2] [--out DIR]
 """
 
@@ -28,18 +28,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-SUITE = Path(__file__).resolve().parent.parent / "headwise" / "examples" / "suite"
-DEFAULT_OUT = Path(__file__).resolve().parent / ".cache" / "clause_traj"
-CONFIGS_OUT = Path(__file__).resolve().parent / ".cache" / "clause_traj_configs"
+from bench.lab.clause_scoring import DEFAULT_DATA
+from bench.lab.config_contracts import write_specs
+from bench.lab.metrics import metrics_curve
+from bench.lab.suite import SUITE
+from bench.lab.workers import BENCH, ONE_THREAD, module_command, run
+
+CONFIGS_OUT = BENCH / ".cache" / "clause_traj_configs"
 
 
 def measure_only() -> Any:
@@ -102,8 +103,6 @@ def run_one(spec: Path, seed: int, enforce: bool, out: Path) -> dict[str, Any]:
 def losses(run_dir: Path) -> dict[str, list[Any]]:
     """The run's held-out task loss (overall and per task) at each evaluation point, from its
     ``metrics.jsonl`` (``metrics_curve``)."""
-    from headwise.pipeline.run_analysis import metrics_curve
-
     return {"eval": [[r["step"], r["loss"], {name: t["loss"] for name, t in r["tasks"].items()}]
                      for r in metrics_curve(run_dir)]}
 
@@ -114,11 +113,10 @@ def spawn(spec: Path, seed: int, enforce: bool, out_dir: Path) -> dict[str, Any]
         result: dict[str, Any] = json.loads(target.read_text())
         return result
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, __file__, "--worker", str(spec), str(seed), tmp]
+        cmd = module_command(__spec__.name, "--worker", spec, seed, tmp)
         if enforce:
             cmd.append("--enforce")
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        proc = run(cmd, ONE_THREAD)
     if proc.returncode != 0:
         raise RuntimeError(f"{spec.stem} seed {seed} enforce={enforce}:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -147,10 +145,8 @@ def main() -> None:
         spec, seed, out = args.worker
         print(json.dumps(run_one(Path(spec), int(seed), args.enforce, Path(out) / "run")))
         return
-    out = args.out or (CONFIGS_OUT if args.configs else DEFAULT_OUT)
+    out = args.out or (CONFIGS_OUT if args.configs else DEFAULT_DATA)
     if args.configs:
-        from config_contracts import write_specs
-
         specs = write_specs(out / "specs")
     else:
         specs = sorted(SUITE.glob("*.yaml"))

@@ -1,7 +1,8 @@
 """Training signals for role forecasts: the task loss and each head's gradient alignment.
 
-Used by ``bench/bench_forecast.py`` (the ``--ablation`` feature study), which found that they add
-nothing the score curves do not tell (docs/benchmarks.md); they do not ship in the package.
+Used by the forecast benchmark's feature study (``bench_forecast --ablation``), which found
+they add nothing the score curves do not tell (docs/benchmarks.md); they do not ship in the
+package.
 
 At a checkpoint, one forward and backward pass of the training loss (task loss plus the run's
 pattern objectives) on a held-out batch gives, besides the loss itself, the gradient of the loss
@@ -40,13 +41,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.analysis.role_table import TOP_ROLE_CANDIDATES
-from headwise.analysis.trajectories import Trajectory
+from headwise.analysis import TOP_ROLE_CANDIDATES, Trajectory
+from headwise.hooks import Hook, HookContext
 from headwise.model.eval_mode import eval_mode
-from headwise.model.hook_point import Hook, HookContext
 from headwise.patterns import allowed_keys, role_target
+from headwise.training import task_loss
 from headwise.training.evaluate import forward
-from headwise.training.metrics import task_loss
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ through 20% of the budget that stays there, one flat at 0.3 that later rises. Tw
 features that might tell them apart:
 
 - the run's held-out task loss at the evaluation points in the first ``fraction`` of the
-  budget (each record of ``bench/clause_trajectories.py`` keeps the run's held-out loss; the
+  budget (each record of ``clause_trajectories.py`` keeps the run's held-out loss; the
   clause's own task's loss with ``--task-loss`` where the clause names a task): ``slope``, the
   least-squares slope of log loss per budget (latest half of the points from eight on, as the
   clause line), ``tanh(slope / 5)``; ``drop``, ``tanh(log(first / latest) / 3)``, how much of
@@ -17,11 +17,11 @@ features that might tell them apart:
   the earliest half's, in ``scale`` units (``tanh``); ``noise``, the root-mean-square
   residual about one line through them, ``tanh(10 rms / scale)``.
 
-Each variant is scored as ``bench/bench_clause_forecast.py`` scores its splits (accuracy,
+Each variant is scored as ``bench_clause_forecast.py`` scores its splits (accuracy,
 Brier score, ECE). The variants swap ``headwise.forecast.clauses.features``/``FEATURES`` in
 this process only.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python bench/clause_feature_variants.py \
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.forecasting.clause_feature_variants \
         --seeds 0 1 2 3 4 [--fit-configs DIR] [--config-seeds 0 ... 9] [--task-loss]
         [--variants packaged slope ...]
 """
@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_clause_forecast import DEFAULT_DATA, held_out, score, trajectories
 
 import headwise.forecast.clauses as clauses
+from bench.lab.clause_scoring import DEFAULT_DATA, Item, held_out, score, trajectories
 from headwise.forecast.clauses import ClauseTrajectory
 
 PACKAGED_FEATURES, PACKAGED = clauses.FEATURES, clauses.features
@@ -94,9 +94,8 @@ def use(names: tuple[str, ...]) -> None:
     clauses.features = features
 
 
-def items(runs: list[dict[str, Any]], task_loss: bool
-          ) -> list[tuple[dict[str, Any], str, ClauseTrajectory]]:
-    """``bench_clause_forecast``'s items, each trajectory carrying its run's loss curve."""
+def items(runs: list[dict[str, Any]], task_loss: bool) -> list[Item]:
+    """The runs' clause trajectories, each carrying its run's loss curve."""
     out = []
     for run in runs:
         evals = run["losses"]["eval"]

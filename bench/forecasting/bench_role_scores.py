@@ -1,9 +1,9 @@
 """Role-score forecasts with intervals: how often a decided forecast is right, how many heads
 are left undecided, and whether the intervals cover the final scores, on runs not fit on.
 
-Runs (trained once and cached like ``bench/bench_forecast.py``'s, whose ``run_one`` trains
-them): the forecast benchmark's four configurations and the contract suite's specs without
-their contracts (plain runs), and the suite's specs with their contracts under ``--enforce``
+Runs (trained once and cached like ``bench_forecast.py``'s, by ``bench.lab.role_runs.run_one``):
+the forecast benchmark's four configurations and the contract suite's specs without their
+contracts (plain runs), and the suite's specs with their contracts under ``--enforce``
 (``enforced-<spec>``). Every run has 20 checkpoints scored with the role-table function.
 
 From the first 10%, 20% and 40% of checkpoints it scores ``RoleScoreForecaster``
@@ -24,7 +24,7 @@ accuracy inside and outside the fitted range. ``--save`` writes the forecaster f
 ``--seeds`` run to ``headwise/data/role_score_forecaster_v1.json`` with the fresh seeds'
 figures.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python bench/bench_role_scores.py \
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.forecasting.bench_role_scores \
         [--seeds 0 1 2] [--confirm 3 4] [--train-only] [--save]
 """
 
@@ -33,33 +33,30 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_forecast as bf  # noqa: E402  (a sibling script module)
+from bench.lab.role_forecasts import baseline, candidate_values, fitted, truth
+from bench.lab.role_runs import CACHE, CONFIGS, code_key, enforced_configs, run_one, suite_configs
+from bench.lab.workers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "headwise" / "data" / "role_score_forecaster_v1.json"
-COMMAND = ("OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python bench/bench_role_scores.py "
-           "--save")
+COMMAND = "OMP_NUM_THREADS=1 .venv/bin/python -m bench.forecasting.bench_role_scores --save"
 FRACTIONS = (0.1, 0.2, 0.4)
 
 
 def configs() -> dict[str, str]:
     """Every configuration (the benchmark's four, the suite's specs plain and enforced) and
-    the cache key of each: ``bench_forecast``'s code key for the plain ones (shared with
+    the cache key of each: the forecast benchmark's code key for the plain ones (shared with
     ``bench_forecast.py --suite``), that key with the enforced specs' text for the others."""
-    bf.CONFIGS.update(bf.suite_configs())
-    key = bf.code_key()
-    enforced = bf.enforced_configs()
-    bf.CONFIGS.update(enforced)
+    CONFIGS.update(suite_configs())
+    key = code_key()
+    enforced = enforced_configs()
+    CONFIGS.update(enforced)
     ekey = hashlib.sha256((key + json.dumps(enforced, sort_keys=True)).encode()).hexdigest()
-    return {name: ekey[:12] if name in enforced else key for name in bf.CONFIGS}
+    return {name: ekey[:12] if name in enforced else key for name in CONFIGS}
 
 
 def group(name: str) -> str:
@@ -71,19 +68,19 @@ def group(name: str) -> str:
 
 def load(seeds: list[int], keys: dict[str, str]) -> list[dict[str, Any]]:
     """Every configuration's run for ``seeds`` (trained and cached on first use)."""
-    from headwise.analysis.trajectories import Trajectory
+    from headwise.analysis import Trajectory
     from headwise.forecast.role_scores import RoleRun
     from headwise.runspec import load_spec
 
     out = []
     for seed in seeds:
-        for name in bf.CONFIGS:
-            rec = bf.run_one(name, seed, keys[name])
-            spec = load_spec(bf.CACHE / "runs" / f"{name}_s{seed}.yaml")  # run_one's copy
+        for name in CONFIGS:
+            rec = run_one(name, seed, keys[name])
+            spec = load_spec(CACHE / "runs" / f"{name}_s{seed}.yaml")  # run_one's copy
             traj = Trajectory.from_dict(rec["trajectory"])
             run = RoleRun(traj, rec["total_steps"], name.startswith("enforced-"),
                           spec.forecast_context)
-            # "traj" and "total_steps" as bench_forecast's predictors read a run
+            # "traj" and "total_steps" as bench.lab.role_forecasts' predictors read a run
             out.append({"config": name, "group": group(name), "seed": seed, "run": run,
                         "traj": traj, "total_steps": rec["total_steps"],
                         "seconds": rec["seconds"]})
@@ -92,10 +89,9 @@ def load(seeds: list[int], keys: dict[str, str]) -> list[dict[str, Any]]:
 
 def finals(r: dict[str, Any]) -> list[dict[str, float]]:
     """Per head: each defined role's final score."""
-    from headwise.analysis.role_table import TOP_ROLE_CANDIDATES
-    from headwise.forecast.roles import _candidate_values
+    from headwise.analysis import TOP_ROLE_CANDIDATES
 
-    last = _candidate_values(r["run"].traj)[-1]
+    last = candidate_values(r["run"].traj)[-1]
     return [{role: float(last[i, j]) for j, role in enumerate(TOP_ROLE_CANDIDATES)
              if not torch.isnan(last[i, j])} for i in range(last.shape[0])]
 
@@ -106,13 +102,13 @@ def evaluate(fit_on: list[dict[str, Any]], test: list[dict[str, Any]]) -> list[d
     from headwise.forecast.roles import n_early
 
     model = RoleScoreForecaster.fit([r["run"] for r in fit_on])
-    v2 = bf.fitted(fit_on, "cv")  # the role forecaster, fit on the same runs
+    v2 = fitted(fit_on, "cv")  # the role forecaster, fit on the same runs
     rows = []
     for r in test:
-        run, true, fin = r["run"], bf.truth(r), finals(r)
+        run, true, fin = r["run"], truth(r), finals(r)
         for frac in FRACTIONS:
             got = model.forecast(run, n_early(len(run.traj.steps), frac))
-            cls, base = v2(r, frac), bf.baseline(r, frac)
+            cls, base = v2(r, frac), baseline(r, frac)
             for f, t, final, (c, conf), (b, _) in zip(got, true, fin, cls, base, strict=True):
                 inside = [f.scores[k][1] <= v <= f.scores[k][2]
                           for k, v in final.items() if k in f.scores]
@@ -185,7 +181,7 @@ def main() -> int:
         p.error("--confirm: fresh seeds must not be in --seeds")
     torch.set_num_threads(1)
     keys = configs()
-    print(f"cache {bf.CACHE.relative_to(ROOT)}/{{{', '.join(sorted(set(keys.values())))}}}",
+    print(f"cache {CACHE.relative_to(ROOT)}/{{{', '.join(sorted(set(keys.values())))}}}",
           flush=True)
     t0 = time.perf_counter()
     runs = load(args.seeds, keys)
@@ -199,7 +195,7 @@ def main() -> int:
     for g in dict.fromkeys(r["group"] for r in runs):
         config_rows += evaluate([r for r in runs if r["group"] != g],
                                 [r for r in runs if r["group"] == g])
-    print(f"{len(runs)} runs ({len(bf.CONFIGS)} configurations x seeds {args.seeds}); "
+    print(f"{len(runs)} runs ({len(CONFIGS)} configurations x seeds {args.seeds}); "
           f"training + scoring {sum(r['seconds'] for r in runs) / 60:.1f} min of one thread")
     report("Held-out seeds", seeds_rows, per_config=True)
     report("Held-out configurations", config_rows, per_config=True)
