@@ -38,9 +38,10 @@ from typing import Any
 
 import torch
 
-from bench.lab.role_forecasts import baseline, candidate_values, fitted, truth
+from bench.lab.role_forecasts import baseline, fitted, truth
 from bench.lab.role_runs import CACHE, CONFIGS, code_key, enforced_configs, run_one, suite_configs
 from bench.lab.workers import ROOT
+from headwise.forecast.roles import candidate_values
 
 OUT = ROOT / "headwise" / "data" / "role_score_forecaster_v1.json"
 COMMAND = "OMP_NUM_THREADS=1 .venv/bin/python -m bench.forecasting.bench_role_scores --save"

@@ -9,7 +9,6 @@ ablation scores beside the packaged ones (``EXTRA_ROLE``, ``EXTRA_NONE``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -17,16 +16,8 @@ import torch
 from torch import Tensor
 
 from bench.lab.forecast_tables import FRACTIONS, NEAR, Row, Rows
-from headwise.analysis.role_table import SHOWN_MIN_SCORE, TOP_ROLE_CANDIDATES
-from headwise.forecast.roles import NONE_FEATURES, ROLE_FEATURES
-
-
-def candidate_values(traj: Any) -> Tensor:
-    """(C, N, R) the trajectory's scores of ``TOP_ROLE_CANDIDATES``; NaN where not scored."""
-    unscored = torch.full(traj.values.shape[:2], math.nan, dtype=torch.float64)  # (C, N)
-    return torch.stack([traj.values[..., traj.roles.index(r)] if r in traj.roles else unscored
-                        for r in TOP_ROLE_CANDIDATES], dim=-1)
-
+from headwise.analysis.role_table import SHOWN_MIN_SCORE
+from headwise.forecast.roles import NONE_FEATURES, ROLE_FEATURES, candidate_values, fit_lines
 
 # (run, fraction) -> per head: (forecast, its probability or None)
 Predictor = Callable[[dict, float], list[tuple[str, float | None]]]
@@ -93,19 +84,18 @@ def _extra(traj: Any, n: int, x: Tensor) -> tuple[list[Tensor], list[Tensor]]:
 
 def _shape(y: Tensor, x: Tensor) -> list[Tensor]:
     """The ``SHAPE_ROLE`` features (each (N, R)) of early scores ``y`` (n, N, R) at ``x``."""
-    from headwise.forecast.roles import _fit_lines
 
     z = torch.nan_to_num(y)
     seen, n = float(x[-1]), len(x)
-    a, b = _fit_lines(x, y)
+    a, b = fit_lines(x, y)
     linear = torch.nan_to_num((a + b).clamp(0.0, 1.0))
     gain = torch.nan_to_num(b * (1.0 - seen)).clamp(-1.0, 1.0)
     start = z[0].clamp_min(0.02)
     accel = torch.zeros_like(gain)
     if n >= 3:
         half = n // 2
-        _, b1 = _fit_lines(x[:half + 1], y[:half + 1])
-        _, b2 = _fit_lines(x[half:], y[half:])
+        _, b1 = fit_lines(x[:half + 1], y[:half + 1])
+        _, b2 = fit_lines(x[half:], y[half:])
         accel = torch.nan_to_num((b2 - b1) * (1.0 - seen)).clamp(-1.0, 1.0)
     return [z[0], (z[-1] / start).clamp(0.0, 10.0), (linear / start).clamp(0.0, 10.0),
             gain.mean(0, keepdim=True).expand_as(gain),

@@ -21,7 +21,7 @@ role's interval reaches the threshold.
 The forecaster records the range of runs it was fit on (model sizes, tasks, plain or
 enforced, feature ranges); outside it every interval is doubled (so more heads read
 undecided) and the forecast says why. ``RoleScoreForecaster`` is plain JSON with what the
-benchmark measured it to do (``bench/bench_role_scores.py --save`` writes the packaged
+benchmark measured it to do (``bench/forecasting/bench_role_scores.py --save`` writes the packaged
 ``headwise/data/role_score_forecaster_v1.json``); reading one never unpickles.
 """
 
@@ -49,7 +49,7 @@ from headwise.forecast.fitting import (
     outside_range,
     ridge,
 )
-from headwise.forecast.roles import ROLE_FEATURES, _candidate_values, early_features
+from headwise.forecast.roles import ROLE_FEATURES, candidate_values, early_features
 from headwise.heads import Head
 from headwise.jsonfile import read_json_object
 
@@ -138,7 +138,7 @@ def _rows(run: RoleRun, n: int) -> tuple[Tensor, Tensor, Tensor]:
     N, R, _ = f.roles.shape
     seen = f.none[:, -1:, None].expand(N, R, 1)
     enforced = torch.full((N, R, 1), float(run.enforced), dtype=torch.float64)
-    now = _candidate_values(run.traj)[n - 1]
+    now = candidate_values(run.traj)[n - 1]
     return torch.cat([f.roles, seen, enforced], -1), torch.nan_to_num(now), ~torch.isnan(now)
 
 
@@ -154,7 +154,7 @@ def _training_rows(runs: Sequence[RoleRun]) -> tuple[Tensor, Tensor, Tensor, Ten
     features (M, F), change to the final score (M,), ``seen`` (M,) and the run's index (M,)."""
     xs, ys, runs_of = [], [], []
     for i, run in enumerate(runs):
-        final = _candidate_values(run.traj)[-1]  # (N, R)
+        final = candidate_values(run.traj)[-1]  # (N, R)
         for n in range(2, len(run.traj.steps)):
             x, now, defined = _rows(run, n)
             ok = defined & ~torch.isnan(final)

@@ -12,8 +12,8 @@ predict each head's final top role among ``CLASSES`` (the table's top-role candi
   latest score, its change, its slope projected to the end, its linear extrapolation, whether
   it leads now or in the extrapolation and by how much, and the share of training seen). Its
   weights are small versioned JSON in the package (``headwise/data/forecaster_v2.json``,
-  written by ``bench/bench_forecast.py``) together with the accuracy the benchmark measured on
-  held-out runs; loading never unpickles.
+  written by ``bench/forecasting/bench_forecast.py``) together with the accuracy the benchmark
+  measured on held-out runs; loading never unpickles.
 
 Training signals (``headwise.analysis.forecast_signals``: the loss curve and each head's
 gradient alignment with each role, in pattern and in parameter space) and commitment were
@@ -56,7 +56,7 @@ def n_early(n_checkpoints: int, fraction: float) -> int:
     return min(n_checkpoints, max(2, math.ceil(fraction * n_checkpoints)))
 
 
-def _candidate_values(traj: Trajectory) -> Tensor:
+def candidate_values(traj: Trajectory) -> Tensor:
     """(C, N, 6) scores of the candidate roles; NaN where undefined or not scored."""
     C, N = len(traj.steps), len(traj.heads)
     out = torch.full((C, N, len(TOP_ROLE_CANDIDATES)), math.nan, dtype=torch.float64)
@@ -66,7 +66,7 @@ def _candidate_values(traj: Trajectory) -> Tensor:
     return out
 
 
-def _fit_lines(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+def fit_lines(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     """Least-squares lines through ``(x, y[:, n, r])`` ignoring NaN: (intercept, slope) (N, R).
 
     x (C,), y (C, N, R). A series with one point gets slope 0; none gets NaN.
@@ -109,7 +109,7 @@ def linear_forecast(traj: Trajectory, n: int, total_steps: int | None = None,
     n = max(1, min(n, len(traj.steps)))
     end = float(total_steps if total_steps is not None else traj.steps[-1])
     x = torch.tensor(traj.steps[:n], dtype=torch.float64)
-    a, b = _fit_lines(x, _candidate_values(traj)[:n])
+    a, b = fit_lines(x, candidate_values(traj)[:n])
     return _top((a + b * end).clamp(0.0, 1.0), min_score)
 
 
@@ -163,8 +163,8 @@ def early_features(traj: Trajectory, n: int, total_steps: int | None = None,
     n = max(1, min(n, len(traj.steps)))
     total = float(total_steps if total_steps is not None else traj.steps[-1])
     x = torch.tensor(traj.steps[:n], dtype=torch.float64) / total  # (n,)
-    y = _candidate_values(traj)[:n]  # (n, N, R)
-    a, b = _fit_lines(x, y)
+    y = candidate_values(traj)[:n]  # (n, N, R)
+    a, b = fit_lines(x, y)
     seen = float(x[-1])
     z = torch.nan_to_num
     last = z(y[-1])
