@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from step_timing import interleaved, paired
 
 import headwise as hw
+from bench.lab.timing import interleaved, paired
 from headwise.analysis import PathPatcher, agreement, all_edges, edge_attribution, exact_effects
 
 CACHE = Path(__file__).resolve().parent / ".cache"
