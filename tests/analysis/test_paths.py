@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import headwise as hw
-from headwise.analysis.graph import all_edges, model_shape, parse_edge
+from headwise.analysis.graph import Edge, Node, all_edges, model_shape, parse_edge
 from headwise.analysis.paths import PathPatcher, path_patch
 from headwise.control.masks import previous_token
 from headwise.data import Batch
@@ -132,6 +132,11 @@ def test_gqa_key_and_value_receivers_are_the_kv_heads() -> None:
         got = path_patch(model, clean, "L0.H1", "L1.H3", via, source=corrupted)
         want = _loss(ref.forward(model, clean.tokens, {(via, 1, 1): stream}).logits, clean)
         assert got.patched == pytest.approx(want, abs=TOL)
+    # one edge named twice, or by both query heads of its group, is ablated once
+    p = PathPatcher(model, clean, source=corrupted)
+    k3 = Edge(Node("head", 0, 1), Node("head", 1, 3), "k")
+    assert p.value([k3, k3, parse_edge("L0.H1 -> L1.H2 via k", shape)], "loss") == p.value(
+        [parse_edge("L0.H1 -> L1.H3 via k", shape)], "loss")
     q = path_patch(model, clean, "L0.H1", "L1.H3", "q", source=corrupted)
     stream = c.x[1] - c.results[0][1] + s.results[0][1]
     want = _loss(ref.forward(model, clean.tokens, {("q", 1, 3): stream}).logits, clean)
