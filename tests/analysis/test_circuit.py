@@ -10,7 +10,12 @@ from headwise.analysis.circuit import circuit_edges, discover_circuit, edge_drop
 from headwise.analysis.graph import parse_edge
 from headwise.analysis.paths import path_patch
 from headwise.errors import SpecError
-from tests.analysis.circuit_models import CIRCUIT, induction_model, repeated_batch
+from tests.analysis.circuit_models import (
+    CIRCUIT,
+    COPY_CIRCUIT,
+    induction_model,
+    repeated_batch,
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +47,15 @@ def test_discovery_recovers_exactly_the_built_circuit(built: tuple, method: str)
     assert found.faithfulness.kept == 1.0 and found.threshold == 0.9
     assert [str(h) for h in found.heads()] == ["L0.H0", "L1.H1"]
     assert all(d > 0.5 for d in found.drops.values())
+
+
+def test_discovery_recovers_a_value_path_circuit() -> None:
+    model, keep = induction_model(copy=True)
+    batch = repeated_batch(64, copy=True)
+    found = discover_circuit(model, batch)
+    assert sorted(map(str, found.edges)) == sorted(COPY_CIRCUIT)
+    assert found.faithfulness.full == 1.0 and found.faithfulness.kept == 1.0
+    del keep
 
 
 def test_edge_drop_is_path_patching_with_an_interval(built: tuple) -> None:
