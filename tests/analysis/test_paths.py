@@ -149,6 +149,8 @@ LLAMA = {"norm_type": "rmsnorm", "activation": "swiglu", "positional": "rope", "
 @pytest.mark.parametrize("norm,kv,attn_only,extra,atol", [
     ("pre", 4, False, {}, 1e-9), ("post", 4, False, {}, 1e-9), ("pre", 2, False, {}, 1e-9),
     ("post", 2, True, {}, 1e-9),
+    # BERT's shape: bidirectional, an embedding norm, segment embeddings
+    ("post", 4, False, {"causal": False, "embed_norm": True, "n_token_types": 2}, 1e-9),
     # RMSNorm normalises in float32 even in a float64 model: float32 rounding
     ("pre", 2, False, LLAMA, 1e-5)])
 def test_every_edge_ablated_is_the_corrupted_run_and_none_is_the_clean_one(
