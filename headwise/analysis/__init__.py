@@ -6,6 +6,7 @@ reports in ``headwise.report``, role forecasts in ``headwise.forecast``.
 
 from headwise.analysis.circuit import (
     Circuit,
+    EdgeDrop,
     Faithfulness,
     circuit_edges,
     discover_circuit,
@@ -63,7 +64,7 @@ __all__ = [
     "accumulated_resid", "apply_ln_to_stack", "decompose_resid", "logit_attrs",
     "stack_head_results", "tokens_to_residual_directions",
     # paths and circuits
-    "Agreement", "Circuit", "Edge", "EdgeScores", "Faithfulness", "Node", "PathPatchResult",
-    "PathPatcher", "agreement", "all_edges", "circuit_edges", "discover_circuit",
+    "Agreement", "Circuit", "Edge", "EdgeDrop", "EdgeScores", "Faithfulness", "Node",
+    "PathPatchResult", "PathPatcher", "agreement", "all_edges", "circuit_edges", "discover_circuit",
     "edge_attribution", "edge_drop", "exact_effects", "faithfulness", "parse_edge", "path_patch",
 ]

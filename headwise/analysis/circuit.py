@@ -23,7 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from headwise.analysis.edges import EdgeScores, edge_attribution
 from headwise.analysis.graph import (
@@ -36,20 +37,25 @@ from headwise.analysis.graph import (
     parse_edge,
     parse_node,
 )
-from headwise.analysis.paths import Metric, PathPatcher, PathPatchResult, drop_of
+from headwise.analysis.importance import example_stats
+from headwise.analysis.importance_matrix import bootstrap_ci
+from headwise.analysis.paths import METRIC_NAMES, Metric, PathPatcher, drop_of
 from headwise.errors import SpecError
 from headwise.heads import Head
 
 
 @dataclass(frozen=True)
 class Faithfulness:
-    """A circuit's metric against the whole model's and the empty circuit's."""
+    """A circuit's metric against the whole model's and the empty circuit's; ``kept_ci`` and
+    ``outside_drop_ci`` are paired-bootstrap intervals over examples (NaN where not measured)."""
 
     metric: str
     mode: str
     full: float
     circuit: float
     empty: float
+    kept_ci: tuple[float, float] = (math.nan, math.nan)
+    outside_drop_ci: tuple[float, float] = (math.nan, math.nan)
 
     @property
     def kept(self) -> float:
@@ -101,7 +107,8 @@ def circuit_edges(model: nn.Module, circuit: Iterable[Any], what: str = "circuit
 
 def faithfulness(model: nn.Module, batch: Any, circuit: Iterable[Any], *,
                  metric: Metric = "accuracy", source: Any = None, mode: str | None = None,
-                 patcher: PathPatcher | None = None) -> Faithfulness:
+                 patcher: PathPatcher | None = None, n_boot: int = 1000,
+                 confidence: float = 0.95, seed: int = 0) -> Faithfulness:
     """How much of ``metric`` the circuit keeps with every edge outside it ablated.
 
     Args:
@@ -111,31 +118,84 @@ def faithfulness(model: nn.Module, batch: Any, circuit: Iterable[Any], *,
         metric: ``accuracy`` (default), ``loss``, ``exact`` or a function of the logits.
         source, mode: the ablation's source (``PathPatcher``; mean by default).
         patcher: a ``PathPatcher`` of this model and batch to reuse (its source then applies).
+        n_boot, confidence, seed: the paired bootstrap over examples of ``kept`` and
+            ``outside_drop`` (as ablation clauses'); none for a function metric or
+            ``n_boot=0``.
 
     Returns:
-        ``Faithfulness``: ``kept`` and ``outside_drop`` (for a strict circuit) derive from it.
+        ``Faithfulness``: ``kept`` and ``outside_drop`` (for a strict circuit), with intervals.
     """
     p = patcher or PathPatcher(model, batch, source, mode)
     inside = circuit_edges(model, circuit)
     every = all_edges(model)
-    return Faithfulness(metric if isinstance(metric, str) else "custom", p.mode,
-                        p.clean(metric), p.value([e for e in every if e not in inside], metric),
-                        p.value(every, metric))
+    outside = [e for e in every if e not in inside]
+    if callable(metric) or n_boot <= 0:
+        return Faithfulness(metric if isinstance(metric, str) else "custom", p.mode,
+                            p.clean(metric), p.value(outside, metric), p.value(every, metric))
+    (full, count), (circ, _), (empty, _) = (_stats(p, e, metric) for e in ([], outside, every))
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, full.shape[0], (n_boot, full.shape[0]), generator=gen)
+
+    def ratio(num: Tensor, rows: Tensor | None = None) -> Tensor:
+        n, c = (num, count) if rows is None else (num[rows], count[rows])
+        return n.sum(-1) / c.sum(-1).clamp_min(1e-12)
+
+    kept = (ratio(circ, idx) - ratio(empty, idx)) / (ratio(full, idx) - ratio(empty, idx))
+    kept = kept[kept.isfinite()]
+    tail = (1 - confidence) / 2
+    kept_ci = ((float(kept.quantile(tail)), float(kept.quantile(1 - tail))) if kept.numel()
+               else (math.nan, math.nan))
+    sign = 1.0 if metric == "loss" else -1.0
+    _, low, high = bootstrap_ci(full, circ, count, sign, n_boot, confidence, gen)
+    return Faithfulness(metric, p.mode, float(ratio(full)), float(ratio(circ)),
+                        float(ratio(empty)), kept_ci, (low, high))
 
 
-def edge_drop(model: nn.Module, batch: Any, edge: str | Edge, *, metric: Metric = "accuracy",
-              source: Any = None, mode: str | None = None) -> PathPatchResult:
-    """One edge ablated alone (``path_patch``): what a clause on a path measures.
+def _stats(p: PathPatcher, edges: list[Edge], metric: str) -> tuple[Tensor, Tensor]:
+    """Per-example numerators and counts (B,) of ``metric`` with ``edges`` ablated."""
+    with torch.no_grad():
+        logits = p.clean_logits if not edges else p.run(edges)
+        num, count = example_stats(logits, p.batch.targets)[metric]
+    return num.detach().double().cpu(), count.double().cpu()
 
-    ``edge`` is an ``Edge`` or its text (``"L0.H1 -> L1.H2 via k"``, ``"L1.H2 -> logits"``).
+
+@dataclass(frozen=True)
+class EdgeDrop:
+    """One edge ablated alone: the metric ``clean`` and ``patched``, the ``drop`` (positive:
+    the edge mattered; ``drop_of``) and its paired-bootstrap interval ``(low, high)``."""
+
+    edge: Edge
+    metric: str
+    mode: str
+    clean: float
+    patched: float
+    drop: float
+    ci: tuple[float, float]
+
+
+def edge_drop(model: nn.Module, batch: Any, edge: str | Edge, *, metric: str = "accuracy",
+              source: Any = None, mode: str | None = None, n_boot: int = 1000,
+              confidence: float = 0.95, seed: int = 0) -> EdgeDrop:
+    """One edge ablated alone (``path_patch``): what a clause on a path measures, with the
+    paired bootstrap over examples that ablation clauses use.
+
+    ``edge`` is an ``Edge`` or its text (``"L0.H1 -> L1.H2 via k"``, ``"L1.H2 -> logits"``);
+    ``metric`` is ``accuracy``, ``loss`` or ``exact``.
 
     Raises:
-        SpecError: a malformed edge.
+        SpecError: a malformed edge.  ValueError: another metric.
     """
+    if metric not in METRIC_NAMES:
+        raise ValueError(f"metric: got {metric!r}, expected one of {list(METRIC_NAMES)}")
     p = PathPatcher(model, batch, source, mode)
     e = edge if isinstance(edge, Edge) else parse_edge(edge, p.shape)
-    return PathPatchResult(e, metric if isinstance(metric, str) else "custom", p.mode,
-                           p.clean(metric), p.value([e], metric))
+    (clean, count), (patched, _) = _stats(p, [], metric), _stats(p, [e], metric)
+    gen = torch.Generator().manual_seed(seed)
+    sign = 1.0 if metric == "loss" else -1.0
+    drop, low, high = bootstrap_ci(clean, patched, count, sign, n_boot, confidence, gen)
+    total = count.sum().clamp_min(1)
+    return EdgeDrop(e, metric, p.mode, float(clean.sum() / total), float(patched.sum() / total),
+                    drop, (low, high))
 
 
 @dataclass

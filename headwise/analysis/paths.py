@@ -162,9 +162,13 @@ class PathPatcher:
         into: dict[tuple[int, str, int], list[Node]] = {}
         for e in edges:
             r = e.receiver
+            group = self.shape.group if e.via in ("k", "v") else 1  # a kv head's input
             key = ((self.shape.n_layers, "logits", 0) if r.kind == "logits" else
-                   (r.layer, "mlp", 0) if r.kind == "mlp" else (r.layer, e.via or "", r.head))
-            into.setdefault(key, []).append(e.sender)
+                   (r.layer, "mlp", 0) if r.kind == "mlp" else
+                   (r.layer, e.via or "", r.head - r.head % group))
+            senders = into.setdefault(key, [])
+            if e.sender not in senders:  # an edge named twice is ablated once
+                senders.append(e.sender)
         state = AblatedRun(self, into)
         with eval_mode(self.model), self.model.hooks(state.hooks()):  # type: ignore[operator]
             return self.model(tokens_of(self.batch), **self.kw)

@@ -121,7 +121,7 @@ def _figure(args: argparse.Namespace, found: Any, compiled: Any) -> None:
     cfg = compiled.model.config
     png = circuit_figure(found.drops, cfg.n_layers, cfg.n_heads,
                          f"{args.task}: {len(found.edges)} edges, kept "
-                         f"{found.faithfulness.kept:.2f}")
+                         f"{found.faithfulness.kept:.2f}", has_mlp=not cfg.attn_only)
     try:
         write_bytes_atomic(Path(args.figure), png)
     except OSError as e:

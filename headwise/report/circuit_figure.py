@@ -30,13 +30,14 @@ def _place(node: Node, n_layers: int, n_heads: int) -> tuple[float, float]:
 
 
 def circuit_figure(edges: Mapping[Edge, float], n_layers: int, n_heads: int,
-                   title: str = "circuit") -> bytes:
+                   title: str = "circuit", has_mlp: bool = True) -> bytes:
     """PNG bytes of ``edges`` (edge -> weight, e.g. each edge's drop or attribution).
 
     Args:
         edges: the circuit's edges and their weights (signs are ignored for the width).
         n_layers, n_heads: the model's grid.
         title: the figure's title.
+        has_mlp: draw each layer's MLP (``False`` for an attention-only model).
     """
     fig, ax = plt.subplots(figsize=(max(4.0, 0.8 * (n_heads + 2)), max(3.0, 0.9 * (n_layers + 2))))
     used = {n for e in edges for n in (e.sender, e.receiver)}
@@ -46,8 +47,9 @@ def circuit_figure(edges: Mapping[Edge, float], n_layers: int, n_heads: int,
             node = Node("head", layer, head)
             ax.scatter([head], [layer], s=260, zorder=3, edgecolors="black",
                        c="gold" if node in used else "white")
-        ax.scatter([n_heads], [layer], s=260, marker="s", zorder=3, edgecolors="black",
-                   c="gold" if Node("mlp", layer) in used else "white")
+        if has_mlp:
+            ax.scatter([n_heads], [layer], s=260, marker="s", zorder=3, edgecolors="black",
+                       c="gold" if Node("mlp", layer) in used else "white")
     for node in (Node("embed"), Node("logits")):
         x, y = _place(node, n_layers, n_heads)
         ax.scatter([x], [y], s=400, marker="D", zorder=3, edgecolors="black",
@@ -65,9 +67,10 @@ def circuit_figure(edges: Mapping[Edge, float], n_layers: int, n_heads: int,
     for via, colour in _COLOURS.items():
         ax.plot([], [], color=colour, lw=2, label=f"via {via}" if via else "MLP / logits")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    ax.set_xticks(list(range(n_heads)) + [n_heads], [f"H{h}" for h in range(n_heads)] + ["MLP"])
+    ax.set_xticks(list(range(n_heads + has_mlp)),
+                  [f"H{h}" for h in range(n_heads)] + ["MLP"] * has_mlp)
     ax.set_yticks(range(n_layers), [f"L{l}" for l in range(n_layers)])
-    ax.set_xlim(-0.8, n_heads + 0.8)
+    ax.set_xlim(-0.8, n_heads - 1 + has_mlp + 0.8)
     ax.set_ylim(-1.6, n_layers + 0.6)
     ax.set_title(title)
     for side in ("top", "right"):

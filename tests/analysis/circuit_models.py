@@ -14,6 +14,11 @@ built circuit is exactly::
 Every other edge changes at most the norms' scale (RMSNorm is a positive scale per position),
 which moves no argmax: it cannot change accuracy. L0.H0's query and key cannot matter (one
 allowed key per row).
+
+``copy_model()``: the same layer 0, but L1.H1 has a self-only mask and its value reads P: the
+model outputs the previous token, through the value path only::
+
+    embed -> L0.H0 via v,  L0.H0 -> L1.H1 via v,  L1.H1 -> logits
 """
 
 from __future__ import annotations
@@ -29,8 +34,12 @@ CIRCUIT = ["embed -> L0.H0 via v", "L0.H0 -> L1.H1 via k", "embed -> L1.H1 via q
            "embed -> L1.H1 via v", "L1.H1 -> logits"]
 
 
-def induction_model() -> tuple[torch.nn.Module, list[object]]:
-    """The model and the handles of its masks and gates (keep them alive)."""
+COPY_CIRCUIT = ["embed -> L0.H0 via v", "L0.H0 -> L1.H1 via v", "L1.H1 -> logits"]
+
+
+def induction_model(copy: bool = False) -> tuple[torch.nn.Module, list[object]]:
+    """The model and the handles of its masks and gates (keep them alive); ``copy``: the
+    previous-token copy model instead."""
     E, P, O, J = (slice(0, V), slice(V, 2 * V), slice(2 * V, 3 * V), slice(3 * V, 3 * V + 2))
     cfg = hw.ModelConfig(n_layers=2, n_heads=2, d_model=3 * V + 2, d_head=V, vocab_size=V,
                          max_seq_len=2 * HALF, norm_type="rmsnorm", positional="none",
@@ -48,21 +57,29 @@ def induction_model() -> tuple[torch.nn.Module, list[object]]:
         a0.o_proj.weight[P, 0:V] = eye                       # ... written into P
         a0.v_proj.weight[V:2 * V, E] = eye                   # L0.H1 value: the token
         a0.o_proj.weight[J, V:2 * V] = torch.randn(2, V, generator=gen, dtype=torch.float64)
-        a1.q_proj.weight[V:2 * V, E] = 10 * eye              # L1.H1 query: the current token
-        a1.k_proj.weight[V:2 * V, P] = eye                   # key: the key's previous token
-        a1.v_proj.weight[V:2 * V, E] = eye                   # value: the key's own token
+        if copy:
+            a1.v_proj.weight[V:2 * V, P] = eye               # L1.H1 value: the previous token
+        else:
+            a1.q_proj.weight[V:2 * V, E] = 10 * eye          # L1.H1 query: the current token
+            a1.k_proj.weight[V:2 * V, P] = eye               # key: the key's previous token
+            a1.v_proj.weight[V:2 * V, E] = eye               # value: the key's own token
         a1.o_proj.weight[O, V:2 * V] = eye                   # ... written into O
         model.unembed.weight[:, O] = eye
-    masks = hw.apply_masks(model, {"L0.H0": previous_token(), "L0.H1": self_only()})
+    masks = hw.apply_masks(model, {"L0.H0": previous_token(), "L0.H1": self_only(),
+                                   **({"L1.H1": self_only()} if copy else {})})
     gates = hw.FixedGates(model, {0: "L0.H0,L0.H1,L1.H1"})
     return model.eval(), [masks, gates]
 
 
-def repeated_batch(n: int, seed: int = 0) -> Batch:
-    """``n`` sequences of HALF distinct tokens, repeated; the second copy is scored."""
+def repeated_batch(n: int, seed: int = 0, copy: bool = False) -> Batch:
+    """``n`` sequences of HALF distinct tokens, repeated; the second copy is scored (the next
+    token; ``copy``: the previous one)."""
     gen = torch.Generator().manual_seed(seed)
     first = torch.stack([torch.randperm(V, generator=gen)[:HALF] for _ in range(n)])
     tokens = torch.cat([first, first], 1)
     targets = torch.full_like(tokens, -100)
-    targets[:, HALF:-1] = tokens[:, HALF + 1:]
+    if copy:
+        targets[:, HALF:] = tokens[:, HALF - 1:-1]
+    else:
+        targets[:, HALF:-1] = tokens[:, HALF + 1:]
     return Batch(tokens, targets, None, torch.zeros(n, dtype=torch.long))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import headwise as hw
-from headwise.analysis.edges import edge_attribution, spearman
+from headwise.analysis.edges import EdgeScores, agreement, edge_attribution, spearman
 from headwise.analysis.graph import all_edges
 from headwise.analysis.paths import PathPatcher
 from headwise.data import Batch
@@ -64,6 +64,19 @@ def test_eap_ig_with_one_step_is_eap_and_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="steps"):
         edge_attribution(model, batch, method="eap-ig", steps=0)
     assert not any(p.grad is not None for p in model.parameters())
+
+
+def test_agreement_counts_the_shared_top_k() -> None:
+    cfg = hw.ModelConfig(n_layers=1, n_heads=2, d_model=8, vocab_size=7, max_seq_len=6)
+    edges = all_edges(hw.build_model(cfg))[:4]
+    scores = EdgeScores(edges, torch.tensor([0.1, -0.5, 0.2, 0.0], dtype=torch.float64),
+                        "loss", "eap", 1, "mean")
+    exact = dict(zip(edges, [0.3, -0.6, 0.05, 0.01], strict=True))
+    a = agreement(scores, exact, 2)  # top 2 by |.|: {1, 2} vs {1, 0}
+    assert (a.n_edges, a.k, a.top_k) == (4, 2, 0.5)
+    assert a.spearman == pytest.approx(spearman(scores.scores, torch.tensor(list(exact.values()))))
+    with pytest.raises(ValueError, match="k: got 5"):
+        agreement(scores, exact, 5)
 
 
 def test_spearman_matches_a_hand_worked_case() -> None:

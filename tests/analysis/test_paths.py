@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import headwise as hw
-from headwise.analysis.graph import all_edges, model_shape, parse_edge
+from headwise.analysis.graph import Edge, Node, all_edges, model_shape, parse_edge
 from headwise.analysis.paths import PathPatcher, path_patch
 from headwise.control.masks import previous_token
 from headwise.data import Batch
@@ -132,25 +132,38 @@ def test_gqa_key_and_value_receivers_are_the_kv_heads() -> None:
         got = path_patch(model, clean, "L0.H1", "L1.H3", via, source=corrupted)
         want = _loss(ref.forward(model, clean.tokens, {(via, 1, 1): stream}).logits, clean)
         assert got.patched == pytest.approx(want, abs=TOL)
+    # one edge named twice, or by both query heads of its group, is ablated once
+    p = PathPatcher(model, clean, source=corrupted)
+    k3 = Edge(Node("head", 0, 1), Node("head", 1, 3), "k")
+    assert p.value([k3, k3, parse_edge("L0.H1 -> L1.H2 via k", shape)], "loss") == p.value(
+        [parse_edge("L0.H1 -> L1.H3 via k", shape)], "loss")
     q = path_patch(model, clean, "L0.H1", "L1.H3", "q", source=corrupted)
     stream = c.x[1] - c.results[0][1] + s.results[0][1]
     want = _loss(ref.forward(model, clean.tokens, {("q", 1, 3): stream}).logits, clean)
     assert q.patched == pytest.approx(want, abs=TOL)
 
 
-@pytest.mark.parametrize("norm,kv,attn_only", [("pre", 4, False), ("post", 4, False),
-                                               ("pre", 2, False), ("post", 2, True)])
+LLAMA = {"norm_type": "rmsnorm", "activation": "swiglu", "positional": "rope", "bias": "none"}
+
+
+@pytest.mark.parametrize("norm,kv,attn_only,extra,atol", [
+    ("pre", 4, False, {}, 1e-9), ("post", 4, False, {}, 1e-9), ("pre", 2, False, {}, 1e-9),
+    ("post", 2, True, {}, 1e-9),
+    # BERT's shape: bidirectional, an embedding norm, segment embeddings
+    ("post", 4, False, {"causal": False, "embed_norm": True, "n_token_types": 2}, 1e-9),
+    # RMSNorm normalises in float32 even in a float64 model: float32 rounding
+    ("pre", 2, False, LLAMA, 1e-5)])
 def test_every_edge_ablated_is_the_corrupted_run_and_none_is_the_clean_one(
-        norm: str, kv: int, attn_only: bool) -> None:
+        norm: str, kv: int, attn_only: bool, extra: dict, atol: float) -> None:
     # With every edge replaced by its corrupted source, every receiver reads the corrupted
     # stream, so the whole run is the corrupted run (ACDC's identity).
     cfg = hw.ModelConfig(n_layers=3, n_heads=4, n_kv_heads=kv, d_model=20, d_head=6,
-                         vocab_size=V, max_seq_len=9, norm=norm, attn_only=attn_only)
+                         vocab_size=V, max_seq_len=9, norm=norm, attn_only=attn_only, **extra)
     model = hw.build_model(cfg).double().eval()
     clean, corrupted = _batches()
     p = PathPatcher(model, clean, source=corrupted)
     torch.testing.assert_close(p.run(all_edges(model)), model(corrupted.tokens), rtol=0,
-                               atol=1e-9)
+                               atol=atol)
     assert torch.equal(p.run([]), model(clean.tokens))
 
 

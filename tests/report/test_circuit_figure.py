@@ -14,4 +14,4 @@ def test_a_circuit_and_the_empty_one_draw() -> None:
         ("embed -> L0.H1 via v", 0.4), ("L0.H1 -> L2.H3 via k", -0.8),
         ("L0.MLP -> L1.MLP", 0.1), ("L2.H3 -> logits", 0.0)]}
     assert circuit_figure(edges, 3, 4, "a circuit").startswith(PNG)
-    assert circuit_figure({}, 3, 4).startswith(PNG)
+    assert circuit_figure({}, 3, 4, has_mlp=False).startswith(PNG)
