@@ -12,8 +12,8 @@ task's verification examples compare EAP and EAP-IG with exact path patching of 
 (mean ablation, loss): Spearman rank correlation, top-k overlap, wall time of each; and
 ``discover_circuit`` at faithfulness 0.9 (accuracy).
 
-    OMP_NUM_THREADS=1 python bench/bench_eap.py --batch 8 --seq 32 --reps 5
-    OMP_NUM_THREADS=1 python bench/bench_eap.py \
+    OMP_NUM_THREADS=1 python -m bench.bench_eap --batch 8 --seq 32 --reps 5
+    OMP_NUM_THREADS=1 python -m bench.bench_eap \
         --agreement headwise/examples/suite/induction_circuit.yaml
 """
 
@@ -81,7 +81,7 @@ def speed(args: argparse.Namespace) -> None:
 
 def cpu_interleaved(steps: dict[str, Callable[[], object]], reps: int,
                     warmup: int) -> dict[str, list[float]]:
-    """``step_timing.interleaved`` timed in this process's CPU seconds (``--clock cpu``: a
+    """``bench.lab.timing.interleaved`` timed in this process's CPU seconds (``--clock cpu``: a
     process waiting for a core on a loaded machine accrues none)."""
     for _ in range(warmup):
         for fn in steps.values():

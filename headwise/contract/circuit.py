@@ -25,6 +25,7 @@ from torch import nn
 
 from headwise.analysis.circuit import faithfulness
 from headwise.analysis.graph import Edge, Node, parse_edge, parse_node
+from headwise.analysis.importance_matrix import ci_stderr
 from headwise.contract import fields
 from headwise.contract.clause import METRICS, Clause, holds, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
@@ -103,11 +104,15 @@ class CircuitKind(ClauseKind):
         batch = task_batch(data, clause)
         f = faithfulness(model, batch, [str(x) for x in clause.edges], metric=clause.metric,
                          mode=clause.mode)
-        value = f.kept if clause.at_least is not None else f.outside_drop
+        keeps = clause.at_least is not None
+        value = f.kept if keeps else f.outside_drop
+        low, high = f.kept_ci if keeps else f.outside_drop_ci
         return ClauseResult(clause, holds(value, clause.at_least, clause.at_most),
                             number_or_none(value), clause.threshold_text(), "the circuit",
+                            ci=(low, high),
                             details={"full": f.full, "circuit": f.circuit, "empty": f.empty,
-                                     "examples": int(batch.tokens.shape[0])})
+                                     "examples": int(batch.tokens.shape[0])},
+                            stderr=number_or_none(ci_stderr(low, high)))
 
     def threshold_text(self, clause: Clause) -> str:
         if clause.at_least is not None:

@@ -7,9 +7,10 @@ via k``; receivers may also be ``L1.MLP`` or ``logits``, senders ``embed``, a he
 (``headwise.analysis.circuit.edge_drop``: the receiver's input recomputed with only that
 sender's contribution replaced, every other path clean), ``mode`` ``mean`` (default: the
 sender's per-position mean over the batch) or ``zero``; the drop is clean - ablated for
-accuracies, ablated - clean for the loss. A path whose sender or receiver head the fixed
-task gates switch off on the task cannot carry it: ``drop_at_least`` there is refused before
-training. No lever builds a path yet: under ``--enforce`` the clause is refused unless
+accuracies, ablated - clean for the loss, with a paired-bootstrap interval over examples (its
+standard error is the clause's, as for ablation clauses). A path whose sender or receiver head
+the fixed task gates switch off on the task cannot carry it: ``drop_at_least`` there is refused
+before training. No lever builds a path yet: under ``--enforce`` the clause is refused unless
 ``--allow-unenforced``.
 """
 
@@ -23,6 +24,7 @@ from torch import nn
 
 from headwise.analysis.circuit import edge_drop
 from headwise.analysis.graph import Edge, Shape, parse_edge
+from headwise.analysis.importance_matrix import ci_stderr
 from headwise.contract import fields
 from headwise.contract.clause import (
     METRICS,
@@ -134,11 +136,13 @@ class PathKind(ClauseKind):
         batch = task_batch(data, clause)
         result = edge_drop(model, batch, clause.edges[0], metric=clause.metric,
                            mode=clause.mode)
-        drop = result.drop
+        drop, (low, high) = result.drop, result.ci
         return ClauseResult(clause, holds(drop, clause.at_least, clause.at_most),
                             number_or_none(drop), clause.threshold_text(), str(clause.edges[0]),
+                            ci=(low, high),
                             details={"clean": result.clean, "patched": result.patched,
-                                     "examples": int(batch.tokens.shape[0])})
+                                     "examples": int(batch.tokens.shape[0])},
+                            stderr=number_or_none(ci_stderr(low, high)))
 
     def check_possible(self, ctx: PlanContext, clause: Clause) -> None:
         if clause.at_least is None or clause.at_least <= 0:
