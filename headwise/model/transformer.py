@@ -21,8 +21,9 @@ from headwise.errors import ConfigError
 from headwise.model import head_params
 from headwise.model.cache import ActivationCache, run_with_cache
 from headwise.model.factored import FactoredMatrix
-from headwise.model.hook_point import Hook, HookPoint, attach_hooks, hook_points
+from headwise.model.hook_point import Hook, HookPoint, attach_hooks, name_hook_points
 from headwise.model.inputs import check_shapes, check_tokens
+from headwise.model.mask_plan import mask_plan
 from headwise.model.tokenizer import ModelTokenizer, str_tokens_of, to_tokens
 
 if TYPE_CHECKING:
@@ -50,10 +51,15 @@ class Transformer(nn.Module):
         tokenizer: the model's ``ModelTokenizer`` (``to_tokens``, ``to_str_tokens``), or
             ``None``; set by ``load_hf`` from a checkpoint's ``tokenizer.json`` and by
             ``headwise.load_run``, or by assignment. Not part of the state dict.
+        hook_dict: every hook point by its name (its module path), in module order, as
+            TransformerLens's ``hook_dict``; built by ``setup()``.
+        tree_memos: what other code read off the module tree (``hook_point.tree_memo``, e.g.
+            the installed task gates' task count); emptied by ``setup()``.
     """
 
-    names_hook_points = True  # hook points are named by their paths in this model
     mlm_head: MLMHead | None
+    hook_dict: dict[str, HookPoint]
+    tree_memos: dict[str, Any]
 
     def __init__(self, config: ModelConfig, *, embed: nn.Embedding, pos_embed: nn.Module | None,
                  token_type_embed: nn.Embedding | None, embed_norm: nn.Module | None,
@@ -74,7 +80,19 @@ class Transformer(nn.Module):
         self.hook_pos_embed = HookPoint()
         self.hook_logits = HookPoint()
         self.tokenizer: ModelTokenizer | None = None
-        hook_points(self)  # names every hook point by its module path
+        self.setup()
+
+    def setup(self) -> None:
+        """Map the module tree: name every hook point by its module path into ``hook_dict``
+        and forget what was read off the old tree (``tree_memos``).
+
+        Runs at construction, and is called by every headwise function that puts modules into
+        the model or takes them out (LoRA adapters, task gates, the masked-LM head). After
+        changing the tree yourself (assigning a module, ``ModuleList.append``, ``del``), call
+        it as in TransformerLens; until then hooks attach to the points of the old tree.
+        """
+        self.tree_memos = {}
+        self.hook_dict = name_hook_points(self)
 
     def hidden(self, tokens: Tensor, attention_mask: Tensor | None = None,
                token_type_ids: Tensor | None = None, task_ids: Tensor | None = None) -> Tensor:
@@ -106,8 +124,9 @@ class Transformer(nn.Module):
             x = self.embed_norm(x)
         x = self.embed_dropout(x)
         key_padding = attention_mask.bool() if attention_mask is not None else None
+        plan = mask_plan(T, self.config.causal, key_padding, device=tokens.device)  # one a forward
         for block in self.blocks:
-            x = block(x, key_padding, task_ids)
+            x = block(x, plan, task_ids)
         return self.ln_final(x) if self.ln_final is not None else x
 
     def forward(self, tokens: Tensor, attention_mask: Tensor | None = None,
@@ -120,9 +139,8 @@ class Transformer(nn.Module):
         return self.hook_logits(self.mlm_head(hidden, self.unembed))
 
     def hook_points(self) -> dict[str, HookPoint]:
-        """Every hook point of the model by name, in module order (``hook_point.hook_points``,
-        mapped once and rebuilt only after a module change)."""
-        return dict(hook_points(self))
+        """Every hook point of the model by name, in module order (a copy of ``hook_dict``)."""
+        return dict(self.hook_dict)
 
     def hooks(self, *hooks: Hook | tuple[Any, ...] | Iterable[Hook]
               ) -> AbstractContextManager[None]:
