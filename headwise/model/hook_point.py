@@ -84,6 +84,7 @@ class HookPoint(nn.Module):
         self.kv_group = kv_group
         self._fwd: list[Hook] = []
         self._bwd: list[Hook] = []
+        self.added: list[tuple[Hook, bool]] = []  # ``add_hook``'s hooks, with is_permanent
 
     @property
     def active(self) -> bool:
