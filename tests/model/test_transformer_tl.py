@@ -111,11 +111,11 @@ def test_position_and_unembedding_tables() -> None:
     assert torch.equal(model.W_pos[:T], model.pos_embed(T))
     assert torch.equal(model.b_U, torch.zeros(17))
     with pytest.raises(ConfigError, match="W_pos: the model has 'rope' positions"):
-        _model("tiny-gqa-rope").W_pos
+        assert _model("tiny-gqa-rope").W_pos is None
     attn_only = build_model(ModelConfig(n_layers=1, n_heads=2, d_model=8, vocab_size=11,
                                         max_seq_len=4, attn_only=True), seed=0)
     with pytest.raises(ConfigError, match="W_in: the model is attention-only"):
-        attn_only.W_in
+        assert attn_only.W_in is None
 
 
 def test_single_tokens_and_strings_with_bytes() -> None:
