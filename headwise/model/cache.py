@@ -65,9 +65,14 @@ class ActivationCache:
         return list(self._store.items())
 
     def heads_of(self, name: str) -> tuple[int, ...] | None:
-        """Head indices held along the head axis of ``name`` (``None``: every head)."""
+        """The query heads whose values ``name`` holds, as ``head`` takes them (``None``:
+        every head). On GQA ``hook_k``/``hook_v`` (and ``hook_rot_k``), which hold kv heads,
+        these are the query heads that read the kv heads held."""
         self[name]
-        return self._heads[name]
+        heads, group = self._heads[name], self._kv_group[name]
+        if heads is None or group == 1:
+            return heads
+        return tuple(q for g in heads for q in range(g * group, (g + 1) * group))
 
     def axis_of(self, name: str) -> int | None:
         """The head axis of ``name``'s value (``None``: not head-shaped)."""
