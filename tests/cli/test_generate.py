@@ -68,3 +68,12 @@ def test_bad_options_are_one_line(byte_run: Path, capsys: pytest.CaptureFixture[
     code, out, err = cli(capsys, "generate", str(byte_run), "--prompt", "the q", *argv)
     assert code == 2 and out == ""
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_help_names_the_options(capsys: pytest.CaptureFixture[str]) -> None:
+    from headwise.cli import build_parser, main
+
+    assert "generate" in build_parser().format_help()
+    assert main(["generate", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "usage: headwise generate" in text and "--max-new-tokens" in text
