@@ -59,13 +59,16 @@ from headwise.hooks import (
     HookContext,
     HookPoint,
     ablate,
+    get_act_name,
     patch,
     run_with_cache,
     scale,
     steer,
 )
 from headwise.interop import convert, export_peft, import_peft, load_hf
-from headwise.model import FactoredMatrix, Transformer, build_model
+from headwise.model import ByteTokenizer, FactoredMatrix, Transformer, build_model
+from headwise.model.generate import generate
+from headwise.model.prompts import test_prompt
 from headwise.pipeline import compile_spec
 from headwise.pipeline.loaded_run import LoadedRun, load_run
 from headwise.pipeline.run_export import export_hf
@@ -97,6 +100,7 @@ __all__ = [
     "export_hf",
     # TransformerLens-style analysis
     "FactoredMatrix", "accumulated_resid", "decompose_resid", "logit_attrs", "stack_head_results",
+    "ByteTokenizer", "generate", "get_act_name", "test_prompt",
     # finished runs
     "LoadedRun", "load_run",
     # paths and circuits

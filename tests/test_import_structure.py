@@ -315,3 +315,28 @@ def test_commands_do_not_import_sharded_training_until_it_is_used() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.stdout.strip() == "[]"
+
+
+def test_importing_headwise_changes_no_global_torch_state() -> None:
+    """``import headwise`` (and every subpackage) leaves torch's process-wide module hooks and
+    defaults as they were: compared in a fresh interpreter, before and after the import."""
+    code = """
+import torch
+import torch.nn.modules.module as m
+def state():
+    hooks = {n: dict(getattr(m, n)) for n in dir(m) if n.startswith("_global_")
+             and n.endswith("hooks") and isinstance(getattr(m, n), dict)}
+    return hooks, torch.get_default_dtype(), torch.is_grad_enabled()
+before = state()
+import headwise, headwise.cli, headwise.pipeline.run
+after = state()
+print(sorted(before[0]))
+print(before == after)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    names, same = out.stdout.split("\n")[:2]
+    for name in ("_global_module_registration_hooks", "_global_forward_hooks",
+                 "_global_forward_pre_hooks", "_global_backward_hooks"):
+        assert name in names  # the check sees torch's hook tables
+    assert same == "True"

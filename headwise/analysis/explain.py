@@ -192,21 +192,17 @@ class _Hooked:
                                          heads=select_heads(model, head),
                                          attention_mask=attention_mask, **forward_kwargs)
 
-    def get(self, leaf: str, idx: int | None = None) -> Tensor:
-        """(T, ...) value of ``leaf`` for head ``idx`` (default this head), float64 on the CPU."""
-        name = self.pre + leaf
-        idx = self.head if idx is None else idx
-        held = self.cache.heads_of(name)
-        pos = idx if held is None else held.index(idx)
-        axis: int = self.cache.axis_of(name)
-        return self.cache[name][0].select(axis - 1, pos).double().cpu()
+    def get(self, leaf: str) -> Tensor:
+        """(T, ...) value of ``leaf`` for this head (its kv head's on k/v), float64 on the
+        CPU."""
+        return self.cache.head(self.pre + leaf, self.head)[0].double().cpu()
 
 
 def _steps(h: _Hooked, allowed: Tensor, w_o: Tensor) -> tuple[list[Step], dict[str, float]]:
     """Recompute each step from the hooked Q, K, V and compare with the hooked values."""
     rope, pre, kv, Dh = h.rope, h.pre, h.kv, h.d_head
     q_name, k_name = ("hook_rot_q", "hook_rot_k") if rope else ("hook_q", "hook_k")
-    q, k, v = h.get(q_name), h.get(k_name, kv), h.get("hook_v", kv)  # (T, Dh)
+    q, k, v = h.get(q_name), h.get(k_name), h.get("hook_v")  # (T, Dh)
     raw = q @ k.T  # (T, T)
     scaled = raw / math.sqrt(Dh)
     masked = scaled.masked_fill(~allowed, float("-inf"))

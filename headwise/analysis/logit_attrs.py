@@ -122,17 +122,28 @@ def apply_ln_to_stack(model: nn.Module, cache: ActivationCache, residual_stack: 
     return residual_stack / scale
 
 
-def tokens_to_residual_directions(model: nn.Module, tokens: int | Tensor) -> Tensor:
+def tokens_to_residual_directions(model: nn.Module, tokens: int | Tensor,
+                                  center: bool = False) -> Tensor:
     """(..., D): ``gamma * W_U[:, t]`` for each token, the final norm's gain folded in.
+
+    Not centred by default: the unembedding as trained. TransformerLens's model as loaded by
+    default (``fold_ln``, ``center_writing_weights``, ``center_unembed``) centres it twice:
+    on a LayerNorm model each direction minus its mean over the D dimensions (LayerNorm's
+    output has mean 0, so nothing it reads changes), and on every model the mean direction
+    over the vocabulary subtracted (every logit of a position moves by the same amount, so
+    probabilities and logit differences do not change). ``center=True`` gives those numbers.
 
     Raises:
         ConfigError: a post-norm model.
     """
     require_pre_norm(model, "tokens_to_residual_directions")
     m: Any = model
-    W_U = m.unembed.weight  # (V, D)
-    gain = m.ln_final.weight  # (D,)
-    return W_U[torch.as_tensor(tokens, device=W_U.device)] * gain
+    W_U = m.unembed.weight * m.ln_final.weight  # (V, D): the gain folded in
+    if center:
+        if isinstance(m.ln_final, LayerNorm):
+            W_U = W_U - W_U.mean(1, keepdim=True)  # over D: fold_ln's centring
+        W_U = W_U - W_U.mean(0, keepdim=True)  # over the vocabulary: center_unembed
+    return W_U[torch.as_tensor(tokens, device=W_U.device)]
 
 
 def logit_attrs(model: nn.Module, cache: ActivationCache, residual_stack: Tensor,

@@ -21,8 +21,8 @@ from headwise.training.interrupt import Interrupted
 # Subcommand modules under headwise.cli; each defines register(subparsers) which adds its
 # parser and sets ``func(args) -> int`` as the default. A module that does not exist yet is
 # skipped, so subcommands land independently.
-COMMANDS = ("demo", "train", "plan", "verify", "analyze", "report", "explain", "convert",
-            "export", "fit_forecaster", "circuit")
+COMMANDS = ("demo", "train", "plan", "verify", "analyze", "report", "explain", "generate",
+            "circuit", "convert", "export", "fit_forecaster")
 
 
 class _Parser(argparse.ArgumentParser):

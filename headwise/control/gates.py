@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from headwise.control._common import as_headset, attention, model_shape
 from headwise.control.objective import Objective
 from headwise.heads import Head, HeadSet
-from headwise.model.hook_point import Hook
+from headwise.model.hook_point import Hook, tree_changed
 
 
 class HeadGate(nn.Module, ABC):
@@ -114,11 +114,13 @@ class _Installed:
             attn = attention(model, layer)
             self._previous[layer] = attn.head_gate
             attn.head_gate = gate
+        tree_changed(model)
 
     def remove(self) -> None:
         for layer, old in self._previous.items():
             attention(self.model, layer).head_gate = old
         self._previous = {}
+        tree_changed(self.model)
 
 
 def _device(model: nn.Module) -> torch.device:
@@ -280,3 +282,4 @@ def remove_gates(model: nn.Module) -> None:
     for l in range(n_layers):
         if isinstance(attention(model, l).head_gate, HeadGate):
             attention(model, l).head_gate = None
+    tree_changed(model)

@@ -29,6 +29,7 @@ from headwise.atomic import ADAPTER, check_output_dir, write_bytes_atomic
 from headwise.control._common import as_headset, model_shape
 from headwise.control.lora_layer import LoRALinear
 from headwise.errors import CheckpointError
+from headwise.model.hook_point import tree_changed
 
 ATTN_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 FFN_TARGETS = ("up_proj", "down_proj", "gate_proj")
@@ -146,6 +147,7 @@ def apply_lora(model: nn.Module, targets: Iterable[str] = ("q_proj", "v_proj"),
     for parent_name, parent, t, scope in plan:
         setattr(parent, t, LoRALinear(getattr(parent, t), rank, alpha, dropout, **scope))
         names.append(f"{parent_name}.{t}")
+    tree_changed(model)
     config = LoRAConfig(tgts, tuple(chosen) if hs is None else None,
                         str(hs) if hs is not None else None, rank, float(alpha), dropout, names)
     model.lora_config = config  # type: ignore[assignment]
@@ -287,6 +289,7 @@ def remove_lora(model: nn.Module) -> None:
         mod.unmerge()
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, mod.base_layer)
+    tree_changed(model)
     previous = getattr(model, "_lora_previous_grad", None) or {}
     for n, p in model.named_parameters():
         p.requires_grad_(previous.get(n, True))

@@ -173,7 +173,9 @@ def add_mlm_head(model: nn.Module, tasks: Iterable[type[Task] | Task], seed: int
         seed: seeds the head's initialisation.
     """
     from headwise.model import build_mlm_head
+    from headwise.model.hook_point import tree_changed
 
     if getattr(model, "mlm_head", "missing") is None and any(
             getattr(t, "needs_mlm_head", False) for t in tasks):
         model.mlm_head = build_mlm_head(model.config, seed=seed)  # type: ignore[arg-type]
+        tree_changed(model)  # the head's hook point joins the model's map

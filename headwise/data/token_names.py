@@ -5,8 +5,9 @@ Three vocabularies, three spellings:
 - **synthetic tasks** (``headwise.data.batch``'s layout): ``<pad>``, ``<bos>``, ``<sep>``,
   ``<q>``, a task marker as ``<task>`` (the task's name), symbol ``i`` (id ``CONTENT + i``) as
   ``s{i}``;
-- **bytes** (text tasks without a tokenizer): the character for printable ASCII, else
-  ``\\x0a``-style escapes;
+- **bytes** (text tasks without a tokenizer): ``headwise.model.byte_tokenizer.byte_name``, the
+  spelling of ``ByteTokenizer.to_str_tokens``: the character for printable ASCII, ``␣`` for the
+  space, ``\\n`` / ``\\t`` / ``\\r``, else ``\\x1b``-style escapes;
 - **a tokenizer** (text tasks with one, pretrained checkpoints): the tokenizer's own string for
   the id (``id_to_token``: ``[CLS]``, ``##ing``, ``Ġthe``), ``<id 123>`` for an id it lacks.
 """
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from headwise.data.batch import BOS, CONTENT, PAD, QUERY, SEP
+from headwise.model.byte_tokenizer import byte_name
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -44,7 +46,7 @@ def token_names(ids: Tensor | Sequence[int], *, tokenizer: Tokenizer | None = No
     if tokenizer is not None:
         return [_tokenizer_name(tokenizer, i) for i in values]
     if byte_level:
-        return [chr(i) if 32 <= i < 127 else f"\\x{i:02x}" for i in values]
+        return [byte_name(i) for i in values]
     names = dict(markers or {})
     return [SYNTHETIC_NAMES.get(i) or (f"<{names[i]}>" if i in names else f"s{i - CONTENT}")
             for i in values]

@@ -168,6 +168,7 @@ def load_hf(path: str | Path, *, strict: bool = True, dtype: torch.dtype = torch
     model.load_state_dict(state, strict=True)
     model.mlm_head = read_mlm_head(converter, config, _strip(converter, hf_state, str(path)),
                                    str(path), dtype)
+    model.setup()  # the head's hook point joins the model's map
     attach_tokenizer(model, Path(path))
     return model.eval()
 
@@ -255,6 +256,7 @@ def load_converted(out_dir: str | Path) -> Transformer:
     model = build_model(config, seed=0)
     if any(k.startswith(MLM_PREFIX) for k in state):  # converted from a checkpoint with one
         model.mlm_head = build_mlm_head(config, seed=0, added=False)
+        model.setup()
     expected = model.state_dict()
     if config.tie_embeddings:
         expected.pop("unembed.weight")

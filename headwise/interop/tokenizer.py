@@ -105,7 +105,8 @@ def load_model_tokenizer(path: str | Path) -> ModelTokenizer:
     stored = backend.padding["pad_token"] if backend.padding else None
     pad = special.get("pad_token") or special.get("eos_token") or stored
     try:
-        return ModelTokenizer(backend, bos_token=special.get("bos_token"), pad_token=pad)
+        return ModelTokenizer(backend, bos_token=special.get("bos_token"), pad_token=pad,
+                              eos_token=special.get("eos_token"))
     except ConfigError as e:
         raise CheckpointError(f"{directory}: {e}") from None
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -49,15 +49,27 @@ from torch import Tensor, nn
 from headwise.heads import kv_head
 from headwise.model.hook_point import HookPoint
 from headwise.model.kernels import CPU_SOFTMAX_WIDTH, gqa_kv, softmax_keys
+from headwise.model.mask_plan import MaskPlan, mask_plan
 from headwise.model.positional import Rotary
 
 # On CPU, when hooks ask for some heads' scores or patterns and the sequence has at most this many
 # tokens, every head runs on the explicit path: one pass there costs less than the fused kernel
 # plus the hooked heads computed beside or split off it (bench/bench_attention_kernel.py).
+# The default of ``Attention(explicit_max_keys=...)``.
 EXPLICIT_MAX_KEYS = 15
 
 # head_mask(seq_len, task_ids, device) -> bool mask (H|1, T, T) or (B, H|1, T, T), True = may attend
 HeadMaskFn = Callable[[int, "Tensor | None", torch.device], "Tensor | None"]
+
+
+class HeadIndex(NamedTuple):
+    """Index tensors for a set of explicit heads (made once per heads and device)."""
+
+    order: Tensor  # (H,) the other heads, then the explicit ones
+    kv_order: Tensor  # (H,) the kv head each of ``order`` reads
+    back: Tensor  # (H,) the inverse of ``order``
+    heads: Tensor  # (h,) the explicit heads
+    kv_heads: Tensor  # (h,) the kv head each of them reads
 
 
 class Attention(nn.Module):
@@ -69,11 +81,15 @@ class Attention(nn.Module):
         causal: mask keys after the query.
         rotary: rotary embedding applied to q and k, or ``None``.
         dropout: attention dropout on the pattern (training only).
+        explicit_max_keys: on CPU, sequences of at most this many tokens with hooks on scores
+            or patterns run every head explicitly (``None``: ``EXPLICIT_MAX_KEYS``; 0 keeps
+            the fused / split paths at every length).
     """
 
     def __init__(self, q_proj: nn.Module, k_proj: nn.Module, v_proj: nn.Module,
                  o_proj: nn.Module, *, n_heads: int, n_kv_heads: int, d_head: int,
-                 causal: bool, rotary: Rotary | None = None, dropout: float = 0.0) -> None:
+                 causal: bool, rotary: Rotary | None = None, dropout: float = 0.0,
+                 explicit_max_keys: int | None = None) -> None:
         super().__init__()
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
@@ -83,15 +99,12 @@ class Attention(nn.Module):
         self.causal = causal
         self.rotary = rotary
         self.dropout = dropout
+        self.explicit_max_keys = (EXPLICIT_MAX_KEYS if explicit_max_keys is None
+                                  else explicit_max_keys)
         self.head_mask: HeadMaskFn | None = None
-        # (head mask, combined mask, rows with a key, SDPA mask) of the last padding-free call
-        self._memo: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
-        self._index_memo: dict[tuple[tuple[int, ...], torch.device],
-                               tuple[Tensor, Tensor, Tensor, Tensor, Tensor]] = {}
-        self._rest_memo: tuple[Tensor, Tensor, Tensor, Tensor, tuple[int, ...]] | None = None
-        self._explicit_memo: tuple[Any, Tensor | None, Tensor | None] | None = None
-        self._bias_memo: tuple[Any, Tensor] | None = None
         self.head_gate: nn.Module | None = None
+        self._index: dict[tuple[tuple[int, ...], torch.device], HeadIndex] = {}
+        self._bias: Tensor | None = None  # the explicit path's causal bias (``_causal_bias``)
         self.hook_q = HookPoint(head_axis=2)  # (B, T, H, Dh)
         self.hook_k = HookPoint(head_axis=2, kv_group=self.group)  # (B, T, H_kv, Dh)
         self.hook_v = HookPoint(head_axis=2, kv_group=self.group)  # (B, T, H_kv, Dh)
@@ -103,44 +116,12 @@ class Attention(nn.Module):
         self.hook_z = HookPoint(head_axis=2)  # (B, T, H, Dh)
         self.hook_result = HookPoint(head_axis=2)  # (B, T, H, D), only when requested
 
-    def kv_heads(self, heads: Tensor | list[int]) -> Tensor:
-        """The kv head each query head reads: ``h // (H / H_kv)``."""
-        return torch.as_tensor(heads) // self.group
-
-    def allowed_keys(self, T: int, key_padding: Tensor | None = None,
-                     task_ids: Tensor | None = None,
-                     device: torch.device | str = "cpu") -> Tensor:
-        """(B|1, H|1, T, T) bool: the keys each query may attend, as ``forward`` masks them
-        (causal, key padding (B, T) and the per-head mask)."""
-        B = 1 if key_padding is None else key_padding.shape[0]
-        allowed = self._allowed(B, T, key_padding, task_ids, torch.device(device))
-        if allowed is None:
-            allowed = torch.ones(1, 1, T, T, dtype=torch.bool, device=device)
-            allowed = allowed.tril() if self.causal else allowed
-        return allowed
-
-    def head_weights(self, head: int) -> HeadWeights:
-        """The weights query head ``head`` applies (its kv group's under GQA; adapters merged)."""
-        return head_weights(self, head)
-
-    def explicit_heads(self) -> tuple[int, ...]:
-        """Heads whose scores/patterns the attached hooks ask for (empty: none are computed;
-        ``forward`` decides whether they come beside the fused call or on the explicit path)."""
-        wanted: set[int] = set()
-        for point in (self.hook_attn_scores, self.hook_pattern):
-            req = point.requested_heads()
-            if req is None:
-                continue
-            if -1 in req:
-                return tuple(range(self.n_heads))
-            wanted |= req
-        return tuple(sorted(wanted))
-
-    def forward(self, x: Tensor, key_padding: Tensor | None = None,
+    def forward(self, x: Tensor, plan: MaskPlan | None = None,
                 task_ids: Tensor | None = None) -> Tensor:
         """Args:
             x: (B, T, D) input.
-            key_padding: (B, T) bool, True for real tokens, or ``None``.
+            plan: the forward's causal and key-padding masks (``mask_plan``, built once per
+                forward by ``Transformer.hidden``), or ``None``: no padding.
             task_ids: (B,) long task index per example (for masks and gates), or ``None``.
 
         Returns:
@@ -156,140 +137,122 @@ class Attention(nn.Module):
             k = self.hook_rot_k(self.rotary(k))
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|Hkv, T, Dh)
 
-        allowed = self._allowed(B, T, key_padding, task_ids, x.device)  # (B|1, H|1, T, T)|None
+        plan = self._layer_plan(T, plan, task_ids, x.device)
         explicit = self.explicit_heads()
-        if explicit and T <= EXPLICIT_MAX_KEYS and x.device.type == "cpu":
+        if explicit and T <= self.explicit_max_keys and x.device.type == "cpu":
             explicit = tuple(range(H))  # short rows: cheaper than fused + the hooked heads
         beside = 0 < len(explicit) < H and not (self.hook_attn_scores.writes
                                                 or self.hook_pattern.writes)
         if not explicit or beside:
-            z = self._fused(q, k, v, allowed)  # (B, H, T, Dh)
+            z = self._fused(q, k, v, plan, self.group)  # (B, H, T, Dh)
             if beside:  # captures of some heads: their patterns beside, off the output
-                self._patterns_beside(q, k, allowed, explicit)
+                self._patterns_beside(q, k, plan, explicit)
         elif len(explicit) == H:  # every head: one explicit pass, its output used
-            z = self._explicit(q, *gqa_kv(k, v, self.group, masked=True)[:2], allowed, explicit)
+            z = self._explicit(q, *gqa_kv(k, v, self.group, masked=True)[:2], plan, explicit)
         else:
-            z = self._split(q, k, v, allowed, explicit)
+            z = self._split(q, k, v, plan, explicit)
         z = self.hook_z(z.transpose(1, 2))  # (B, T, H, Dh)
         if self.head_gate is not None:
             z = self.head_gate(z, task_ids)
         if self.hook_result.active:
             return self._per_head_result(z)
-        return self.o_proj(z.reshape(B, T, H * Dh))
+        return self.o_proj(z.reshape(B, T, H * Dh))  # (B, T, D)
 
-    def _allowed(self, B: int, T: int, key_padding: Tensor | None, task_ids: Tensor | None,
-                 device: torch.device) -> Tensor | None:
-        """Combine causal, padding and per-head masks; ``None`` when only causal (or nothing).
+    def _layer_plan(self, T: int, plan: MaskPlan | None, task_ids: Tensor | None,
+                    device: torch.device) -> MaskPlan:
+        """The forward's plan narrowed by this layer's per-head mask, if any.
 
         This is the kernel's mask: keys only, so padding *queries* still get a (finite) row.
         ``headwise.patterns.allowed_keys`` is the measurement's mask over the same causal and
         padding rules, which also gives padding queries no key (nothing is scored there).
         """
         head = self.head_mask(T, task_ids, device) if self.head_mask is not None else None
-        if key_padding is None and head is None:
-            return None
-        if key_padding is None and self._memo is not None and head is self._memo[0]:
-            return self._memo[1]  # the same mask object as last call: same combined mask
-        allowed = torch.ones(1, 1, T, T, dtype=torch.bool, device=device)
-        if self.causal:
-            allowed = allowed.tril()
-        if key_padding is not None:
-            allowed = allowed & key_padding[:, None, None, :].bool()  # (B, 1, T, T)
-        if head is not None:
-            allowed = allowed & (head[None] if head.dim() == 3 else head)
-            if key_padding is None:
-                row_ok = allowed.any(-1, keepdim=True)  # (1|B, H|1, T, 1)
-                self._memo = (head, allowed, row_ok, allowed | ~row_ok)
-        return allowed
+        return mask_plan(T, self.causal, head_mask=head, base=plan, device=device)
 
-    def _fused(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None,
-               group: int | None = None) -> Tensor:
+    def explicit_heads(self) -> tuple[int, ...]:
+        """Heads whose scores/patterns the attached hooks ask for (empty: none are computed;
+        ``forward`` decides whether they come beside the fused call or on the explicit path)."""
+        wanted: set[int] = set()
+        for point in (self.hook_attn_scores, self.hook_pattern):
+            req = point.requested_heads()
+            if req is None:
+                continue
+            if -1 in req:
+                return tuple(range(self.n_heads))
+            wanted |= req
+        return tuple(sorted(wanted))
+
+    def _fused(self, q: Tensor, k: Tensor, v: Tensor, plan: MaskPlan, group: int) -> Tensor:
+        """(B, h, T, Dh) through SDPA, from q (B, h, T, Dh) and k/v (B, h / group, T, Dh)."""
         p = self.dropout if self.training else 0.0
-        k, v, gqa = gqa_kv(k, v, group or self.group, masked=allowed is not None)
-        if allowed is None:
+        k, v, gqa = gqa_kv(k, v, group, masked=plan.allowed is not None)
+        if plan.allowed is None or plan.row_ok is None:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal,
                                                   enable_gqa=gqa)
         # A row with no allowed key would give NaN: let it attend everywhere, then zero it.
-        if self._memo is not None and allowed is self._memo[1]:  # a fixed per-head mask:
-            row_ok, sdpa_mask = self._memo[2], self._memo[3]  # computed once, not every step
-        elif self._rest_memo is not None and allowed is self._rest_memo[1]:
-            row_ok, sdpa_mask = self._rest_memo[2], self._rest_memo[3]
-        else:
-            row_ok = allowed.any(-1, keepdim=True)  # (B|1, H|1, T, 1)
-            sdpa_mask = allowed | ~row_ok
-        z = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=p,
-                                           enable_gqa=gqa)
-        return z * row_ok
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.allowed | ~plan.row_ok,
+                                           dropout_p=p, enable_gqa=gqa)
+        return z * plan.row_ok
 
-    def _split(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None,
-               explicit: tuple[int, ...]) -> Tensor:
-        """(B, H, T, Dh): the fused kernel on the heads not in ``explicit``, the explicit path on
-        those, in one gather of q/k/v into (fused heads, explicit heads) order and one gather
-        back. Each fused head's numbers are those of a fused call over all heads (the kernel
-        computes every (example, head) on its own; tested bit for bit)."""
-        order, kv_order, back, _, _ = self._head_index(explicit, q.device)
-        n = self.n_heads - len(explicit)
-        q, k, v = q.index_select(1, order), k.index_select(1, kv_order), v.index_select(1, kv_order)
-        rest = allowed
-        if allowed is not None and allowed.shape[1] > 1:
-            rest = self._rest_mask(allowed, explicit, order[:n])
-        z_fused = self._fused(q[:, :n], k[:, :n], v[:, :n], rest, group=1)
-        z_exp = self._explicit(q[:, n:], k[:, n:], v[:, n:], allowed, explicit)
-        return torch.cat([z_fused, z_exp], 1).index_select(1, back)
-
-    def _rest_mask(self, allowed: Tensor, explicit: tuple[int, ...], heads: Tensor) -> Tensor:
-        """``allowed`` (B|1, H, T, T) at ``heads`` (those not in ``explicit``); made once for a
-        fixed per-head mask, with the kernel's row mask and SDPA mask (see ``_fused``)."""
-        if (self._rest_memo is not None and self._rest_memo[0] is allowed
-                and self._rest_memo[4] == explicit):
-            return self._rest_memo[1]
-        rest = allowed.index_select(1, heads)
-        if self._memo is not None and allowed is self._memo[1]:
-            row_ok = rest.any(-1, keepdim=True)
-            self._rest_memo = (allowed, rest, row_ok, rest | ~row_ok, explicit)
-        return rest
-
-    def _explicit(self, qh: Tensor, kh: Tensor, vh: Tensor, allowed: Tensor | None,
-                  heads: tuple[int, ...]) -> Tensor:
-        """(B, h, T, Dh) of ``heads`` from their q and their kv heads' k/v (B, h, T, Dh)."""
-        pattern = self._pattern(qh, kh, allowed, heads)
-        if self.dropout and self.training:
-            pattern = F.dropout(pattern, self.dropout, True)
-        return pattern @ vh  # (B, h, T, Dh)
-
-    def _patterns_beside(self, q: Tensor, k: Tensor, allowed: Tensor | None,
+    def _patterns_beside(self, q: Tensor, k: Tensor, plan: MaskPlan,
                          heads: tuple[int, ...]) -> None:
         """Scores and patterns of ``heads`` (not all) for read-only hooks, off the output's
         path; one head is a view of q and k (nothing gathered), several are one gather."""
         if len(heads) == 1:
             h = heads[0]
-            q, k = q.narrow(1, h, 1), k.narrow(1, h // self.group, 1)
+            q, k = q.narrow(1, h, 1), k.narrow(1, h // self.group, 1)  # (B, 1, T, Dh)
         else:
-            _, _, _, idx, kv_idx = self._head_index(heads, q.device)
-            q, k = q.index_select(1, idx), k.index_select(1, kv_idx)
-        self._pattern(q, k, allowed, heads)
+            index = self._head_index(heads, q.device)
+            q, k = q.index_select(1, index.heads), k.index_select(1, index.kv_heads)
+        self._pattern(q, k, plan, heads)
 
-    def _pattern(self, qh: Tensor, kh: Tensor, allowed: Tensor | None,
+    def _split(self, q: Tensor, k: Tensor, v: Tensor, plan: MaskPlan,
+               explicit: tuple[int, ...]) -> Tensor:
+        """(B, H, T, Dh): the fused kernel on the heads not in ``explicit``, the explicit path on
+        those, in one gather of q/k/v into (fused heads, explicit heads) order and one gather
+        back. Each fused head's numbers are those of a fused call over all heads (the kernel
+        computes every (example, head) on its own; tested bit for bit)."""
+        index = self._head_index(explicit, q.device)
+        n = self.n_heads - len(explicit)
+        q = q.index_select(1, index.order)  # (B, H, T, Dh), fused heads first
+        k, v = k.index_select(1, index.kv_order), v.index_select(1, index.kv_order)
+        z_fused = self._fused(q[:, :n], k[:, :n], v[:, :n], plan.at_heads(index.order[:n]), 1)
+        z_exp = self._explicit(q[:, n:], k[:, n:], v[:, n:], plan, explicit)
+        return torch.cat([z_fused, z_exp], 1).index_select(1, index.back)
+
+    def _explicit(self, qh: Tensor, kh: Tensor, vh: Tensor, plan: MaskPlan,
+                  heads: tuple[int, ...]) -> Tensor:
+        """(B, h, T, Dh) of ``heads`` from their q and their kv heads' k/v (B, h, T, Dh)."""
+        pattern = self._pattern(qh, kh, plan, heads)
+        if self.dropout and self.training:
+            pattern = F.dropout(pattern, self.dropout, True)
+        return pattern @ vh  # (B, h, T, Dh)
+
+    def _pattern(self, qh: Tensor, kh: Tensor, plan: MaskPlan,
                  heads: tuple[int, ...]) -> Tensor:
         """(B, h, T, T) pattern of ``heads`` from their q and k (B, h, T, Dh); the hooks at
-        ``hook_attn_scores`` and ``hook_pattern`` run on the way."""
+        ``hook_attn_scores`` and ``hook_pattern`` run on the way. ``plan`` is the layer's (all
+        heads)."""
         B, h, T, Dh = qh.shape
         scale = 1.0 / math.sqrt(self.d_head)
         # Each pass over a fresh (B, h, T, T) buffer costs about as much as the matmul itself
         # (on CPU, mostly first-touch page faults), so the causal mask is added inside the
         # matmul (baddbmm onto a -inf bias) and a softmax that nothing differentiates or reads
         # the scores of is written over them (not under autocast, which may want a float32
-        # pattern from half-precision scores).
-        if allowed is None and self.causal:
+        # pattern from half-precision scores). Causal-only rows always keep their diagonal key:
+        # a plain softmax, decided without reading the mask's values (no host synchronisation).
+        no_key = None
+        if plan.allowed is None and self.causal:
             scores = torch.baddbmm(self._causal_bias(T, qh), qh.reshape(B * h, T, Dh),
                                    kh.reshape(B * h, T, Dh).transpose(-1, -2), alpha=scale)
-            scores, no_key = scores.view(B, h, T, T), None
+            scores = scores.view(B, h, T, T)
         else:
-            idx = self._head_index(heads, qh.device)[3]
             scores = (qh * scale) @ kh.transpose(-1, -2)  # (B, h, T, T)
-            blocked, no_key = self._explicit_masks(allowed, heads, idx, T, qh.device)
-            if blocked is not None:
-                scores = scores.masked_fill_(blocked, float("-inf"))
+            if len(heads) < self.n_heads:
+                plan = plan.at_heads(self._head_index(heads, qh.device).heads)
+            if plan.allowed is not None and plan.row_ok is not None:
+                scores = scores.masked_fill_(~plan.allowed, float("-inf"))
+                no_key = ~plan.row_ok  # (B|1, h|1, T, 1)
         scores = self.hook_attn_scores(scores, heads)
         if no_key is not None:
             pattern = softmax_keys(scores.masked_fill(no_key, 0.0)).masked_fill(no_key, 0.0)
@@ -304,49 +267,24 @@ class Attention(nn.Module):
     def _causal_bias(self, T: int, like: Tensor) -> Tensor:
         """(T, T) additive causal mask: 0 on and below the diagonal, -inf above (made once per
         length, dtype and device)."""
-        key = (T, like.dtype, like.device)
-        if self._bias_memo is None or self._bias_memo[0] != key:
+        bias = self._bias
+        if bias is None or bias.shape[0] != T or bias.dtype != like.dtype \
+                or bias.device != like.device:
             bias = torch.full((T, T), float("-inf"), dtype=like.dtype, device=like.device)
-            self._bias_memo = (key, bias.triu_(1))
-        return self._bias_memo[1]
+            self._bias = bias = bias.triu_(1)
+        return bias
 
-    def _head_index(self, heads: tuple[int, ...], device: torch.device
-                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """Index tensors for explicit ``heads`` (made once per heads/device): the head order
-        (other heads, then ``heads``), its kv heads, the inverse order, ``heads`` and their kv
-        heads."""
+    def _head_index(self, heads: tuple[int, ...], device: torch.device) -> HeadIndex:
+        """The index tensors of explicit ``heads`` (made once per heads and device)."""
         key = (heads, device)
-        if key not in self._index_memo:
+        if key not in self._index:
             order = [h for h in range(self.n_heads) if h not in heads] + list(heads)
             back = [order.index(h) for h in range(self.n_heads)]
             idx, wanted = torch.tensor(order, device=device), torch.tensor(heads, device=device)
-            self._index_memo[key] = (idx, idx // self.group, torch.tensor(back, device=device),
-                                     wanted, wanted // self.group)
-        return self._index_memo[key]
-
-    def _explicit_masks(self, allowed: Tensor | None, heads: tuple[int, ...], idx: Tensor,
-                        T: int, device: torch.device) -> tuple[Tensor | None, Tensor | None]:
-        """``(blocked keys, query rows without a key)`` for the explicit heads, or ``None``s.
-
-        Causal-only rows always keep their diagonal key: a plain softmax, decided without
-        reading the mask's values (no host synchronisation). For no mask or a fixed per-head
-        mask (the same objects as at the last call) the result is memoised.
-        """
-        fixed = allowed is None or (self._memo is not None and allowed is self._memo[1])
-        key = (id(allowed), heads, T, device)
-        if fixed and self._explicit_memo is not None and self._explicit_memo[0] == key:
-            return self._explicit_memo[1], self._explicit_memo[2]
-        blocked = no_key = None
-        if allowed is None and self.causal:
-            blocked = ~torch.ones(T, T, dtype=torch.bool, device=device).tril()[None, None]
-        elif allowed is not None:
-            if allowed.shape[1] > 1 and len(heads) < self.n_heads:  # all heads: as it is
-                allowed = allowed.index_select(1, idx)
-            blocked = ~allowed
-            no_key = ~allowed.any(-1, keepdim=True)  # (B|1, h|1, T, 1)
-        if fixed:
-            self._explicit_memo = (key, blocked, no_key)
-        return blocked, no_key
+            self._index[key] = HeadIndex(idx, idx // self.group,
+                                         torch.tensor(back, device=device),
+                                         wanted, wanted // self.group)
+        return self._index[key]
 
     def _per_head_result(self, z: Tensor) -> Tensor:
         """Per-head contributions to the residual (``hook_result``), then their sum + bias."""
@@ -357,6 +295,27 @@ class Attention(nn.Module):
         out = result.sum(2)
         bias = getattr(self.o_proj, "bias", None)
         return out + bias if bias is not None else out
+
+    def allowed_keys(self, T: int, key_padding: Tensor | None = None,
+                     task_ids: Tensor | None = None,
+                     device: torch.device | str = "cpu") -> Tensor:
+        """(B|1, H|1, T, T) bool: the keys each query may attend, as ``forward`` masks them
+        (causal, key padding (B, T) and the per-head mask)."""
+        device = torch.device(device)
+        plan = self._layer_plan(T, mask_plan(T, self.causal, key_padding, device=device),
+                                task_ids, device)
+        if plan.allowed is not None:
+            return plan.allowed
+        allowed = torch.ones(1, 1, T, T, dtype=torch.bool, device=device)
+        return allowed.tril() if self.causal else allowed
+
+    def kv_heads(self, heads: Tensor | list[int]) -> Tensor:
+        """The kv head each query head reads: ``h // (H / H_kv)``."""
+        return torch.as_tensor(heads) // self.group
+
+    def head_weights(self, head: int) -> HeadWeights:
+        """The weights query head ``head`` applies (its kv group's under GQA; adapters merged)."""
+        return head_weights(self, head)
 
 
 def effective_weight(linear: nn.Module) -> Tensor:

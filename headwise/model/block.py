@@ -6,6 +6,7 @@ from torch import Tensor, nn
 
 from headwise.model.attention import Attention
 from headwise.model.hook_point import HookPoint
+from headwise.model.mask_plan import MaskPlan
 
 
 class _Block(nn.Module):
@@ -30,11 +31,11 @@ class _Block(nn.Module):
 class PreNormBlock(_Block):
     """``x + attn(ln1(x))`` then ``x + mlp(ln2(x))`` (GPT-2, Llama)."""
 
-    def forward(self, x: Tensor, key_padding: Tensor | None = None,
+    def forward(self, x: Tensor, plan: MaskPlan | None = None,
                 task_ids: Tensor | None = None) -> Tensor:  # (B, T, D) -> (B, T, D)
         x = self.hook_resid_pre(x)
         attn_out = self.hook_attn_out(self.resid_dropout(
-            self.attn(self.ln1(x), key_padding, task_ids)))
+            self.attn(self.ln1(x), plan, task_ids)))
         x = attn_out + x
         if self.mlp is None:
             return self.hook_resid_post(x)
@@ -61,10 +62,10 @@ class PostNormBlock(_Block):
             self.hook_normalized_resid_mid = HookPoint()
         self.hook_normalized_resid_post = HookPoint()
 
-    def forward(self, x: Tensor, key_padding: Tensor | None = None,
+    def forward(self, x: Tensor, plan: MaskPlan | None = None,
                 task_ids: Tensor | None = None) -> Tensor:  # (B, T, D) -> (B, T, D)
         x = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(self.resid_dropout(self.attn(x, key_padding, task_ids)))
+        attn_out = self.hook_attn_out(self.resid_dropout(self.attn(x, plan, task_ids)))
         if self.mlp is None:
             return self.hook_normalized_resid_post(self.ln1(self.hook_resid_post(x + attn_out)))
         assert self.ln2 is not None

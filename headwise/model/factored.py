@@ -54,10 +54,19 @@ class FactoredMatrix:
         """The transpose ``B^T A^T``."""
         return FactoredMatrix(self.B.transpose(-1, -2), self.A.transpose(-1, -2))
 
-    def __matmul__(self, other: Tensor) -> FactoredMatrix:
+    def __matmul__(self, other: Tensor | FactoredMatrix) -> Any:
+        """``M @ other``: factored for a matrix or a ``FactoredMatrix`` (``(M @ A') @ B'``, as
+        TransformerLens), a tensor (..., m) for a vector (n,)."""
+        if isinstance(other, FactoredMatrix):
+            return (self @ other.A) @ other.B
+        if other.dim() < 2:
+            return (self.A @ (self.B @ other[:, None]))[..., 0]  # (..., m)
         return FactoredMatrix(self.A, self.B @ other)
 
-    def __rmatmul__(self, other: Tensor) -> FactoredMatrix:
+    def __rmatmul__(self, other: Tensor) -> Any:
+        """``other @ M``: factored for a matrix, a tensor (..., n) for a vector (m,)."""
+        if other.dim() < 2:
+            return ((other[None] @ self.A) @ self.B)[..., 0, :]  # (..., n)
         return FactoredMatrix(other @ self.A, self.B)
 
     def __getitem__(self, index: Any) -> FactoredMatrix:

@@ -3,8 +3,9 @@
 
 The model is built from hook points (every component declares its own), so they live in
 ``headwise.model``; ``headwise.hooks`` re-exports them with the interventions built on them.
-A model's name -> hook point map (``hook_points``) is built once and rebuilt only after a module
-of the process is registered, so attaching hooks at every training step walks no module tree.
+A model's name -> hook point map (``Transformer.hook_dict``) is built at construction and rebuilt
+by ``Transformer.setup()`` when its module tree changes, so attaching hooks at every training
+step walks no module tree.
 
 A hook function has the TransformerLens signature ``fn(value, hook) -> Tensor | None``: it may
 read ``value``, return a replacement (same shape) or edit it in place. ``hook`` is a
@@ -29,7 +30,6 @@ of the output with respect to it is zero, so captures for attribution
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,7 +37,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.modules.module import register_module_module_registration_hook
 
 HookFn = Callable[[Tensor, "HookContext"], "Tensor | None"]
 
@@ -85,6 +84,7 @@ class HookPoint(nn.Module):
         self.kv_group = kv_group
         self._fwd: list[Hook] = []
         self._bwd: list[Hook] = []
+        self.added: list[tuple[Hook, bool]] = []  # ``add_hook``'s hooks, with is_permanent
 
     @property
     def active(self) -> bool:
@@ -192,65 +192,56 @@ def _checked(out: object, like: Tensor, name: str) -> Tensor:
     return out
 
 
-# The name -> HookPoint map of a model (and anything else derived from its module tree, see
-# ``tree_memo``) is built once and reused while the tree is unchanged. Any sub-module
-# registration anywhere (attribute assignment, ``add_module``, ``ModuleList.append``, an adapter
-# replacing a Linear with ``setattr``, a task gate set or cleared) bumps this counter through
-# torch's global registration hook, which makes every stored value stale.
-_tree_version = 0
-_memos: weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[int, Any]]] = (
-    weakref.WeakKeyDictionary())
-
-
-def _on_register(module: nn.Module, name: str, submodule: nn.Module | None) -> None:
-    global _tree_version
-    _tree_version += 1
-
-
-register_module_module_registration_hook(_on_register)
-
-
-def tree_memo(model: nn.Module, key: str, build: Callable[[nn.Module], Any]) -> Any:
-    """``build(model)``, kept per model and ``key`` until a sub-module is registered anywhere
-    in the process (then the next call builds again): what a walk of the module tree finds,
-    without walking it at every call. The same registration rules as ``hook_points`` apply."""
-    memos = _memos.get(model)
-    if memos is None:
-        memos = _memos[model] = {}
-    entry = memos.get(key)
-    if entry is None or entry[0] != _tree_version:
-        entry = memos[key] = (_tree_version, build(model))
-    return entry[1]
-
-
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:
     """Every hook point of ``model`` by its name, in module order (do not mutate the dict).
 
-    The map is built by one walk of the module tree and kept until a sub-module is registered
-    anywhere in the process (assignment, ``add_module``, ``ModuleList.append``, an adapter
-    wrapping a Linear); then the next call walks again (``tree_memo``). Each walk names the
-    points by their module paths when ``model`` owns the names (a class attribute
-    ``names_hook_points``, set by ``Transformer``, so a module moved in from elsewhere is
-    renamed); in any other module (a wrapper such as ``torch.compile``'s) points keep their
-    names and only unnamed ones take their path. Edits that bypass torch's registration
-    (``del`` of a sub-module, ``ModuleList.insert``, writing ``_modules`` directly) are not
-    seen: assign the new module (or ``None``) instead.
+    A model that keeps a map (``Transformer.hook_dict``, built at construction and rebuilt by
+    ``Transformer.setup()`` whenever its module tree changes) returns it, so attaching hooks
+    walks no module tree; so does a wrapper that forwards attribute lookups to such a model
+    (``torch.compile``'s ``OptimizedModule``). Any other module is walked at each call; its
+    points keep their names and only unnamed ones take their module path.
     """
-    points: dict[str, HookPoint] = tree_memo(model, "hook_points", _walk_points)
-    return points
-
-
-def _walk_points(model: nn.Module) -> dict[str, HookPoint]:
-    # the class's own attribute: a wrapper that forwards attribute lookups to the model it
-    # wraps (torch.compile's OptimizedModule) must not rename the points by its own paths
-    rename = bool(getattr(type(model), "names_hook_points", False))
+    kept = getattr(model, "hook_dict", None)
+    if isinstance(kept, dict):
+        return kept
     points: dict[str, HookPoint] = {}
     for path, m in model.named_modules():
         if isinstance(m, HookPoint):
-            if rename or not m.name:
-                m.name = path
+            m.name = m.name or path
             points[m.name] = m
     return points
+
+
+def name_hook_points(model: nn.Module) -> dict[str, HookPoint]:
+    """Name every hook point of ``model`` by its module path (a point moved in from another
+    model takes its new path) and return them by name, in module order: one walk of the tree."""
+    points: dict[str, HookPoint] = {}
+    for path, m in model.named_modules():
+        if isinstance(m, HookPoint):
+            m.name = path
+            points[path] = m
+    return points
+
+
+def tree_changed(model: nn.Module) -> None:
+    """Say that modules were put into ``model`` or taken out: a model that keeps a hook map
+    (``Transformer``, or a wrapper forwarding to one) maps its tree again (``setup()``); any
+    other module is walked at each lookup anyway. Every headwise function that changes a
+    model's module tree calls it."""
+    if isinstance(getattr(model, "hook_dict", None), dict):
+        model.setup()  # type: ignore[operator]  # a Transformer's method
+
+
+def tree_memo(model: nn.Module, key: str, build: Callable[[nn.Module], Any]) -> Any:
+    """``build(model)``, kept in the model's memo of what its module tree holds until the tree
+    changes (``Transformer.setup()`` empties it); a module that keeps no memo builds at every
+    call. What a walk of the tree finds, without walking it at every forward."""
+    memo = getattr(model, "tree_memos", None)
+    if not isinstance(memo, dict):
+        return build(model)
+    if key not in memo:
+        memo[key] = build(model)
+    return memo[key]
 
 
 def _as_hooks(items: Iterable[Any]) -> list[Hook]:
@@ -304,5 +295,6 @@ def resolve_points(points: dict[str, HookPoint],
         from difflib import get_close_matches
 
         close = get_close_matches(name, list(points), n=3)
-        raise KeyError(f"{name!r} is not a hook point of this model; close: {close}")
+        raise KeyError(f"{name!r} is not a hook point of this model; close: {close} (a module "
+                       "put into the model since it was built is mapped by model.setup())")
     return [points[name]]

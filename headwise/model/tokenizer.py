@@ -48,6 +48,7 @@ class ModelTokenizer:
         pad_token: the padding token, or ``None`` (then only equal-length batches encode).
         padding_side: ``"right"`` or ``"left"``: where shorter sequences of a batch are padded.
         prepend_bos: ``to_tokens``' default (``None``: ``True`` when there is a BOS token).
+        eos_token: the end-of-sequence token, or ``None`` (``generate`` stops at it).
 
     Raises:
         ConfigError: a special token the vocabulary lacks, a bad ``padding_side``, or
@@ -59,11 +60,12 @@ class ModelTokenizer:
     pad_token: str | None = None
     padding_side: str = "right"
     prepend_bos: bool | None = None
+    eos_token: str | None = None
 
     def __post_init__(self) -> None:
         if self.padding_side not in PADDING_SIDES:
             raise field_error("padding_side", self.padding_side, "'right' or 'left'")
-        for name in ("bos_token", "pad_token"):
+        for name in ("bos_token", "pad_token", "eos_token"):
             token = getattr(self, name)
             if token is not None and self.backend.token_to_id(token) is None:
                 raise field_error(name, token, "a token of the tokenizer's vocabulary")
@@ -88,6 +90,26 @@ class ModelTokenizer:
 
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self.backend.token_to_id(token)
+
+    def token_id(self, token: str | None) -> int | None:
+        """The id of ``token`` (``None`` for no token)."""
+        return self._id(token)
+
+    def to_tokens(self, input: str | Sequence[str], *, prepend_bos: bool | None = None,
+                  padding_side: str | None = None, max_len: int | None = None
+                  ) -> tuple[Tensor, Tensor]:
+        """``to_tokens(self, ...)``: token ids (B, T) and the attention mask (B, T)."""
+        return to_tokens(self, input, prepend_bos=prepend_bos, padding_side=padding_side,
+                         max_len=max_len)
+
+    def str_tokens(self, ids: Sequence[int]) -> list[str]:
+        """``to_str_tokens(self, ids)``: each id decoded on its own."""
+        return to_str_tokens(self, ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``, special tokens kept (``tokenizer.decode`` in TransformerLens's
+        ``generate``)."""
+        return str(self.backend.decode([int(i) for i in ids], skip_special_tokens=False))
 
 
 def to_tokens(tokenizer: ModelTokenizer, input: str | Sequence[str], *,
@@ -174,8 +196,8 @@ def str_tokens_of(tokenizer: ModelTokenizer, input: Any, prepend_bos: bool | Non
         ConfigError: another input type, or ids of more than one sequence.
     """
     if isinstance(input, str):
-        tokens, _ = to_tokens(tokenizer, input, prepend_bos=prepend_bos, max_len=max_len)
-        return to_str_tokens(tokenizer, tokens[0].tolist())
+        tokens, _ = tokenizer.to_tokens(input, prepend_bos=prepend_bos, max_len=max_len)
+        return tokenizer.str_tokens(tokens[0].tolist())
     if isinstance(input, (list, tuple)):
         return [str_tokens_of(tokenizer, x, prepend_bos, max_len) for x in input]
     if isinstance(input, Tensor) or hasattr(input, "__array__"):
@@ -183,5 +205,5 @@ def str_tokens_of(tokenizer: ModelTokenizer, input: Any, prepend_bos: bool | Non
         if ids.dim() > 1 or ids.is_floating_point():
             raise field_error("input", f"ids of shape {tuple(ids.shape)} ({ids.dtype})",
                               "one sequence of integer ids: shape (T,) or (1, T)")
-        return to_str_tokens(tokenizer, ids.reshape(-1).tolist())
+        return tokenizer.str_tokens(ids.reshape(-1).tolist())
     raise field_error("input", input, "a string, ids of one sequence, or a list of those")

@@ -16,9 +16,14 @@ def test_synthetic_layout_names_specials_markers_and_symbols() -> None:
     assert token_names([1, 17]) == ["<bos>", "s13"]  # without markers: a symbol
 
 
-def test_bytes_are_characters_or_escapes() -> None:
-    assert token_names(list(b"Hi \n\x7f~"), byte_level=True) == ["H", "i", " ", "\\x0a",
-                                                                  "\\x7f", "~"]
+def test_bytes_are_characters_or_visible_escapes() -> None:
+    """The space and control bytes are visible, never blank: the byte tokenizer's spelling."""
+    from headwise.model.byte_tokenizer import ByteTokenizer
+
+    ids = list(b"Hi \n\t\r\x7f~\x00")
+    want = ["H", "i", "\u2423", "\\n", "\\t", "\\r", "\\x7f", "~", "\\x00"]
+    assert token_names(ids, byte_level=True) == want
+    assert ByteTokenizer().str_tokens(ids) == want
 
 
 def test_a_tokenizer_names_ids_as_transformers_does() -> None:

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from headwise.model import Attention
 from headwise.model.hook_point import HookPoint
+from headwise.model.mask_plan import MaskPlan, mask_plan
 
 
 def rope_reference(x: Tensor, base: float = 10000.0) -> Tensor:
@@ -122,3 +123,20 @@ def full_allowed(B: int, H: int, T: int, causal: bool, key_padding: Tensor | Non
                         ok = ok and bool(m[b if m.shape[0] > 1 else 0, h, i, j])
                     out[b, h, i, j] = ok
     return out
+
+
+def plan_for(attn: Attention, key_padding: Tensor | None) -> MaskPlan | None:
+    """The mask plan a model's forward gives ``attn`` for ``key_padding`` (B, T)."""
+    if key_padding is None:
+        return None
+    return mask_plan(key_padding.shape[1], attn.causal, key_padding)
+
+
+def fused_from(module: nn.Module, max_keys: int = 0) -> nn.Module:
+    """Set ``explicit_max_keys`` of every attention layer in ``module`` (0: the fused / split
+    machinery at every length, where short hooked sequences otherwise run every head
+    explicitly); returns ``module``."""
+    for m in module.modules():
+        if isinstance(m, Attention):
+            m.explicit_max_keys = max_keys
+    return module

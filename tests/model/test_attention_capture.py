@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from ref_attention import full_allowed, make_attention, reference_attention
+from ref_attention import full_allowed, make_attention, plan_for, reference_attention
 from torch import Tensor
 
 from headwise.hooks import Hook, attach_hooks
@@ -75,12 +75,12 @@ def test_one_head_capture_is_beside_the_fused_kernel(kind: str, padding: bool,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     attn, x, kp, _, ref_pattern = _setup(kind, padding)
     with torch.no_grad():
-        plain = attn(x, kp)
+        plain = attn(x, plan_for(attn, kp))
         calls = _fused_calls(monkeypatch)
         for h in range(attn.n_heads):
             got: dict[str, Tensor] = {}
             with attach_hooks(attn, _capture((h,), got)):
-                out = attn(x, kp)
+                out = attn(x, plan_for(attn, kp))
             assert torch.equal(out, plain), h
             assert got["hook_pattern"].shape == (B, 1, T, T)
             torch.testing.assert_close(got["hook_pattern"][:, 0], ref_pattern[:, h],
@@ -95,7 +95,7 @@ def test_every_head_capture_is_one_explicit_pass(kind: str, padding: bool,
     calls = _fused_calls(monkeypatch)
     got: dict[str, Tensor] = {}
     with torch.no_grad(), attach_hooks(attn, _capture(None, got)):
-        out = attn(x, kp)
+        out = attn(x, plan_for(attn, kp))
     assert calls == []  # no fused call: the explicit pass gives the output
     torch.testing.assert_close(out, ref_out, atol=TOL, rtol=0)
     torch.testing.assert_close(got["hook_pattern"], ref_pattern, atol=TOL, rtol=0)
@@ -109,10 +109,10 @@ def test_capture_with_gradient_trains_like_the_no_hook_forward(
     gradient of the reference pattern's loss (checked through ``torch.autograd.grad``)."""
     attn, x, kp, _, _ = _setup(kind, padding)
     params = [p for p in attn.parameters()]
-    plain_grads = torch.autograd.grad(attn(x, kp).square().mean(), params)
+    plain_grads = torch.autograd.grad(attn(x, plan_for(attn, kp)).square().mean(), params)
     got: dict[str, Tensor] = {}
     with attach_hooks(attn, _capture(heads, got)):
-        out = attn(x, kp)
+        out = attn(x, plan_for(attn, kp))
     grads = torch.autograd.grad(out.square().mean(), params, retain_graph=True)
     for g, ref in zip(grads, plain_grads, strict=True):
         torch.testing.assert_close(g, ref, atol=TOL, rtol=1e-4)
@@ -140,7 +140,7 @@ def test_captured_scores_are_not_overwritten_by_the_softmax(heads: tuple[int, ..
     got: dict[str, Tensor] = {}
     with torch.no_grad(), attach_hooks(attn, _capture(heads, got,
                                                       ("hook_attn_scores", "hook_pattern"))):
-        attn(x, kp)
+        attn(x, plan_for(attn, kp))
     scores, pattern = got["hook_attn_scores"], got["hook_pattern"]
     above = torch.ones(T, T, dtype=torch.bool).triu(1)
     assert (scores[..., above] == float("-inf")).all()

@@ -13,25 +13,24 @@ import itertools
 
 import pytest
 import torch
-from ref_attention import full_allowed, make_attention, reference_attention
+from ref_attention import full_allowed, fused_from, make_attention, plan_for, reference_attention
 from torch import Tensor
 
 from headwise.config import ModelConfig
 from headwise.hooks import Hook, attach_hooks
 from headwise.model import Transformer, build_model
+from headwise.model.attention import EXPLICIT_MAX_KEYS
 
 B, T = 2, 5
 TOL = 1e-5
 
 
-@pytest.fixture(autouse=True, params=["fused", "short"])
-def _kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test twice: with the fused / split machinery at this length (``fused``), and as
-    shipped, where a short masked or hooked sequence runs every head explicitly (``short``)."""
-    if request.param == "fused":
-        import headwise.model.attention as attention
-
-        monkeypatch.setattr(attention, "EXPLICIT_MAX_KEYS", 0)
+@pytest.fixture(params=["fused", "short"])
+def max_keys(request: pytest.FixtureRequest) -> int:
+    """Each test that takes it twice: with the fused / split machinery at this length
+    (``fused``), and as shipped, where a short masked or hooked sequence runs every head
+    explicitly (``short``)."""
+    return 0 if request.param == "fused" else EXPLICIT_MAX_KEYS
 
 
 def config(kind: str, causal: bool) -> ModelConfig:
@@ -82,9 +81,10 @@ CASES = list(itertools.product(["mha", "gqa", "rope", "gqa_rope"], [True, False]
 
 @pytest.mark.parametrize("kind, causal, use_padding, hmask", CASES,
                          ids=["-".join(map(str, c)) for c in CASES])
-def test_fused_equals_explicit(kind: str, causal: bool, use_padding: bool, hmask: str) -> None:
+def test_fused_equals_explicit(kind: str, causal: bool, use_padding: bool, hmask: str,
+                               max_keys: int) -> None:
     cfg = config(kind, causal)
-    model = build_model(cfg, seed=0).eval()
+    model = fused_from(build_model(cfg, seed=0).eval(), max_keys)
     tokens = torch.randint(0, cfg.vocab_size, (B, T))
     am = padding_mask() if use_padding else None
     set_head_mask(model, head_mask(hmask, cfg.n_heads))
@@ -99,11 +99,12 @@ def test_fused_equals_explicit(kind: str, causal: bool, use_padding: bool, hmask
 @pytest.mark.parametrize("kind, causal, use_padding, hmask", CASES,
                          ids=["-".join(map(str, c)) for c in CASES])
 def test_both_paths_equal_explicit_maths(kind: str, causal: bool, use_padding: bool,
-                                         hmask: str) -> None:
+                                         hmask: str, max_keys: int) -> None:
     cfg = config(kind, causal)
     H = cfg.n_heads
     attn = make_attention(cfg.d_model, H, cfg.n_kv_heads, cfg.d_head, causal=causal,
                           bias=kind == "mha", rope="rope" in kind).eval()
+    fused_from(attn, max_keys)
     x = torch.randn(B, T, cfg.d_model)
     kp = padding_mask().bool() if use_padding else None
     mask = head_mask(hmask, H)
@@ -112,10 +113,10 @@ def test_both_paths_equal_explicit_maths(kind: str, causal: bool, use_padding: b
     allowed = full_allowed(B, H, T, causal, kp, mask)
     ref_out, _, ref_pattern = reference_attention(attn, x, allowed,
                                                   rope_base=1e4 if "rope" in kind else None)
-    torch.testing.assert_close(attn(x, kp), ref_out, atol=TOL, rtol=0)
+    torch.testing.assert_close(attn(x, plan_for(attn, kp)), ref_out, atol=TOL, rtol=0)
     patterns: list[Tensor] = []
     with attach_hooks(attn, ("hook_pattern", lambda p, ctx: patterns.append(p))):
-        out = attn(x, kp)
+        out = attn(x, plan_for(attn, kp))
     torch.testing.assert_close(out, ref_out, atol=TOL, rtol=0)
     torch.testing.assert_close(patterns[0], ref_pattern, atol=TOL, rtol=0)
 
@@ -123,14 +124,11 @@ def test_both_paths_equal_explicit_maths(kind: str, causal: bool, use_padding: b
 @pytest.mark.parametrize("kind", ["mha", "gqa_rope"])
 @pytest.mark.parametrize("explicit_heads", [(1,), (0, 2)])
 def test_other_heads_bitwise_equal_when_some_are_explicit(
-        kind: str, explicit_heads: tuple[int, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+        kind: str, explicit_heads: tuple[int, ...]) -> None:
     """The split path's promise (longer sequences, or off CPU): a short hooked sequence runs
     every head explicitly instead, so this test forces the split path at this length."""
-    import headwise.model.attention as attention
-
-    monkeypatch.setattr(attention, "EXPLICIT_MAX_KEYS", 0)
     cfg = config(kind, causal=True)
-    model = build_model(cfg, seed=0).eval()
+    model = fused_from(build_model(cfg, seed=0).eval())
     tokens = torch.randint(0, cfg.vocab_size, (B, T))
     am = padding_mask()
     set_head_mask(model, head_mask("per_head", cfg.n_heads))
@@ -149,8 +147,8 @@ def test_other_heads_bitwise_equal_when_some_are_explicit(
             assert torch.equal(part[name], fused[name])
 
 
-def test_only_requested_heads_leave_the_fused_path() -> None:
-    model = build_model(config("mha", True), seed=0)
+def test_only_requested_heads_leave_the_fused_path(max_keys: int) -> None:
+    model = fused_from(build_model(config("mha", True), seed=0), max_keys)
     seen: list[tuple[int, ...]] = []
     probe = Hook("blocks.1.attn.hook_q",
                  lambda x, ctx: seen.append(model.blocks[1].attn.explicit_heads()))
@@ -167,9 +165,10 @@ def test_only_requested_heads_leave_the_fused_path() -> None:
 
 
 @pytest.mark.parametrize("explicit", [False, True], ids=["fused", "explicit"])
-def test_query_without_allowed_key_gives_zeros_and_finite_grads(explicit: bool) -> None:
+def test_query_without_allowed_key_gives_zeros_and_finite_grads(explicit: bool,
+                                                                max_keys: int) -> None:
     cfg = config("gqa_rope", causal=True)
-    model = build_model(cfg, seed=0)
+    model = fused_from(build_model(cfg, seed=0), max_keys)
     tokens = torch.randint(0, cfg.vocab_size, (B, T))
     mask = torch.ones(cfg.n_heads, T, T, dtype=torch.bool)
     mask[2, 3, :] = False  # head 2, query 3: no key
@@ -195,15 +194,16 @@ def test_query_without_allowed_key_gives_zeros_and_finite_grads(explicit: bool) 
 
 @pytest.mark.parametrize("explicit", [False, True], ids=["fused", "explicit"])
 @pytest.mark.parametrize("kind", ["mha", "gqa_rope"])
-def test_gradcheck_float64(explicit: bool, kind: str) -> None:
+def test_gradcheck_float64(explicit: bool, kind: str, max_keys: int) -> None:
     H, Hkv, Dh, D, Tg = (3, 3, 2, 5, 4) if kind == "mha" else (4, 2, 2, 6, 4)
     attn = make_attention(D, H, Hkv, Dh, causal=True, rope=kind != "mha",
                           dtype=torch.float64)
+    fused_from(attn, max_keys)
     mask = torch.ones(H, Tg, Tg, dtype=torch.bool)
     mask[1, 2, :] = False  # an empty row: zeros and zero gradient, not NaN
     mask[0, 3, 0] = False
     attn.head_mask = lambda t, task, dev: mask
-    kp = torch.tensor([[True, True, True, True], [False, True, True, True]])
+    kp = plan_for(attn, torch.tensor([[True, True, True, True], [False, True, True, True]]))
     x = torch.randn(2, Tg, D, dtype=torch.float64, requires_grad=True)
     hooks = [("hook_pattern", lambda p, c: None)] if explicit else []
     with attach_hooks(attn, hooks):

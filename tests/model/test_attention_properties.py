@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ref_attention import full_allowed, make_attention, reference_attention
+from ref_attention import full_allowed, make_attention, plan_for, reference_attention
 from torch import Tensor
 
 from headwise.hooks import attach_hooks
@@ -53,7 +53,7 @@ def test_attention_matches_explicit_maths(c: dict) -> None:
     if heads is not None:
         hooks.append(("hook_pattern", lambda p, ctx: patterns.append(p), heads))
     with attach_hooks(attn, hooks):
-        out = attn(x, kp)
+        out = attn(x, plan_for(attn, kp))
     assert not out.isnan().any()
     torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(zs[0], ref_z, atol=1e-5, rtol=1e-5)

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from ref_attention import fused_from
 from test_attention_paths import TOL, config, head_mask, padding_mask, set_head_mask
 from torch import Tensor, nn
 
-import headwise.model.attention as attention
 from headwise.hooks import Hook
 from headwise.model import build_model
 from headwise.model.attention import EXPLICIT_MAX_KEYS
@@ -81,7 +81,7 @@ def test_short_sequence_path_and_numbers(kind: str, case: str,
     logits, grads = _forward(model, tokens, am, hooks)
     every = "explicit:" + ",".join(map(str, range(cfg.n_heads)))
     assert seen == (["fused", every] if hooks else ["fused", "fused"])
-    monkeypatch.setattr(attention, "EXPLICIT_MAX_KEYS", 0)
+    fused_from(model)
     seen.clear()
     ref_logits, ref_grads = _forward(model, tokens, am, hooks)
     assert seen == (["fused", "fused", "explicit:1"] if hooks else ["fused", "fused"])

@@ -13,13 +13,12 @@ import itertools
 
 import pytest
 import torch
+from ref_attention import fused_from
 from test_attention_paths import TOL, B, config, head_mask, padding_mask, set_head_mask
 from torch import Tensor, nn
 
 from headwise.hooks import Hook
 from headwise.model import build_model
-
-pytestmark = pytest.mark.usefixtures("fused_kernel")  # the split machinery at this short length
 
 SETS: list[tuple[int, ...]] = [(1,), (0, 2), (3,), (1,), (0, 1, 2)]
 CASES = list(itertools.product(["mha", "rope", "gqa", "gqa_rope"],
@@ -46,7 +45,7 @@ def _step(model: nn.Module, tokens: Tensor, am: Tensor | None,
                          ids=["-".join(map(str, c)) for c in CASES])
 def test_split_matches_fused_and_all_explicit(kind: str, hmask: str, use_padding: bool) -> None:
     cfg = config(kind, causal=True)
-    model = build_model(cfg, seed=0)
+    model = fused_from(build_model(cfg, seed=0))  # the split machinery at this short length
     tokens = torch.randint(0, cfg.vocab_size, (B, 5), generator=torch.Generator().manual_seed(1))
     am = padding_mask() if use_padding else None
     set_head_mask(model, head_mask(hmask, cfg.n_heads))  # one mask object for every call

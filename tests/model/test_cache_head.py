@@ -46,7 +46,7 @@ def test_restricted_cache_maps_query_heads_to_the_kv_heads_held(run) -> None:
     model, tokens = run
     _, full = model.run_with_cache(tokens, [K])
     _, cache = model.run_with_cache(tokens, [K], heads="L1.H4")  # reads kv head 1 only
-    assert cache.heads_of(K) == (1,) and cache[K].shape == (2, 7, 1, 8)
+    assert cache.heads_of(K) == (3, 4, 5) and cache[K].shape == (2, 7, 1, 8)  # query heads
     for h in (3, 4, 5):  # every query head of that group
         assert torch.equal(cache.head(K, h), full[K][:, :, 1])
     with pytest.raises(KeyError, match=r"head 0 not cached; cached query heads \(3, 4, 5\)"):

@@ -47,3 +47,17 @@ def test_svd_eigenvalues_and_norm_match_the_dense_matrix(fm: FactoredMatrix) -> 
 def test_mismatched_factors_are_refused() -> None:
     with pytest.raises(ValueError, match=r"A \(3, 4\) and B \(5, 3\) do not multiply"):
         FactoredMatrix(torch.zeros(3, 4), torch.zeros(5, 3))
+
+
+def test_a_product_of_factored_matrices_and_with_vectors(fm: FactoredMatrix) -> None:
+    """``FactoredMatrix @ FactoredMatrix`` is the dense product (TransformerLens:
+    ``(M @ A') @ B'``), e.g. a head's OV followed by another's QK; a vector gives a tensor."""
+    g = torch.Generator().manual_seed(1)
+    other = FactoredMatrix(torch.randn(3, 7, 2, generator=g, dtype=torch.float64),
+                           torch.randn(3, 2, 5, generator=g, dtype=torch.float64))
+    product = fm @ other
+    assert isinstance(product, FactoredMatrix) and product.shape == (2, 3, 7, 5)
+    torch.testing.assert_close(product.AB, fm.AB @ other.AB)
+    v = torch.randn(7, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(fm @ v, fm.AB @ v)
+    torch.testing.assert_close(v @ fm, v @ fm.AB)

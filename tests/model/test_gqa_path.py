@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from ref_attention import full_allowed, make_attention, reference_attention
+from ref_attention import full_allowed, fused_from, make_attention, plan_for, reference_attention
 
 from headwise.model.kernels import gqa_kv
 
@@ -34,7 +34,6 @@ class _Recorder:
         return self.sdpa(q, k, v, **kw)
 
 
-@pytest.mark.usefixtures("fused_kernel")  # the SDPA call a masked short sequence would make
 @pytest.mark.parametrize("dtype, padded, expect_gqa", [
     (torch.float32, False, False),   # float32: flash cannot run it -> expand
     (torch.float32, True, False),    # masked -> expand
@@ -45,12 +44,13 @@ class _Recorder:
 def test_gqa_path_taken(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, padded: bool,
                         expect_gqa: bool) -> None:
     attn = make_attention(D, H, HKV, DH, causal=True, dtype=dtype)
+    fused_from(attn)  # the SDPA call a masked short sequence would make
     rec = _Recorder()
     monkeypatch.setattr(F, "scaled_dot_product_attention", rec)
     x = torch.randn(B, T, D, dtype=dtype)
     pad = torch.tensor([[True] * T, [False, False] + [True] * (T - 2)]) if padded else None
     with torch.no_grad():
-        attn(x, pad)
+        attn(x, plan_for(attn, pad))
     assert len(rec.calls) == 1
     call = rec.calls[0]
     assert call["masked"] == padded
@@ -76,7 +76,7 @@ def test_expanded_gqa_equals_explicit_maths(padded: bool) -> None:
     attn = make_attention(D, H, HKV, DH, causal=True)
     x = torch.randn(B, T, D)
     pad = torch.tensor([[True] * T, [False] + [True] * (T - 1)]) if padded else None
-    out = attn(x, pad)
+    out = attn(x, plan_for(attn, pad))
     ref, _, _ = reference_attention(attn, x, full_allowed(B, H, T, True, pad))
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
 

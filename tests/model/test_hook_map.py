@@ -1,11 +1,13 @@
-"""The name -> HookPoint map: built once per model, rebuilt after a module change, never stale.
+"""The name -> HookPoint map a Transformer owns: built at construction, refreshed by the code
+that changes the module tree (adapters, gates, the masked-LM head) and by ``model.setup()``.
 
-Reference: a fresh walk of ``named_modules()`` (what the map must equal at every moment), and
+Reference: a fresh walk of ``named_modules()`` (what the map must equal after every change), and
 hooks that must fire on the module that is in the model now.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -28,14 +30,6 @@ def model() -> Transformer:
     return build_model(preset("tiny"), seed=0)  # L=2, H=3, Dh=4, D=12, V=17
 
 
-def test_map_equals_a_walk_and_is_reused(model: Transformer) -> None:
-    first = hook_points(model)
-    assert first == walked(model)
-    assert all(p.name == n for n, p in first.items())
-    assert hook_points(model) is first  # no second walk
-    assert model.hook_points() == first and model.hook_points() is not first  # a copy
-
-
 def _fires(model: Transformer, name: str) -> list[Any]:
     seen: list[Any] = []
     with model.hooks(Hook(name, lambda x, ctx: seen.append(ctx.name))):
@@ -44,41 +38,97 @@ def _fires(model: Transformer, name: str) -> list[Any]:
     return seen
 
 
-def test_replaced_attention_is_mapped_and_named_by_its_new_path(model: Transformer) -> None:
+def test_map_is_built_at_construction_and_reused(model: Transformer) -> None:
+    assert model.hook_dict == walked(model)
+    assert all(p.name == n for n, p in model.hook_dict.items())
+    assert hook_points(model) is model.hook_dict  # no walk on a lookup
+    assert model.hook_points() == model.hook_dict and model.hook_points() is not model.hook_dict
+
+
+def test_setup_maps_a_module_put_in_by_hand_under_its_new_path(model: Transformer) -> None:
     other = build_model(preset("tiny"), seed=1)
     old_point = model.blocks[1].attn.hook_pattern
-    stale = hook_points(model)
     model.blocks[1].attn = other.blocks[0].attn  # named blocks.0.* in ``other``
-    fresh = hook_points(model)
-    assert fresh is not stale and fresh == walked(model)
-    assert fresh["blocks.1.attn.hook_pattern"] is other.blocks[0].attn.hook_pattern
-    assert old_point not in fresh.values()
+    assert model.hook_dict["blocks.1.attn.hook_pattern"] is old_point  # not yet: as in TL
+    model.setup()
+    assert model.hook_dict == walked(model)
+    assert model.hook_dict["blocks.1.attn.hook_pattern"] is other.blocks[0].attn.hook_pattern
+    assert old_point not in model.hook_dict.values()
     assert _fires(model, "blocks.1.attn.hook_pattern") == ["blocks.1.attn.hook_pattern"]
 
 
-def test_adapter_wrapping_a_linear_rebuilds_the_map(model: Transformer) -> None:
-    from headwise.control import apply_lora
-
-    stale = hook_points(model)
-    apply_lora(model, targets=("q_proj", "v_proj"), rank=2)
-    fresh = hook_points(model)
-    assert fresh is not stale and fresh == walked(model)
-    assert _fires(model, "blocks.0.attn.hook_q") == ["blocks.0.attn.hook_q"]
-
-
-def test_appended_block_and_cleared_module_are_seen(model: Transformer) -> None:
+def test_setup_sees_an_appended_block_and_a_cleared_module(model: Transformer) -> None:
     other = build_model(preset("tiny"), seed=1)
     model.blocks.append(other.blocks[1])
-    assert hook_points(model) == walked(model)
-    assert "blocks.2.attn.hook_pattern" in hook_points(model)
     model.ln_final = None
-    assert hook_points(model) == walked(model)
-    assert "ln_final.hook_normalized" not in hook_points(model)
+    model.setup()
+    assert model.hook_dict == walked(model)
+    assert "blocks.2.attn.hook_pattern" in model.hook_dict
+    assert "ln_final.hook_normalized" not in model.hook_dict
 
 
-def test_a_wrapper_keeps_the_models_names(model: Transformer) -> None:
+def test_adapters_applied_and_removed_refresh_the_map(model: Transformer) -> None:
+    """``apply_lora`` / ``remove_lora`` change the tree and map it again; hooks and caches
+    read the adapted model (the reference: q computed from the adapter's effective weight)."""
+    from headwise.control import apply_lora, lora_modules, remove_lora
+
+    before = model.hook_dict
+    apply_lora(model, targets=("q_proj", "v_proj"), rank=2)
+    assert model.hook_dict is not before and model.hook_dict == walked(model)
+    for mod in lora_modules(model).values():
+        nn.init.normal_(mod.lora_B)  # B starts at zero: make the adapter change q
+    tokens = torch.randint(0, 17, (2, 5))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, ["blocks.0.ln1.hook_normalized",
+                                                 "blocks.0.attn.hook_q"])
+        q_proj = model.blocks[0].attn.q_proj
+        want = cache["blocks.0.ln1.hook_normalized"] @ q_proj.effective_weight().T \
+            + q_proj.base_layer.bias
+    torch.testing.assert_close(cache["blocks.0.attn.hook_q"].flatten(2), want)
+    adapted = model.hook_dict
+    remove_lora(model)
+    assert model.hook_dict is not adapted and model.hook_dict == walked(model)
+
+
+def test_gates_installed_and_removed_are_seen_by_run_with_cache(model: Transformer) -> None:
+    """``run_with_cache`` checks task ids against the installed gates' task count, read once
+    per module tree: a 2-task gate installed after construction refuses task id 2, and its
+    removal lifts the refusal."""
+    from headwise.control import FixedGates
+
+    tokens, task_ids = torch.randint(0, 17, (2, 5)), torch.tensor([0, 2])
+    names = ["blocks.1.attn.hook_z"]
+    model.run_with_cache(tokens, names, task_ids=task_ids)  # no gate: id 2 is fine
+    gates = FixedGates(model, {0: "L1.H0", 1: "L1.H1"})
+    assert model.hook_dict == walked(model)
+    with pytest.raises(ValueError, match=r"task_ids: got range \[0, 2\], expected ids in \[0, 2\)"):
+        model.run_with_cache(tokens, names, task_ids=task_ids)
+    _, cache = model.run_with_cache(tokens, names, task_ids=torch.tensor([0, 1]))
+    gates.remove()
+    model.run_with_cache(tokens, names, task_ids=task_ids)
+
+
+def test_an_mlm_head_added_later_has_its_hook_point(model: Transformer) -> None:
+    from headwise.data.mlm import MLMTask, add_mlm_head
+
+    encoder = build_model(preset("tiny-encoder"), seed=0)
+    assert "mlm_head.norm.hook_normalized" not in encoder.hook_dict
+    add_mlm_head(encoder, [MLMTask], seed=0)
+    assert encoder.hook_dict == walked(encoder)
+    tokens = torch.randint(0, encoder.config.vocab_size, (2, 5))
+    _, cache = encoder.run_with_cache(tokens, ["mlm_head.norm.hook_normalized"])
+    assert cache["mlm_head.norm.hook_normalized"].shape == (2, 5, encoder.config.d_model)
+
+
+def test_a_copy_maps_its_own_points(model: Transformer) -> None:
+    twin = copy.deepcopy(model)
+    assert twin.hook_dict == walked(twin)
+    assert not set(map(id, twin.hook_dict.values())) & set(map(id, model.hook_dict.values()))
+
+
+def test_a_wrapper_reads_the_models_map(model: Transformer) -> None:
     """Like ``torch.compile``'s OptimizedModule: the model under ``_orig_mod``, attribute
-    lookups forwarded to it."""
+    lookups forwarded to it; a module that keeps no map is walked, names kept."""
 
     class Wrapper(nn.Module):
         def __init__(self, inner: nn.Module) -> None:
@@ -93,10 +143,9 @@ def test_a_wrapper_keeps_the_models_names(model: Transformer) -> None:
         def forward(self, tokens: Tensor) -> Tensor:
             return self._orig_mod(tokens)
 
-    wrapper = Wrapper(model)
-    assert wrapper.names_hook_points  # forwarded, as OptimizedModule does
-    assert hook_points(wrapper) == walked(model)  # names of the model, not "_orig_mod.*"
-    assert hook_points(model) == walked(model)
+    assert hook_points(Wrapper(model)) is model.hook_dict
+    plain = nn.Sequential(model)  # forwards nothing: walked, the model's names kept
+    assert hook_points(plain) == walked(model)
 
 
 def test_training_steps_do_not_walk_the_module_tree(model: Transformer,
@@ -129,21 +178,10 @@ def test_training_steps_do_not_walk_the_module_tree(model: Transformer,
     assert run(6) == run(2)  # walks do not grow with the number of steps
 
 
-def test_run_with_cache_walks_no_tree_and_sees_a_gate_set_later(
-        model: Transformer, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``run_with_cache`` checks task ids against the installed gates' task count; that count is
-    found once per module tree, not by a walk at every call, and follows a gate set or cleared
-    (the reference: task id 2 is refused exactly while a 2-task gate is installed)."""
-
-    class PassGate(nn.Module):
-        n_tasks = 2
-
-        def forward(self, z: Tensor, task_ids: Tensor | None) -> Tensor:
-            return z
-
-    tokens, task_ids = torch.randint(0, 17, (2, 5)), torch.tensor([0, 2])
-    names = ["blocks.0.attn.hook_pattern"]
-    model.run_with_cache(tokens, names, task_ids=task_ids)  # no gate: id 2 is fine
+def test_run_with_cache_walks_no_tree(model: Transformer,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    tokens = torch.randint(0, 17, (2, 5))
+    model.run_with_cache(tokens, ["blocks.0.attn.hook_pattern"], task_ids=torch.tensor([0, 1]))
     walks: list[int] = []
     real = nn.Module.named_modules
 
@@ -153,10 +191,6 @@ def test_run_with_cache_walks_no_tree_and_sees_a_gate_set_later(
 
     monkeypatch.setattr(nn.Module, "named_modules", counted)
     for _ in range(3):
-        model.run_with_cache(tokens, names, task_ids=task_ids)
+        model.run_with_cache(tokens, ["blocks.0.attn.hook_pattern"],
+                             task_ids=torch.tensor([0, 1]))
     assert walks == []
-    model.blocks[1].attn.head_gate = PassGate()
-    with pytest.raises(ValueError, match=r"task_ids: got range \[0, 2\], expected ids in \[0, 2\)"):
-        model.run_with_cache(tokens, names, task_ids=task_ids)
-    model.blocks[1].attn.head_gate = None
-    model.run_with_cache(tokens, names, task_ids=task_ids)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ref_attention import make_attention
+from ref_attention import make_attention, plan_for
 from torch import Tensor, nn
 
 from headwise.config import ModelConfig
@@ -76,7 +76,7 @@ def test_attention_equals_multihead_attention(use_padding: bool, mask_kind: str)
         torch_mask = ~keep4.reshape(B * H, T, T)  # torch's 3-D mask is (B*H, T, T)
     ref, _ = mha(x, x, x, key_padding_mask=None if kp is None else ~kp, attn_mask=torch_mask,
                  need_weights=False)
-    out = attn(x, kp)
+    out = attn(x, plan_for(attn, kp))
     torch.testing.assert_close(out, ref, atol=TOL, rtol=0)
 
 
@@ -92,7 +92,7 @@ def test_attention_causal_equals_multihead_attention_with_causal_mask() -> None:
     # padding on top of causal (no row left empty: the first key is always real)
     ref_p, _ = mha(x, x, x, attn_mask=causal_block, key_padding_mask=~padding(),
                    need_weights=False)
-    torch.testing.assert_close(attn(x, padding()), ref_p, atol=TOL, rtol=0)
+    torch.testing.assert_close(attn(x, plan_for(attn, padding())), ref_p, atol=TOL, rtol=0)
 
 
 def test_attention_patterns_equal_multihead_attention_weights() -> None:
@@ -107,7 +107,7 @@ def test_attention_patterns_equal_multihead_attention_weights() -> None:
     from headwise.hooks import attach_hooks
 
     with attach_hooks(attn, ("hook_pattern", lambda p, ctx: seen.append(p))):
-        attn(x, padding())
+        attn(x, plan_for(attn, padding()))
     torch.testing.assert_close(seen[0], weights, atol=TOL, rtol=0)
 
 
@@ -135,7 +135,7 @@ def test_block_equals_transformer_encoder_layer(norm_first: bool, masks: str) ->
         block.attn.head_mask = lambda t, task, dev: keep[None]
         src_mask = ~keep
     ref = layer(x, src_mask=src_mask, src_key_padding_mask=None if kp is None else ~kp)
-    out = block(x, kp)
+    out = block(x, plan_for(block.attn, kp))
     torch.testing.assert_close(out, ref, atol=TOL, rtol=0)
 
 

@@ -29,7 +29,7 @@ def test_byte_text_and_tokenizer_text(tmp_path: Path) -> None:
     model = MODEL.replace("vocab_size: 20", "vocab_size: 256")
     spec = load_spec(model + f"data: {{tasks: {{lm: {{task: text, path: "
                      f"{tmp_path / 'corpus.txt'}, seq_len: 8}}}}}}\n")
-    assert spec_token_names(spec)(torch.tensor(list(b"a b\n"))) == ["a", " ", "b", "\\x0a"]
+    assert spec_token_names(spec)(torch.tensor(list(b"a b\n"))) == ["a", "\u2423", "b", "\\n"]
     vocab = {"[UNK]": 0, "the": 1, "cat": 2, "sat": 3, "on": 4, "mat": 5, ".": 6}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
