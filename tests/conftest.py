@@ -28,12 +28,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
-
-
-@pytest.fixture
-def fused_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Attention's fused / split machinery at every length: short sequences that need a mask or
-    explicit heads otherwise run every head explicitly (``EXPLICIT_MAX_KEYS``)."""
-    import headwise.model.attention as attention
-
-    monkeypatch.setattr(attention, "EXPLICIT_MAX_KEYS", 0)

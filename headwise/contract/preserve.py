@@ -86,8 +86,14 @@ CHUNK_ELEMENTS = 1 << 24  # logits per forward chunk when measuring (64 MiB in f
 
 
 class PreserveKind(ClauseKind):
+    """The ``preserve`` kind; ``chunk_elements``: logits (or hidden values) per forward chunk
+    when measuring (the result does not depend on it, only the peak memory does)."""
+
     name = "preserve"
     keys = frozenset({"preserve", "on", "metric", "at_least", "at_most", "name"})
+
+    def __init__(self, chunk_elements: int = CHUNK_ELEMENTS) -> None:
+        self.chunk_elements = chunk_elements
 
     def claims(self, raw: Mapping[str, Any]) -> bool:
         return "preserve" in raw
@@ -143,7 +149,7 @@ class PreserveKind(ClauseKind):
             return _role_drift(model, base, clause, data)
         probe, batch = _rows(clause, data)
         with torch.no_grad():
-            value, stderr = _distance(model, base, metric, batch)
+            value, stderr = _distance(model, base, metric, batch, self.chunk_elements)
         return ClauseResult(clause, holds(value, clause.at_least, clause.at_most),
                             number_or_none(value), clause.threshold_text(), "the model",
                             details={"probe": probe, "examples": int(batch.tokens.shape[0])},
@@ -235,7 +241,7 @@ def _rows(clause: Clause, data: VerifyData) -> tuple[str, _Rows]:
 
 
 def _distance(model: nn.Module, base: BaseReference, metric: PreserveMetric,
-              rows: _Rows) -> tuple[float, float]:
+              rows: _Rows, chunk_elements: int) -> tuple[float, float]:
     """``metric``'s distance of ``model`` to ``base`` on ``rows``, pooled exactly over
     memory-sized chunks of rows (each forwarded once), and its standard error over
     ``STDERR_GROUPS`` contiguous groups of rows (``ratio_stderr``)."""
@@ -245,7 +251,7 @@ def _distance(model: nn.Module, base: BaseReference, metric: PreserveMetric,
     per_row = rows.tokens.shape[1] * (m.config.d_model if metric.reads_hidden
                                       else m.config.vocab_size)
     n = rows.tokens.shape[0]
-    size = max(1, CHUNK_ELEMENTS // per_row)
+    size = max(1, chunk_elements // per_row)
     n_groups = max(1, min(STDERR_GROUPS, n))
     group_of = torch.arange(n) * n_groups // n  # contiguous groups of rows
     sums = torch.zeros(n_groups, 2, dtype=torch.float64)  # per group: the distance summed, count

@@ -79,9 +79,10 @@ def _lm_batch(B: int = 4, T: int = 12) -> Batch:
 
 
 def _measure(model: Any, base: Any, clause: dict, data: dict, named: Any = frozenset(),
-             extra: list[dict] | None = None) -> Any:
+             extra: list[dict] | None = None, kinds: Any = None) -> Any:
     m = model.config
-    contract = parse_contract([*(extra or []), clause], m.n_layers, m.n_heads, ["lm"])
+    contract = parse_contract([*(extra or []), clause], m.n_layers, m.n_heads, ["lm"],
+                              kinds=kinds)
     vd = VerifyData(tasks=data.get("tasks", {}), probes=data["probes"], base=base,
                     named=contract.named_heads if named is None else named)
     return verify(model, contract, vd).results[-1]
@@ -158,19 +159,19 @@ def test_hidden_cosine_of_an_encoder_is_of_mean_pooled_embeddings(hf_model_dir: 
 
 @pytest.mark.parametrize("metric", ["kl", "loss_increase"])
 def test_a_distance_and_its_standard_error_do_not_depend_on_the_forward_chunks(
-        hf_model_dir: MakeHF, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        metric: str) -> None:
+        hf_model_dir: MakeHF, tmp_path: Path, metric: str) -> None:
     """40 rows in 16 groups of 2-3: one forward, or one row per forward (every group spans
     several), give the same value and standard error."""
-    import headwise.contract.preserve as preserve
+    from headwise.contract import KINDS
+    from headwise.contract.preserve import PreserveKind
 
     _, _, model, base = _pair(hf_model_dir, "gpt2", tmp_path, _noise(0.1))
     batch = _lm_batch(B=40)
     clause = {"preserve": "base", "on": "lm", "metric": metric, "at_most": 1.0}
     data = {"tasks": {"lm": batch}, "probes": {"lm": batch}}
     whole = _measure(model, base, clause, data)
-    monkeypatch.setattr(preserve, "CHUNK_ELEMENTS", 1)
-    rowwise = _measure(model, base, clause, data)
+    rowwise = _measure(model, base, clause, data,
+                       kinds={**KINDS, "preserve": PreserveKind(chunk_elements=1)})
     assert whole.stderr is not None and whole.stderr > 0
     assert rowwise.measured == pytest.approx(whole.measured, rel=1e-5, abs=1e-7)
     assert rowwise.stderr == pytest.approx(whole.stderr, rel=1e-4)
