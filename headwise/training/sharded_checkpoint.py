@@ -23,6 +23,7 @@ reads the whole model back in one process, without ``torchrun`` (the report's tr
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import warnings
 from collections.abc import Mapping
@@ -47,6 +48,7 @@ from headwise.training.manifest import FORMAT as MANIFEST_FORMAT
 from headwise.training.manifest import (
     MANIFEST,
     check_digests,
+    read_manifest,
     verify_manifest,
     write_manifest,
 )
@@ -159,8 +161,45 @@ def _read_meta(path: Path) -> dict[str, Any]:
     if not isinstance(digests, dict) or shard_manifest not in digests:
         raise CheckpointError(f"{meta_path}: field 'sha256' does not record {shard_manifest}")
     check_digests(path, {shard_manifest: digests[shard_manifest]}, "trainer.json")
-    verify_manifest(path / SHARDS)
+    listed = verify_manifest(path / SHARDS)
+    _refuse_unlisted(path / SHARDS, listed)
     return meta
+
+
+def _refuse_unlisted(shards: Path, listed: Mapping[str, str]) -> None:
+    """Refuse a file in ``shards`` that its manifest does not list: Distributed Checkpoint's
+    reader would load every ``*.safetensors`` there, so an added one would be adopted.
+
+    Raises:
+        CheckpointError: naming the first such file.
+    """
+    for entry in sorted(os.listdir(shards)):
+        if entry != MANIFEST and entry not in listed:
+            raise CheckpointError(f"{shards / entry}: not listed in {shards / MANIFEST}; "
+                                  "expected only the shards this checkpoint wrote (a file "
+                                  "added afterwards is never read)")
+
+
+class _ListedFileSystem:
+    """A view of Distributed Checkpoint's file system whose directory listing holds only the
+    manifest's shards (the reader lists the folder to find them)."""
+
+    def __init__(self, inner: Any, shards: Path, listed: Mapping[str, str]) -> None:
+        self._inner = inner
+        self._keep = {str(shards / name) for name in listed}
+
+    def ls(self, path: Any) -> list[str]:
+        return [f for f in self._inner.ls(path) if str(f) in self._keep]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _reader(shards: Path) -> HuggingFaceStorageReader:
+    """A safetensors reader of ``shards`` restricted to the files its manifest lists."""
+    reader = HuggingFaceStorageReader(str(shards))
+    reader.fs = _ListedFileSystem(reader.fs, shards, read_manifest(shards))  # type: ignore[assignment]
+    return reader
 
 
 def load_sharded_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -202,7 +241,7 @@ def load_sharded_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim
                 (), dtype=getattr(torch, dtype), device=p.device if on_device else "cpu"))
             state[f"optimizer.{name}.{key}"] = opt_state[key]
     try:
-        dcp.load(state, storage_reader=HuggingFaceStorageReader(str(path / SHARDS)))
+        dcp.load(state, storage_reader=_reader(path / SHARDS))
     except Exception as e:  # DCP raises its own CheckpointException wrapping each rank's error
         raise CheckpointError(f"{path / SHARDS}: cannot load the shards "
                               f"({str(e).splitlines()[0][:200]})") from None
@@ -232,7 +271,7 @@ def load_sharded_weights(model: nn.Module, path: Path) -> None:
     try:
         with warnings.catch_warnings():  # "assuming ... a single process": it is one
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-            dcp.load(state, storage_reader=HuggingFaceStorageReader(str(path / SHARDS)),
+            dcp.load(state, storage_reader=_reader(path / SHARDS),
                      no_dist=True)
     except Exception as e:
         raise CheckpointError(f"{path / SHARDS}: the shards do not hold this model's weights "
