@@ -156,7 +156,7 @@ def _check_header(header: list[str], names: tuple[str, ...], where: str, quote: 
             raise ConfigError(f"{where}: line 1: header {shown} given twice, expected each "
                               "field named once")
         seen[name] = column
-    if len(header) == 1 and not set(names) <= seen:
+    if len(header) == 1 and not set(names) <= set(seen):
         for delimiter, spoken in _DELIMITERS.items():
             if delimiter in header[0]:
                 raise ConfigError(f"{where}: line 1: the header was read as one field; the "

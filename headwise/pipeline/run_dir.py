@@ -8,7 +8,8 @@ finished, the step its weights are from),
 define the model and of those commands quote, written last: a run without it did not finish),
 ``checkpoints/``, ``metrics.jsonl``, ``contract.json``, ``enforcement.json`` and
 ``kept.safetensors`` (with ``--enforce``: the model of the last evaluation point at which the
-contract held, ``headwise.contract.kept``), ``report.json``, ``report.html`` and
+contract held, ``headwise.contract.kept``), the tokenizer it reads (``tokenizer.json`` and the
+files beside it: ``headwise.pipeline.run_tokenizer``), ``report.json``, ``report.html`` and
 ``.headwise.lock`` (the writer's lock, ``headwise.atomic.hold_lock``: one process writes a run
 at a time).
 
@@ -28,18 +29,20 @@ from headwise.atomic import linked_entries, remove_entries, write_bytes_atomic
 from headwise.contract import ContractResult
 from headwise.contract.kept import KEPT
 from headwise.errors import SpecError
+from headwise.interop.load import TOKENIZER_FILES
 from headwise.pipeline.resume import RunFlags, check_resume, run_info
+from headwise.pipeline.run_tokenizer import store_tokenizer
 from headwise.runspec import Spec
 from headwise.training import list_checkpoints
 from headwise.training.manifest import MANIFEST, write_manifest
 
 RUN_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors", MANIFEST,
              "metrics.jsonl", "contract.json", "enforcement.json", "report.json", "report.html",
-             KEPT)
+             KEPT, *TOKENIZER_FILES)
 # The files that define a finished run's model, covered by its manifest.
 MODEL_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors")
 # What commands read or quote besides the model, sealed by the manifest too when present.
-SEALED_FILES = ("metrics.jsonl", "contract.json", "enforcement.json")
+SEALED_FILES = ("metrics.jsonl", "contract.json", "enforcement.json", *TOKENIZER_FILES)
 
 def holds_work(out: Path) -> bool:
     """Whether ``out`` holds something a new run must not silently replace.
@@ -82,6 +85,7 @@ def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
         out.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(out / "spec.yaml", spec.text.encode())
         write_json(out / "run.json", run_info(flags or RunFlags().filled(), spec, spec_dir))
+        store_tokenizer(out, spec)  # the run reads its own copy from now on
     except OSError as e:
         raise SpecError(f"{out}: cannot write the run directory ({e.strerror or e})") from None
     return None
