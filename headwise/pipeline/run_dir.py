@@ -80,7 +80,8 @@ def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
     if holds_work(out) and not overwrite:
         raise SpecError(f"{out}: already holds a run; pass --resume to continue it, "
                         "--overwrite to replace it, or choose another --out")
-    remove_entries(out, (*RUN_FILES, "checkpoints"))  # links unlinked, never followed
+    remove_entries(out, (*RUN_FILES, "checkpoints"),  # links unlinked, never followed
+                   directories=("checkpoints",))
     try:
         out.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(out / "spec.yaml", spec.text.encode())
