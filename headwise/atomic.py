@@ -231,6 +231,10 @@ def check_output_dir(path: str | Path, option: str, *, overwrite: bool,
     kind = _special(target) or ("a file" if target.exists() else None)
     if kind is not None and kind != "a directory":
         raise ConfigError(f"{option}: {target} is {kind}; expected a directory")
+    blocked = next((p for p in target.absolute().parents if os.path.lexists(p)), None)
+    if blocked is not None and not blocked.is_dir():
+        raise ConfigError(f"{option}: cannot create {target}: {blocked} is a file; expected "
+                          "a path under a directory")
     for source in sources:
         if target.exists() and Path(source).exists() and target.resolve() == Path(
                 source).resolve():

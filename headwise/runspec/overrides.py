@@ -51,11 +51,12 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         if not sep or not key.strip(".") or len(item) > MAX_BYTES:
             raise SpecError(f"--set: got {show(item, 120)}, expected path.to.key=value "
                             "(e.g. train.lr=3e-4)")
-        if key.count(".") >= MAX_DEPTH or not key.isprintable():
-            raise SpecError(f"--set: the key {show(key, 80)} has "
-                            + (f"{key.count('.') + 1} parts, expected at most {MAX_DEPTH}"
-                               if key.isprintable() else "control characters, expected "
-                               "a path of printable names"))
+        if not item.isprintable():  # a spec's text is printed back, and stored
+            raise SpecError(f"--set: got {show(item, 120)}, which holds control characters; "
+                            "expected printable text")
+        if key.count(".") >= MAX_DEPTH:  # each part is matched against the keys on its way
+            raise SpecError(f"--set: the key {show(key, 80)} has {key.count('.') + 1} parts, "
+                            f"expected at most {MAX_DEPTH}")
         _assign(data, key, _value(key, raw))
     return data
 
