@@ -52,23 +52,24 @@ def shard_cases() -> dict[str, dict[str, Any]]:
 
 
 def data_file_cases() -> dict[str, dict[str, Any]]:
-    row = b'{"q": "ab", "a": "cd"}\n'
+    row = b'{"q": "ab", "a": "cd"}\n' * 20  # enough rows for every split
     return {
         "jsonl nested 100000 deep": _expect(_pairs("d.jsonl", row + b'{"q": ' + b"[" * 100_000
-                                                   + b"]" * 100_000 + b"}\n"), "line 2"),
-        "jsonl duplicate key": _expect(_pairs("d.jsonl", row * 3 + b'{"q": "x", "a": "y", '
-                                              b'"q": "z"}\n'), "line 4: key 'q' given twice"),
+                                                   + b"]" * 100_000 + b"}\n"), "line 21"),
+        "jsonl duplicate key": _expect(_pairs("d.jsonl", row + b'{"q": "x", "a": "y", '
+                                              b'"q": "z"}\n'), "line 21: key 'q' given twice"),
         "jsonl duplicate key nested": _expect(_pairs("d.jsonl", row + b'{"q": "x", "a": "y", '
                                                      b'"m": {"k": 1, "k": 2}}\n'),
-                                              "line 2: key 'k' given twice"),
+                                              "line 21: key 'k' given twice"),
         "jsonl U+2028 before a bad line": _expect(_pairs("d.jsonl", row + '{"q": "a\u2028b", '
                                                          '"a": "c"}\n'.encode() + b"{]\n"),
-                                                  "line 3: not JSON"),
-        "csv duplicate header": _expect(_pairs("d.csv", b"q,a,q\nab,cd,ef\n"),
+                                                  "line 22: not JSON"),
+        "csv duplicate header": _expect(_pairs("d.csv", b"q,a,q\n" + b"ab,cd,ef\n" * 20),
                                         "header name 'q' given twice"),
-        "csv semicolon-delimited": _expect(_pairs("d.csv", b"q;a\nab;cd\n"),
+        "csv semicolon-delimited": _expect(_pairs("d.csv", b"q;a\n" + b"ab;cd\n" * 20),
                                            "delimited by ';'"),
-        "csv tab-delimited": _expect(_pairs("d.csv", b"q\ta\nab\tcd\n"), "delimited by a tab"),
+        "csv tab-delimited": _expect(_pairs("d.csv", b"q\ta\n" + b"ab\tcd\n" * 20),
+                                     "delimited by a tab"),
         "csv linked to a secret: wrong count": _expect(_pairs(
             "d.csv", None, ["bytes", "secret.txt", base64.b64encode(
                 SECRET.strip() + b",x\n1,2,3\n").decode()], ["symlink", "d.csv", "secret.txt"]),
@@ -123,7 +124,7 @@ def traceback_cases() -> dict[str, dict[str, Any]]:
         "set an impossible date": sets("train.lr=2026-02-30"),
         "set 50000 deep": sets("train.lr=" + "[" * 50_000 + "]" * 50_000),
         "set a control character": _expect(sets("train.name=a\x85b"), "--set"),
-        "set a key with a control character": sets("train.l\x07r=1"),
+        "set a key with a control character": _expect(sets("train.l\x07r=1"), "--set"),
         "set a key of 5000 dots": sets(".".join(["a"] * 5000) + "=1"),
         "set a key of 1000 dots": sets("train." + ".".join(["a"] * 1000) + "=1"),
         "resume metrics a bare number": resume(b'{"kind": "train", "step": 1}\n5\n'),
