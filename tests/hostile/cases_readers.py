@@ -143,12 +143,18 @@ def traceback_cases() -> dict[str, dict[str, Any]]:
                        base64.b64encode(b"\xff\xfe\x00").decode()],
                       ["env", "HF_HUB_CACHE", "hub"]]},
         "hf id of 10000 characters": {"argv": ["analyze", "--hf", "org/" + "m" * 10_000]},
+        "task name of 500000 characters": _spec_task_name("t" * 500_000),
         "safetensors 3 GiB tensor (sparse)": _expect(
             {"argv": ["analyze", "--hf", "hf"], "setup": [
                 ["write", "hf/config.json", json.dumps(_gpt2()[0])],
                 ["huge_tensor", "hf/model.safetensors", "wte.weight", [3 * GIB // 4]]]},
             "'wte.weight'"),
     }
+
+
+def _spec_task_name(name: str) -> dict[str, Any]:
+    return _train(yaml.safe_dump(_set(BASE, "data/tasks", {name: {"task": "copy", "length": 3}}),
+                                 sort_keys=False))
 
 
 def figure_cases() -> dict[str, dict[str, Any]]:

@@ -116,7 +116,8 @@ def test_sigterm_and_resume_under_torchrun_is_bitwise(tmp_path: Path) -> None:
     ``--resume`` on 2 ranks ends with the uninterrupted sharded run's weights, bitwise. The
     checkpoint reads back in one process, and a corrupt shard is refused, naming the file."""
     steps = 16
-    args = ["--parallel", "fsdp", "--levers", LEVERS, "--steps", str(steps)]
+    # a "train" line every 3 steps: checkpoints (every 4) fall inside logging windows
+    args = ["--parallel", "fsdp", "--levers", LEVERS, "--steps", str(steps), "--log-every", "3"]
     ref, run = tmp_path / "ref", tmp_path / "run"
     reference = subprocess.Popen(_torchrun(str(SCRIPT), str(ref), *args), env=_env(),
                                  stderr=subprocess.PIPE)
@@ -140,6 +141,22 @@ def test_sigterm_and_resume_under_torchrun_is_bitwise(tmp_path: Path) -> None:
     a, b = load_file(ref / "model.safetensors"), load_file(run / "model.safetensors")
     for key in a:
         assert torch.equal(a[key], b[key]), f"{key} differs after an interrupt at step {step}"
+    # every rank's logging window was checkpointed: the metrics lines are the same too
+    def lines(path: Path) -> list[dict]:
+        return [{k: v for k, v in json.loads(x).items() if k != "elapsed_s"}
+                for x in (path / "metrics.jsonl").read_text().splitlines()]
+
+    assert lines(run) == lines(ref)
+    # deterministically: resumed from step 4, inside the window of the line at step 6
+    again = tmp_path / "again"
+    shutil.copytree(ref, again)
+    for later, path in list_checkpoints(again):
+        if later > 4:
+            shutil.rmtree(path)
+    (again / "model.safetensors").unlink()
+    _check(subprocess.run(_torchrun(str(SCRIPT), str(again), *args, "--resume"), env=_env(),
+                          capture_output=True, timeout=240))
+    assert lines(again) == lines(ref)
 
     # one process reads a sharded checkpoint's weights; the loop's loader refuses it by name
     model = build_model(ModelConfig(n_layers=2, n_heads=3, d_head=5, d_model=15, d_ff=24,
