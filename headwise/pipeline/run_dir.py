@@ -38,7 +38,10 @@ from headwise.training.manifest import MANIFEST, write_manifest
 
 RUN_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors", MANIFEST,
              "metrics.jsonl", "contract.json", "enforcement.json", "report.json", "report.html",
-             KEPT, *TOKENIZER_FILES)
+             KEPT)
+# Every file a run writes (its tokenizer copy too: a directory holding only such a file is no
+# run, but replacing a run replaces it).
+OWN_FILES = (*RUN_FILES, *TOKENIZER_FILES)
 # The files that define a finished run's model, covered by its manifest.
 MODEL_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors")
 # What commands read or quote besides the model, sealed by the manifest too when present.
@@ -71,7 +74,7 @@ def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
     if resume and overwrite:
         raise SpecError("--resume and --overwrite: conflicting options; expected one of them "
                         "(--resume continues the run, --overwrite replaces it)")
-    linked = linked_entries(out, (*RUN_FILES, "checkpoints"))
+    linked = linked_entries(out, (*OWN_FILES, "checkpoints"))
     if resume:
         if linked:
             raise SpecError(f"{out / linked[0]}: is a symbolic link; expected the run's own "
@@ -80,7 +83,7 @@ def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
     if holds_work(out) and not overwrite:
         raise SpecError(f"{out}: already holds a run; pass --resume to continue it, "
                         "--overwrite to replace it, or choose another --out")
-    remove_entries(out, (*RUN_FILES, "checkpoints"),  # links unlinked, never followed
+    remove_entries(out, (*OWN_FILES, "checkpoints"),  # links unlinked, never followed
                    directories=("checkpoints",))
     try:
         out.mkdir(parents=True, exist_ok=True)
