@@ -110,9 +110,10 @@ def _check_sizes(path: Path, header: dict[str, Any], data_bytes: int) -> None:
         if (not isinstance(offsets, list) or len(offsets) != 2
                 or not all(type(x) is int for x in offsets)
                 or not 0 <= offsets[0] <= offsets[1] <= data_bytes):
-            raise CheckpointError(f"{path}: tensor {str(key)[:80]!r} has data offsets "
+            raise CheckpointError(f"{path}: not a readable safetensors file (truncated or "
+                                  f"corrupt: tensor {str(key)[:80]!r} has data offsets "
                                   f"{str(offsets)[:80]}, expected [begin, end] within the "
-                                  f"file's {data_bytes} data bytes (truncated or corrupt)")
+                                  f"file's {data_bytes} data bytes)")
         size = offsets[1] - offsets[0]
         total += size
         if size > largest:
