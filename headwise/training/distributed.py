@@ -206,8 +206,9 @@ def teardown(ctx: DistContext, failed: bool = False) -> None:
 
 FINISH_TIMEOUT = timedelta(hours=2)  # how long the other ranks wait for rank 0's files
 LEAVE_S = 60.0  # how long the other ranks wait for torchrun to stop them after a failure
-REFUSAL_PATIENCE = timedelta(seconds=30)  # a refusal waits this long for the other ranks
+REFUSAL_PATIENCE = timedelta(seconds=10)  # a refusal waits this long for the other ranks
 _POLL_S = 0.05
+_TORCHRUN_STORE = ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")  # torchrun's agent store
 
 
 def finish_together(code: int, patience: timedelta = FINISH_TIMEOUT) -> int | None:
@@ -219,7 +220,8 @@ def finish_together(code: int, patience: timedelta = FINISH_TIMEOUT) -> int | No
     failure code, ``torchrun`` stops the ranks still running as soon as one exits: the other
     ranks let rank 0 exit first and leave with its code when ``torchrun`` stops them, so every
     rank exits with ``code`` and none is cut short while rank 0 writes. Without ``torchrun``
-    (or on one rank) ``code`` is returned at once.
+    (or on one rank) ``code`` is returned at once: the store that outlives the process group
+    is the one ``torchrun``'s agent holds.
 
     Args:
         code: this rank's exit code (rank 0's is every rank's).
@@ -230,11 +232,11 @@ def finish_together(code: int, patience: timedelta = FINISH_TIMEOUT) -> int | No
         Rank 0's code, or ``None`` on another rank when rank 0 gave none in time.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1 or "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
-        return code
+    if world <= 1 or not all(k in os.environ for k in _TORCHRUN_STORE):
+        return code  # not torchrun: no store outlives the process group to wait on
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                           is_master=False, timeout=patience)
-    key = ("headwise/finished/" + os.environ.get("TORCHELASTIC_RUN_ID", "")
+    key = ("headwise/finished/" + os.environ["TORCHELASTIC_RUN_ID"]
            + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if int(os.environ.get("RANK", "0")) == 0:
         store.set(key, str(code))
