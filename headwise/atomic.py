@@ -231,6 +231,10 @@ def check_output_dir(path: str | Path, option: str, *, overwrite: bool,
     kind = _special(target) or ("a file" if target.exists() else None)
     if kind is not None and kind != "a directory":
         raise ConfigError(f"{option}: {target} is {kind}; expected a directory")
+    blocked = next((p for p in target.absolute().parents if os.path.lexists(p)), None)
+    if blocked is not None and not blocked.is_dir():
+        raise ConfigError(f"{option}: cannot create {target}: {blocked} is a file; expected "
+                          "a path under a directory")
     for source in sources:
         if target.exists() and Path(source).exists() and target.resolve() == Path(
                 source).resolve():
@@ -254,19 +258,27 @@ def check_output_dir(path: str | Path, option: str, *, overwrite: bool,
     return work
 
 
-def remove_entries(directory: Path, names: Iterable[str], keep: Iterable[str] = ()) -> None:
+def remove_entries(directory: Path, names: Iterable[str], keep: Iterable[str] = (),
+                   directories: Iterable[str] = ()) -> None:
     """Delete ``directory/name`` for each name: files and links are unlinked (a link is never
-    followed), directories removed with their contents.
+    followed), the named ``directories`` removed with their contents.
 
     Args:
         directory: where the entries are.
         names: the entries to remove.
         keep: names the caller rewrites next with ``write_bytes_atomic``: kept when they are
             regular files, so a full disk during the rewrite leaves the old file in place.
+        directories: the names among ``names`` that the writer makes as directories; any
+            other name that is a directory is not the writer's and is refused (nothing is
+            removed then).
 
     Raises:
+        ConfigError: a directory where the writer puts a file (``refuse_directories``).
         StorageError: an entry cannot be removed, naming it.
     """
+    names = list(names)
+    allowed = set(directories)
+    refuse_directories(directory, [n for n in names if n not in allowed])
     kept = set(keep)
     for name in names:
         entry = Path(directory) / name
@@ -279,6 +291,21 @@ def remove_entries(directory: Path, names: Iterable[str], keep: Iterable[str] = 
                 shutil.rmtree(entry)
         except OSError as e:
             raise StorageError(f"{entry}: cannot remove ({e.strerror or e})") from None
+
+
+def refuse_directories(directory: Path, files: Iterable[str]) -> None:
+    """Refuse a directory (not a link to one) at a name where headwise writes a file:
+    ``--overwrite`` replaces headwise's own files, never a directory and its contents.
+
+    Raises:
+        ConfigError: naming the first such directory.
+    """
+    for name in files:
+        entry = Path(directory) / name
+        if entry.is_dir() and not entry.is_symlink():
+            raise ConfigError(f"{entry}: is a directory; expected the file headwise writes "
+                              "there (--overwrite replaces its own files, never a directory: "
+                              "move it away first)")
 
 
 def linked_entries(directory: Path, names: Iterable[str]) -> list[str]:

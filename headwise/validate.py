@@ -35,11 +35,16 @@ def _show(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+MAX_NAME_CHARS = 200  # names head tables, plot axes and file lines: a label, not a text
+
+
 def printable_name(value: object, path: str, what: str = "a name") -> str:
-    """A non-empty string of printable characters: names are printed to terminals, where a
-    control character (an escape sequence) would be obeyed, not shown."""
-    if not isinstance(value, str) or not value or not value.isprintable():
-        raise fail(path, value, f"{what} of printable characters")
+    """A non-empty string of at most ``MAX_NAME_CHARS`` printable characters: names are
+    printed to terminals (where a control character, an escape sequence, would be obeyed, not
+    shown) and drawn on plots (where a 500000-character label costs gigabytes)."""
+    if (not isinstance(value, str) or not value or len(value) > MAX_NAME_CHARS
+            or not value.isprintable()):
+        raise fail(path, value, f"{what} of 1 to {MAX_NAME_CHARS} printable characters")
     return value
 
 

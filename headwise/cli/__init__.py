@@ -2,7 +2,8 @@
 
 Exit codes: 0 success, 1 contract failed (or training diverged), 2 bad input (a
 ``HeadwiseError`` or a usage error; one clear message, never a traceback), 130 interrupted
-(Ctrl-C or SIGTERM; ``train`` saves a checkpoint first and says how to resume).
+(Ctrl-C or SIGTERM; ``train`` saves a checkpoint first and says how to resume). Under
+``torchrun`` every rank exits with the same code and only rank 0 prints a refusal.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -53,6 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _refuse(line: str) -> int:
+    """Print ``line`` and return exit code 2; under ``torchrun`` every rank refusing leaves
+    together (``finish_together``) and only rank 0 prints, unless rank 0 did not refuse."""
+    from headwise.training.distributed import REFUSAL_PATIENCE, finish_together
+
+    main_rank = os.environ.get("RANK", "0") == "0"
+    if main_rank:
+        print(line, file=sys.stderr)
+    if finish_together(2, REFUSAL_PATIENCE) is None and not main_rank:
+        print(line, file=sys.stderr)  # rank 0 went on: this rank says why it stopped
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     parser = build_parser()
@@ -66,9 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = _sigterm_as_interrupt()
     try:
         return int(args.func(args))
-    except HeadwiseError as e:
-        print(f"headwise {args.command}: error: {_one_line(e)}", file=sys.stderr)
-        return 2
+    except HeadwiseError as e:  # under torchrun every rank refuses; rank 0 says why
+        return _refuse(f"headwise {args.command}: error: {_one_line(e)}")
     except TrainingDiverged as e:
         print(f"headwise {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 1

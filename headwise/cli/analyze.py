@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -88,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     result = (_run(args.run, args.device, tables, notes, forecaster) if args.run
               else _hf(args.hf, args.text, args.revision, args.device, tables, args.html,
                        args.heads))
-    print_tables(tables, args.format)
+    print_tables([spreadsheet_safe(t) for t in tables] if args.format == "csv" else tables,
+                 args.format)
     for line in notes:
         note(args.format, line)
     if args.json:
@@ -215,3 +218,23 @@ def _check_vocabularies(directory: str) -> None:
         raise SpecError(f"--text: {Path(directory) / 'tokenizer.json'} has {ids} token ids, "
                         f"beyond the model's vocabulary of {vocab}; expected the model's own "
                         "tokenizer")
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # what spreadsheets run as a formula
+
+
+def spreadsheet_safe(table: TextTable) -> TextTable:
+    """``table`` with every cell a spreadsheet opens as data: a number without a leading
+    ``+``, any other cell starting with ``= + - @`` (or a tab or carriage return) behind a
+    ``'``, so a task named ``=HYPERLINK(...)`` is shown, never run."""
+    def cell(text: str) -> str:
+        try:
+            number = float(text)
+        except ValueError:
+            number = math.nan
+        if math.isfinite(number):
+            return text.removeprefix("+")
+        return f"'{text}" if text.startswith(FORMULA_STARTS) else text
+
+    return dataclasses.replace(table, columns=tuple(cell(c) for c in table.columns),
+                               rows=tuple(tuple(cell(c) for c in r) for r in table.rows))

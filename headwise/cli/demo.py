@@ -89,7 +89,7 @@ def _check_out(out: Path) -> None:
     saved = out / "spec.yaml"
     try:
         name = (yaml.safe_load(saved.read_text()) or {}).get("name") if saved.is_file() else None
-    except (yaml.YAMLError, AttributeError, OSError, UnicodeDecodeError):
+    except (yaml.YAMLError, AttributeError, OSError, UnicodeDecodeError, RecursionError):
         name = None
     if name != "demo":
         raise SpecError(f"--out: {out} holds a run of another spec ({saved}); expected an "

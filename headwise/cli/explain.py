@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
             raise SpecError(f"--task: got {args.task!r}, expected one of {list(names)}")
         task = names.index(args.task)
     walk = explain_head(compiled.model, tokens.to(device), head,
-                        labels=spec_token_names(compiled.spec)(tokens),
+                        labels=spec_token_names(compiled.spec, Path(args.run))(tokens),
                         task_ids=torch.tensor([task], device=device))
     out = console()
     out.print(f"task: {names[task]}")

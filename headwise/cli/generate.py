@@ -38,17 +38,13 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load the run, give it a tokenizer, print the prompt and its continuation."""
     from headwise import load_run
-    from headwise.data import TASKS
-    from headwise.model.byte_tokenizer import ByteTokenizer
     from headwise.model.generate import generate
 
-    loaded = load_run(args.run, device=args.device)
+    loaded = load_run(args.run, device=args.device)  # byte-level runs get a ByteTokenizer
     model = loaded.model
     if model.tokenizer is None:
-        if all(TASKS[t.task].starts_with_bos for t in loaded.spec.data.tasks):
-            raise SpecError("--prompt: the run's model reads the tokens of synthetic tasks, not "
-                            "text; expected a run with a tokenizer or a byte-level text task")
-        model.tokenizer = ByteTokenizer()
+        raise SpecError("--prompt: the run's model reads the tokens of synthetic tasks, not "
+                        "text; expected a run with a tokenizer or a byte-level text task")
     if not args.sample and (args.top_k is not None or args.top_p is not None):
         raise SpecError("--top-k/--top-p: expected them with --sample")
     stops = [_stop_id(model, text) for text in args.stop] or None

@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from headwise.pipeline.run_dir import is_main_process
     from headwise.pipeline.run_report import write_run_report
     from headwise.training import list_checkpoints
+    from headwise.training.distributed import finish_together
     from headwise.training.interrupt import Interrupted
 
     if args.threads is not None:
@@ -114,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         write_run_report(outcome.run_dir, outcome.compiled, outcome.contract,
                          outcome.enforcement)
         print_outcome(console(), outcome)
-    return 0 if outcome.contract is None or outcome.contract.passed else 1
+    code = 0 if outcome.contract is None or outcome.contract.passed else 1
+    return finish_together(code) or code  # under torchrun: every rank after rank 0's report
 
 
 def resume_command(args: argparse.Namespace, out: Path, again: bool = False) -> str:

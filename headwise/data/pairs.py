@@ -10,16 +10,15 @@ shorter than ``seq_len + 1`` ids are right-padded with id 0 (``attention_mask`` 
 ``"eval"`` and ``"verify"`` splits (``headwise.data.corpus.deal``, each row one unit), and an
 example is a row of its split drawn uniformly.
 
-Files are read strictly: JSONL is one JSON object per non-blank line; CSV has a header row
-naming the fields (``csv`` module, standard dialect) and as many values in every row. A
-missing field, a value that is not a string, an empty prompt or completion, or a row that is
-too long is an error naming the file, the line and the field.
+Files are read strictly (``headwise.data.row_files``): JSONL is one JSON object per non-blank
+line, lines ending in ``\\n`` only; CSV has a comma-delimited header row naming each field
+once and as many values in every row. A repeated key or header name, a missing field, a value
+that is not a string, an empty prompt or completion, or a row that is too long is an error
+naming the file, the line and the field.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,13 +34,12 @@ from headwise.data.corpus import (
     decode_text,
     local_tokenizer,
 )
+from headwise.data.row_files import JSON_KINDS, csv_records, jsonl_records, quotable
 from headwise.data.task import Task, check_int
 from headwise.errors import ConfigError, field_error
 from headwise.memory import check_memory
 
 PAD_ID = 0  # padding never reaches a score: attention_mask 0 there and targets IGNORE
-JSON_KINDS = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
-              list: "an array", dict: "an object"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,7 +153,8 @@ class PairsTask(Task):
 
 def read_rows(path: Path, names: tuple[str, str], task: str
               ) -> list[tuple[int, tuple[str, str]]]:
-    """``(line number, (prompt, completion))`` for every row of a JSONL or CSV file.
+    """``(line number, (prompt, completion))`` for every row of a JSONL or CSV file
+    (``headwise.data.row_files``).
 
     Raises:
         ConfigError: a missing, too large or non-UTF-8 file, another extension, or a bad row
@@ -172,8 +171,10 @@ def read_rows(path: Path, names: tuple[str, str], task: str
                           f"a file of at most {MAX_BYTES >> 30} GiB")
     check_memory(f"{task}.path: reading {str(path)!r} ({size} bytes)", 16 * size)
     where = f"{task}.path: {path}"
+    quote = quotable(path)
     text = decode_text(path.read_bytes(), where, ConfigError).removeprefix("\ufeff")  # BOM
-    records = _jsonl(text, where) if suffix == ".jsonl" else _csv(text, where)
+    records = (jsonl_records(text, where) if suffix == ".jsonl"
+               else csv_records(text, where, names, quote))
     rows = []
     for line, record in records:
         values = []
@@ -183,8 +184,8 @@ def read_rows(path: Path, names: tuple[str, str], task: str
                                   f"fields {list(names)}")
             value = record[key]
             if not isinstance(value, str):
-                kind = JSON_KINDS.get(type(value), type(value).__name__)
-                shown = "" if value is None else f" ({json.dumps(value)[:40]})"
+                kind = JSON_KINDS[type(value)]
+                shown = "" if value is None or not quote else f" ({json.dumps(value)[:40]})"
                 raise ConfigError(f"{where}: line {line}: field {key!r} is {kind}{shown}, "
                                   "expected a string")
             values.append(value)
@@ -192,40 +193,3 @@ def read_rows(path: Path, names: tuple[str, str], task: str
     if not rows:
         raise ConfigError(f"{where}: no rows, expected at least one")
     return rows
-
-
-def _jsonl(text: str, where: str) -> list[tuple[int, dict]]:
-    out = []
-    for line, raw in enumerate(text.splitlines(), 1):
-        if not raw.strip():
-            continue
-        try:
-            record = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{where}: line {line}: not JSON ({e.msg} at column "
-                              f"{e.colno}), expected one JSON object per line") from None
-        if not isinstance(record, dict):
-            kind = JSON_KINDS.get(type(record), "a string")
-            raise ConfigError(f"{where}: line {line}: got {kind}, expected a JSON object")
-        out.append((line, record))
-    return out
-
-
-def _csv(text: str, where: str) -> list[tuple[int, dict]]:
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
-    try:
-        header = next(reader, None)
-        if header is None:
-            return []
-        out = []
-        for row in reader:
-            line = reader.line_num
-            if not row:
-                continue
-            if len(row) != len(header):
-                raise ConfigError(f"{where}: line {line}: {len(row)} values, expected "
-                                  f"{len(header)} (the header's {header})")
-            out.append((line, dict(zip(header, row, strict=True))))
-    except csv.Error as e:
-        raise ConfigError(f"{where}: line {reader.line_num}: not CSV ({e})") from None
-    return out

@@ -160,6 +160,8 @@ def check_ranges(ranges: Any, where: str, features: Sequence[str],
 def finite_vector(value: Any, size: int, field: str) -> Tensor:
     """``value`` (read from a forecaster file) as ``size`` finite float64 numbers
     (``ValueError`` naming ``field`` otherwise)."""
+    if not isinstance(value, list) or any(isinstance(x, bool) for x in value):
+        raise ValueError(f"{field}: expected {size} finite numbers (not booleans)")
     try:
         t = torch.tensor(value, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError):
@@ -180,13 +182,40 @@ def finite_number(value: Any, field: str) -> float:
 
 def checked_measured(measured: Any, quote: Callable[[dict[str, Any]], str], field: str,
                      what: str) -> dict[str, Any]:
-    """A forecaster file's ``measured`` record, refused unless ``quote`` (the sentence reports
-    make of it) can read it: ``ValueError`` naming ``field`` and ``what`` it should hold."""
+    """A forecaster file's ``measured`` record, refused unless its figures are what reports
+    may quote (``check_figures``) and ``quote`` (the sentence reports make of it) can read it:
+    ``ValueError`` naming ``field`` and ``what`` it should hold."""
     try:
         if not isinstance(measured, dict):
             raise TypeError(f"got {type(measured).__name__}")
+        check_figures(measured, field)
         quote(measured)
-    except (AttributeError, KeyError, TypeError, ValueError) as e:
+    except (AttributeError, KeyError, TypeError) as e:
         raise ValueError(f"{field}: expected an object with {what} "
                          f"({type(e).__name__}: {e})") from None
+    except ValueError as e:
+        raise ValueError(f"{field}: expected an object with {what} ({e})") from None
     return measured
+
+
+def check_figures(record: Any, field: str) -> None:
+    """Refuse a figure a report would quote wrongly: every number in a ``measured`` record is
+    a share in [0, 1] (a fraction, an accuracy, a calibration error: written as a float) or a
+    count (a non-negative integer: runs, heads, seeds), never a boolean, NaN or infinite.
+
+    Raises:
+        ValueError: naming the field (its path in the record) and the value.
+    """
+    stack: list[tuple[str, Any]] = [(field, record)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((f"{where}.{k}", v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+        elif isinstance(value, bool):
+            raise ValueError(f"{where}: got {value}, expected a number (a share or a count)")
+        elif isinstance(value, float) and not 0.0 <= value <= 1.0:
+            raise ValueError(f"{where}: got {value}, expected a share in [0, 1]")
+        elif isinstance(value, int) and value < 0:
+            raise ValueError(f"{where}: got {value}, expected a count (an integer >= 0)")

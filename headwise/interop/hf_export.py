@@ -30,6 +30,7 @@ from headwise.atomic import (
     check_empty_dir,
     check_output_dir,
     overwrite_switch,
+    refuse_directories,
     remove_entries,
     write_bytes_atomic,
 )
@@ -214,12 +215,14 @@ def check_destinations(out: Path, peft: str | Path | None, overwrite: bool,
     out_name, peft_name = names
     check_output_dir(out, out_name, overwrite=True, replaces=(MODEL,))  # the kind; then:
     check_empty_dir(out, out_name, overwrite)
+    refuse_directories(out, HF_FILES)
     if peft is None:
         return
     if Path(peft).absolute() == out.absolute():
         raise ConfigError(f"{peft_name}: {peft} is the model directory ({out_name}) too; "
                           "expected another directory for the adapter")
     check_output_dir(peft, peft_name, overwrite=overwrite, replaces=(ADAPTER,))
+    refuse_directories(Path(peft), ADAPTER_FILES)
     leftovers = [p.name for p in Path(peft).iterdir() if p.name not in ADAPTER_FILES] if Path(
         peft).is_dir() else []
     if leftovers and not overwrite:

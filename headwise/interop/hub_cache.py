@@ -21,12 +21,14 @@ import re
 from pathlib import Path
 
 from headwise.atomic import CHECKPOINT, RUN, work_in
-from headwise.errors import CheckpointError
+from headwise.errors import CheckpointError, show
 
 # An HF repo id: ``name`` or ``org/name`` (letters, digits, ``-_.``; no ``..`` or ``--``).
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 _REVISION = re.compile(r"[A-Za-z0-9._/-]+")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+MAX_ID_CHARS = 2 * 96 + 1
+MAX_REF_BYTES = 256  # a ref file holds a 40-hex commit hash
 
 
 def hub_cache_dir() -> Path:
@@ -47,8 +49,10 @@ def _expand(value: str) -> Path:
 
 
 def is_repo_id(name: str) -> bool:
-    """Whether ``name`` is spelled like an HF model id (``gpt2``, ``org/name``)."""
-    return bool(_REPO_ID.fullmatch(name)) and ".." not in name and "--" not in name
+    """Whether ``name`` is spelled like an HF model id (``gpt2``, ``org/name``; the Hub allows
+    at most 96 characters for each part)."""
+    return (len(name) <= MAX_ID_CHARS and bool(_REPO_ID.fullmatch(name)) and ".." not in name
+            and "--" not in name)
 
 
 def snapshot_dir(repo_id: str, revision: str | None = None, *, field: str = "--hf",
@@ -66,8 +70,8 @@ def snapshot_dir(repo_id: str, revision: str | None = None, *, field: str = "--h
             the message names the directory (or ref file) that was looked for.
     """
     if not is_repo_id(repo_id):
-        raise CheckpointError(f"{field}: got {repo_id!r}, expected a local directory or a model "
-                              "id such as 'gpt2' or 'org/name'")
+        raise CheckpointError(f"{field}: got {show(repo_id, 120)}, expected a local directory "
+                              "or a model id such as 'gpt2' or 'org/name'")
     rev = "main" if revision is None else revision
     if not _REVISION.fullmatch(rev) or ".." in rev.split("/"):
         raise CheckpointError(f"{revision_field}: got {rev!r}, expected a branch, tag or "
@@ -85,9 +89,13 @@ def snapshot_dir(repo_id: str, revision: str | None = None, *, field: str = "--h
         raise CheckpointError(f"{revision_field}: {rev!r} of {repo_id!r} is not in the local "
                               f"HuggingFace cache (looked for {ref} and "
                               f"{repo / 'snapshots' / rev})")
-    commit = ref.read_text(encoding="utf-8").strip()
+    raw = ref.read_bytes()[:MAX_REF_BYTES]
+    commit = raw.decode("ascii", errors="replace").strip()
+    if not _COMMIT.fullmatch(commit):
+        raise CheckpointError(f"{field}: {ref} holds {show(commit, 60)}, expected a 40-hex "
+                              "commit hash (a damaged cache?)")
     snapshot = repo / "snapshots" / commit
-    if not _COMMIT.fullmatch(commit) or not snapshot.is_dir():
+    if not snapshot.is_dir():
         raise CheckpointError(f"{field}: {ref} names commit {commit!r}, but {snapshot} does not "
                               "exist (an incomplete download?)")
     return snapshot
@@ -103,7 +111,13 @@ def resolve_model(path_or_id: str | Path, revision: str | None = None, *,
             or a ``revision`` given with a directory.
     """
     path = Path(path_or_id).expanduser()
-    if path.is_dir():
+    try:
+        is_dir = path.is_dir()
+    except OSError as e:  # a name longer than the system allows
+        raise CheckpointError(f"{field}: {show(str(path_or_id), 120)} cannot be a directory "
+                              f"({e.strerror}); expected a local directory or a model id "
+                              "such as 'gpt2' or 'org/name'") from None
+    if is_dir:
         if work_in(path) in (RUN, CHECKPOINT):
             raise CheckpointError(f"{field}: {path} is {work_in(path)}, not a HuggingFace "
                                   "checkpoint; expected a directory with config.json (analyze a "

@@ -19,6 +19,7 @@ from headwise.atomic import (
     MODEL,
     check_empty_dir,
     check_output_dir,
+    refuse_directories,
     remove_entries,
     write_bytes_atomic,
 )
@@ -196,6 +197,7 @@ def convert(hf_dir: str | Path, out_dir: str | Path, *, strict: bool = True,
     out = Path(out_dir)
     check_output_dir(out, "out", overwrite=overwrite, replaces=(MODEL,), sources=[Path(hf_dir)])
     check_empty_dir(out, "out", overwrite)
+    refuse_directories(out, HF_FILES)
     copies = read_tokenizer_files(Path(hf_dir))
     model = load_hf(hf_dir, strict=strict)
     if overwrite:

@@ -63,7 +63,8 @@ def write_sentence_transformers_files(files: dict[str, bytes], out: Path) -> Non
     """Write ``files`` (from ``sentence_transformers_files``) into ``out``, each atomically;
     earlier sentence-transformers files there are deleted first (an export replaces them)."""
     modules = {name.split("/", 1)[0] for name in files if "/" in name}
-    remove_entries(out, [*ROOT_FILES, *sorted(modules)], keep=[n for n in files if "/" not in n])
+    remove_entries(out, [*ROOT_FILES, *sorted(modules)], keep=[n for n in files if "/" not in n],
+                   directories=modules)
     for name, data in files.items():
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(out / name, data)

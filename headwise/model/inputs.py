@@ -12,6 +12,8 @@ from torch import Tensor, nn
 
 from headwise.model.hook_point import tree_memo
 
+_ID_DTYPES = (torch.long, torch.int32, torch.int16, torch.int8, torch.uint8)
+
 
 def check_tokens(tokens: Tensor, vocab_size: int, attention_mask: Tensor | None = None,
                  task_ids: Tensor | None = None, n_tasks: int | None = None) -> None:
@@ -69,6 +71,13 @@ def check_shapes(tokens: Tensor, attention_mask: Tensor | None,
     if attention_mask is not None and attention_mask.shape != tokens.shape:
         raise ValueError(f"attention_mask: expected shape {tuple(tokens.shape)} like tokens, "
                          f"got {tuple(attention_mask.shape)}")
+    if attention_mask is not None and (attention_mask.is_floating_point()
+                                       or attention_mask.is_complex()):
+        raise ValueError(f"attention_mask: expected a bool or integer tensor of 0/1 (1: "
+                         f"attend), got {attention_mask.dtype} (a float mask would be read "
+                         "as keep-or-drop, never as weights)")
     if task_ids is not None and task_ids.shape != tokens.shape[:1]:
         raise ValueError(f"task_ids: expected shape ({tokens.shape[0]},), "
                          f"got {tuple(task_ids.shape)}")
+    if task_ids is not None and task_ids.dtype not in _ID_DTYPES:
+        raise ValueError(f"task_ids: expected an integer tensor, got {task_ids.dtype}")

@@ -8,11 +8,14 @@ from pathlib import Path
 from headwise.atomic import hold_lock
 from headwise.contract import ContractResult, verify
 from headwise.errors import CheckpointError, SpecError
+from headwise.interop.tokenizer import load_model_tokenizer
+from headwise.model import Transformer
 from headwise.pipeline.compile import Compiled, compile_spec
 from headwise.pipeline.heldout import verification_data
 from headwise.pipeline.resume import read_run_info
 from headwise.pipeline.run_dir import write_json
-from headwise.runspec import load_spec, spec_from_dict
+from headwise.pipeline.run_tokenizer import stored_tokenizer, with_stored_tokenizer
+from headwise.runspec import spec_from_dict
 from headwise.runspec.yaml_io import parse_yaml, read_spec_text
 from headwise.training.device import place, resolve_device
 from headwise.training.manifest import MANIFEST, seal, verify_manifest
@@ -48,13 +51,18 @@ def load_compiled(run: str | Path, spec_source: str | Path | None = None,
                               "`headwise train SPEC --out RUN --resume`)")
     verify_manifest(run, ("spec.yaml", "model.safetensors"))
     if spec_source is not None:
-        spec = load_spec(spec_source)
+        text, name = read_spec_text(spec_source)
+        base: Path | None = Path(name).parent if name != "<spec>" else None
     else:  # relative paths in the run's spec resolve against the spec's original directory
         text, name = read_spec_text(run / "spec.yaml")
         spec_dir = read_run_info(run).get("spec_dir")
-        spec = spec_from_dict(parse_yaml(text, name),
-                              base=Path(spec_dir) if spec_dir else run, text=text)
+        base = Path(spec_dir) if spec_dir else run
+    spec = spec_from_dict(with_stored_tokenizer(parse_yaml(text, name), run), base=base,
+                          text=text)  # the tokenizer the run trained with: its own copy
     compiled = compile_spec(spec, weights=weights)
+    stored = stored_tokenizer(run)
+    if stored is not None and isinstance(compiled.model, Transformer):
+        compiled.model.tokenizer = load_model_tokenizer(stored)
     place(compiled.model, device, "--device")
     compiled.model.eval()
     return compiled

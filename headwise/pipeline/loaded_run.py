@@ -2,8 +2,8 @@
 
 ``load_run(RUN)`` checks the run's integrity manifest, rebuilds the model with every lever its
 spec installs and loads the trained weights (``headwise.pipeline.finished.load_compiled``),
-attaches the run's tokenizer (its pretrained checkpoint's, else its text task's) as
-``model.tokenizer`` and reads the contract verdict from the sealed ``contract.json`` (JSON,
+attaches the run's tokenizer (its own sealed copy, ``headwise.pipeline.run_tokenizer``; a
+``ByteTokenizer`` for a text or pairs task read as bytes) as ``model.tokenizer`` and reads the contract verdict from the sealed ``contract.json`` (JSON,
 checked field by field; nothing is unpickled or re-measured).
 """
 
@@ -13,13 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from headwise.contract import ContractResult
+from headwise.data import TASKS
 from headwise.errors import CheckpointError
-from headwise.interop.load import TOKENIZER_FILES
 from headwise.interop.tokenizer import load_model_tokenizer
 from headwise.jsonfile import read_json_object
 from headwise.model import Transformer
+from headwise.model.byte_tokenizer import ByteTokenizer
 from headwise.model.tokenizer import ModelTokenizer
 from headwise.pipeline.finished import load_compiled
+from headwise.pipeline.run_tokenizer import tokenizer_source
 from headwise.runspec import Spec
 from headwise.training.manifest import check_sealed
 
@@ -65,25 +67,15 @@ def load_run(run: str | Path, device: str = "cpu") -> LoadedRun:
     compiled = load_compiled(run, device=device)
     model = compiled.model
     assert isinstance(model, Transformer)  # compile_spec builds or loads one
-    source = tokenizer_source(compiled.spec)
+    source = tokenizer_source(compiled.spec)  # a run without its own copy (load_compiled)
     if model.tokenizer is None and source is not None and (
             source.is_file() or (source / "tokenizer.json").is_file()):
         model.tokenizer = load_model_tokenizer(source)
+    if model.tokenizer is None and not all(TASKS[t.task].starts_with_bos
+                                           for t in compiled.spec.data.tasks):
+        model.tokenizer = ByteTokenizer()  # a text or pairs task read as bytes
     return LoadedRun(run, model, compiled.spec, model.tokenizer,
                      _verdict(run, compiled.spec))
-
-
-def tokenizer_source(spec: Spec) -> Path | None:
-    """The run's tokenizer: its pretrained checkpoint's directory (when it holds tokenizer
-    files), else the first text task's ``tokenizer`` (a directory or a ``tokenizer.json``)."""
-    if spec.model.pretrained is not None:
-        path = Path(spec.model.pretrained.path)
-        if any((path / name).is_file() for name in TOKENIZER_FILES):
-            return path
-    for task in spec.data.tasks:
-        if task.kwargs.get("tokenizer"):
-            return Path(str(task.kwargs["tokenizer"]))
-    return None
 
 
 def _verdict(run: Path, spec: Spec) -> ContractResult | None:

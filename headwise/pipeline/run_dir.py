@@ -8,7 +8,8 @@ finished, the step its weights are from),
 define the model and of those commands quote, written last: a run without it did not finish),
 ``checkpoints/``, ``metrics.jsonl``, ``contract.json``, ``enforcement.json`` and
 ``kept.safetensors`` (with ``--enforce``: the model of the last evaluation point at which the
-contract held, ``headwise.contract.kept``), ``report.json``, ``report.html`` and
+contract held, ``headwise.contract.kept``), the tokenizer it reads (``tokenizer.json`` and the
+files beside it: ``headwise.pipeline.run_tokenizer``), ``report.json``, ``report.html`` and
 ``.headwise.lock`` (the writer's lock, ``headwise.atomic.hold_lock``: one process writes a run
 at a time).
 
@@ -28,8 +29,10 @@ from headwise.atomic import linked_entries, remove_entries, write_bytes_atomic
 from headwise.contract import ContractResult
 from headwise.contract.kept import KEPT
 from headwise.errors import SpecError
+from headwise.interop.load import TOKENIZER_FILES
 from headwise.pipeline.options import RunOptions
 from headwise.pipeline.resume import check_resume, run_info
+from headwise.pipeline.run_tokenizer import store_tokenizer
 from headwise.runspec import Spec
 from headwise.training import list_checkpoints
 from headwise.training.manifest import MANIFEST, write_manifest
@@ -37,10 +40,13 @@ from headwise.training.manifest import MANIFEST, write_manifest
 RUN_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors", MANIFEST,
              "metrics.jsonl", "contract.json", "enforcement.json", "report.json", "report.html",
              KEPT)
+# Every file a run writes (its tokenizer copy too: a directory holding only such a file is no
+# run, but replacing a run replaces it).
+OWN_FILES = (*RUN_FILES, *TOKENIZER_FILES)
 # The files that define a finished run's model, covered by its manifest.
 MODEL_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors")
 # What commands read or quote besides the model, sealed by the manifest too when present.
-SEALED_FILES = ("metrics.jsonl", "contract.json", "enforcement.json")
+SEALED_FILES = ("metrics.jsonl", "contract.json", "enforcement.json", *TOKENIZER_FILES)
 
 def holds_work(out: Path) -> bool:
     """Whether ``out`` holds something a new run must not silently replace.
@@ -69,7 +75,7 @@ def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
     if resume and overwrite:
         raise SpecError("--resume and --overwrite: conflicting options; expected one of them "
                         "(--resume continues the run, --overwrite replaces it)")
-    linked = linked_entries(out, (*RUN_FILES, "checkpoints"))
+    linked = linked_entries(out, (*OWN_FILES, "checkpoints"))
     if resume:
         if linked:
             raise SpecError(f"{out / linked[0]}: is a symbolic link; expected the run's own "
@@ -78,11 +84,13 @@ def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
     if holds_work(out) and not overwrite:
         raise SpecError(f"{out}: already holds a run; pass --resume to continue it, "
                         "--overwrite to replace it, or choose another --out")
-    remove_entries(out, (*RUN_FILES, "checkpoints"))  # links unlinked, never followed
+    remove_entries(out, (*OWN_FILES, "checkpoints"),  # links unlinked, never followed
+                   directories=("checkpoints",))
     try:
         out.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(out / "spec.yaml", spec.text.encode())
         write_json(out / "run.json", run_info(flags or RunOptions().filled(), spec, spec_dir))
+        store_tokenizer(out, spec)  # the run reads its own copy from now on
     except OSError as e:
         raise SpecError(f"{out}: cannot write the run directory ({e.strerror or e})") from None
     return None

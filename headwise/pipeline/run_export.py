@@ -2,7 +2,8 @@
 
 ``export_run(run, out)`` rebuilds the run's model with its levers from ``spec.yaml``, refuses
 spec levers a HuggingFace model cannot express (task gates, structural masks; named by their
-spec field), picks the run's tokenizer (its pretrained checkpoint's, else its text task's),
+spec field), picks the run's tokenizer (its own sealed copy; for a run written before runs
+stored one, its pretrained checkpoint's, else its text task's),
 hands the model to ``headwise.interop.hf_export.export_hf`` and, for a run on a
 sentence-transformers checkpoint, adds that checkpoint's sentence-transformers files
 (``headwise.interop.st_export``), so the export is a sentence-transformers model too.
@@ -23,7 +24,7 @@ from headwise.interop.st_export import (
     write_sentence_transformers_files,
 )
 from headwise.pipeline.finished import load_compiled
-from headwise.pipeline.loaded_run import tokenizer_source
+from headwise.pipeline.run_tokenizer import stored_tokenizer, tokenizer_source
 from headwise.runspec import Spec
 
 
@@ -80,7 +81,7 @@ def export_run(run: str | Path, out: str | Path, *, tokenizer: str | Path | None
     # Read before anything is written: a malformed file refuses the export.
     st_files = (sentence_transformers_files(Path(spec.model.pretrained.path))
                 if spec.model.pretrained is not None else {})
-    default_tokenizer = tokenizer_source(spec)
+    default_tokenizer = stored_tokenizer(run) or tokenizer_source(spec)
     export_model(model, out, tokenizer=tokenizer if tokenizer is not None
                  else default_tokenizer, overwrite=overwrite, peft=peft)
     write_sentence_transformers_files(st_files, out)

@@ -80,7 +80,7 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
     spec = compiled.spec
     model = compiled.model
     model.eval()
-    names = spec_token_names(spec)
+    names = spec_token_names(spec, run_dir)
     attention, note = report_attention(compiled, heads, names)
     analysis = analyse_run(compiled)
     trajectory = run_trajectory(run_dir, compiled)

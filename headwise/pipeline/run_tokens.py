@@ -14,20 +14,23 @@ from torch import Tensor
 from headwise.data import TASKS
 from headwise.data.token_names import token_names
 from headwise.interop.tokenizer import load_tokenizer
+from headwise.pipeline.run_tokenizer import stored_tokenizer
 from headwise.runspec import Spec
 
 
-def spec_token_names(spec: Spec) -> Callable[[Tensor], list[str]]:
+def spec_token_names(spec: Spec, run: Path | None = None) -> Callable[[Tensor], list[str]]:
     """``names(tokens (T,)) -> T strings`` for the inputs of a run of ``spec``.
 
-    The vocabulary: the pretrained checkpoint's ``tokenizer.json``, else a text task's
-    ``tokenizer``, else bytes when a text task has none, else the synthetic tasks' layout
-    (with the spec's task markers named after their tasks).
+    The vocabulary: the run's own copy of its tokenizer (``headwise.pipeline.run_tokenizer``),
+    else the pretrained checkpoint's ``tokenizer.json``, else a text task's ``tokenizer``, else
+    bytes when a text task has none, else the synthetic tasks' layout (with the spec's task
+    markers named after their tasks).
 
     Raises:
-        CheckpointError: a tokenizer the spec names cannot be read.
+        CheckpointError: a tokenizer that cannot be read, or a run's copy that differs from
+            its manifest.
     """
-    directory = _tokenizer_dir(spec)
+    directory = (stored_tokenizer(run) if run is not None else None) or _tokenizer_dir(spec)
     if directory is not None:
         tokenizer = load_tokenizer(directory)
         return lambda tokens: token_names(tokens, tokenizer=tokenizer)

@@ -22,7 +22,7 @@ import yaml
 
 from headwise.errors import SpecError, show
 from headwise.runspec import Spec, spec_from_dict
-from headwise.runspec.yaml_io import MAX_BYTES, SpecLoader, parse_yaml, read_spec_text
+from headwise.runspec.yaml_io import MAX_BYTES, MAX_DEPTH, parse_value, parse_yaml, read_spec_text
 
 
 def overrides_of(sets: Sequence[str] | None, seed: int | None) -> tuple[str, ...]:
@@ -51,6 +51,12 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         if not sep or not key.strip(".") or len(item) > MAX_BYTES:
             raise SpecError(f"--set: got {show(item, 120)}, expected path.to.key=value "
                             "(e.g. train.lr=3e-4)")
+        if not item.isprintable():  # a spec's text is printed back, and stored
+            raise SpecError(f"--set: got {show(item, 120)}, which holds control characters; "
+                            "expected printable text")
+        if key.count(".") >= MAX_DEPTH:  # each part is matched against the keys on its way
+            raise SpecError(f"--set: the key {show(key, 80)} has {key.count('.') + 1} parts, "
+                            f"expected at most {MAX_DEPTH}")
         _assign(data, key, _value(key, raw))
     return data
 
@@ -87,14 +93,11 @@ def load_spec_with(source: str | Path, overrides: Sequence[str]) -> Spec:
 
 
 def _value(key: str, raw: str) -> Any:
-    loader = SpecLoader(raw)
-    try:
-        return loader.get_single_data()
-    except yaml.YAMLError as e:
-        raise SpecError(f"--set {key}: the value {show(raw, 80)} is not valid YAML "
-                        f"({str(e).splitlines()[0][:120]})") from None
-    finally:
-        loader.dispose()
+    """The value of one ``--set`` item, read as the spec file is (``parse_value``: the same
+    bounds on nesting, aliases and integers)."""
+    if not raw.strip():
+        return None
+    return parse_value(raw, f"--set {show(key, 80)[1:-1]}")
 
 
 def _assign(data: dict[str, Any], key: str, value: Any) -> None:

@@ -159,23 +159,47 @@ def parse_yaml(text: str, name: str) -> dict[str, Any]:
                                 for line in text.splitlines()):
         raise SpecError(f"{name}: the spec is empty; expected a mapping with keys "
                         "model, data, train, heads, gates, adapters, contract")
+    data = parse_value(text, name)
+    if data is None:
+        raise SpecError(f"{name}: the spec is empty; expected a mapping")
+    if not isinstance(data, dict):
+        raise SpecError(f"{name}: the top level is a {type(data).__name__}, expected a mapping "
+                        "with keys model, data, train, heads, gates, adapters, contract")
+    return data
+
+
+def _printable(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, control characters escaped (a terminal obeys
+    them)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+
+
+def parse_value(text: str, name: str) -> Any:
+    """Parse one YAML document (a spec, or a ``--set`` value) with the same bounds.
+
+    Raises:
+        SpecError: invalid YAML (with line and column), a document over the bounds, or a
+            value YAML cannot represent (an impossible date), the message starting with
+            ``name``.
+    """
     loader = None
     try:
         loader = SpecLoader(text)
         node = loader.get_single_node()
         if node is None:
-            raise SpecError(f"{name}: the spec is empty; expected a mapping")
+            return None
         check_bounds(node, name)
-        data = loader.construct_document(node)
+        return loader.construct_document(node)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         line = text.splitlines()[mark.line] if mark and mark.line < len(text.splitlines()) else ""
         hint = ("; a head selector starting with '*' must be quoted, e.g. \"*.H0\""
                 if line.strip().startswith("*") else "")
-        raise SpecError(f"{name}: not valid YAML ({where}{e.problem}){hint}") from None
+        raise SpecError(f"{name}: not valid YAML ({where}{_printable(str(e.problem), 120)}){hint}"
+                        ) from None
     except yaml.YAMLError as e:
-        raise SpecError(f"{name}: not valid YAML ({str(e)[:200]})") from None
+        raise SpecError(f"{name}: not valid YAML ({_printable(str(e), 200)})") from None
     except RecursionError:
         raise SpecError(f"{name}: nested more than {MAX_DEPTH} levels deep; expected a "
                         "flatter spec") from None
@@ -186,7 +210,3 @@ def parse_yaml(text: str, name: str) -> dict[str, Any]:
     finally:
         if loader is not None:
             loader.dispose()
-    if not isinstance(data, dict):
-        raise SpecError(f"{name}: the top level is a {type(data).__name__}, expected a mapping "
-                        "with keys model, data, train, heads, gates, adapters, contract")
-    return data

@@ -12,6 +12,10 @@ loss is the mean over its (equally many) examples, an update equals one process'
 the whole global batch, up to floating-point summation order. Only rank 0 writes files.
 Without ``WORLD_SIZE`` > 1 every helper is a no-op for a single process.
 
+A command that writes after training (the verdict, the report) ends with ``finish_together``:
+rank 0 writes while the other ranks wait, then every rank leaves with rank 0's exit code, so
+``torchrun`` never stops rank 0 half-way because another rank finished first.
+
 A signal (Ctrl-C, or the SIGTERM ``torchrun`` forwards) may reach the ranks at different
 steps; ``agree_signal`` makes every rank see it at the same step (one small all-reduce per step,
 on the host through a gloo group, so a CUDA run does not synchronise its device for it), so all
@@ -22,7 +26,11 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
+import sys
+import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -194,3 +202,62 @@ def teardown(ctx: DistContext, failed: bool = False) -> None:
         dist.destroy_process_group()
     elif ctx.host_group is not None and dist.is_initialized():  # ours, in the caller's group
         dist.destroy_process_group(ctx.host_group)
+
+
+FINISH_TIMEOUT = timedelta(hours=2)  # how long the other ranks wait for rank 0's files
+LEAVE_S = 60.0  # how long the other ranks wait for torchrun to stop them after a failure
+REFUSAL_PATIENCE = timedelta(seconds=10)  # a refusal waits this long for the other ranks
+_POLL_S = 0.05
+_TORCHRUN_STORE = ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")  # torchrun's agent store
+
+
+def finish_together(code: int, patience: timedelta = FINISH_TIMEOUT) -> int | None:
+    """The exit code every rank of a ``torchrun`` job leaves with: rank 0's ``code``, given
+    once rank 0 has written what it writes (call this after that, on every rank).
+
+    The other ranks wait on ``torchrun``'s own store (the process group is gone by then)
+    for rank 0's code and say they have it; rank 0 returns once every rank has it. With a
+    failure code, ``torchrun`` stops the ranks still running as soon as one exits: the other
+    ranks let rank 0 exit first and leave with its code when ``torchrun`` stops them, so every
+    rank exits with ``code`` and none is cut short while rank 0 writes. Without ``torchrun``
+    (or on one rank) ``code`` is returned at once: the store that outlives the process group
+    is the one ``torchrun``'s agent holds.
+
+    Args:
+        code: this rank's exit code (rank 0's is every rank's).
+        patience: how long any rank waits for the others (a refusal that only some ranks
+            meet must not wait for ranks that went on to train).
+
+    Returns:
+        Rank 0's code, or ``None`` on another rank when rank 0 gave none in time.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1 or not all(k in os.environ for k in _TORCHRUN_STORE):
+        return code  # not torchrun: no store outlives the process group to wait on
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=patience)
+    key = ("headwise/finished/" + os.environ["TORCHELASTIC_RUN_ID"]
+           + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if int(os.environ.get("RANK", "0")) == 0:
+        store.set(key, str(code))
+        deadline = time.monotonic() + patience.total_seconds()
+        while store.add(f"{key}/have", 0) < world - 1 and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+        return code
+    try:
+        store.wait([key])
+    except dist.DistStoreError:  # rank 0 went on (or failed otherwise): torchrun stops it
+        return None
+    code = int(store.get(key))
+    if code:  # leave with the code when torchrun stops this rank after rank 0's exit
+        signal.signal(signal.SIGTERM, lambda *_: _leave(code))
+    store.add(f"{key}/have", 1)
+    if code:
+        time.sleep(LEAVE_S)
+    return code
+
+
+def _leave(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

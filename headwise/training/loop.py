@@ -302,15 +302,43 @@ def _restore(run: _Run) -> None:
         if obj.name in info.objective_weights:
             obj.weight = info.objective_weights[obj.name]
     run.writer.truncate_after(info.step)
+    _restore_window(run.window, info.log, info.log_tensors, run.ctx, len(run.objectives))
+
+
+def _window_state(run: _Run) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """The logging window in progress (the sums since the last ``"train"`` line) as checkpoint
+    JSON and tensors: this process's own, or under ``torchrun`` every rank's (``r{rank}.``
+    before each tensor's name; each rank restores its own). Every rank calls this."""
     w = run.window
-    if (run.ctx.world_size == 1  # restore the logging window in progress
-            and len(info.log.get("names", ())) == len(run.objectives)
-            and "stats" in info.log_tensors):
-        w.stats.copy_(info.log_tensors["stats"])
-        w.loss_sum.copy_(info.log_tensors["loss_sum"])
-        w.sums.load({k[len("sums."):]: v for k, v in info.log_tensors.items()
-                     if k.startswith("sums.")}, info.log["names"])
-        w.steps = int(info.log["since_log"])
+    sums, names = w.sums.state()
+    mine = {"stats": w.stats, "loss_sum": w.loss_sum, **{f"sums.{k}": v for k, v in sums.items()}}
+    if run.ctx.world_size == 1:
+        return {"since_log": w.steps, "names": names}, mine
+    parts = run.ctx.gather(({k: v.detach().cpu() for k, v in mine.items()}, names))
+    return ({"since_log": w.steps, "rank_names": [n for _, n in parts]},
+            {f"r{r}.{k}": v for r, (t, _) in enumerate(parts) for k, v in t.items()})
+
+
+def _restore_window(w: LogWindow, log: dict[str, Any], tensors: dict[str, Tensor],
+                    ctx: DistContext, n_objectives: int) -> None:
+    """Continue the logging window a checkpoint saved (``_window_state``), so a resumed run
+    writes the same ``metrics.jsonl`` as an uninterrupted one; a checkpoint without one (or of
+    another number of ranks or objectives) starts an empty window."""
+    if ctx.world_size == 1:
+        prefix, names = "", log.get("names")
+    else:
+        per_rank = log.get("rank_names")
+        prefix = f"r{ctx.rank}."
+        names = per_rank[ctx.rank] if isinstance(per_rank, list) and len(
+            per_rank) == ctx.world_size else None
+    if not isinstance(names, list) or len(names) != n_objectives or (
+            f"{prefix}stats" not in tensors or f"{prefix}loss_sum" not in tensors):
+        return
+    w.stats.copy_(tensors[f"{prefix}stats"])
+    w.loss_sum.copy_(tensors[f"{prefix}loss_sum"])
+    w.sums.load({k[len(prefix) + len("sums."):]: v for k, v in tensors.items()
+                 if k.startswith(f"{prefix}sums.")}, names)
+    w.steps = int(log["since_log"])
 
 
 def _run(run: _Run) -> TrainResult:
@@ -458,11 +486,12 @@ def _call_back(callbacks: list[Callable[[TrainState], None]], ctx: DistContext, 
 
 def _checkpoint(run: _Run) -> None:
     """Save a checkpoint at ``run.done``; it keeps the logging window in progress (the sums
-    since the last ``"train"`` line), so that a resumed run writes the same ``metrics.jsonl``
-    as an uninterrupted one (single process only)."""
+    since the last ``"train"`` line, every rank's), so that a resumed run writes the same
+    ``metrics.jsonl`` as an uninterrupted one."""
     assert run.out_dir is not None
     ctx = run.ctx
     rng = ctx.gather(torch.get_rng_state())
+    log, log_tensors = _window_state(run)
     if run.sharding is not None:  # every rank writes its shard
         from headwise.training.sharded_checkpoint import save_sharded_checkpoint
 
@@ -471,20 +500,15 @@ def _checkpoint(run: _Run) -> None:
                                 objective_weights={o.name: float(o.weight)
                                                    for o in run.objectives},
                                 extra=run.extra, config=run.config.to_dict(),
-                                stopped=run.stopped)
+                                stopped=run.stopped, log=log, log_tensors=log_tensors)
         run.saved = run.done
         return
     if ctx.is_main:
-        w = run.window
-        tensors, names = w.sums.state()
-        log_tensors = {"stats": w.stats, "loss_sum": w.loss_sum,
-                       **{f"sums.{k}": v for k, v in tensors.items()}}
-        log = {"since_log": w.steps, "names": names} if ctx.world_size == 1 else {}
         save_checkpoint(run.out_dir, run.done, run.model, run.optimizer,
                         data_generator=run.gen, torch_rng=rng,
                         objective_weights={o.name: float(o.weight) for o in run.objectives},
                         extra=run.extra, config=run.config.to_dict(), stopped=run.stopped,
-                        log=log, log_tensors=log_tensors if log else None)
+                        log=log, log_tensors=log_tensors)
     ctx.barrier()
     run.saved = run.done
 

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from headwise.atomic import write_bytes_atomic
 from headwise.data import IGNORE, Batch
-from headwise.errors import StorageError
+from headwise.errors import CheckpointError, StorageError
 from headwise.training.distributed import DistContext
 
 # Columns of the per-task statistics matrix (n_tasks, 5).
@@ -214,16 +214,34 @@ class MetricsWriter:
         self.path = Path(out_dir) / "metrics.jsonl" if out_dir is not None and enabled else None
 
     def truncate_after(self, step: int) -> None:
-        """Drop lines logged after ``step`` (a resumed run rewrites them)."""
+        """Drop lines logged after ``step`` (a resumed run rewrites them).
+
+        A line cut short by a kill is dropped too; a line that is JSON but not an object, or
+        bytes that are not UTF-8, were not written by the run and are refused.
+
+        Raises:
+            CheckpointError: naming the file and the line.
+        """
         if self.path is None or not self.path.is_file():
             return
+        data = self.path.read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise CheckpointError(f"{self.path}: byte {e.start} is not UTF-8; expected the "
+                                  "metrics this run wrote (one JSON object per line)") from None
         keep = []
-        for line in self.path.read_text().splitlines():
+        for number, line in enumerate(text.split("\n"), 1):
             try:
-                if json.loads(line).get("step", 0) <= step:
-                    keep.append(line)
-            except json.JSONDecodeError:  # a line cut short by a kill
+                record = json.loads(line)
+            except ValueError:  # a line cut short by a kill (or the empty last one)
                 continue
+            if not isinstance(record, dict) or type(record.get("step", 0)) is not int:
+                raise CheckpointError(f"{self.path}: line {number} is not a metrics record "
+                                      "with an integer step; expected the metrics this run "
+                                      "wrote (one JSON object per line)")
+            if record.get("step", 0) <= step:
+                keep.append(line)
         write_bytes_atomic(self.path, "".join(f"{line}\n" for line in keep).encode())
 
     def write(self, record: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -22,6 +23,7 @@ from torch import Tensor, nn
 
 from headwise.atomic import write_bytes_atomic
 from headwise.errors import CheckpointError
+from headwise.memory import check_memory
 
 __all__ = ["ALIASES_KEY", "canonical_header", "check_finite", "check_header", "load_tensors",
            "load_weights", "model_tensors", "save_tensors", "save_weights", "sha256_file"]
@@ -94,6 +96,31 @@ def check_header(path: Path) -> None:
     if not 0 <= count <= MAX_TENSORS:
         raise CheckpointError(f"{path}: {count} tensors in the header, expected at most "
                               f"{MAX_TENSORS} in one file (shard larger checkpoints)")
+    _check_sizes(path, header, path.stat().st_size - 8 - n)
+
+
+def _check_sizes(path: Path, header: dict[str, Any], data_bytes: int) -> None:
+    """Refuse tensors whose data lies beyond the file, and tensors this process has no memory
+    for, before any is allocated (the file may be sparse: its size costs no disk)."""
+    total, largest, name = 0, -1, ""
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(type(x) is int for x in offsets)
+                or not 0 <= offsets[0] <= offsets[1] <= data_bytes):
+            raise CheckpointError(f"{path}: not a readable safetensors file (truncated or "
+                                  f"corrupt: tensor {str(key)[:80]!r} has data offsets "
+                                  f"{str(offsets)[:80]}, expected [begin, end] within the "
+                                  f"file's {data_bytes} data bytes)")
+        size = offsets[1] - offsets[0]
+        total += size
+        if size > largest:
+            largest, name = size, str(key)
+    if total:  # the reader maps the file and copies each tensor out of the mapping
+        check_memory(f"{path}: tensors of {total} bytes (the largest {name[:80]!r}, "
+                     f"{largest} bytes), mapped and copied", 2 * total)
 
 
 def check_finite(tensor: Tensor, source: str | Path, key: str, cast: str = "") -> None:

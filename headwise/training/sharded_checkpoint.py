@@ -7,13 +7,16 @@ Layout of ``out_dir/checkpoints/step_{N:07d}/`` for a run sharded over R ranks:
   by Distributed Checkpoint (``torch.distributed.checkpoint``) through its safetensors storage
   (each tensor's offset in the whole tensor sits in the file's JSON header: no pickle);
 - ``shards/manifest.json``: the sha256 of every shard;
-- ``trainer.safetensors``: RNG states (``rng.data``, ``rng.torch.<rank>``), as for one process;
+- ``trainer.safetensors``: RNG states (``rng.data``, ``rng.torch.<rank>``), as for one process,
+  and every rank's logging window in progress (``log.r<rank>.<name>``);
 - ``trainer.json``: step, world size, optimizer param groups and state keys, objective weights,
   callback state, the train config, and the sha256 of ``trainer.safetensors`` and of
   ``shards/manifest.json``;
 - ``manifest.json`` (written last): the sha256 of ``trainer.json`` and ``trainer.safetensors``.
 
-So the checkpoint's manifest covers every shard through ``trainer.json``. All ranks write into
+So the checkpoint's manifest covers every shard through ``trainer.json``, and nothing else is
+read: a file in ``shards/`` that its manifest does not list is refused by name, and the reader
+Distributed Checkpoint is handed lists only the listed shards. All ranks write into
 one temporary sibling directory; after a barrier rank 0 seals it and renames it into place
 (``os.replace``): a crash leaves the whole checkpoint or none. A resume must use the same
 number of ranks (``load_sharded_checkpoint``), and continues bitwise; ``load_sharded_weights``
@@ -23,6 +26,7 @@ reads the whole model back in one process, without ``torchrun`` (the report's tr
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import warnings
 from collections.abc import Mapping
@@ -47,6 +51,7 @@ from headwise.training.manifest import FORMAT as MANIFEST_FORMAT
 from headwise.training.manifest import (
     MANIFEST,
     check_digests,
+    read_listing,
     verify_manifest,
     write_manifest,
 )
@@ -97,11 +102,14 @@ def save_sharded_checkpoint(out_dir: Path, step: int, model: nn.Module,
                             optimizer: torch.optim.Optimizer, ctx: DistContext, *,
                             data_generator: torch.Generator, torch_rng: list[Tensor],
                             objective_weights: Mapping[str, float], extra: Mapping[str, Any],
-                            config: Mapping[str, Any], stopped: bool) -> Path:
+                            config: Mapping[str, Any], stopped: bool,
+                            log: Mapping[str, Any] | None = None,
+                            log_tensors: Mapping[str, Tensor] | None = None) -> Path:
     """Write ``out_dir/checkpoints/step_{step:07d}`` from every rank; returns its path.
 
     Every rank calls this at the same step (collective: Distributed Checkpoint plans the write
-    together, then barriers). Rank 0 writes the JSON, the RNG states and the manifests.
+    together, then barriers). Rank 0 writes the JSON, the RNG states, the logging window
+    (``log``, its tensors ``log.<name>`` in ``trainer.safetensors``) and the manifests.
     """
     final = checkpoint_dir(out_dir, step)
     tmp = final.with_name(f".tmp-{final.name}-sharded")
@@ -122,11 +130,12 @@ def save_sharded_checkpoint(out_dir: Path, step: int, model: nn.Module,
         write_bytes_atomic(tmp / SHARDS / MANIFEST, json.dumps(  # hashed by every rank
             {"format": MANIFEST_FORMAT, "sha256": digests}, indent=1).encode())
         tensors = {"rng.data": data_generator.get_state(),
-                   **{f"rng.torch.{r}": s for r, s in enumerate(torch_rng)}}
+                   **{f"rng.torch.{r}": s for r, s in enumerate(torch_rng)},
+                   **{f"log.{k}": v for k, v in (log_tensors or {}).items()}}
         meta = {"format": FORMAT, "step": step, "world_size": ctx.world_size,
                 "param_groups": groups, "state_keys": keys,
                 "objective_weights": dict(objective_weights), "extra": dict(extra),
-                "config": dict(config), "stopped": stopped, "log": {},
+                "config": dict(config), "stopped": stopped, "log": dict(log or {}),
                 "sha256": {"trainer.safetensors": save_tensors(tensors,
                                                                tmp / "trainer.safetensors"),
                            f"{SHARDS}/manifest.json": sha256_file(tmp / SHARDS /
@@ -159,8 +168,45 @@ def _read_meta(path: Path) -> dict[str, Any]:
     if not isinstance(digests, dict) or shard_manifest not in digests:
         raise CheckpointError(f"{meta_path}: field 'sha256' does not record {shard_manifest}")
     check_digests(path, {shard_manifest: digests[shard_manifest]}, "trainer.json")
-    verify_manifest(path / SHARDS)
+    listed = verify_manifest(path / SHARDS)
+    _refuse_unlisted(path / SHARDS, listed)
     return meta
+
+
+def _refuse_unlisted(shards: Path, listed: Mapping[str, str]) -> None:
+    """Refuse a file in ``shards`` that its manifest does not list: Distributed Checkpoint's
+    reader would load every ``*.safetensors`` there, so an added one would be adopted.
+
+    Raises:
+        CheckpointError: naming the first such file.
+    """
+    for entry in sorted(os.listdir(shards)):
+        if entry != MANIFEST and entry not in listed:
+            raise CheckpointError(f"{shards / entry}: not listed in {shards / MANIFEST}; "
+                                  "expected only the shards this checkpoint wrote (a file "
+                                  "added afterwards is never read)")
+
+
+class _ListedFileSystem:
+    """A view of Distributed Checkpoint's file system whose directory listing holds only the
+    manifest's shards (the reader lists the folder to find them)."""
+
+    def __init__(self, inner: Any, shards: Path, listed: Mapping[str, str]) -> None:
+        self._inner = inner
+        self._keep = {str(shards / name) for name in listed}
+
+    def ls(self, path: Any) -> list[str]:
+        return [f for f in self._inner.ls(path) if str(f) in self._keep]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _reader(shards: Path) -> HuggingFaceStorageReader:
+    """A safetensors reader of ``shards`` restricted to the files its manifest lists."""
+    reader = HuggingFaceStorageReader(str(shards))
+    reader.fs = _ListedFileSystem(reader.fs, shards, read_listing(shards).sha256)  # type: ignore[assignment]
+    return reader
 
 
 def load_sharded_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -202,7 +248,7 @@ def load_sharded_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim
                 (), dtype=getattr(torch, dtype), device=p.device if on_device else "cpu"))
             state[f"optimizer.{name}.{key}"] = opt_state[key]
     try:
-        dcp.load(state, storage_reader=HuggingFaceStorageReader(str(path / SHARDS)))
+        dcp.load(state, storage_reader=_reader(path / SHARDS))
     except Exception as e:  # DCP raises its own CheckpointException wrapping each rank's error
         raise CheckpointError(f"{path / SHARDS}: cannot load the shards "
                               f"({str(e).splitlines()[0][:200]})") from None
@@ -216,7 +262,8 @@ def load_sharded_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim
         torch_rng=[tensors[f"rng.torch.{r}"] for r in range(n_torch)],
         objective_weights={k: float(v) for k, v in meta["objective_weights"].items()},
         extra=dict(meta["extra"]), config=meta.get("config"),
-        stopped=bool(meta.get("stopped", False)))
+        stopped=bool(meta.get("stopped", False)), log=dict(meta.get("log") or {}),
+        log_tensors={k[len("log."):]: v for k, v in tensors.items() if k.startswith("log.")})
 
 
 def load_sharded_weights(model: nn.Module, path: Path) -> None:
@@ -232,7 +279,7 @@ def load_sharded_weights(model: nn.Module, path: Path) -> None:
     try:
         with warnings.catch_warnings():  # "assuming ... a single process": it is one
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-            dcp.load(state, storage_reader=HuggingFaceStorageReader(str(path / SHARDS)),
+            dcp.load(state, storage_reader=_reader(path / SHARDS),
                      no_dist=True)
     except Exception as e:
         raise CheckpointError(f"{path / SHARDS}: the shards do not hold this model's weights "

@@ -611,13 +611,15 @@ def _text_task(corpus: bytes) -> dict[str, Any]:
 
 def all_cases() -> list[dict[str, Any]]:
     """Every case with its ``id`` (category: name)."""
+    from .cases_readers import reader_cases  # it builds on this module's helpers
+
     out = []
     for group, cases in (("yaml", yaml_cases()), ("model", model_cases()),
                          ("train", train_cases()), ("data", data_cases()),
                          ("heads", head_cases()), ("contract", contract_cases()),
                          ("cli", cli_cases()), ("hf", hf_cases()), ("run", run_cases()),
                          ("output", output_cases()), ("sealed", sealed_cases()),
-                         ("exact", exact_cases())):
+                         ("exact", exact_cases()), *reader_cases().items()):
         for name, case in cases.items():
             out.append({"id": f"{group}: {name}", **case})
     return out

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 HELD: list[int] = []  # lock files a case holds open until it ends
+SAVED_ENV: dict[str, str | None] = {}  # variables a case set, restored when it ends
 
 
 def _setup(op: list[Any], subs: dict[str, str]) -> None:
@@ -86,6 +87,21 @@ def _setup(op: list[Any], subs: dict[str, str]) -> None:
     elif kind == "symlink":  # args[0] -> args[1] (the target need not exist)
         Path(args[0]).parent.mkdir(parents=True, exist_ok=True)
         os.symlink(args[1], args[0])
+    elif kind == "copy":  # a file copied to another name (a forged addition)
+        shutil.copyfile(args[0], args[1])
+    elif kind == "env":  # an environment variable for this case only (a path made absolute)
+        SAVED_ENV.setdefault(args[0], os.environ.get(args[0]))
+        os.environ[args[0]] = str(Path(args[1]).absolute())
+    elif kind == "huge_tensor":  # a safetensors file of one float32 tensor, its data sparse
+        count = 1
+        for n in args[2]:
+            count *= n
+        header = json.dumps({args[1]: {"dtype": "F32", "shape": args[2],
+                                       "data_offsets": [0, 4 * count]}}).encode()
+        Path(args[0]).parent.mkdir(parents=True, exist_ok=True)
+        with open(args[0], "wb") as f:
+            f.write(len(header).to_bytes(8, "little") + header)
+            f.truncate(8 + len(header) + 4 * count)
     elif kind == "fifo":
         os.mkfifo(args[0])
     elif kind == "lock":  # hold the run's writer lock (another open file: flock conflicts)
@@ -132,6 +148,9 @@ def main() -> None:
             seconds = time.perf_counter() - t0
             while HELD:
                 os.close(HELD.pop())
+            for name, old in SAVED_ENV.items():
+                os.environ.pop(name, None) if old is None else os.environ.__setitem__(name, old)
+            SAVED_ENV.clear()
             os.chdir(home)
             shutil.rmtree(tmp, ignore_errors=True)
             out.write(json.dumps({"id": case["id"], "code": code, "stderr": err.getvalue(),

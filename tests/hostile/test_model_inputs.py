@@ -25,3 +25,19 @@ def test_meta_device_tokens_are_refused_by_the_forward() -> None:
         model(torch.zeros(2, 3, dtype=torch.long, device="meta"))
     with pytest.raises(ValueError, match="meta device"):
         model.run_with_cache(torch.zeros(2, 3, dtype=torch.long, device="meta"), [])
+
+
+def test_a_float_attention_mask_or_task_ids_are_refused_by_the_forward() -> None:
+    """A float mask of weights (0.5) would silently be read as keep-or-drop; float task ids
+    would index gates by truncation."""
+    model = build_model(ModelConfig(n_layers=1, n_heads=2, d_model=8, vocab_size=8,
+                                    max_seq_len=6), seed=0)
+    tokens = torch.zeros(2, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"^attention_mask: expected a bool or integer "
+                                         r"tensor of 0/1 .* got torch.float32"):
+        model(tokens, attention_mask=torch.full((2, 3), 0.5))
+    with pytest.raises(ValueError, match=r"^task_ids: expected an integer tensor, got "
+                                         r"torch.float32"):
+        model(tokens, task_ids=torch.zeros(2))
+    for mask in (torch.ones(2, 3, dtype=torch.bool), torch.ones(2, 3, dtype=torch.long)):
+        model(tokens, attention_mask=mask)

@@ -116,7 +116,8 @@ def test_sigterm_and_resume_under_torchrun_is_bitwise(tmp_path: Path) -> None:
     ``--resume`` on 2 ranks ends with the uninterrupted sharded run's weights, bitwise. The
     checkpoint reads back in one process, and a corrupt shard is refused, naming the file."""
     steps = 16
-    args = ["--parallel", "fsdp", "--levers", LEVERS, "--steps", str(steps)]
+    # a "train" line every 3 steps: checkpoints (every 4) fall inside logging windows
+    args = ["--parallel", "fsdp", "--levers", LEVERS, "--steps", str(steps), "--log-every", "3"]
     ref, run = tmp_path / "ref", tmp_path / "run"
     reference = subprocess.Popen(_torchrun(str(SCRIPT), str(ref), *args), env=_env(),
                                  stderr=subprocess.PIPE)
@@ -140,6 +141,22 @@ def test_sigterm_and_resume_under_torchrun_is_bitwise(tmp_path: Path) -> None:
     a, b = load_file(ref / "model.safetensors"), load_file(run / "model.safetensors")
     for key in a:
         assert torch.equal(a[key], b[key]), f"{key} differs after an interrupt at step {step}"
+    # every rank's logging window was checkpointed: the metrics lines are the same too
+    def lines(path: Path) -> list[dict]:
+        return [{k: v for k, v in json.loads(x).items() if k != "elapsed_s"}
+                for x in (path / "metrics.jsonl").read_text().splitlines()]
+
+    assert lines(run) == lines(ref)
+    # deterministically: resumed from step 4, inside the window of the line at step 6
+    again = tmp_path / "again"
+    shutil.copytree(ref, again)
+    for later, path in list_checkpoints(again):
+        if later > 4:
+            shutil.rmtree(path)
+    (again / "model.safetensors").unlink()
+    _check(subprocess.run(_torchrun(str(SCRIPT), str(again), *args, "--resume"), env=_env(),
+                          capture_output=True, timeout=240))
+    assert lines(again) == lines(ref)
 
     # one process reads a sharded checkpoint's weights; the loop's loader refuses it by name
     model = build_model(ModelConfig(n_layers=2, n_heads=3, d_head=5, d_model=15, d_ff=24,
@@ -230,3 +247,39 @@ def test_one_rank_fsdp_resumes_bitwise_and_matches_none(tmp_path: Path,
     assert len(updates) == 4  # it continued from step 4
     for key in whole:
         assert torch.equal(again[key], whole[key]), key
+
+
+def test_an_unlisted_shard_is_refused_by_name_never_adopted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``*.safetensors`` file added to a sharded checkpoint's ``shards/`` (here a rank's shard
+    with its rows scaled, under the name a second rank's shard would have) is refused by name
+    on resume and when the checkpoint is read in one process; the reader never lists it."""
+    import socket
+
+    from safetensors.torch import save_file
+
+    from headwise.data import CopyTask, Mixture
+    from headwise.training import train
+    from headwise.training.sharded_checkpoint import _reader
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    cfg = ModelConfig(n_layers=1, n_heads=2, d_model=8, d_ff=12, vocab_size=12, max_seq_len=8)
+    data = Mixture({"copy": CopyTask(length=3, vocab_size=12)})
+    config = TrainConfig(steps=4, batch_size=4, checkpoint_every=2, parallel="fsdp")
+    out = tmp_path / "run"
+    train(build_model(cfg, seed=0), data, config, out_dir=out, progress=False)
+    (out / "model.safetensors").unlink()
+    ckpt = list_checkpoints(out)[-1][1]
+    (shard,) = (ckpt / "shards").glob("*.safetensors")
+    forged = ckpt / "shards" / shard.name.replace("shard-00001", "shard-00002")
+    save_file({k: v * 5 for k, v in load_file(shard).items()}, forged)
+    with pytest.raises(CheckpointError, match=forged.name):
+        train(build_model(cfg, seed=0), data, config, out_dir=out, resume=True, progress=False)
+    with pytest.raises(CheckpointError, match=forged.name):
+        load_sharded_weights(build_model(cfg, seed=0), ckpt)
+    assert _reader(ckpt / "shards").fs.ls(ckpt / "shards") == [str(shard)]

@@ -87,3 +87,42 @@ def test_fsdp_train_equals_one_process_then_verifies_and_exports_without_torchru
     assert report["trajectories"]  # read from the sharded checkpoints
     assert main(["export", str(run), "--hf", str(tmp_path / "hf")]) == 0
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "llama"
+
+
+@pytest.mark.slow
+def test_a_failing_sharded_run_keeps_its_verdict_and_a_refusal_is_one_line(
+        tmp_path: Path) -> None:
+    """Under torchrun with ``parallel: fsdp`` a contract that fails is printed once, the run's
+    report written, and every rank exits 1 itself (none is stopped by torchrun while rank 0
+    writes); a spec refused on every rank is one line, from rank 0."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    driver = tmp_path / "headwise_main.py"
+    driver.write_text(DRIVER)
+    failing = SPEC.replace("PARALLEL", "fsdp").replace("steps: 8", "steps: 4").replace(
+        "at_least: 0.3", "at_least: 0.9999")
+    (tmp_path / "fail.yaml").write_text(failing)
+    (tmp_path / "bad.yaml").write_text(failing.replace("lr: 0.03", "lr: -1"))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node=2", str(driver), "train"]
+    run = tmp_path / "run"
+    done = subprocess.run([*torchrun, str(tmp_path / "fail.yaml"), "--out", str(run),
+                           "--quiet", "--threads", "1"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stdout.count("contract FAILS") == 1, done.stdout[-3000:]
+    assert (run / "report.html").is_file() and (run / "report.json").is_file()
+    assert json.loads((run / "contract.json").read_text())["passed"] is False
+    codes = [line.split(":", 1)[1].split()[0] for line in done.stderr.splitlines()
+             if line.strip().startswith("exitcode")]
+    assert codes == ["1", "1"], done.stderr[-3000:]  # both ranks exited 1 on their own
+    refused = subprocess.run([*torchrun, str(tmp_path / "bad.yaml"), "--out",
+                              str(tmp_path / "bad"), "--quiet"], env=env, capture_output=True,
+                             text=True, timeout=300)
+    said = [line for line in (refused.stdout + refused.stderr).splitlines()
+            if "headwise train:" in line]
+    assert len(said) == 1 and "train.lr" in said[0], refused.stderr[-3000:]
+    codes = [line.split(":", 1)[1].split()[0] for line in refused.stderr.splitlines()
+             if line.strip().startswith("exitcode")]
+    assert set(codes) <= {"2"} and codes, refused.stderr[-3000:]
