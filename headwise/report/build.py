@@ -285,11 +285,13 @@ def print_report(report: Mapping[str, Any], console: Console | None = None) -> N
     console = console or Console()
     if "contract" in report:
         t = Table(title=f"contract: {'PASS' if report['contract']['passed'] else 'FAIL'}")
-        for col in ("clause", "measured", "threshold", "verdict"):
+        for col in ("clause", "measured", "bound", "threshold", "verdict"):
             t.add_column(col)
         for r in report["contract"]["clauses"]:
-            t.add_row(r["name"] or r["description"], H.fmt(r["measured"]), r["threshold"],
-                      "[green]pass[/green]" if r["passed"] else "[red]FAIL[/red]")
+            state = r.get("state") or ("pass" if r["passed"] else "fails")
+            t.add_row(r["name"] or r["description"], H.fmt(r["measured"]),
+                      H.bound_text(r.get("bound")), r["threshold"],
+                      "[red]FAIL[/red]" if state == "fails" else f"[green]{state}[/green]")
         console.print(t)
     if "roles" in report:
         console.print(RoleTable.from_records(report["roles"]["records"]).to_rich_table())
