@@ -26,6 +26,8 @@ import math
 from collections.abc import Sequence
 from statistics import NormalDist
 
+DEFAULT_CONFIDENCE = 0.95
+"""A contract's default level (``contract.confidence``)."""
 _EPS = 1e-15
 _TINY = 1e-300
 
@@ -177,8 +179,8 @@ def examples_for_binomial(rate: float, threshold: float, side: str, confidence: 
     if rate <= threshold:
         return None
 
-    def clears(n: int) -> bool:
-        return binomial_lower(round(rate * n), n, confidence) >= threshold
+    def clears(n: int) -> bool:  # the bound is past the threshold <=> its p-value <= alpha
+        return binomial_p(round(rate * n), n, threshold, "at_least") <= 1.0 - confidence
 
     lo, hi = 1, 1
     while not clears(hi):

@@ -3,17 +3,23 @@
 Which bound a clause gets follows from what its measured value is (``Bound.method``):
 
 - a task clause's ``exact`` metric, and its ``accuracy`` when every example scores one position,
-  is a share of ``n`` independent examples: the exact binomial (Clopper-Pearson) bound on
-  ``k = round(value n)`` of ``n``;
+  is a share of ``n`` independent examples: the exact binomial (Clopper-Pearson) bound on the
+  ``k`` right of ``n``;
 - a task clause's token ``accuracy`` over several positions per example is a clustered
   proportion (an example's tokens are not independent): Clopper-Pearson at the Korn-Graubard
-  effective sample size ``n* = p (1 - p) / se^2`` (at most the number of scored positions; the
-  number of examples when ``p`` is 0 or 1 or the standard error is 0, a bound on the share of
+  effective sample size ``n* = p (1 - p) / se^2`` (Korn and Graubard 1998; at most the number of
+  scored positions; the number of examples when ``p`` is 0 or 1, a bound on the share of
   examples right throughout, which the token accuracy is at least when examples score equally
-  many positions), ``se`` the bootstrap standard error over examples;
-- a task loss and an ablation drop: the normal bound ``value -+ z se`` on the bootstrap standard
-  error over examples (a mean, or a paired difference of means, over independent examples, for
-  which the central limit theorem holds at the sizes of a verification set);
+  many positions), ``se`` the ratio estimator's standard error with each example its own group;
+- a task clause's ``loss`` (a ratio of per-example sums, right-skewed): the studentised
+  (bootstrap-t) bound, ``value - q* se`` with ``q*`` the quantile of ``(R* - R) / se*`` over
+  1000 resamples of the examples (second-order accurate where a normal bound on skewed losses
+  is not);
+- an ablation drop: the normal bound ``value -+ z se`` on the paired bootstrap standard error
+  over examples; an accuracy drop of exactly 0 with no spread (no example changed) gets
+  half-width ``1 - alpha^(1/n)``, the Clopper-Pearson bound on the share of examples that
+  change (which bounds the drop when examples score equally many positions); another drop
+  without spread gets no bound;
 - a role score and a ``preserve`` distance: the Student-t bound ``value -+ t_{G-1} se`` on the
   grouped ratio estimator's standard error over ``G`` (at most 16) groups of sequences;
 - an exclusive clause and a ``role_drift`` clause carry no standard error: no bound, and they
@@ -31,7 +37,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from headwise.analysis.importance_matrix import STDERR_GROUPS
+import torch
+from torch import Tensor, nn
+
+from headwise.analysis.importance import example_stats
+from headwise.analysis.importance_matrix import STDERR_GROUPS, ratio_stderr
 from headwise.confidence import (
     binomial_lower,
     binomial_p,
@@ -41,79 +51,152 @@ from headwise.confidence import (
     location_p,
     t_quantile,
 )
-from headwise.contract.clause import Clause
+from headwise.contract.clause import UNIT_METRICS, Clause
 from headwise.contract.kinds import KINDS
 from headwise.contract.results import Bound, ClauseResult, VerifyData
-from headwise.data import IGNORE
 
-_SIDES = ("at_least", "at_most")
+BOOTSTRAP_T = 1000  # resamples of the studentised bootstrap (task losses)
+_Certify = Callable[[ClauseResult, nn.Module, VerifyData, float], Bound]
 
 
-def certify(result: ClauseResult, data: VerifyData, confidence: float) -> Bound:
-    """The bound of ``result``'s clause at ``confidence``, measured on ``data``."""
-    c = result.clause
+def certify(result: ClauseResult, model: nn.Module, data: VerifyData,
+            confidence: float) -> Bound:
+    """The bound of ``result``'s clause at ``confidence``, measured on ``data`` (``model``:
+    the model measured, which a task clause's per-example statistics are read from)."""
     if result.measured is None or math.isnan(result.measured):
         return Bound("none", confidence, note="nothing was measured")
-    return _BY_KIND[c.kind](result, data, confidence)
+    return _BY_KIND[result.clause.kind](result, model, data, confidence)
 
 
-def _task(result: ClauseResult, data: VerifyData, confidence: float) -> Bound:
+def _task(result: ClauseResult, model: nn.Module, data: VerifyData, confidence: float) -> Bound:
     c = result.clause
-    targets = data.batch(c.task or "", c.path).targets
-    positions = (targets != IGNORE).sum(1)  # (B,)
-    n = int(positions.shape[0])
-    if c.metric == "loss":
-        return _location(result, confidence, math.inf, n, "normal",
-                         "bootstrap standard error over examples")
+    batch = data.batch(c.task or "", c.path)
+    kw = {k: v for k in ("attention_mask", "task_ids")
+          if (v := getattr(batch, k, None)) is not None}
+    with torch.no_grad():
+        num, count = example_stats(model(batch.tokens, **kw), batch.targets)[c.metric]
+    return task_bound(result, num.detach().double().cpu(), count.double().cpu(), confidence)
+
+
+def task_bound(result: ClauseResult, num: Tensor, count: Tensor, confidence: float) -> Bound:
+    """A task clause's bound from per-example numerators and counts (``example_stats``: the
+    metric is ``sum(num) / sum(count)``), as the module docstring states."""
+    c = result.clause
     value = float(result.measured or 0.0)
-    if c.metric == "exact" or bool((positions == 1).all()):
-        return _binomial(result, confidence, round(value * n), n, n, "clopper-pearson",
-                         f"{round(value * n)} of {n} examples")
-    se = result.stderr
-    if se is None or not se > 0 or value in (0.0, 1.0):
-        n_eff = float(n)
-    else:
-        n_eff = min(float(positions.sum()), value * (1.0 - value) / se ** 2)
+    scored = count > 0
+    num, count = num[scored], count[scored]  # (n,)
+    n = int(count.numel())
+    if n < 2:
+        return Bound("none", confidence, examples=n, note="fewer than two scored examples")
+    if c.metric == "loss":
+        return _bootstrap_t(result, num, count, confidence)
+    if c.metric == "exact" or bool((count == 1).all()):
+        k = round(float(num.sum()))
+        return _binomial(result, confidence, k, n, n, "clopper-pearson", f"{k} of {n} examples")
+    positions = float(count.sum())
+    se = ratio_stderr(num, count)
+    n_eff = (float(n) if value in (0.0, 1.0) or not se > 0
+             else min(positions, value * (1.0 - value) / se ** 2))
     return _binomial(result, confidence, value * n_eff, n_eff, n,
                      "clopper-pearson (effective n)",
-                     f"effective sample size {n_eff:.1f} from {n} examples of "
-                     f"{int(positions.sum())} positions")
+                     f"effective sample size {n_eff:.1f} from {n} examples of {positions:.0f} "
+                     "scored positions")
 
 
-def _ablation(result: ClauseResult, data: VerifyData, confidence: float) -> Bound:
+def _bootstrap_t(result: ClauseResult, num: Tensor, count: Tensor, confidence: float) -> Bound:
+    """The studentised bootstrap bound of the ratio ``sum(num) / sum(count)`` over examples."""
+    n = int(num.numel())
+    ratio, se = float(num.sum() / count.sum()), ratio_stderr(num, count)
+    if not se > 0:
+        return _location(result, confidence, se, math.inf, n, "normal",
+                         "every example alike: no spread")
+    gen = torch.Generator().manual_seed(0)
+    stats = []
+    for start in range(0, BOOTSTRAP_T, max(1, (1 << 22) // n)):  # memory-sized blocks
+        b = min(BOOTSTRAP_T - start, max(1, (1 << 22) // n))
+        idx = torch.randint(0, n, (b, n), generator=gen)
+        x, w = num[idx], count[idx]  # (b, n)
+        r = x.sum(1) / w.sum(1)
+        s = ((x - r[:, None] * w).square().sum(1) * n / (n - 1)).sqrt() / w.sum(1)
+        stats.append((r - ratio) / s.clamp_min(1e-300))
+    t_star = torch.cat(stats).sort().values  # (BOOTSTRAP_T,)
+    k = min(BOOTSTRAP_T - 1, int((1.0 - confidence) * BOOTSTRAP_T))
+    low_q, high_q = float(t_star[k]), float(t_star[BOOTSTRAP_T - 1 - k])
+    c = result.clause
+    value = float(result.measured or ratio)
+    # at_least: value - high_q se >= t  <=>  P*(t* >= (value - t) / se) <= alpha; at_most:
+    # value - low_q se <= t  <=>  P*(t* <= (value - t) / se) <= alpha
+    p = max(float((t_star >= (value - t) / se).double().mean()) if side == "at_least"
+            else float((t_star <= (value - t) / se).double().mean())
+            for side, t in _thresholds(c))
+    needed = [examples_for_location(margin, se, n, high_q if side == "at_least" else -low_q)
+              for side, margin in _sides(c, value)]
+    low, high = KINDS[c.kind].value_range(c)
+    return Bound("bootstrap-t", confidence,
+                 lower=max(low, value - high_q * se) if c.at_least is not None else None,
+                 upper=min(high, value - low_q * se) if c.at_most is not None else None,
+                 p_value=p, examples=n, needed=_needed(result, p, confidence, needed),
+                 note=f"studentised bootstrap over {n} examples ({BOOTSTRAP_T} resamples)")
+
+
+def _ablation(result: ClauseResult, model: nn.Module, data: VerifyData,
+              confidence: float) -> Bound:
     c = result.clause
     n = int(data.batch(c.task or "", c.path).tokens.shape[0])
-    return _location(result, confidence, math.inf, n, "normal",
+    se = result.stderr
+    if se == 0.0 and result.measured == 0.0 and c.metric in UNIT_METRICS:
+        return _unchanged(result, n, confidence)
+    if se == 0.0:
+        return Bound("none", confidence, examples=n, note="a drop without spread")
+    return _location(result, confidence, se, math.inf, n, "normal",
                      "paired bootstrap standard error over examples")
 
 
-def _grouped(result: ClauseResult, data: VerifyData, confidence: float) -> Bound:
+def _unchanged(result: ClauseResult, n: int, confidence: float) -> Bound:
+    """No example changed: half-width ``u = 1 - alpha^(1/n)``, p-value ``(1 - margin)^n``."""
+    c = result.clause
+    alpha = (1.0 - confidence) / _heads(c)
+    u = binomial_upper(0, n, 1.0 - alpha)
+    ps = [min(1.0, _heads(c) * binomial_p(0, n, margin, "at_most")) if margin > 0 else 1.0
+          for _, margin in _sides(c, 0.0)]
+    needed = [examples_for_binomial(0.0, margin, "at_most", 1.0 - alpha) if margin > 0 else None
+              for _, margin in _sides(c, 0.0)]
+    return Bound("clopper-pearson", confidence,
+                 lower=-u if c.at_least is not None else None,
+                 upper=u if c.at_most is not None else None, p_value=max(ps), examples=n,
+                 needed=_needed(result, max(ps), confidence, needed),
+                 note=f"no example of {n} changed: the share that could is at most {u:.4f}")
+
+
+def _grouped(result: ClauseResult, model: nn.Module, data: VerifyData,
+             confidence: float) -> Bound:
     c = result.clause
     if c.kind != "score" and c.on is not None and c.on in data.tasks:
         n = int(data.tasks[c.on].tokens.shape[0])
     else:
         n = int(data.probe(data.probe_name(c.on, c.path), c.path)[0].shape[0])
     groups = min(STDERR_GROUPS, n)
-    if groups < 2:
-        return Bound("none", confidence, examples=n, note="fewer than two sequences")
-    return _location(result, confidence, groups - 1.0, n, "student-t",
+    if groups < 2 or result.stderr is None or math.isnan(result.stderr):
+        return Bound("none", confidence, examples=n, note="no standard error was measured")
+    return _location(result, confidence, result.stderr, groups - 1.0, n, "student-t",
                      f"grouped ratio standard error over {groups} groups of sequences")
 
 
-def _unbounded(result: ClauseResult, data: VerifyData, confidence: float) -> Bound:
+def _unbounded(result: ClauseResult, model: nn.Module, data: VerifyData,
+               confidence: float) -> Bound:
     return Bound("none", confidence,
                  note=f"no standard error is estimated for a {result.clause.kind} clause")
 
 
-def _preserve(result: ClauseResult, data: VerifyData, confidence: float) -> Bound:
+def _preserve(result: ClauseResult, model: nn.Module, data: VerifyData,
+              confidence: float) -> Bound:
     if result.clause.metric == "role_drift":
-        return _unbounded(result, data, confidence)
-    return _grouped(result, data, confidence)
+        return _unbounded(result, model, data, confidence)
+    return _grouped(result, model, data, confidence)
 
 
-_BY_KIND: dict[str, Callable[[ClauseResult, VerifyData, float], Bound]] = {
-    "task": _task, "ablation": _ablation, "score": _grouped, "preserve": _preserve,
-    "exclusive": _unbounded}
+_BY_KIND: dict[str, _Certify] = {"task": _task, "ablation": _ablation, "score": _grouped,
+                                 "preserve": _preserve, "exclusive": _unbounded}
 
 
 def _heads(c: Clause) -> int:
@@ -121,10 +204,10 @@ def _heads(c: Clause) -> int:
     return len(c.heads) if c.quantifier == "any_of" else 1
 
 
-def _location(result: ClauseResult, confidence: float, df: float, n: int, method: str,
-              how: str) -> Bound:
+def _location(result: ClauseResult, confidence: float, se: float | None, df: float, n: int,
+              method: str, how: str) -> Bound:
     """``value -+ q se`` with ``q`` the normal (``df = inf``) or t quantile."""
-    c, value, se = result.clause, float(result.measured or 0.0), result.stderr
+    c, value = result.clause, float(result.measured or 0.0)
     if se is None or math.isnan(se):
         return Bound("none", confidence, examples=n, note="no standard error was measured")
     m = _heads(c)
@@ -154,8 +237,8 @@ def _binomial(result: ClauseResult, confidence: float, k: float, n_eff: float, n
 
 
 def _thresholds(c: Clause) -> list[tuple[str, float]]:
-    return [(side, t) for side, t in zip(_SIDES, (c.at_least, c.at_most), strict=True)
-            if t is not None]
+    return [(side, t) for side, t in zip(("at_least", "at_most"), (c.at_least, c.at_most),
+                                         strict=True) if t is not None]
 
 
 def _sides(c: Clause, value: float) -> list[tuple[str, float]]:

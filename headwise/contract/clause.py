@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from headwise.bounds import margin
+from headwise.confidence import DEFAULT_CONFIDENCE
 from headwise.heads import Head, HeadSet
 
 METRICS = ("accuracy", "exact", "loss")
@@ -130,7 +131,7 @@ class Contract:
     n_layers: int
     n_heads: int
     tasks: tuple[str, ...]
-    confidence: float = 0.95
+    confidence: float = DEFAULT_CONFIDENCE
 
     @classmethod
     def empty(cls, n_layers: int, n_heads: int, tasks: Sequence[str]) -> Contract:

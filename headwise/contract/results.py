@@ -13,7 +13,7 @@ from typing import Any
 from rich.table import Table
 from torch import Tensor
 
-from headwise.confidence import holm
+from headwise.confidence import DEFAULT_CONFIDENCE, holm
 from headwise.contract.clause import Clause, Contract
 from headwise.control.base_reference import BaseReference
 from headwise.errors import CheckpointError, SpecError
@@ -185,7 +185,7 @@ class ContractResult:
     confidence``)."""
 
     results: list[ClauseResult]
-    confidence: float = 0.95
+    confidence: float = DEFAULT_CONFIDENCE
 
     @property
     def passed(self) -> bool:

@@ -33,7 +33,6 @@ def verify(model: nn.Module, contract: Contract, data: VerifyData) -> ContractRe
             mine = [c for c in contract if c.kind == kind.name]
             if mine:
                 results.update(kind.measure_all(model, mine, data))
-    return ContractResult([dataclasses.replace(results[c.index],
-                                               bound=certify(results[c.index], data,
-                                                             contract.confidence))
-                           for c in contract], contract.confidence)
+        return ContractResult([dataclasses.replace(
+            results[c.index], bound=certify(results[c.index], model, data, contract.confidence))
+            for c in contract], contract.confidence)

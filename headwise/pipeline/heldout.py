@@ -43,11 +43,11 @@ def enforcement_data(compiled: Compiled) -> VerifyData:
 
 
 def verification_data(compiled: Compiled) -> VerifyData:
-    """The verification set: ``data.eval_examples`` examples of the ``verify`` split drawn
+    """The verification set: ``data.verify_examples`` examples of the ``verify`` split drawn
     from ``data.verify_seed``, and probes from the seeds after it."""
     spec = compiled.spec
     gen = torch.Generator().manual_seed(spec.data.verify_seed)
-    batch = held_out_mixture(spec, "verify").sample(spec.data.eval_examples, gen)
+    batch = held_out_mixture(spec, "verify").sample(spec.data.verify_examples, gen)
     return _on_device(compiled, _sets(batch, compiled, spec.data.verify_seed))
 
 
