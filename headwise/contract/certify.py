@@ -118,7 +118,8 @@ def _bootstrap_t(result: ClauseResult, num: Tensor, count: Tensor, confidence: f
         x, w = num[idx], count[idx]  # (b, n)
         r = x.sum(1) / w.sum(1)
         s = ((x - r[:, None] * w).square().sum(1) * n / (n - 1)).sqrt() / w.sum(1)
-        stats.append((r - ratio) / s.clamp_min(1e-300))
+        # a resample without spread: t* is infinite (its sign), or 0 on the estimate itself
+        stats.append(torch.where(s > 0, (r - ratio) / s, (r - ratio).sign() * math.inf))
     t_star = torch.cat(stats).sort().values  # (BOOTSTRAP_T,)
     k = min(BOOTSTRAP_T - 1, int((1.0 - confidence) * BOOTSTRAP_T))
     low_q, high_q = float(t_star[k]), float(t_star[BOOTSTRAP_T - 1 - k])
@@ -133,8 +134,8 @@ def _bootstrap_t(result: ClauseResult, num: Tensor, count: Tensor, confidence: f
               for side, margin in _sides(c, value)]
     low, high = KINDS[c.kind].value_range(c)
     return Bound("bootstrap-t", confidence,
-                 lower=max(low, value - high_q * se) if c.at_least is not None else None,
-                 upper=min(high, value - low_q * se) if c.at_most is not None else None,
+                 lower=_finite(max(low, value - high_q * se)) if c.at_least is not None else None,
+                 upper=_finite(min(high, value - low_q * se)) if c.at_most is not None else None,
                  p_value=p, examples=n, needed=_needed(result, p, confidence, needed),
                  note=f"studentised bootstrap over {n} examples ({BOOTSTRAP_T} resamples)")
 
@@ -234,6 +235,11 @@ def _binomial(result: ClauseResult, confidence: float, k: float, n_eff: float, n
                  lower=binomial_lower(k, n_eff, confidence) if c.at_least is not None else None,
                  upper=binomial_upper(k, n_eff, confidence) if c.at_most is not None else None,
                  p_value=p, examples=n, needed=_needed(result, p, confidence, needed), note=how)
+
+
+def _finite(bound: float) -> float | None:
+    """A bound, or ``None`` where the resamples leave it unbounded (JSON has no infinity)."""
+    return bound if math.isfinite(bound) else None
 
 
 def _thresholds(c: Clause) -> list[tuple[str, float]]:
