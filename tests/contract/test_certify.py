@@ -218,3 +218,27 @@ def test_certified_loss_caps_are_wrong_at_most_alpha_of_the_time() -> None:
         r = _result({"task": "copy", "metric": "loss", "at_most": 2.3}, float(row.mean()))
         wrong += r.passed and task_bound(r, row, count, 1 - ALPHA).certified
     assert _at_most_alpha(wrong / draws, draws)
+
+
+def test_the_worked_example_in_the_docs() -> None:
+    """docs/contracts.md, "Confidence": the numbers quoted there."""
+    contract = parse_contract([{"task": "copy", "metric": "exact", "at_least": 0.9},
+                               {"head": "L0.H1", "score": "previous_token", "at_least": 0.9},
+                               {"task": "copy", "metric": "accuracy", "at_least": 0.95}],
+                              2, 3, ["copy"])
+    exact = ClauseResult(contract[0], True, 184 / 200, ">= 0.9", "the model")
+    exact.bound = task_bound(exact, (torch.arange(200) >= 16).double(),
+                             torch.ones(200, dtype=torch.float64), 0.95)
+    score = ClauseResult(contract[1], True, 0.93, ">= 0.9", "L0.H1", stderr=0.012)
+    score.bound = certify(score, NO_MODEL, _data(64, 1), 0.95)
+    accuracy = ClauseResult(contract[2], True, 197 / 200, ">= 0.95", "the model")
+    accuracy.bound = task_bound(accuracy, (torch.arange(200) >= 3).double(),
+                                torch.ones(200, dtype=torch.float64), 0.95)
+    result = ContractResult([exact, score, accuracy])
+    bounds = [r.bound for r in result.results]
+    assert [round(b.lower, 3) for b in bounds if b and b.lower] == [0.881, 0.909, 0.962]
+    assert [round(b.p_value, 4) for b in bounds if b and b.p_value] == [0.2075, 0.0123, 0.0090]
+    assert [round(p, 4) for p in result.family_p] == [0.2075, 0.0271, 0.0271]
+    assert [r.state for r in result.results] == ["holds", "certified", "certified"]
+    assert round(100 * result.family_level, 1) == 79.3 and not result.certified
+    assert bounds[0] is not None and bounds[0].needed == 638
