@@ -115,3 +115,56 @@ def test_a_fresh_seed_that_meets_the_runs_own_draws_is_refused(
     assert code == 2
     (line,) = err.strip().splitlines()
     assert line.startswith("headwise verify: error: --fresh: got 12350, expected a seed")
+
+
+PAIRS = """
+model: {n_layers: 1, n_heads: 2, d_model: 16, vocab_size: 260, max_seq_len: 24}
+data:
+  tasks:
+    qa: {task: pairs, path: qa.jsonl, prompt: q, completion: a, seq_len: 16}
+  eval_examples: 16
+train: {steps: 3, batch_size: 4, lr: 3.0e-3, seed: 0}
+contract:
+  - {task: qa, metric: loss, at_most: 50}
+  - {task: qa, metric: exact, at_most: 0.99}
+"""
+
+
+def _rows(path: Path, first: int, n: int) -> None:
+    path.write_text("".join(f'{{"q": "{i}+1=", "a": "{i + 1}"}}\n'
+                            for i in range(first, first + n)))
+
+
+def test_data_reads_a_file_tasks_new_rows_whole(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    torch.set_num_threads(1)
+    _rows(tmp_path / "qa.jsonl", 0, 60)
+    (tmp_path / "spec.yaml").write_text(PAIRS)
+    run = tmp_path / "run"
+    code, _, _ = cli(capsys, "train", str(tmp_path / "spec.yaml"), "--out", str(run),
+                     "--quiet")
+    assert code in (0, 1)
+    own = (run / "contract.json").read_bytes()
+    _rows(tmp_path / "new.jsonl", 1000, 37)
+    code, out, _ = cli(capsys, "verify", str(tmp_path / "spec.yaml"), "--run", str(run), "--data",
+                       f"qa={tmp_path / 'new.jsonl'}")
+    assert code in (0, 1)
+    (written,) = [p for p in run.iterdir() if p.name.startswith("contract.data-")]
+    verdict = json.loads(written.read_text())
+    assert verdict["data"] == {"qa": str(tmp_path / "new.jsonl")}
+    assert verdict["clauses"][1]["bound"]["examples"] == 37  # every new row, once
+    assert (run / "contract.json").read_bytes() == own
+    # --fresh says the file task's rows are the same split's again
+    code, out, _ = cli(capsys, "verify", str(tmp_path / "spec.yaml"), "--run", str(run), "--fresh",
+                       "5000")
+    assert "note: qa reads a file: --fresh draws its examples again" in out
+    code, _, _ = cli(capsys, "report", str(run))
+    html = (run / "report.html").read_text()
+    assert written.name in html and "contract.fresh-5000.json" in html
+    for bad, message in ((["--data", "qa"], "--data: got 'qa', expected TASK=FILE"),
+                         (["--data", f"nope={tmp_path / 'new.jsonl'}"],
+                          "--data: got task 'nope', expected one of the spec's tasks read "
+                          "from a file ['qa']"),
+                         (["--data", f"qa={tmp_path / 'missing.jsonl'}"], "missing.jsonl")):
+        code, _, err = cli(capsys, "verify", str(tmp_path / "spec.yaml"), "--run", str(run), *bad)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1
