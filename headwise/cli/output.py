@@ -158,7 +158,6 @@ def print_outcome(out: Console, outcome: RunOutcome) -> None:
         n = len(outcome.contract.results)
         out.print(f"contract {verdict}: {n} clause{'' if n == 1 else 's'}, "
                   f"{sum(not r.passed for r in outcome.contract.results)} failed, "
-                  f"{sum(r.state == 'certified' for r in outcome.contract.results)} certified "
-                  f"at {100 * outcome.contract.confidence:g}% each; {outcome.contract.headline()}")
+                  f"{sum(r.state == 'certified' for r in outcome.contract.results)} certified")
     out.print(f"run directory: {run}/  (report: {run / 'report.html'}, "
               f"metrics: {run / 'metrics.jsonl'}, weights: {run / 'model.safetensors'})")

@@ -19,11 +19,12 @@ Which bound a clause gets follows from what its measured value is (``Bound.metho
   over examples; an accuracy drop of exactly 0 with no spread (no example changed) gets
   half-width ``1 - alpha^(1/n)``, the Clopper-Pearson bound on the share of examples that
   change (which bounds the drop when examples score equally many positions); another drop
-  without spread gets no bound;
+  without spread gets no bound. The normal bound is approximate: for a drop made of few
+  changed examples it certifies a false cap more often than its level (docs/contracts.md);
 - a role score and a ``preserve`` distance: the Student-t bound ``value -+ t_{G-1} se`` on the
   grouped ratio estimator's standard error over ``G`` (at most 16) groups of sequences;
-- an exclusive clause and a ``role_drift`` clause carry no standard error: no bound, and they
-  are never certified.
+- an exclusive clause, a ``role_drift`` clause and a kind not listed here carry no standard
+  error: no bound, and they are never certified.
 
 A clause bounded on both sides needs both bounds past their thresholds (an intersection-union
 test: its p-value is the larger side's). An ``all_of`` clause is decided by its worst head and an
@@ -65,7 +66,7 @@ def certify(result: ClauseResult, model: nn.Module, data: VerifyData,
     the model measured, which a task clause's per-example statistics are read from)."""
     if result.measured is None or math.isnan(result.measured):
         return Bound("none", confidence, note="nothing was measured")
-    return _BY_KIND[result.clause.kind](result, model, data, confidence)
+    return _BY_KIND.get(result.clause.kind, _unbounded)(result, model, data, confidence)
 
 
 def _task(result: ClauseResult, model: nn.Module, data: VerifyData, confidence: float) -> Bound:
@@ -186,7 +187,8 @@ def _grouped(result: ClauseResult, model: nn.Module, data: VerifyData,
 def _unbounded(result: ClauseResult, model: nn.Module, data: VerifyData,
                confidence: float) -> Bound:
     return Bound("none", confidence,
-                 note=f"no standard error is estimated for a {result.clause.kind} clause")
+                 note=f"no standard error is estimated for clauses of kind {result.clause.kind}"
+                      + (f" ({result.clause.metric})" if result.clause.kind == "preserve" else ""))
 
 
 def _preserve(result: ClauseResult, model: nn.Module, data: VerifyData,

@@ -188,7 +188,10 @@ def parse_contract_section(value: Any) -> tuple[Any, float]:
     and of the contract's family-wise verdict, in [0.5, 1)."""
     if not isinstance(value, dict):
         return value, DEFAULT_CONFIDENCE
-    check.keys(value, ["clauses", "confidence"], "contract", required=["clauses"])
+    if "clauses" not in value:
+        raise check.fail("contract", value, "a list of clauses, or {confidence: C, clauses: "
+                         "[...]}")
+    check.keys(value, ["clauses", "confidence"], "contract")
     confidence = check.number(value.get("confidence", DEFAULT_CONFIDENCE), "contract.confidence",
                               0.5, 1.0)
     if confidence >= 1.0:

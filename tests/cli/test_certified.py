@@ -94,7 +94,7 @@ def test_fresh_verification_is_written_beside_the_runs_verdict(
     own = (run / "run" / "contract.json").read_bytes()
     code, out, _ = cli(capsys, "verify", str(run / "run" / "spec.yaml"), "--run",
                        str(run / "run"), "--fresh", "777")
-    assert code == 0 and "fresh set drawn from seed 777" in out
+    assert code == 0 and "verified on new data (contract.fresh-777.json)" in out
     fresh = json.loads((run / "run" / "contract.fresh-777.json").read_text())
     assert fresh["fresh_seed"] == 777 and fresh["n_clauses"] == 2
     assert (run / "run" / "contract.json").read_bytes() == own  # never over the run's verdict
