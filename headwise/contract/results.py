@@ -243,12 +243,14 @@ class ContractResult:
             if b.method == "none":
                 out.append(f"{r.clause.path} holds but cannot be certified: {b.note}")
                 continue
-            need = ("more than the measured margin allows (it sits on its bound)"
-                    if b.needed is None else f"about {b.needed} examples (data.verify_examples)")
+            knob = ("data.verify_examples" if r.clause.on is None
+                    else "data.verify_examples, or the probe's examples")
+            need = ("no number of examples certifies it at the measured margin and spread"
+                    if b.needed is None else f"at the measured value and spread about "
+                    f"{b.needed} examples would certify it ({knob})")
             out.append(f"{r.clause.path} holds but is not certified at "
                        f"{100 * b.confidence:g}%: bound {b.text()} ({b.method}, {b.examples} "
-                       f"examples) against {r.threshold}; at the measured value and spread "
-                       f"certifying it needs {need}")
+                       f"examples) against {r.threshold}; {need}")
         return out
 
     def to_dict(self) -> dict[str, Any]:
