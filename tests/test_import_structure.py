@@ -32,8 +32,8 @@ PACKAGE = ROOT / "headwise"
 
 LAYERS: dict[str, float] = {
     "errors": 1, "config": 1, "heads": 1, "patterns": 1, "memory": 1, "atomic": 1, "jsonfile": 1,
-    "validate": 1, "render": 1, "dtensors": 1, "bounds": 1, "model": 2, "hooks": 3, "data": 4,
-    "control": 4,
+    "validate": 1, "render": 1, "dtensors": 1, "bounds": 1, "confidence": 1, "model": 2,
+    "hooks": 3, "data": 4, "control": 4,
     "training": 5, "interop": 6, "analysis": 7, "forecast": 8, "report": 8, "contract": 9,
     "runspec": 10, "pipeline": 11, "cli": 12,
 }

@@ -11,6 +11,7 @@ from typing import Any
 from headwise.cli.options import (
     add_device_argument,
     add_override_arguments,
+    add_require_argument,
     add_run_options,
     add_subcommand,
 )
@@ -40,6 +41,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--steps", type=int, default=None,
                    help="override train.steps (a shorter or longer run)")
     add_override_arguments(p)
+    add_require_argument(p)
     add_run_options(p, 1, "1: the model is so small that more threads only add "
                     "synchronisation overhead")
     add_device_argument(p, None, "the spec's train.device, auto")
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     out.print(f"wall time {time.perf_counter() - start:.1f} s. Next: open "
               f"{outcome.run_dir / 'report.html'}; try `headwise explain {outcome.run_dir} "
               f"--head L0.H2 --input copy` or `headwise analyze {outcome.run_dir}`.")
-    return 0 if outcome.contract is None or outcome.contract.passed else 1
+    return 0 if outcome.contract is None else outcome.contract.exit_for(args.require)
 
 
 def _check_out(out: Path) -> None:

@@ -2,8 +2,8 @@
 
 Each subcommand module's ``register`` builds its parser with ``add_subcommand`` and adds the
 shared options from here, so that ``--device``, ``--hf``/``--revision``, ``--threads``,
-``--quiet``, ``--seed``/``--set`` and a run directory read (and are documented) the same in
-every command.
+``--quiet``, ``--seed``/``--set``, ``--require`` and a run directory read (and are
+documented) the same in every command.
 """
 
 from __future__ import annotations
@@ -46,6 +46,14 @@ def add_run_options(p: argparse.ArgumentParser, threads: int | None, threads_tex
     p.add_argument("--quiet", action="store_true",
                    help="no progress (a bar on a terminal, else a plain line every 30 s and "
                         "per evaluation point)")
+
+
+def add_require_argument(p: argparse.ArgumentParser) -> None:
+    """Add ``--require holds|certified``: what exit code 0 asks of the contract."""
+    p.add_argument("--require", choices=("holds", "certified"), default="holds",
+                   help="exit 0 when every clause holds (default), or only when every clause "
+                        "is certified at the contract's family-wise level "
+                        "(contract.confidence, Holm's step-down)")
 
 
 def add_override_arguments(p: argparse.ArgumentParser) -> None:

@@ -152,9 +152,12 @@ def print_outcome(out: Console, outcome: RunOutcome) -> None:
         out.print(outcome.contract.to_rich_table())
         for line in failing_lines(outcome.enforcement or {"clauses": []}):
             out.print(line)
+        for line in outcome.contract.evidence():
+            out.print(line, markup=False)
         verdict = "HOLDS" if outcome.contract.passed else "FAILS"
         n = len(outcome.contract.results)
         out.print(f"contract {verdict}: {n} clause{'' if n == 1 else 's'}, "
-                  f"{sum(not r.passed for r in outcome.contract.results)} failed")
+                  f"{sum(not r.passed for r in outcome.contract.results)} failed, "
+                  f"{sum(r.state == 'certified' for r in outcome.contract.results)} certified")
     out.print(f"run directory: {run}/  (report: {run / 'report.html'}, "
               f"metrics: {run / 'metrics.jsonl'}, weights: {run / 'model.safetensors'})")

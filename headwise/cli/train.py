@@ -19,6 +19,7 @@ from rich.markup import escape
 from headwise.cli.options import (
     add_device_argument,
     add_override_arguments,
+    add_require_argument,
     add_run_options,
     add_subcommand,
 )
@@ -62,6 +63,7 @@ def register(subparsers: Any) -> None:
                    help="with --forecast-every: warn from this forecaster (JSON from "
                         "`headwise fit-forecaster`) instead of the packaged one (the report "
                         "still quotes the packaged one)")
+    add_require_argument(p)
     add_run_options(p, None, "torch's choice; 1 is fastest for tiny models")
     add_device_argument(p, None, "the spec's train.device, itself auto by default")
 
@@ -115,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         write_run_report(outcome.run_dir, outcome.compiled, outcome.contract,
                          outcome.enforcement)
         print_outcome(console(), outcome)
-    code = 0 if outcome.contract is None or outcome.contract.passed else 1
+    code = 0 if outcome.contract is None else outcome.contract.exit_for(args.require)
     return finish_together(code) or code  # under torchrun: every rank after rank 0's report
 
 

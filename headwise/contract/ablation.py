@@ -22,6 +22,7 @@ from torch import nn
 from headwise.analysis.importance import ablation_importance
 from headwise.analysis.importance_matrix import ci_stderr
 from headwise.contract import fields
+from headwise.contract.certify import drop_bound
 from headwise.contract.clause import (
     METRICS,
     MODES,
@@ -33,7 +34,7 @@ from headwise.contract.clause import (
 )
 from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.lever import ClauseLever, LeverKind, PlanContext, names
-from headwise.contract.results import ClauseResult, VerifyData
+from headwise.contract.results import Bound, ClauseResult, VerifyData
 from headwise.control.task_levers import AblatedMargin, StochasticAblation
 from headwise.errors import SpecError
 from headwise.heads import Head
@@ -117,6 +118,10 @@ class AblationKind(ClauseKind):
     def check_possible(self, ctx: PlanContext, clause: Clause) -> None:
         if clause.at_least is not None and clause.at_least > 0:
             refuse_gated_drop(ctx, clause, clause.task or "")
+
+    def bound(self, result: ClauseResult, model: nn.Module, data: VerifyData,
+              confidence: float) -> Bound:
+        return drop_bound(result, model, data, confidence)
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         task_ids = [list(ctx.task_names).index(clause.task or "")]

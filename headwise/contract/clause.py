@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from headwise.bounds import margin
+from headwise.confidence import DEFAULT_CONFIDENCE
 from headwise.heads import Head, HeadSet
 
 if TYPE_CHECKING:
@@ -119,12 +120,14 @@ def holds(value: float, at_least: float | None, at_most: float | None) -> bool:
 @dataclass(frozen=True)
 class Contract:
     """A validated list of clauses for a model of ``n_layers`` x ``n_heads`` and its tasks
-    (built by ``headwise.contract.parse_contract``; empty when a spec has none)."""
+    (built by ``headwise.contract.parse_contract``; empty when a spec has none); ``confidence``
+    is the level of each clause's one-sided bound (``contract.confidence`` in a spec)."""
 
     clauses: tuple[Clause, ...]
     n_layers: int
     n_heads: int
     tasks: tuple[str, ...]
+    confidence: float = DEFAULT_CONFIDENCE
 
     @classmethod
     def empty(cls, n_layers: int, n_heads: int, tasks: Sequence[str]) -> Contract:

@@ -23,7 +23,7 @@ from headwise.contract.clause import Clause, bounds_text, margin
 
 if TYPE_CHECKING:
     from headwise.contract.lever import ClauseLever, PlanContext
-    from headwise.contract.results import ClauseResult, VerifyData
+    from headwise.contract.results import Bound, ClauseResult, VerifyData
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,15 @@ class ClauseKind(ABC):
         """The kind as the clause-verdict forecaster's features know it (its kind indicators,
         ``headwise.forecast.clauses.KIND_FEATURES``); ``None``: none of them."""
         return self.name
+
+    def bound(self, result: ClauseResult, model: nn.Module, data: VerifyData,
+              confidence: float) -> Bound:
+        """The one-sided confidence bound of ``result`` at ``confidence``, and the test it
+        inverts (``headwise.contract.certify``); by default none: a clause without a standard
+        error holds but is never certified."""
+        from headwise.contract.certify import unbounded
+
+        return unbounded(result, confidence)
 
     def guards_task(self, clause: Clause) -> bool:
         """Whether the clause bounds a task's own performance (a task floor)."""

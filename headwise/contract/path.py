@@ -26,6 +26,7 @@ from headwise.analysis.circuit import edge_drop
 from headwise.analysis.graph import Edge, Shape, parse_edge
 from headwise.analysis.importance_matrix import ci_stderr
 from headwise.contract import fields
+from headwise.contract.certify import drop_bound
 from headwise.contract.clause import (
     METRICS,
     UNIT_METRICS,
@@ -36,7 +37,7 @@ from headwise.contract.clause import (
 )
 from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.lever import ClauseLever, PlanContext
-from headwise.contract.results import ClauseResult, VerifyData
+from headwise.contract.results import Bound, ClauseResult, VerifyData
 from headwise.errors import SpecError
 from headwise.heads import Head, HeadSet
 
@@ -154,6 +155,10 @@ class PathKind(ClauseKind):
                             f"off on {clause.task} examples (heads.<selector>.tasks), so the "
                             f"path carries nothing there; expected heads that serve "
                             f"{clause.task}")
+
+    def bound(self, result: ClauseResult, model: nn.Module, data: VerifyData,
+              confidence: float) -> Bound:
+        return drop_bound(result, model, data, confidence)
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         return None

@@ -37,10 +37,11 @@ from headwise.analysis.importance import example_stats
 from headwise.analysis.importance_matrix import STDERR_GROUPS, ratio_stderr
 from headwise.analysis.roles import role_scores
 from headwise.contract import fields
+from headwise.contract.certify import grouped_bound, unbounded
 from headwise.contract.clause import Clause, holds, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.lever import ClauseLever, LeverKind, PlanContext, names
-from headwise.contract.results import ClauseResult, VerifyData
+from headwise.contract.results import Bound, ClauseResult, VerifyData
 from headwise.control.base_reference import BaseReference, base_of, capture_base
 from headwise.control.distill import Distill, PatternDistill, cosine_sums, kl_sums, scored_rows
 from headwise.control.task_levers import IGNORE
@@ -160,6 +161,12 @@ class PreserveKind(ClauseKind):
         nothing)."""
         if METRICS[clause.metric].sums is None:
             _check_free(clause, _free(ctx.named, ctx.n_layers, ctx.n_heads))
+
+    def bound(self, result: ClauseResult, model: nn.Module, data: VerifyData,
+              confidence: float) -> Bound:
+        if METRICS[result.clause.metric].sums is None:  # role_drift: no standard error
+            return unbounded(result, confidence, "metric role_drift")
+        return grouped_bound(result, data, confidence, on_task=True)
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         model = ctx.model

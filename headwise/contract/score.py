@@ -20,10 +20,11 @@ from torch import Tensor, nn
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.roles import ROLES, role_scores
 from headwise.contract import fields
+from headwise.contract.certify import grouped_bound
 from headwise.contract.clause import Clause, decide, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.lever import ClauseLever, LeverKind, PlanContext, names
-from headwise.contract.results import ClauseResult, VerifyData
+from headwise.contract.results import Bound, ClauseResult, VerifyData
 from headwise.control.objectives import PatternObjective, RoleBound
 from headwise.errors import SpecError
 from headwise.heads import Head, HeadSet
@@ -123,6 +124,10 @@ class ScoreKind(ClauseKind):
                 f"{h}'s structural mask {masks[h]} lets its {role} score range only over "
                 f"[{low:.3f}, {high:.3f}] on probe {clause.on or 'default'}; expected a bound "
                 "the mask allows (or another mask)")
+
+    def bound(self, result: ClauseResult, model: nn.Module, data: VerifyData,
+              confidence: float) -> Bound:
+        return grouped_bound(result, data, confidence, on_task=False)
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         heads = [h for h in clause.heads if h not in ctx.masked]

@@ -20,10 +20,11 @@ from torch import nn
 from headwise.analysis.importance import task_metric_ci
 from headwise.analysis.importance_matrix import ci_stderr
 from headwise.contract import fields, score
+from headwise.contract.certify import task_clause_bound
 from headwise.contract.clause import METRICS, UNIT_METRICS, Clause, holds, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.lever import ClauseLever, LeverKind, PlanContext
-from headwise.contract.results import ClauseResult, VerifyData
+from headwise.contract.results import Bound, ClauseResult, VerifyData
 from headwise.control.objectives import PatternObjective
 from headwise.control.task_levers import TaskLossWeight
 from headwise.errors import SpecError
@@ -75,6 +76,10 @@ class TaskKind(ClauseKind):
 
     def guards_task(self, clause: Clause) -> bool:
         return True
+
+    def bound(self, result: ClauseResult, model: nn.Module, data: VerifyData,
+              confidence: float) -> Bound:
+        return task_clause_bound(result, model, data, confidence)
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         floor = (clause.at_least is not None if clause.metric != "loss"

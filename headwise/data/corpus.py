@@ -37,6 +37,7 @@ MAX_LINE_BYTES = 1 << 20  # tokenizers take minutes on (or abort for) one line o
 MAX_TOKENIZER_BYTES = 64 << 20  # the largest published tokenizer.json is ~35 MB
 MAX_ADDED_TOKENS = 100_000  # loading 10**6 added tokens takes minutes
 SPLITS = ("train", "eval", "verify")
+WHOLE = "all"  # the whole file, as new verification data (``verify --data``)
 MIN_DOCUMENTS = 3  # one per split
 
 _PARAGRAPH_END = r"\n(?:[ \t\r\f\v]*\n)+"  # a newline, then one or more blank lines
@@ -60,10 +61,12 @@ class Corpus:
         """The ids (n,) of one split's documents, in file order.
 
         Args:
-            split: ``"train"``, ``"eval"`` or ``"verify"``.
+            split: ``"train"``, ``"eval"`` or ``"verify"``, or ``"all"``: every id.
             eval_fraction: share of the ids held out, half for ``"eval"`` and half for
                 ``"verify"``.
         """
+        if split == WHOLE:
+            return self.ids
         k = SPLITS.index(split)
         if len(self.lengths) < MIN_DOCUMENTS:  # too few documents: cut by position
             cut = int(round(len(self.ids) * (1 - eval_fraction)))
@@ -103,8 +106,8 @@ def check_split(task: str, split: object, eval_fraction: object) -> None:
         ConfigError: ``<task>.split`` not one of ``SPLITS``, or ``<task>.eval_fraction`` not
             in (0, 1).
     """
-    if split not in SPLITS:
-        raise field_error(f"{task}.split", split, "'train', 'eval' or 'verify'")
+    if split not in (*SPLITS, WHOLE):
+        raise field_error(f"{task}.split", split, "'train', 'eval', 'verify' or 'all'")
     if (isinstance(eval_fraction, bool) or not isinstance(eval_fraction, (int, float))
             or not 0 < eval_fraction < 1):
         raise field_error(f"{task}.eval_fraction", eval_fraction, "a number in (0, 1)")

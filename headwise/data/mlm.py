@@ -110,10 +110,21 @@ class MLMTask(Task):
         """The id that replaces 80% of the chosen positions."""
         return self._mask_id
 
+    def every_example(self, generator: torch.Generator) -> Batch:
+        """Consecutive windows that tile the ids once (a shorter tail is left out), wrapped
+        and masked as ``sample`` does (the masking drawn from ``generator``)."""
+        L = self.seq_len - len(self._wrap[0]) - len(self._wrap[1])
+        return self._masked(torch.arange(0, len(self._ids) - L + 1, L), generator)
+
     def sample(self, n: int, generator: torch.Generator) -> Batch:
-        prefix, suffix = self._wrap
-        L = self.seq_len - len(prefix) - len(suffix)
+        L = self.seq_len - len(self._wrap[0]) - len(self._wrap[1])
         starts = torch.randint(0, len(self._ids) - L + 1, (n,), generator=generator)
+        return self._masked(starts, generator)
+
+    def _masked(self, starts: Tensor, generator: torch.Generator) -> Batch:
+        """The windows at ``starts`` (n,), wrapped and masked."""
+        prefix, suffix = self._wrap
+        n, L = starts.shape[0], self.seq_len - len(prefix) - len(suffix)
         window = self._ids[starts[:, None] + torch.arange(L)]  # (n, L)
         original = torch.cat([prefix.expand(n, -1), window, suffix.expand(n, -1)], 1)  # (n, T)
         tokens, targets = mask_tokens(original, self.mask_prob, self._mask_id,

@@ -29,6 +29,7 @@ import torch
 from headwise.data.batch import IGNORE, Batch
 from headwise.data.corpus import (
     MAX_BYTES,
+    WHOLE,
     check_split,
     deal,
     decode_text,
@@ -84,8 +85,9 @@ class PairsTask(Task):
         check_split(self.name, self.split, self.eval_fraction)
         ids, vocab = self._encode(read_rows(Path(self.path), (self.prompt, self.completion),
                                             self.name))
-        k = ("train", "eval", "verify").index(self.split)
-        keep = [i for i, s in enumerate(deal([1] * len(ids), self.eval_fraction)) if s == k]
+        dealt = deal([1] * len(ids), self.eval_fraction)
+        keep = [i for i, s in enumerate(dealt)
+                if self.split == WHOLE or s == ("train", "eval", "verify").index(self.split)]
         if not keep:
             raise ConfigError(f"{self.name}.path: the {self.split!r} split of {self.path!r} "
                               f"has no rows (rows are dealt whole: {len(ids)} in the file), "
@@ -142,6 +144,10 @@ class PairsTask(Task):
     def n_rows(self) -> int:
         """Number of rows in this split."""
         return self._rows.size
+
+    def every_example(self, generator: torch.Generator) -> Batch:
+        """Every row of this split once, in file order."""
+        return self._rows
 
     def sample(self, n: int, generator: torch.Generator) -> Batch:
         pick = torch.randint(0, self._rows.size, (n,), generator=generator)

@@ -71,6 +71,17 @@ class Task(ABC):
             A ``Batch`` of shape (n, seq_len) with ``task_ids`` all 0.
         """
 
+    def every_example(self, generator: torch.Generator) -> Batch:
+        """Every example of a file-backed task's split once (``split: all``: the whole file,
+        new verification data for ``verify --data``); ``generator`` draws what an example
+        draws (a masked-LM task's masking).
+
+        Raises:
+            ConfigError: a generated task, which has no fixed set of examples.
+        """
+        raise ConfigError(f"{self.name}: a generated task has no fixed set of examples; "
+                          "expected a task read from a file (text, pairs, mlm)")
+
 
 def check_causal(task: Task, causal: bool, path: str) -> None:
     """Refuse a next-token task (``Task.next_token``) on a bidirectional model.

@@ -76,6 +76,14 @@ class TextTask(Task):
         """Number of ids in this split."""
         return len(self._ids)
 
+    def every_example(self, generator: torch.Generator) -> Batch:
+        """Consecutive windows of ``seq_len + 1`` ids, each starting on the last id of the one
+        before: every id after the first is a target once (a tail shorter than a window is
+        left out)."""
+        starts = torch.arange(0, len(self._ids) - self.seq_len, self.seq_len)  # (n,)
+        window = self._ids[starts[:, None] + torch.arange(self.seq_len + 1)]  # (n, T+1)
+        return make_batch(window[:, :-1].contiguous(), window[:, 1:].contiguous())
+
     def sample(self, n: int, generator: torch.Generator) -> Batch:
         starts = torch.randint(0, len(self._ids) - self.seq_len, (n,), generator=generator)
         window = self._ids[starts[:, None] + torch.arange(self.seq_len + 1)]  # (n, T+1)

@@ -41,13 +41,15 @@ def enforcement_data(compiled: Compiled) -> VerifyData:
                                       compiled.spec.data.eval_seed))
 
 
-def verification_data(compiled: Compiled) -> VerifyData:
-    """The verification set: ``data.eval_examples`` examples of the ``verify`` split drawn
-    from ``data.verify_seed``, and probes from the seeds after it."""
+def verification_data(compiled: Compiled, seed: int | None = None) -> VerifyData:
+    """The verification set: ``data.verify_examples`` examples of the ``verify`` split drawn
+    from ``data.verify_seed`` (or ``seed``: a fresh set, ``verify --fresh``), and probes from
+    the seeds after it."""
     spec = compiled.spec
-    gen = torch.Generator().manual_seed(spec.data.verify_seed)
-    batch = held_out_mixture(spec, "verify").sample(spec.data.eval_examples, gen)
-    return _on_device(compiled, _sets(batch, compiled, spec.data.verify_seed))
+    seed = spec.data.verify_seed if seed is None else seed
+    gen = torch.Generator().manual_seed(seed)
+    batch = held_out_mixture(spec, "verify").sample(spec.data.verify_examples, gen)
+    return _on_device(compiled, _sets(batch, compiled, seed))
 
 
 def _sets(batch: Batch, compiled: Compiled, seed: int) -> VerifyData:

@@ -3,8 +3,9 @@
 ``load_run(RUN)`` checks the run's integrity manifest, rebuilds the model with every lever its
 spec installs and loads the trained weights (``headwise.pipeline.finished.load_compiled``),
 attaches the run's tokenizer (its own sealed copy, ``headwise.pipeline.run_tokenizer``; a
-``ByteTokenizer`` for a text or pairs task read as bytes) as ``model.tokenizer`` and reads the contract verdict from the sealed ``contract.json`` (JSON,
-checked field by field; nothing is unpickled or re-measured).
+``ByteTokenizer`` for a text or pairs task read as bytes) as ``model.tokenizer`` and reads the
+contract verdict from the sealed ``contract.json`` (JSON, checked field by field; nothing is
+unpickled or re-measured).
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from headwise.patterns import DEFAULT_WINDOW
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.finished import load_compiled
 from headwise.pipeline.heldout import verification_data
+from headwise.pipeline.reverify import fresh_verdicts
 from headwise.pipeline.run_analysis import analyse_run, metrics_lines, run_role_table
 from headwise.pipeline.run_dir import SEALED_FILES
 from headwise.pipeline.run_tokens import spec_token_names
@@ -97,7 +98,8 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
     report = build_report(
         title=f"headwise report: {_title(spec.text) or run_dir.name}",
         model_config=spec.model.config, roles=analysis.roles, importance=analysis.importance,
-        contract=None if contract is None else contract.to_dict(), trajectory=trajectory,
+        contract=None if contract is None else contract.to_dict(),
+        reverified=fresh_verdicts(run_dir), trajectory=trajectory,
         forecast=_forecast(trajectory, compiled, enforcement is not None),
         supervised=_supervised(compiled, names), walkthroughs=_walkthroughs(compiled, names),
         attention=attention, attention_note=note, training=training_curves(lines),

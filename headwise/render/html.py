@@ -64,13 +64,39 @@ def verdict(passed: bool) -> str:
 
 
 def contract_html(c: Mapping[str, Any]) -> str:
-    """The contract table of ``ContractResult.to_dict()``: each clause, value and verdict."""
+    """The contract table of ``ContractResult.to_dict()``: each clause, value, confidence bound,
+    threshold and state (``certified``, ``holds`` or ``FAIL``; a verdict recorded without
+    bounds shows ``pass``)."""
     rows = [(r["path"], esc(r["name"] or r["description"]), fmt(r["measured"]),
-             esc(r["threshold"]), esc(r["decided_by"] or ""), verdict(r["passed"]))
+             esc(bound_text(r.get("bound"))), esc(r["threshold"]), esc(r["decided_by"] or ""),
+             state_mark(r.get("state"), r["passed"]))
             for r in c["clauses"]]
-    head = f"<p>Overall: {verdict(c['passed'])} ({c['n_failed']} of {c['n_clauses']} failed)</p>"
-    return head + table(["clause", "description", "measured", "threshold", "decided by",
-                           "verdict"], rows, raw_cols=(1, 3, 4, 5))
+    head = f"<p>Overall: {verdict(c['passed'])} ({c['n_failed']} of {c['n_clauses']} failed)"
+    if "certified" in c:
+        level = f"{100 * c['confidence']:g}%"
+        head += (f"; every clause certified at family-wise {level} (Holm)" if c["certified"]
+                 else f"; {c['n_certified']} of {c['n_clauses']} clauses certified at {level} "
+                      f"each, every clause certified at family-wise {100 * c['family_level']:.1f}%"
+                      " (Holm)")
+    return head + "</p>" + table(["clause", "description", "measured", "bound", "threshold",
+                                  "decided by", "verdict"], rows, raw_cols=(1, 3, 4, 5, 6))
+
+
+def bound_text(bound: Mapping[str, Any] | None) -> str:
+    """``>= 0.873 (clopper-pearson)`` from a ``Bound.to_dict()`` entry, ``-`` without one."""
+    if not bound or (bound.get("lower") is None and bound.get("upper") is None):
+        return "-"
+    parts = [f"{op} {fixed(bound[k])}" for op, k in ((">=", "lower"), ("<=", "upper"))
+             if bound.get(k) is not None]
+    return f"{' and '.join(parts)} ({bound['method']})"
+
+
+def state_mark(state: str | None, passed: bool) -> str:
+    """A clause's state styled inline: ``certified``, ``holds`` or ``FAIL``."""
+    if state is None or state == "fails":
+        return verdict(passed)
+    color = "#137333" if state == "certified" else "#8a6d00"
+    return f'<span class="{state}" style="color:{color};font-weight:bold">{state}</span>'
 
 
 def page(title: str, sections: Sequence[tuple[str, str, str]]) -> str:

@@ -100,6 +100,7 @@ def build_report(*, title: str = "headwise report", model_config: Any = None,
                  roles: RoleTable | None = None,
                  importance: ImportanceMatrix | Sequence[ImportanceMatrix] | None = None,
                  contract: Mapping[str, Any] | None = None,
+                 reverified: Sequence[Mapping[str, Any]] = (),
                  trajectory: Trajectory | None = None,
                  forecast: Mapping[str, Any] | None = None,
                  supervised: Sequence[dict[str, Any]] = (),
@@ -111,6 +112,8 @@ def build_report(*, title: str = "headwise report", model_config: Any = None,
     """Collect the analysis results into one JSON-serialisable dict (sections may be absent).
 
     ``contract`` is a verdict as ``ContractResult.to_dict()`` gives it (``headwise.contract``);
+    ``reverified`` the verdicts on fresh verification sets (``{"file", "verdict"}``, ``verify
+    --fresh``);
     ``attention`` the viewer of the heads the report shows (``attention_note`` says how they
     were chosen); ``training`` the curves of ``headwise.report.sections.training_curves``;
     ``enforcement`` a run's ``enforcement.json``.
@@ -133,6 +136,8 @@ def build_report(*, title: str = "headwise report", model_config: Any = None,
                                  "records": m.to_records()} for m in imps]
     if contract is not None:
         report["contract"] = dict(contract)
+    if reverified:
+        report["reverified"] = [dict(r) for r in reverified]
     if trajectory is not None:
         report["trajectories"] = trajectory.to_dict()
         if forecast is not None:  # forecast_summary(...): scored by the benchmark, not here
@@ -182,6 +187,10 @@ def render_html(report: Mapping[str, Any], figures: Mapping[str, bytes] | None =
     viewers = report_viewers(report)
     if "contract" in report:
         sections.append(("contract", "Contract", H.contract_html(report["contract"])))
+    if "reverified" in report:
+        sections.append(("reverified", "Re-verification on fresh data", "".join(
+            f"<h3>{H.esc(r['file'])}: fresh seed {H.esc(r['verdict'].get('fresh_seed'))}</h3>"
+            + H.contract_html(r["verdict"]) for r in report["reverified"])))
     if "enforcement" in report:
         sections.append(("enforcement", "Enforcement", enforcement_html(report["enforcement"])))
     if "attention" in report:
@@ -285,11 +294,13 @@ def print_report(report: Mapping[str, Any], console: Console | None = None) -> N
     console = console or Console()
     if "contract" in report:
         t = Table(title=f"contract: {'PASS' if report['contract']['passed'] else 'FAIL'}")
-        for col in ("clause", "measured", "threshold", "verdict"):
+        for col in ("clause", "measured", "bound", "threshold", "verdict"):
             t.add_column(col)
         for r in report["contract"]["clauses"]:
-            t.add_row(r["name"] or r["description"], H.fmt(r["measured"]), r["threshold"],
-                      "[green]pass[/green]" if r["passed"] else "[red]FAIL[/red]")
+            state = r.get("state") or ("pass" if r["passed"] else "fails")
+            t.add_row(r["name"] or r["description"], H.fmt(r["measured"]),
+                      H.bound_text(r.get("bound")), r["threshold"],
+                      "[red]FAIL[/red]" if state == "fails" else f"[green]{state}[/green]")
         console.print(t)
     if "roles" in report:
         console.print(RoleTable.from_records(report["roles"]["records"]).to_rich_table())

@@ -9,6 +9,7 @@ whose message starts with the field path, e.g. ``heads.L1.H9: layer 1 has heads 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import headwise.validate as check
@@ -17,6 +18,7 @@ from headwise.errors import SpecError
 from headwise.runspec.parse import (
     TOP_LEVEL,
     parse_adapters,
+    parse_contract_section,
     parse_data,
     parse_enforce,
     parse_ffn,
@@ -86,8 +88,10 @@ def spec_from_dict(data: dict, base: Path | None = None, text: str = "") -> Spec
     adapters = parse_adapters(data.get("adapters"), config, heads)
     ffn = parse_ffn(data.get("ffn"), config)
     probes = parse_probes(data.get("probes"), config, dataspec, model.pretrained is not None)
-    contract = parse_contract(data.get("contract"), config.n_layers, config.n_heads, tasks,
-                              probe_names(dataspec, probes), config=config)
+    clauses, confidence = parse_contract_section(data.get("contract"))
+    contract = replace(parse_contract(clauses, config.n_layers, config.n_heads, tasks,
+                                      probe_names(dataspec, probes), config=config),
+                       confidence=confidence)
     return Spec(model, dataspec, train, contract, heads, gates, adapters, ffn, probes,
                 parse_enforce(data.get("enforce")), text=text)
 

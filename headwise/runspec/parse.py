@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 import headwise.validate as check
+from headwise.confidence import DEFAULT_CONFIDENCE
 from headwise.config import PRESETS, ModelConfig
 from headwise.contract import EnforceConfig
 from headwise.data.task import check_causal
@@ -119,9 +120,9 @@ def parse_data(value: Any, config: ModelConfig, base: Path | None,
     from headwise.data import TASKS
 
     data = check.mapping(value, "data", "a mapping with keys tasks, eval_examples, eval_seed, "
-                         "verify_seed, task_tokens")
-    check.keys(data, ["tasks", "eval_examples", "eval_seed", "verify_seed", "task_tokens"],
-               "data", required=["tasks"])
+                         "verify_examples, verify_seed, task_tokens")
+    check.keys(data, ["tasks", "eval_examples", "eval_seed", "verify_examples", "verify_seed",
+                      "task_tokens"], "data", required=["tasks"])
     raw_tasks = data["tasks"]
     if isinstance(raw_tasks, list) and all(isinstance(t, str) for t in raw_tasks):
         raw_tasks = {t: {} for t in raw_tasks}
@@ -169,13 +170,33 @@ def parse_data(value: Any, config: ModelConfig, base: Path | None,
                             f"more than model.max_seq_len={config.max_seq_len}")
         tasks.append(TaskSpec(name, kind, weight, MappingProxyType(kwargs), task.seq_len))
     eval_seed = check.integer(data.get("eval_seed", 12345), "data.eval_seed", 0)
+    eval_examples = check.integer(data.get("eval_examples", 512), "data.eval_examples", 1)
     return DataSpec(
         tuple(tasks),
-        eval_examples=check.integer(data.get("eval_examples", 512), "data.eval_examples", 1),
+        eval_examples=eval_examples,
         eval_seed=eval_seed,
         markers=tuple(markers),
         verify_seed=_verify_seed(data.get("verify_seed"), eval_seed),
+        verify_examples=check.integer(data.get("verify_examples", eval_examples),
+                                      "data.verify_examples", 1),
     )
+
+
+def parse_contract_section(value: Any) -> tuple[Any, float]:
+    """``contract:`` as a list of clauses, or ``{confidence: C, clauses: [...]}`` -> ``(clauses,
+    confidence)``; ``confidence`` (default 0.95) is the level of every clause's one-sided bound
+    and of the contract's family-wise verdict, in [0.5, 1)."""
+    if not isinstance(value, dict):
+        return value, DEFAULT_CONFIDENCE
+    if "clauses" not in value:
+        raise check.fail("contract", value, "a list of clauses, or {confidence: C, clauses: "
+                         "[...]}")
+    check.keys(value, ["clauses", "confidence"], "contract")
+    confidence = check.number(value.get("confidence", DEFAULT_CONFIDENCE), "contract.confidence",
+                              0.5, 1.0)
+    if confidence >= 1.0:
+        raise check.fail("contract.confidence", value["confidence"], "a number in [0.5, 1)")
+    return value["clauses"], confidence
 
 
 def _verify_seed(value: Any, eval_seed: int) -> int:

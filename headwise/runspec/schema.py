@@ -71,8 +71,9 @@ class DataSpec:
     """The training mixture and the two held-out sets: the *enforcement* set
     (``eval_examples`` examples drawn with the seed ``eval_seed``; file-backed tasks: their
     ``eval`` split), which enforcement's multipliers, stop and kept evaluation point read, and
-    the *verification* set (as many examples drawn with ``verify_seed``; file-backed tasks:
-    their ``verify`` split), read once at the end for the reported verdict. Probes are drawn
+    the *verification* set (``verify_examples`` examples, by default as many, drawn with
+    ``verify_seed``; file-backed tasks: their ``verify`` split), read once at the end for the
+    reported verdict. Probes are drawn
     from seeds after each set's seed. ``markers``: each task's marker token id
     (``data.task_tokens``), or empty when examples carry no task marker."""
 
@@ -81,6 +82,7 @@ class DataSpec:
     eval_seed: int = 12345
     markers: tuple[int, ...] = ()
     verify_seed: int = 12345 + VERIFY_SEED_OFFSET
+    verify_examples: int = 512
 
     @property
     def names(self) -> tuple[str, ...]:

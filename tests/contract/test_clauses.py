@@ -242,5 +242,6 @@ def test_rich_table_renders() -> None:
     assert any("contract: FAIL" in line for line in lines)
     row0 = next(line for line in lines if "L0.H0" in line and "entropy" in line)
     row1 = next(line for line in lines if "L0.H1" in line and "previous_token" in line)
-    assert f"{ok.measured:.3f}" in row0 and "<= 1" in row0 and "pass" in row0
+    assert f"{ok.measured:.3f}" in row0 and "<= 1" in row0 and ok.state in row0
+    assert ok.bound is not None and ok.bound.text() in row0
     assert f"{bad.measured:.3f}" in row1 and ">= 0.9" in row1 and "FAIL" in row1

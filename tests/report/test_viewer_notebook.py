@@ -98,15 +98,16 @@ def test_contract_result_html_rows_are_the_verdicts() -> None:
                                   2, 2, [])
     result = verify(model, contract, VerifyData({}, {"p": probe}))
     p = _parse(result._repr_html_())
-    assert p.rows[0] == ["clause", "description", "measured", "threshold", "decided by",
-                         "verdict"]
+    assert p.rows[0] == ["clause", "description", "measured", "bound", "threshold",
+                         "decided by", "verdict"]
     assert len(p.rows) == 1 + len(result.results)
     for row, r in zip(p.rows[1:], result.results, strict=True):
         assert row[0] == r.clause.path
         assert row[2] == ("-" if r.measured is None else f"{r.measured:.3f}")
-        assert row[3] == r.threshold
-        assert row[5] == ("pass" if r.passed else "FAIL")
-    assert [row[5] for row in p.rows[1:]] == ["FAIL", "pass"]
+        assert row[4] == r.threshold
+        assert row[6] == (r.state if r.passed else "FAIL")
+    assert [row[6] for row in p.rows[1:]][0] == "FAIL"
+    assert [r.state for r in result.results][1] in ("certified", "holds")
 
 
 def test_viewer_html_carries_its_data_and_code() -> None:

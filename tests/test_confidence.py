@@ -1,0 +1,174 @@
+"""The bounds' maths against closed forms, tabulated values and simulation."""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import pytest
+import torch
+
+from headwise.confidence import (
+    beta_quantile,
+    betainc,
+    binomial_lower,
+    binomial_p,
+    binomial_upper,
+    examples_for_binomial,
+    examples_for_location,
+    holm,
+    location_p,
+    t_cdf,
+    t_quantile,
+)
+
+
+@pytest.mark.parametrize("x", [0.01, 0.2, 0.5, 0.77, 0.999])
+@pytest.mark.parametrize("s", [0.5, 1.0, 3.0, 40.0])
+def test_incomplete_beta_closed_forms(x: float, s: float) -> None:
+    assert betainc(1.0, s, x) == pytest.approx(1.0 - (1.0 - x) ** s, rel=1e-12, abs=1e-14)
+    assert betainc(s, 1.0, x) == pytest.approx(x ** s, rel=1e-12, abs=1e-14)
+    assert betainc(s, s, 0.5) == pytest.approx(0.5, abs=1e-13)
+    assert betainc(s, 2.5, x) == pytest.approx(1.0 - betainc(2.5, s, 1.0 - x), abs=1e-13)
+
+
+@pytest.mark.parametrize(("k", "n", "p"), [(0, 7, 0.3), (3, 10, 0.25), (17, 40, 0.6),
+                                           (199, 200, 0.97), (450, 1000, 0.46)])
+def test_the_binomial_tail_is_the_incomplete_beta(k: int, n: int, p: float) -> None:
+    tail = sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k, n + 1))
+    assert binomial_p(k, n, p, "at_least") == pytest.approx(tail, rel=1e-10, abs=1e-15)
+    head = sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k + 1))
+    assert binomial_p(k, n, p, "at_most") == pytest.approx(head, rel=1e-10, abs=1e-15)
+
+
+@pytest.mark.parametrize("n", [1, 5, 29, 200, 5000])
+@pytest.mark.parametrize("confidence", [0.9, 0.95, 0.99])
+def test_clopper_pearson_all_and_none_right(n: int, confidence: float) -> None:
+    alpha = 1 - confidence
+    assert binomial_lower(n, n, confidence) == pytest.approx(alpha ** (1 / n), rel=1e-12)
+    assert binomial_upper(0, n, confidence) == pytest.approx(1 - alpha ** (1 / n), rel=1e-10)
+    assert binomial_lower(0, n, confidence) == 0.0 and binomial_upper(n, n, confidence) == 1.0
+
+
+@pytest.mark.parametrize(("k", "n", "low", "high"), [
+    (5, 10, 0.187086, 0.812914),  # the two-sided 95% interval, each side at 97.5%
+    (0, 10, 0.0, 0.308497),
+    (1, 20, 0.001265, 0.248733),
+])
+def test_clopper_pearson_tabulated(k: int, n: int, low: float, high: float) -> None:
+    assert binomial_lower(k, n, 0.975) == pytest.approx(low, abs=2e-6)
+    assert binomial_upper(k, n, 0.975) == pytest.approx(high, abs=2e-6)
+
+
+def test_the_bound_and_its_p_value_agree() -> None:
+    for k, n in ((37, 40, ), (180, 200), (9, 10)):
+        low = binomial_lower(k, n, 0.95)
+        assert binomial_p(k, n, low, "at_least") == pytest.approx(0.05, rel=1e-9)
+        assert binomial_p(k, n, low - 1e-6, "at_least") < 0.05 < binomial_p(k, n, low + 1e-6,
+                                                                             "at_least")
+
+
+@pytest.mark.parametrize("q", [0.6, 0.9, 0.975, 0.999])
+def test_students_t_closed_forms_and_tables(q: float) -> None:
+    assert t_cdf(t_quantile(q, 1), 1) == pytest.approx(q, abs=1e-12)
+    assert t_quantile(q, 1) == pytest.approx(math.tan(math.pi * (q - 0.5)), rel=1e-9)  # Cauchy
+    x = t_quantile(q, 2)
+    assert 0.5 + x / (2 * math.sqrt(2 + x * x)) == pytest.approx(q, abs=1e-12)
+    assert t_quantile(q, math.inf) == NormalDist().inv_cdf(q)
+    assert t_quantile(1 - q, 7) == pytest.approx(-t_quantile(q, 7), rel=1e-12)
+
+
+@pytest.mark.parametrize(("q", "df", "value"), [(0.95, 15, 1.753050), (0.975, 10, 2.228139),
+                                                (0.99, 5, 3.364930), (0.95, 1000, 1.646379)])
+def test_students_t_tabulated(q: float, df: float, value: float) -> None:
+    assert t_quantile(q, df) == pytest.approx(value, abs=2e-6)
+
+
+def test_location_p_is_the_level_at_which_the_bound_meets_the_threshold() -> None:
+    se, df = 0.02, 15
+    for confidence in (0.9, 0.95, 0.99):
+        margin = t_quantile(confidence, df) * se  # the bound sits exactly on the threshold
+        assert location_p(margin, se, df) == pytest.approx(1 - confidence, rel=1e-9)
+    assert location_p(0.1, 0.0) == 0.0 and location_p(-0.1, 0.0) == 1.0
+    assert location_p(0.0, 0.0) == 0.5
+
+
+def test_holm_step_down_hand_worked() -> None:
+    # sorted: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 -> max(0.06, 0.04)
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.02] * 5) == pytest.approx([0.1] * 5)  # equal p-values: Bonferroni
+    assert holm([0.3, 0.9]) == pytest.approx([0.6, 0.9])
+    assert holm([0.5, 0.6, 0.7]) == [1.0, 1.0, 1.0] and holm([]) == []
+
+
+def test_examples_needed_closed_forms() -> None:
+    # every example right: alpha ** (1 / N) >= t  <=>  N >= log(alpha) / log(t)
+    for t in (0.8, 0.9, 0.95, 0.99):
+        assert examples_for_binomial(1.0, t, "at_least", 0.95) == math.ceil(
+            math.log(0.05) / math.log(t))
+        assert examples_for_binomial(0.0, 1 - t, "at_most", 0.95) == math.ceil(
+            math.log(0.05) / math.log(t))
+    n = examples_for_binomial(0.95, 0.9, "at_least", 0.95)
+    assert n is not None
+    assert binomial_lower(round(0.95 * n), n, 0.95) >= 0.9
+    assert binomial_lower(round(0.95 * (n - 1)), n - 1, 0.95) < 0.9
+    assert examples_for_binomial(0.9, 0.9, "at_least", 0.95) is None
+    # se falls as 1/sqrt(N): margin = q se sqrt(n / N)
+    assert examples_for_location(0.01, 0.02, 100, 1.645) == math.ceil(100 * (1.645 * 2) ** 2)
+    assert examples_for_location(0.0, 0.02, 100, 1.645) is None
+
+
+def test_beta_quantile_inverts_betainc() -> None:
+    for a, b, q in ((0.5, 0.5, 0.1), (3, 200, 0.05), (950.5, 50.5, 0.95)):
+        assert betainc(a, b, beta_quantile(q, a, b)) == pytest.approx(q, abs=1e-12)
+
+
+ALPHA = 0.05
+DRAWS = 20_000
+
+
+def _at_most_alpha(rate: float, draws: int) -> bool:
+    """The rate of wrong certifications is at most alpha up to 3 Monte-Carlo standard errors."""
+    return rate <= ALPHA + 3 * math.sqrt(ALPHA * (1 - ALPHA) / draws)
+
+
+@pytest.mark.parametrize(("true", "n"), [(0.9, 80), (0.95, 300), (0.5, 31)])
+def test_clopper_pearson_certifies_a_false_floor_at_most_alpha_of_the_time(true: float,
+                                                                           n: int) -> None:
+    """The floor sits on the true value (the hardest false claim): over many verification sets
+    drawn from it, the bound clears the floor in at most 5% of them."""
+    g = torch.Generator().manual_seed(0)
+    k = (torch.rand(DRAWS, n, generator=g) < true).sum(1)  # (DRAWS,)
+    certified = torch.tensor([binomial_lower(j, n, 1 - ALPHA) >= true for j in range(n + 1)])
+    rate = float(certified[k].double().mean())
+    assert _at_most_alpha(rate, DRAWS)
+    # a bound that never clears would pass the line above: past the floor, it must clear
+    better = (torch.rand(DRAWS, n, generator=g) < true + 0.6 * (1 - true)).sum(1)
+    assert float(certified[better].double().mean()) > 0.5
+
+
+def test_the_t_bound_on_grouped_means_certifies_a_false_cap_at_most_alpha() -> None:
+    g = torch.Generator().manual_seed(1)
+    groups = 16
+    values = 0.3 + 0.05 * torch.randn(DRAWS, groups, generator=g)  # true mean 0.3 = the cap
+    mean, se = values.mean(1), values.std(1) / math.sqrt(groups)
+    q = t_quantile(1 - ALPHA, groups - 1)
+    rate = float(((mean + q * se) <= 0.3).double().mean())
+    assert _at_most_alpha(rate, DRAWS)
+
+
+def test_holm_keeps_the_family_wise_error_at_most_alpha() -> None:
+    """Five clauses, three of them on their floor (false), two well past it: the chance that
+    Holm certifies any of the three at family-wise 95% is at most 5%."""
+    g = torch.Generator().manual_seed(2)
+    n, draws = 60, 4000
+    truth = torch.tensor([0.9, 0.9, 0.9, 0.99, 0.995])
+    floors = [0.9, 0.9, 0.9, 0.9, 0.9]
+    k = (torch.rand(draws, 5, n, generator=g) < truth[None, :, None]).sum(-1)  # (draws, 5)
+    p = {j: binomial_p(j, n, 0.9, "at_least") for j in range(n + 1)}
+    wrong = 0
+    for row in k.tolist():
+        adjusted = holm([p[j] for j in row])
+        wrong += any(a <= ALPHA for a, f, t in zip(adjusted, floors, truth.tolist(),
+                                                   strict=True) if t <= f)
+    assert _at_most_alpha(wrong / draws, draws)
