@@ -311,7 +311,8 @@ def check_training_memory(spec: Spec) -> None:
     """
     config, train_config = spec.model.config, spec.train
     seq = max(spec.data.seq_len, 1)
-    examples = spec.data.eval_examples + train_config.eval_batches * train_config.batch_size
+    examples = (max(spec.data.eval_examples, spec.data.verify_examples)
+                + train_config.eval_batches * train_config.batch_size)
     check_memory(f"train.batch_size={train_config.batch_size} with sequences of {seq} tokens "
                  f"on this model (training step and {examples} evaluation examples)",
                  training_bytes(config, train_config.batch_size, seq) + examples * seq * 24)
