@@ -76,7 +76,7 @@ def _replacements(model: Any, units: Sequence[HeadSet], mode: str, reference: Te
                         for l in u.layers})
             continue
         gen = torch.Generator().manual_seed(seed)  # one generator per set, as ablate() makes
-        picks = {}
+        picks: dict[int, Tensor | None] = {}
         for l in u.layers:
             pick = torch.randint(0, stored[l].shape[0], (B,), generator=gen)
             picks[l] = stored[l][pick.to(stored[l].device)]

@@ -51,15 +51,23 @@ MASK_ROLES = {"previous_token": "previous_token", "self_only": "self",
               "first_token": "first_token", "local": "local"}
 
 
+# What a report's progress callback receives: the phase starting, phases done, phases in all.
+Progress = Callable[[str, int, int], None]
+PHASES = ("attention viewer", "role scores and importance", "trajectories", "patterns and "
+          "walkthroughs", "writing report.html")
+
+
 def write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult | None,
                      enforcement: dict[str, Any] | None = None,
-                     heads: str | None = None) -> dict[str, Path]:
+                     heads: str | None = None,
+                     progress: Progress | None = None) -> dict[str, Path]:
     """Analyse the trained model in ``compiled`` and write ``run_dir/report.{json,html}``,
     sealed in the run's manifest (holding the run's writer lock).
 
     ``heads``: a selector of the heads the attention viewer shows (``headwise report
     --heads``); default those the contract and the spec's ``heads:`` name, else every head
-    (at most ``MAX_VIEWER_HEADS``).
+    (at most ``MAX_VIEWER_HEADS``). ``progress(phase, done, total)`` is called as each of the
+    ``PHASES`` starts.
 
     Raises:
         CheckpointError: ``metrics.jsonl`` or ``enforcement.json`` is not the one the run's
@@ -69,21 +77,26 @@ def write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult
     run_dir = Path(run_dir)
     with hold_lock(run_dir):
         check_sealed(run_dir, SEALED_FILES)  # the files a report quotes are the run's own
-        paths = _write_run_report(run_dir, compiled, contract, enforcement, heads)
+        paths = _write_run_report(run_dir, compiled, contract, enforcement, heads,
+                                  progress or (lambda phase, done, total: None))
         seal(run_dir, [p.name for p in paths.values()], optional=True)  # rebuilt on demand
     return paths
 
 
 def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult | None,
-                      enforcement: dict[str, Any] | None, heads: str | None
-                      ) -> dict[str, Path]:
+                      enforcement: dict[str, Any] | None, heads: str | None,
+                      progress: Progress) -> dict[str, Path]:
     spec = compiled.spec
     model = compiled.model
     model.eval()
     names = spec_token_names(spec)
+    progress(PHASES[0], 0, len(PHASES))
     attention, note = report_attention(compiled, heads, names)
+    progress(PHASES[1], 1, len(PHASES))
     analysis = analyse_run(compiled)
+    progress(PHASES[2], 2, len(PHASES))
     trajectory = run_trajectory(run_dir, compiled)
+    progress(PHASES[3], 3, len(PHASES))
     meta: dict[str, Any] = {"spec": str(run_dir / "spec.yaml"),
                             "tasks": ", ".join(compiled.task_names),
                             "train.steps": spec.train.steps}
@@ -103,6 +116,7 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
         attention=attention, attention_note=note, training=training_curves(lines),
         enforcement=(None if enforcement is None
                      else json.loads(json.dumps(enforcement, default=str))), meta=meta)
+    progress(PHASES[4], 4, len(PHASES))
     extra = {}
     if analysis.gates is not None:
         report["gates"] = analysis.to_dict()["gates"]
@@ -113,9 +127,10 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
     return write_report(report, run_dir, extra)
 
 
-def report_existing_run(run_dir: str | Path, heads: str | None = None) -> dict[str, Path]:
-    """Rebuild ``report.{json,html}`` of a finished run from its files (``heads``: as
-    ``write_run_report``).
+def report_existing_run(run_dir: str | Path, heads: str | None = None,
+                        progress: Progress | None = None) -> dict[str, Path]:
+    """Rebuild ``report.{json,html}`` of a finished run from its files (``heads``,
+    ``progress``: as ``write_run_report``).
 
     Raises:
         SpecError: ``heads`` is not a selector of the run's model (naming ``--heads``).
@@ -131,7 +146,7 @@ def report_existing_run(run_dir: str | Path, heads: str | None = None) -> dict[s
     if (run_dir / "enforcement.json").exists():
         check_sealed(run_dir, ["enforcement.json"])
         enforcement = read_enforcement(run_dir / "enforcement.json")
-    return write_run_report(run_dir, compiled, verdict, enforcement, heads)
+    return write_run_report(run_dir, compiled, verdict, enforcement, heads, progress)
 
 
 _OPT_INT, _OPT_NUM, _OPT_STR = (int, type(None)), (int, float, type(None)), (str, type(None))
