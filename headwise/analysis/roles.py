@@ -29,6 +29,8 @@ from headwise.analysis.ov import copying_eigen_ratio, ov_top1
 from headwise.analysis.role_table import RoleTable
 from headwise.heads import Head, HeadSet, select_heads
 from headwise.model.eval_mode import in_eval_mode
+from headwise.model.hook_point import Hook, HookContext
+from headwise.model.inputs import check_tokens, gate_tasks
 from headwise.patterns import (
     DEFAULT_WINDOW,
     ROLE_NAMES,
@@ -180,6 +182,37 @@ def _pattern_name(layer: int) -> str:
     return f"blocks.{layer}.attn.hook_pattern"
 
 
+class _Captured(Exception):
+    """Raised by the last pattern capture a scan needs: nothing above it is computed."""
+
+
+def _patterns(m: Any, tokens: Tensor, mask: Tensor | None, hs: HeadSet,
+              kwargs: dict[str, Any]) -> dict[int, tuple[Tensor, tuple[int, ...]]]:
+    """Per layer of ``hs``: its heads' patterns (B, h, T, T) and which heads they are.
+
+    The forward stops once the last of them is captured: the layers above it, the final norm
+    and the output head (a 30k-word masked-LM decoder at every position) are never run.
+    """
+    check_tokens(tokens, m.config.vocab_size, mask, kwargs.get("task_ids"), gate_tasks(m))
+    got: dict[int, tuple[Tensor, tuple[int, ...]]] = {}
+    last = hs.layers[-1]
+
+    def keep(layer: int) -> Any:
+        def fn(x: Tensor, ctx: HookContext) -> None:
+            got[layer] = (x, ctx.heads if ctx.heads is not None else tuple(range(x.shape[1])))
+            if layer == last:
+                raise _Captured
+        return fn
+
+    hooks = [Hook(_pattern_name(l), keep(l), hs.in_layer(l), read_only=True) for l in hs.layers]
+    try:
+        with m.hooks(hooks):
+            m.hidden(tokens, attention_mask=mask, **kwargs)
+    except _Captured:
+        pass
+    return got
+
+
 def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: HeadSet,
           roles: list[str], batch_size: int, window: int,
           target: Target | None,
@@ -192,7 +225,6 @@ def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: H
     pattern_roles = [r for r in roles if r != "copying_eig"]
     tables = ({h: ov_top1(model, h, tokens) for h in hs} if "copying" in pattern_roles else {})
     acc: dict[Head, dict[str, Tensor]] = {}  # (groups, 2): each group's numerator, denominator
-    names = [_pattern_name(layer) for layer in hs.layers]
     n_seq = tokens.shape[0]
     n_groups = max(1, min(STDERR_GROUPS, n_seq))
     group_of = torch.arange(n_seq) * n_groups // n_seq  # contiguous groups of sequences
@@ -205,11 +237,9 @@ def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: H
         kwargs = {k: (v[start:start + batch_size] if isinstance(v, Tensor) else v)
                   for k, v in forward_kwargs.items()}
         with torch.no_grad():
-            _, cache = m.run_with_cache(tok, names=names, heads=hs,
-                                                    attention_mask=mask, **kwargs)
+            patterns = _patterns(m, tok, mask, hs, kwargs)
         for layer in hs.layers:
-            pat = cache[_pattern_name(layer)]
-            present = cache.heads_of(_pattern_name(layer)) or tuple(range(cfg.n_heads))
+            pat, present = patterns[layer]
             wanted = hs.in_layer(layer)
             idx = [present.index(h) for h in wanted]
             copy = (torch.stack([tables[Head(layer, h)] for h in wanted])
