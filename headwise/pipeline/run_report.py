@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from headwise.analysis.explain import explain_head
+from headwise.analysis.role_table import RoleTable
 from headwise.analysis.trajectories import Trajectory, score_checkpoints
 from headwise.atomic import hold_lock
 from headwise.contract import ContractResult, verify
@@ -95,7 +96,7 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
     progress(PHASES[1], 1, len(PHASES))
     analysis = analyse_run(compiled)
     progress(PHASES[2], 2, len(PHASES))
-    trajectory = run_trajectory(run_dir, compiled)
+    trajectory = run_trajectory(run_dir, compiled, analysis.roles)
     progress(PHASES[3], 3, len(PHASES))
     meta: dict[str, Any] = {"spec": str(run_dir / "spec.yaml"),
                             "tasks": ", ".join(compiled.task_names),
@@ -109,7 +110,8 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
         meta["trained steps"] = last.get("step")
     report = build_report(
         title=f"headwise report: {_title(spec.text) or run_dir.name}",
-        model_config=spec.model.config, roles=analysis.roles, importance=analysis.importance,
+        model_config=spec.model.config, roles=analysis.roles,
+        importance=[analysis.importance, *([analysis.estimate] if analysis.estimate else [])],
         contract=None if contract is None else contract.to_dict(), trajectory=trajectory,
         forecast=_forecast(trajectory, compiled, enforcement is not None),
         supervised=_supervised(compiled, names), walkthroughs=_walkthroughs(compiled, names),
@@ -196,16 +198,28 @@ def _title(text: str) -> str | None:
     return None
 
 
-def run_trajectory(run_dir: Path, compiled: Compiled) -> Trajectory | None:
+def run_trajectory(run_dir: Path, compiled: Compiled,
+                   final: RoleTable | None = None) -> Trajectory | None:
     """The role table (``run_role_table``) at every checkpoint of ``run_dir``; ``None`` without
-    checkpoints. The model's final weights are restored afterwards."""
+    checkpoints. A checkpoint whose weights are the run's final weights takes ``final`` (that
+    model's role table, already measured) instead of a second measurement. The model's final
+    weights are restored afterwards."""
     from headwise.training.sharded_checkpoint import load_checkpoint_weights  # torch.distributed
 
     ckpts = list_checkpoints(run_dir)
     if not ckpts:
         return None
     model, data = compiled.model, verification_data(compiled)
-    final = Path(run_dir) / "model.safetensors"
+    final_path = Path(run_dir) / "model.safetensors"
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def is_final(m: nn.Module) -> bool:
+        state = m.state_dict()
+        return state.keys() == weights.keys() and all(torch.equal(state[k], weights[k])
+                                                      for k in weights)
+
+    def score(m: nn.Module) -> RoleTable:
+        return final if final is not None and is_final(m) else run_role_table(m, data)
 
     def models() -> Iterator[tuple[int, nn.Module]]:
         for step, path in ckpts:
@@ -214,9 +228,9 @@ def run_trajectory(run_dir: Path, compiled: Compiled) -> Trajectory | None:
 
     try:
         with torch.no_grad():
-            return score_checkpoints(models(), lambda m: run_role_table(m, data))
+            return score_checkpoints(models(), score)
     finally:
-        load_weights(model, final)
+        load_weights(model, final_path)
 
 
 def _forecast(traj: Trajectory | None, compiled: Compiled, enforced: bool
