@@ -12,7 +12,8 @@ the other's, per repetition). `report` runs on a fresh copy of the run directory
 
 RUN: a finished run of ``headwise/examples/surgery_minilm.yaml`` (``bench/surgery_minilm.py``,
 or ``headwise train`` with ``--set model.pretrained.path=... --set train.checkpoint_every=5``).
-The text ``analyze`` reads: the repository's ``docs/*.md`` lines, up to ``--tokens`` tokens of
+``verify`` reads the copy's own ``spec.yaml``, so the spec's data files (``corpus.txt``) must lie
+in RUN beside it. The text ``analyze`` reads: the repository's ``docs/*.md`` lines, up to ``--tokens`` tokens of
 all-MiniLM-L6-v2's tokenizer (written to ``bench/.cache/scale_text.txt``).
 """
 
@@ -85,7 +86,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="prove_scale_"))
     commands = {
         "report": lambda rd: ["report", str(rd)],
-        "verify": lambda rd: ["verify", str(args.run / "spec.yaml"), "--run", str(rd)],
+        "verify": lambda rd: ["verify", str(rd / "spec.yaml"), "--run", str(rd)],
         "analyze": lambda rd: ["analyze", "--hf", str(minilm), "--text", str(text)],
     }
     wanted = [c for c in args.only.split(",") if c]
