@@ -4,8 +4,9 @@ this checkout against another checkout (e.g. the commit before), side by side.
 Every command runs in its own process with one thread (``OMP_NUM_THREADS=1``); each repetition
 runs every (command, checkout) pair once, in turn, so load hits both alike. Each pair's wall
 seconds and CPU seconds (the child's user + system time, which a process waiting for a core
-does not accrue) are recorded; the figures are medians and paired ratios (this checkout's /
-the other's, per repetition). `report` runs on a fresh copy of the run directory each time.
+does not accrue, read with ``os.wait4``) are recorded; the figures are medians and paired
+ratios (the other checkout's / this one's, per repetition). `report` runs on a fresh copy of
+the run directory each time.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_prove_scale.py --run RUN --base /path/to/old \\
         [--reps 3] [--tokens 10000] [--only report,verify,analyze]
@@ -13,15 +14,14 @@ the other's, per repetition). `report` runs on a fresh copy of the run directory
 RUN: a finished run of ``headwise/examples/surgery_minilm.yaml`` (``bench/surgery_minilm.py``,
 or ``headwise train`` with ``--set model.pretrained.path=... --set train.checkpoint_every=5``).
 ``verify`` reads the copy's own ``spec.yaml``, so the spec's data files (``corpus.txt``) must lie
-in RUN beside it. The text ``analyze`` reads: the repository's ``docs/*.md`` lines, up to ``--tokens`` tokens of
-all-MiniLM-L6-v2's tokenizer (written to ``bench/.cache/scale_text.txt``).
+in RUN beside it. The text ``analyze`` reads: the repository's ``docs/*.md`` lines, up to
+``--tokens`` tokens of all-MiniLM-L6-v2's tokenizer (written to ``bench/.cache/scale_text.txt``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -37,17 +37,20 @@ CLI = "import sys; from headwise.cli import main; sys.exit(main(sys.argv[1:]))"
 def run_cli(checkout: Path, args: list[str]) -> tuple[float, float, str]:
     """Wall and CPU seconds of one CLI command of ``checkout``, and its output's last lines."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(checkout)}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", CLI, *args], env=env, capture_output=True,
-                          text=True)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    if done.returncode not in (0, 1):  # 1: a contract that fails is a verdict, not an error
-        raise SystemExit(f"{checkout}: {' '.join(args)} exited {done.returncode}:\n"
-                         f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return wall, cpu, (done.stdout + done.stderr)[-300:]
+    with tempfile.TemporaryFile("w+") as log:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-c", CLI, *args], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own CPU time
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        log.seek(0)
+        output = log.read()
+    cpu = usage.ru_utime + usage.ru_stime
+    if proc.returncode not in (0, 1):  # 1: a contract that fails is a verdict, not an error
+        raise SystemExit(f"{checkout}: {' '.join(args)} exited {proc.returncode}:\n"
+                         f"{output[-3000:]}")
+    return wall, cpu, output[-300:]
 
 
 def text_file(tokens: int) -> Path:

@@ -32,6 +32,7 @@ from headwise.patterns import DEFAULT_WINDOW
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.finished import load_compiled
 from headwise.pipeline.heldout import verification_data
+from headwise.pipeline.loaded_run import MAX_CONTRACT_BYTES
 from headwise.pipeline.run_analysis import analyse_run, metrics_lines, run_role_table
 from headwise.pipeline.run_dir import SEALED_FILES
 from headwise.pipeline.run_tokens import spec_token_names
@@ -132,7 +133,8 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
 def report_existing_run(run_dir: str | Path, heads: str | None = None,
                         progress: Progress | None = None) -> dict[str, Path]:
     """Rebuild ``report.{json,html}`` of a finished run from its files (``heads``,
-    ``progress``: as ``write_run_report``).
+    ``progress``: as ``write_run_report``). The contract's verdict is the run's own sealed
+    ``contract.json`` (measured once, after training); a run without one is verified here.
 
     Raises:
         SpecError: ``heads`` is not a selector of the run's model (naming ``--heads``).
@@ -143,12 +145,26 @@ def report_existing_run(run_dir: str | Path, heads: str | None = None,
     spec = compiled.spec
     verdict = None
     if spec.contract:
-        verdict = verify(compiled.model, spec.contract, verification_data(compiled))
+        verdict = _sealed_verdict(run_dir, compiled)
+        if verdict is None:
+            verdict = verify(compiled.model, spec.contract, verification_data(compiled))
     enforcement = None
     if (run_dir / "enforcement.json").exists():
         check_sealed(run_dir, ["enforcement.json"])
         enforcement = read_enforcement(run_dir / "enforcement.json")
     return write_run_report(run_dir, compiled, verdict, enforcement, heads, progress)
+
+
+def _sealed_verdict(run_dir: Path, compiled: Compiled) -> ContractResult | None:
+    """The verdict the run measured on its weights (``contract.json``, checked against the
+    run's manifest: the same weights and verification set give the same numbers), or
+    ``None`` when the run has none."""
+    file = run_dir / "contract.json"
+    if not file.is_file():
+        return None
+    check_sealed(run_dir, [file.name])
+    data = read_json_object(file, CheckpointError, MAX_CONTRACT_BYTES)
+    return ContractResult.from_dict(data, compiled.spec.contract, str(file))
 
 
 _OPT_INT, _OPT_NUM, _OPT_STR = (int, type(None)), (int, float, type(None)), (str, type(None))
