@@ -23,27 +23,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from headwise.analysis.batched_ablation import ablated_stats
 from headwise.analysis.importance_matrix import (
     ImportanceMatrix,
     bootstrap_ci,
     bootstrap_value_ci,
 )
+from headwise.analysis.scored import forward_kwargs, scored_stats
 from headwise.heads import HeadSet, select_heads
-from headwise.hooks.interventions import ablate
 from headwise.model.eval_mode import in_eval_mode
 from headwise.model.hook_point import Hook
 
 IGNORE = -100
 METRICS = ("loss", "accuracy", "exact")
-
-
-def _forward_kwargs(batch: Any) -> dict[str, Any]:
-    kw: dict[str, Any] = {}
-    if getattr(batch, "attention_mask", None) is not None:
-        kw["attention_mask"] = batch.attention_mask
-    if getattr(batch, "task_ids", None) is not None:
-        kw["task_ids"] = batch.task_ids
-    return kw
 
 
 def example_stats(logits: Tensor, targets: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
@@ -80,7 +72,7 @@ def _cpu(stats: dict[str, tuple[Tensor, Tensor]]) -> dict[str, tuple[Tensor, Ten
 @torch.no_grad()
 def task_metrics(model: nn.Module, batch: Any) -> dict[str, float]:
     """Token-weighted ``loss`` and ``accuracy``, and ``exact``, of ``model`` on ``batch``."""
-    stats = example_stats(model(batch.tokens, **_forward_kwargs(batch)), batch.targets)
+    stats = scored_stats(model, batch)
     return {m: float(num.sum() / den.sum().clamp_min(1)) for m, (num, den) in stats.items()}
 
 
@@ -100,7 +92,7 @@ def task_metric_ci(model: nn.Module, batch: Any, metric: str, n_boot: int = 1000
     """
     if metric not in METRICS:
         raise ValueError(f"metric: got {metric!r}, expected one of {list(METRICS)}")
-    stats = _cpu(example_stats(model(batch.tokens, **_forward_kwargs(batch)), batch.targets))
+    stats = _cpu(scored_stats(model, batch))
     num, count = stats[metric]
     gen = torch.Generator().manual_seed(seed)
     return bootstrap_value_ci(num, count, n_boot, confidence, gen)
@@ -125,6 +117,10 @@ def ablation_importance(model: nn.Module, batches: Mapping[str, Any] | Any, head
                         confidence: float = 0.95, seed: int = 0) -> ImportanceMatrix:
     """Effect of ablating each head (or each group) on each task's loss and accuracy.
 
+    The ablations run batched from the clean residual stream at each ablated layer, with the
+    output head at the scored positions only (``headwise.analysis.batched_ablation``); the
+    numbers are those of ablating one unit at a time.
+
     Args:
         model: a headwise Transformer.
         batches: ``{task: batch}`` (or one batch) with ``tokens``, ``targets``,
@@ -138,32 +134,35 @@ def ablation_importance(model: nn.Module, batches: Mapping[str, Any] | Any, head
 
     Returns:
         ImportanceMatrix of drops (units x tasks x metrics) with confidence intervals.
+
+    Raises:
+        ValueError: unknown mode, or a reference shorter than a task's batch.
     """
+    if mode not in ("zero", "mean", "resample"):
+        raise ValueError(f"mode: got {mode!r}, expected 'zero', 'mean' or 'resample'")
     tasks = _as_tasks(batches)
     units = _units(model, heads, groups)
-    clean = {t: _cpu(example_stats(model(b.tokens, **_forward_kwargs(b)), b.targets))
-             for t, b in tasks.items()}
     shape = (len(units), len(tasks), len(METRICS))
     drop, lo, hi, abl = (torch.full(shape, float("nan"), dtype=torch.float64) for _ in range(4))
     gen = torch.Generator().manual_seed(seed)
+    clean_vals: dict[str, dict[str, float]] = {}
     for ti, (task, batch) in enumerate(tasks.items()):
-        kw = _forward_kwargs(batch)
         ref = reference.get(task) if isinstance(reference, Mapping) else reference
-        ref_kw = kw if ref is None else {}
+        ref_kw = forward_kwargs(batch) if ref is None else {}
         ref = batch.tokens if ref is None else ref
-        for ui, unit in enumerate(units):
-            hooks = ablate(model, unit, mode=mode, reference=None if mode == "zero" else ref,
-                           seed=seed, **({} if mode == "zero" else ref_kw))
-            with model.hooks(hooks):  # type: ignore[operator]  # a headwise Transformer
-                stats = _cpu(example_stats(model(batch.tokens, **kw), batch.targets))
+        clean_t, ablated = ablated_stats(model, batch, units, mode,
+                                         None if mode == "zero" else ref, ref_kw, seed)
+        clean = _cpu(clean_t)
+        clean_vals[task] = {m: float(n.sum() / d.sum().clamp_min(1))
+                            for m, (n, d) in clean.items()}
+        for ui, unit_stats in enumerate(ablated):
+            stats = _cpu(unit_stats)
             for mi, m in enumerate(METRICS):
                 sign = 1.0 if m == "loss" else -1.0  # positive = the head mattered
-                (cn, cd), (an, ad) = clean[task][m], stats[m]
+                (cn, cd), (an, ad) = clean[m], stats[m]
                 abl[ui, ti, mi] = an.sum() / ad.sum().clamp_min(1)
                 point, low, high = bootstrap_ci(cn, an, cd, sign, n_boot, confidence, gen)
                 drop[ui, ti, mi], lo[ui, ti, mi], hi[ui, ti, mi] = point, low, high
-    clean_vals = {t: {m: float(n.sum() / d.sum().clamp_min(1)) for m, (n, d) in s.items()}
-                  for t, s in clean.items()}
     return ImportanceMatrix(units, list(tasks), list(METRICS), drop, lo, hi, clean_vals, abl,
                             {"method": "ablation", "mode": mode, "n_boot": n_boot,
                              "confidence": confidence})
@@ -204,7 +203,7 @@ def gradient_importance(model: nn.Module, batches: Mapping[str, Any] | Any, head
                           dtype=dtype, requires_grad=True)
         hooks = [Hook(f"blocks.{l}.attn.hook_z", _gate_fn(gate, l)) for l in range(cfg.n_layers)]
         with m.hooks(hooks):
-            logits = model(batch.tokens, **_forward_kwargs(batch))
+            logits = model(batch.tokens, **forward_kwargs(batch))
         num, count = example_stats(logits, batch.targets)["loss"]
         per_example = num / count.clamp_min(1)  # (B,)
         (grad,) = torch.autograd.grad(per_example.sum(), gate)  # (B, L, H): dL(x)/d xi

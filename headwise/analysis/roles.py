@@ -17,7 +17,7 @@ pattern objectives pull towards the same targets. Scored here besides:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,8 @@ from headwise.analysis.ov import copying_eigen_ratio, ov_top1
 from headwise.analysis.role_table import RoleTable
 from headwise.heads import Head, HeadSet, select_heads
 from headwise.model.eval_mode import in_eval_mode
+from headwise.model.hook_point import Hook, HookContext
+from headwise.model.inputs import check_tokens, gate_tasks
 from headwise.patterns import (
     DEFAULT_WINDOW,
     ROLE_NAMES,
@@ -180,6 +182,37 @@ def _pattern_name(layer: int) -> str:
     return f"blocks.{layer}.attn.hook_pattern"
 
 
+class _Captured(Exception):
+    """Raised by the last pattern capture a scan needs: nothing above it is computed."""
+
+
+def _patterns(m: Any, tokens: Tensor, mask: Tensor | None, hs: HeadSet,
+              kwargs: dict[str, Any]) -> dict[int, tuple[Tensor, tuple[int, ...]]]:
+    """Per layer of ``hs``: its heads' patterns (B, h, T, T) and which heads they are.
+
+    The forward stops once the last of them is captured: the layers above it, the final norm
+    and the output head (a 30k-word masked-LM decoder at every position) are never run.
+    """
+    check_tokens(tokens, m.config.vocab_size, mask, kwargs.get("task_ids"), gate_tasks(m))
+    got: dict[int, tuple[Tensor, tuple[int, ...]]] = {}
+    last = hs.layers[-1]
+
+    def keep(layer: int) -> Any:
+        def fn(x: Tensor, ctx: HookContext) -> None:
+            got[layer] = (x, ctx.heads if ctx.heads is not None else tuple(range(x.shape[1])))
+            if layer == last:
+                raise _Captured
+        return fn
+
+    hooks = [Hook(_pattern_name(l), keep(l), hs.in_layer(l), read_only=True) for l in hs.layers]
+    try:
+        with m.hooks(hooks):
+            m.hidden(tokens, attention_mask=mask, **kwargs)
+    except _Captured:
+        pass
+    return got
+
+
 def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: HeadSet,
           roles: list[str], batch_size: int, window: int,
           target: Target | None,
@@ -187,12 +220,9 @@ def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: H
     """``{head: {role: (score, standard error)}}``: each score pooled exactly over the probe;
     its standard error the ratio estimator's over ``STDERR_GROUPS`` contiguous groups of
     sequences (``ratio_stderr``; NaN with one group, and for ``copying_eig``)."""
-    m: Any = model  # nn.Module.__getattr__ hides the Transformer's attributes from mypy
-    cfg = m.config
     pattern_roles = [r for r in roles if r != "copying_eig"]
     tables = ({h: ov_top1(model, h, tokens) for h in hs} if "copying" in pattern_roles else {})
     acc: dict[Head, dict[str, Tensor]] = {}  # (groups, 2): each group's numerator, denominator
-    names = [_pattern_name(layer) for layer in hs.layers]
     n_seq = tokens.shape[0]
     n_groups = max(1, min(STDERR_GROUPS, n_seq))
     group_of = torch.arange(n_seq) * n_groups // n_seq  # contiguous groups of sequences
@@ -204,30 +234,42 @@ def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: H
             tgt = tgt[start:start + batch_size]
         kwargs = {k: (v[start:start + batch_size] if isinstance(v, Tensor) else v)
                   for k, v in forward_kwargs.items()}
-        with torch.no_grad():
-            _, cache = m.run_with_cache(tok, names=names, heads=hs,
-                                                    attention_mask=mask, **kwargs)
-        for layer in hs.layers:
-            pat = cache[_pattern_name(layer)]
-            present = cache.heads_of(_pattern_name(layer)) or tuple(range(cfg.n_heads))
-            wanted = hs.in_layer(layer)
-            idx = [present.index(h) for h in wanted]
-            copy = (torch.stack([tables[Head(layer, h)] for h in wanted])
-                    if tables else None)
-            groups = group_of[start:start + tok.shape[0]]
-            for g in groups.unique().tolist():
-                rows = (groups == g).nonzero()[:, 0]
-                lo, hi = int(rows[0]), int(rows[-1]) + 1
-                part = tgt[lo:hi] if isinstance(tgt, Tensor) and tgt.dim() == 3 \
-                    and tgt.shape[0] == tok.shape[0] else tgt
-                sums = role_sums(pat[lo:hi, idx].double(), tok[lo:hi],
-                                 None if mask is None else mask[lo:hi], pattern_roles,
-                                 cfg.causal, window, copy, part)
-                for i, h in enumerate(wanted):
-                    slot = acc.setdefault(Head(layer, h), {})
-                    for r, (num, den) in sums.items():
-                        table = slot.setdefault(r, num.new_zeros(n_groups, 2))
-                        table[g] += torch.stack([num[i], den[i]])  # on the device: no host read
+        _add(model, tok, mask, kwargs, tgt, group_of[start:start + tok.shape[0]], n_groups,
+             hs, pattern_roles, window, tables, acc)
+    return _finish(model, acc, hs, roles)
+
+
+def _add(model: nn.Module, tok: Tensor, mask: Tensor | None, kwargs: dict[str, Any],
+         tgt: Any, groups: Tensor, n_groups: int, hs: HeadSet, pattern_roles: list[str],
+         window: int, tables: dict[Head, Tensor], acc: dict[Head, dict[str, Tensor]]) -> None:
+    """Add one batch's role sums to ``acc``, row ``r`` into group ``groups[r]``."""
+    m: Any = model  # nn.Module.__getattr__ hides the Transformer's attributes from mypy
+    cfg = m.config
+    with torch.no_grad():
+        patterns = _patterns(m, tok, mask, hs, kwargs)
+    for layer in hs.layers:
+        pat, present = patterns[layer]
+        wanted = hs.in_layer(layer)
+        idx = [present.index(h) for h in wanted]
+        copy = (torch.stack([tables[Head(layer, h)] for h in wanted]) if tables else None)
+        for g in groups.unique().tolist():
+            rows = (groups == g).nonzero()[:, 0]
+            lo, hi = int(rows[0]), int(rows[-1]) + 1
+            sel: Any = slice(lo, hi) if hi - lo == rows.numel() else rows  # interleaved: rows
+            part_tok, part_mask = tok[sel], None if mask is None else mask[sel]
+            part = tgt[sel] if isinstance(tgt, Tensor) and tgt.dim() == 3 \
+                and tgt.shape[0] == tok.shape[0] else tgt
+            sums = role_sums(pat[sel][:, idx].double(), part_tok, part_mask, pattern_roles,
+                             cfg.causal, window, copy, part)
+            for i, h in enumerate(wanted):
+                slot = acc.setdefault(Head(layer, h), {})
+                for r, (num, den) in sums.items():
+                    table = slot.setdefault(r, num.new_zeros(n_groups, 2))
+                    table[g] += torch.stack([num[i], den[i]])  # on the device: no host read
+
+
+def _finish(model: nn.Module, acc: dict[Head, dict[str, Tensor]], hs: HeadSet,
+            roles: list[str]) -> dict[Head, dict[str, tuple[float, float]]]:
     out: dict[Head, dict[str, tuple[float, float]]] = {}
     for head in hs:
         vals = {r: (float(v[:, 0].sum() / v[:, 1].sum()), ratio_stderr(v[:, 0], v[:, 1]))
@@ -235,6 +277,59 @@ def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: H
         if "copying_eig" in roles:
             vals["copying_eig"] = (copying_eigen_ratio(model, head), math.nan)
         out[head] = vals
+    return out
+
+
+def _table(hs: HeadSet, roles: list[str], scores: dict[Head, dict[str, tuple[float, float]]],
+           info: dict[str, Any]) -> RoleTable:
+    values, stderr = (torch.tensor([[scores[h][r][i] for r in roles] for h in hs],
+                                   dtype=torch.float64).reshape(len(hs), len(roles))
+                      for i in (0, 1))
+    return RoleTable(list(hs), roles, values, info, stderr)
+
+
+@in_eval_mode
+def role_scores_stream(model: nn.Module, chunks: Iterable[tuple[Tensor, Tensor | None]],
+                       heads: Any = None, roles: Sequence[str] | None = None,
+                       window: int = DEFAULT_WINDOW) -> RoleTable:
+    """``role_scores`` over a stream of ``(tokens (b, T_i), attention_mask | None)`` chunks of
+    any lengths, each forwarded once and dropped: memory holds one chunk, whatever the corpus.
+
+    Scores are pooled exactly over every chunk (the same sums as ``role_scores`` on all the
+    sequences, in another order); standard errors are over ``STDERR_GROUPS`` groups of
+    sequences dealt in turn (sequence ``k`` in group ``k mod STDERR_GROUPS``).
+
+    Raises:
+        ValueError: unknown roles, or an empty stream.
+    """
+    hs = select_heads(model, heads)
+    roles = _checked_roles(roles)
+    pattern_roles = [r for r in roles if r != "copying_eig"]
+    acc: dict[Head, dict[str, Tensor]] = {}
+    seen = tokens_seen = 0
+    length = 0
+    for tokens, mask in chunks:
+        n = tokens.shape[0]
+        groups = (torch.arange(seen, seen + n) % STDERR_GROUPS)
+        tables = ({h: ov_top1(model, h, tokens) for h in hs} if "copying" in pattern_roles
+                  else {})  # entries read are those of this chunk's tokens, as on the whole
+        _add(model, tokens, mask, {}, None, groups, STDERR_GROUPS, hs, pattern_roles, window,
+             tables, acc)
+        seen += n
+        tokens_seen += int(mask.sum()) if mask is not None else tokens.numel()
+        length = max(length, tokens.shape[1])
+    if not seen:
+        raise ValueError("chunks: got none, expected at least one sequence")
+    return _table(hs, roles, _finish(model, acc, hs, roles),
+                  {"n_sequences": seen, "seq_len": length, "tokens": tokens_seen,
+                   "window": window})
+
+
+def _checked_roles(roles: Sequence[str] | None) -> list[str]:
+    out = list(ROLES if roles is None else roles)
+    for r in out:
+        if r not in ROLES:
+            raise ValueError(f"roles: got {r!r}, expected names from {list(ROLES)}")
     return out
 
 
@@ -262,18 +357,12 @@ def role_scores(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None 
         ValueError / SelectorError: unknown roles, bad selectors, mis-shaped inputs.
     """
     hs = select_heads(model, heads)
-    roles = list(ROLES if roles is None else roles)
-    for r in roles:
-        if r not in ROLES:
-            raise ValueError(f"roles: got {r!r}, expected names from {list(ROLES)}")
+    roles = _checked_roles(roles)
     scores = _scan(model, tokens, attention_mask, hs, roles, batch_size, window, None,
                    forward_kwargs)
-    values, stderr = (torch.tensor([[scores[h][r][i] for r in roles] for h in hs],
-                                   dtype=torch.float64).reshape(len(hs), len(roles))
-                      for i in (0, 1))
     info = {"n_sequences": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
             "window": window}
-    return RoleTable(list(hs), roles, values, info, stderr)
+    return _table(hs, roles, scores, info)
 
 
 @in_eval_mode

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,10 @@ def register(subparsers: Any) -> None:
     add_hf_arguments(p, required=False)
     p.add_argument("--text", metavar="FILE", help="with --hf: text to score on (one sequence "
                                                   "per non-empty line)")
+    p.add_argument("--max-tokens", type=int, metavar="N",
+                   help="with --text: score at most the first N tokens (the text is read in "
+                        "memory-capped chunks with a progress line each on stderr, whatever "
+                        "its length)")
     p.add_argument("--forecast", action="store_true",
                    help="for a run with checkpoints: each head's final role as the packaged "
                         "forecaster predicts it from the first 20%% of checkpoints (with "
@@ -68,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("analyze: expected either a run directory or --hf DIR (exactly one)")
     if args.text and not args.hf:
         raise SpecError("--text: only used with --hf")
+    if args.max_tokens is not None and not args.text:
+        raise SpecError("--max-tokens: only used with --hf and --text")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise SpecError(f"--max-tokens: got {args.max_tokens}, expected an integer >= 1")
     if args.revision and not args.hf:
         raise SpecError("--revision: only used with --hf")
     check_output_file(args.json, "--json")
@@ -89,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     notes: list[str] = []
     result = (_run(args.run, args.device, tables, notes, forecaster) if args.run
               else _hf(args.hf, args.text, args.revision, args.device, tables, args.html,
-                       args.heads))
+                       args.heads, args.max_tokens))
     print_tables([spreadsheet_safe(t) for t in tables] if args.format == "csv" else tables,
                  args.format)
     for line in notes:
@@ -171,8 +180,24 @@ def _forecast(run_dir: str, compiled: Any, forecaster: Forecaster, tables: list[
     return summary
 
 
+def _text_progress() -> Callable[[int, int, int], None]:
+    """One plain line on stderr per chunk of text scored: share read, tokens, time left."""
+    import sys
+    import time
+
+    start = time.perf_counter()
+
+    def show(done: int, total: int, tokens: int) -> None:
+        elapsed = time.perf_counter() - start
+        left = elapsed / done * (total - done) if done else 0.0
+        print(f"analyze: {done / max(total, 1):.0%} of the text read, {tokens} tokens scored, "
+              f"about {left:.0f} s left", file=sys.stderr, flush=True)
+    return show
+
+
 def _hf(name: str, text: str | None, revision: str | None, device: str,
-        tables: list[TextTable], html: str | None, heads: str | None) -> dict[str, Any]:
+        tables: list[TextTable], html: str | None, heads: str | None,
+        max_tokens: int | None = None) -> dict[str, Any]:
     from headwise.analysis.role_table import RoleTable
     from headwise.data.corpus import decode_text
     from headwise.interop.hub_cache import resolve_model
@@ -191,14 +216,19 @@ def _hf(name: str, text: str | None, revision: str | None, device: str,
         if not lines:
             raise SpecError(f"--text: {path} has no non-empty line")
         source = f"{len(lines)} lines of {path}"
+        if max_tokens is not None:
+            source = f"the first {max_tokens} tokens of {source}"
         _check_vocabularies(directory)
+    progress = _text_progress() if text is not None else None
     if html:
         report = hf_report(directory, content, heads=heads, device=device,
-                           title=f"headwise analysis: {name}", data=source)
+                           title=f"headwise analysis: {name}", data=source,
+                           max_tokens=max_tokens, progress=progress)
         records = report["roles"]["records"]
         write_file(html, render_html(report), "--html")
     else:
-        records = analyze_hf(directory, content, device=device)
+        records = analyze_hf(directory, content, device=device, max_tokens=max_tokens,
+                             progress=progress)
     tables.append(RoleTable.from_records(records).to_text_table(
         f"role scores of {name} on {source}"))
     return {"model": name, "path": directory, "data": source, "roles": records}

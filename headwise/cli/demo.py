@@ -15,7 +15,7 @@ from headwise.cli.options import (
     add_run_options,
     add_subcommand,
 )
-from headwise.cli.output import console, print_outcome, set_threads
+from headwise.cli.output import console, print_outcome, set_threads, write_report_after
 
 DEMO_SPEC = "demo.yaml"
 
@@ -51,7 +51,6 @@ def run(args: argparse.Namespace) -> int:
     """Train the demo spec into ``--out`` and print what happened and where to look."""
     from headwise.pipeline.options import RunOptions
     from headwise.pipeline.run import train_run
-    from headwise.pipeline.run_report import write_run_report
 
     set_threads(args.threads)
     out = console()
@@ -65,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
     outcome = train_run(source, Path(args.out), RunOptions(
         overwrite=True, progress=not args.quiet, device=args.device, seed=args.seed,
         overrides=None if args.set is None else tuple(args.set)))
-    write_run_report(outcome.run_dir, outcome.compiled, outcome.contract, outcome.enforcement)
     print_outcome(out, outcome)
+    write_report_after(out, outcome)
     out.print(f"wall time {time.perf_counter() - start:.1f} s. Next: open "
               f"{outcome.run_dir / 'report.html'}; try `headwise explain {outcome.run_dir} "
               f"--head L0.H2 --input copy` or `headwise analyze {outcome.run_dir}`.")

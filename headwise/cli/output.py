@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -136,8 +137,33 @@ def failing_lines(summary: dict[str, Any]) -> list[str]:
     return out
 
 
-def print_outcome(out: Console, outcome: RunOutcome) -> None:
-    """Summary after ``headwise train`` / ``headwise demo``."""
+def report_progress(out: Console) -> Callable[[str, int, int], None]:
+    """A report's progress callback (``write_run_report(progress=...)``): one plain line per
+    phase, ``report: PHASE (DONE/TOTAL done, about S s left)``, the estimate from the time the
+    phases done so far took."""
+    start = time.perf_counter()
+
+    def show(phase: str, done: int, total: int) -> None:
+        left = ""
+        if done:
+            elapsed = time.perf_counter() - start
+            left = f", about {elapsed / done * (total - done):.0f} s left"
+        out.print(f"report: {phase} ({done}/{total} done{left})", markup=False)
+    return show
+
+
+def write_report_after(out: Console, outcome: RunOutcome) -> None:
+    """Write the run's report after its verdict was printed, saying where it is."""
+    from headwise.pipeline.run_report import write_run_report
+
+    paths = write_run_report(outcome.run_dir, outcome.compiled, outcome.contract,
+                             outcome.enforcement, progress=report_progress(out))
+    out.print(f"report: written {paths['html']}", markup=False)
+
+
+def print_outcome(out: Console, outcome: RunOutcome, report: bool = True) -> None:
+    """Summary after ``headwise train`` / ``headwise demo``: printed as soon as the verdict is
+    measured, before the report (``report``: whether one follows)."""
     run = outcome.run_dir
     metrics = outcome.train.metrics
     out.print(f"trained {outcome.train.step} steps; eval-batch accuracy: {task_line(metrics)}")
@@ -159,5 +185,7 @@ def print_outcome(out: Console, outcome: RunOutcome) -> None:
         out.print(f"contract {verdict}: {n} clause{'' if n == 1 else 's'}, "
                   f"{sum(not r.passed for r in outcome.contract.results)} failed, "
                   f"{sum(r.state == 'certified' for r in outcome.contract.results)} certified")
-    out.print(f"run directory: {run}/  (report: {run / 'report.html'}, "
-              f"metrics: {run / 'metrics.jsonl'}, weights: {run / 'model.safetensors'})")
+    where = (f"report: {run / 'report.html'}, " if report
+             else f"no report; write it with `headwise report {run}`; ")
+    out.print(f"run directory: {run}/  ({where}metrics: {run / 'metrics.jsonl'}, weights: "
+              f"{run / 'model.safetensors'})")

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from headwise.cli.options import add_run_argument, add_subcommand
-from headwise.cli.output import console
+from headwise.cli.output import console, report_progress
 
 
 def register(subparsers: Any) -> None:
@@ -31,8 +31,9 @@ def run(args: argparse.Namespace) -> int:
     from headwise.pipeline.resume import read_run_info
     from headwise.pipeline.run_report import report_existing_run
 
-    paths = report_existing_run(args.run, heads=args.heads)
+    out = console()
+    paths = report_existing_run(args.run, heads=args.heads, progress=report_progress(out))
     step = read_run_info(Path(args.run)).get("step")  # sealed by the run's manifest
     of = f"the weights of step {step}" if step is not None else "the run's weights"
-    console().print(f"report of {of}: written {paths['json']} and {paths['html']}")
+    out.print(f"report of {of}: written {paths['json']} and {paths['html']}")
     return 0

@@ -1,4 +1,5 @@
-"""``headwise train SPEC [--out RUN] [--resume] [--enforce]``: train a spec, verify, report.
+"""``headwise train SPEC [--out RUN] [--resume] [--enforce] [--no-report]``: train a spec, verify,
+print the verdict, then write the report (with progress lines).
 
 The flags that shape the training (``--enforce``, ``--enforce-budget``, ``--allow-unenforced``,
 ``--steps``, ``--seed``, ``--set``) default to ``None`` here, so that ``--resume`` can tell a flag
@@ -23,7 +24,7 @@ from headwise.cli.options import (
     add_run_options,
     add_subcommand,
 )
-from headwise.cli.output import console, print_outcome, set_threads
+from headwise.cli.output import console, print_outcome, set_threads, write_report_after
 
 
 def register(subparsers: Any) -> None:
@@ -49,6 +50,9 @@ def register(subparsers: Any) -> None:
                    help="with --enforce, accept clauses no lever can move (else exit 2)")
     p.add_argument("--enforce-budget", type=float, default=None, metavar="F",
                    help="with --enforce, allow up to F x train.steps (1 to 1.3; default 1)")
+    p.add_argument("--no-report", action="store_true",
+                   help="print the verdict and stop: no report.html (write it later with "
+                        "`headwise report RUN`)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing run in --out instead of refusing")
     p.add_argument("--steps", type=int, default=None, metavar="N",
@@ -82,7 +86,6 @@ def run(args: argparse.Namespace) -> int:
     from headwise.pipeline.options import RunOptions
     from headwise.pipeline.run import train_run
     from headwise.pipeline.run_dir import is_main_process
-    from headwise.pipeline.run_report import write_run_report
     from headwise.training import list_checkpoints
     from headwise.training.distributed import finish_together
     from headwise.training.interrupt import Interrupted
@@ -113,10 +116,11 @@ def run(args: argparse.Namespace) -> int:
                   if found else "interrupted before the first checkpoint; start again with: "
                   f"{resume_command(args, out, again=True)}", file=sys.stderr)
         return 130
-    if is_main_process():  # under torchrun, rank 0 writes the report and prints
-        write_run_report(outcome.run_dir, outcome.compiled, outcome.contract,
-                         outcome.enforcement)
-        print_outcome(console(), outcome)
+    if is_main_process():  # under torchrun, rank 0 prints the verdict, then writes the report
+        term = console()
+        print_outcome(term, outcome, report=not args.no_report)
+        if not args.no_report:
+            write_report_after(term, outcome)
     code = 0 if outcome.contract is None else outcome.contract.exit_for(args.require)
     return finish_together(code) or code  # under torchrun: every rank after rank 0's report
 
@@ -139,4 +143,5 @@ def resume_command(args: argparse.Namespace, out: Path, again: bool = False) -> 
     for item in args.set or ():
         argv += ["--set", item]
     argv += ["--quiet"] if args.quiet else []
+    argv += ["--no-report"] if getattr(args, "no_report", False) else []
     return shlex.join(argv)

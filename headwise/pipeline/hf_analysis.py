@@ -1,9 +1,16 @@
 """Role scores of every head of a local HF checkpoint (the engine behind ``analyze --hf``),
-and its report (``analyze --hf --html``): the role heatmap and table and an attention viewer."""
+and its report (``analyze --hf --html``): the role heatmap and table and an attention viewer.
+
+Text is streamed: lines are tokenised ``LINES_PER_READ`` at a time and scored in chunks whose
+captured patterns (layers x heads x sequences x T x T) stay under ``CHUNK_ELEMENTS``, each
+forwarded once and dropped (``headwise.analysis.roles.role_scores_stream``), so memory holds
+one chunk whatever the corpus; ``max_tokens`` stops after that many tokens, and ``progress``
+hears of every chunk.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +21,18 @@ from headwise.interop.load import load_hf
 from headwise.interop.tokenizer import encode_batch, load_tokenizer
 
 COPYING_MAX_VOCAB = 4096
+LINES_PER_READ = 256
+CHUNK_ELEMENTS = 1 << 26  # pattern elements captured per chunk (256 MiB in float32)
+# progress(characters done, characters in all, tokens done)
+Progress = Callable[[int, int, int], None]
 
 
 def analyze_hf(path: str | Path, text: str | Sequence[str] | None = None,
                roles: Sequence[str] | None = None, n_probe: int = 16,
                probe_half_len: int = 24, seed: int = 0,
-               revision: str | None = None, device: str = "cpu") -> list[dict[str, Any]]:
+               revision: str | None = None, device: str = "cpu",
+               max_tokens: int | None = None,
+               progress: Progress | None = None) -> list[dict[str, Any]]:
     """Load an HF checkpoint and score every head's roles.
 
     Args:
@@ -35,6 +48,8 @@ def analyze_hf(path: str | Path, text: str | Sequence[str] | None = None,
         n_probe, probe_half_len, seed: the random probe's size and seed.
         revision: with a model id, the cached branch, tag or commit (default ``main``).
         device: where the model runs (auto, cpu, cuda, cuda:N).
+        max_tokens: with ``text``, score at most this many tokens (the last sequence cut).
+        progress: with ``text``, called after each chunk (see ``Progress``).
 
     Returns:
         One record per head, ``{"layer", "head", <role>: score | None}`` in layer-major order
@@ -45,13 +60,14 @@ def analyze_hf(path: str | Path, text: str | Sequence[str] | None = None,
         ValueError: text with no non-empty line.
     """
     return _scored(path, text, roles, n_probe, probe_half_len, seed, revision,
-                   device)[3].to_records()
+                   device, max_tokens, progress)[3].to_records()
 
 
 def hf_report(path: str | Path, text: str | Sequence[str] | None = None, *,
               roles: Sequence[str] | None = None, heads: str | None = None,
               title: str = "headwise analysis", data: str = "", revision: str | None = None,
-              device: str = "cpu") -> dict[str, Any]:
+              device: str = "cpu", max_tokens: int | None = None,
+              progress: Progress | None = None) -> dict[str, Any]:
     """``analyze_hf``'s scores (``text``, ``roles``: as there) as a report dict
     (``headwise.report.build_report``): role scores, and the attention viewer of ``heads`` (a
     selector; default every head, at most ``MAX_VIEWER_HEADS``) on the first sequence, its
@@ -68,7 +84,8 @@ def hf_report(path: str | Path, text: str | Sequence[str] | None = None, *,
     from headwise.report.build import build_report
     from headwise.report.viewer import MAX_TOKENS, MAX_VIEWER_HEADS, attention_viewer
 
-    path, model, tokens, table, mask = _scored(path, text, roles, 16, 24, 0, revision, device)
+    path, model, tokens, table, mask = _scored(path, text, roles, 16, 24, 0, revision, device,
+                                               max_tokens, progress)
     c = model.config
     try:
         chosen = select_heads(model, heads, "--heads")
@@ -92,10 +109,12 @@ def hf_report(path: str | Path, text: str | Sequence[str] | None = None, *,
 
 def _scored(path: str | Path, text: str | Sequence[str] | None, roles: Sequence[str] | None,
             n_probe: int, probe_half_len: int, seed: int, revision: str | None,
-            device: str) -> tuple[Path, Any, torch.Tensor, Any, torch.Tensor | None]:
-    """``(directory, model, tokens (B, T), RoleTable, attention_mask (B, T) | None)``."""
+            device: str, max_tokens: int | None = None, progress: Progress | None = None
+            ) -> tuple[Path, Any, torch.Tensor, Any, torch.Tensor | None]:
+    """``(directory, model, tokens (B, T), RoleTable, attention_mask (B, T) | None)``; with
+    text, ``tokens`` and ``attention_mask`` hold its first sequence only."""
     from headwise.analysis.probe_inputs import induction_probe
-    from headwise.analysis.roles import ROLES, role_scores
+    from headwise.analysis.roles import ROLES, role_scores, role_scores_stream
     from headwise.training.device import place
 
     path = resolve_model(path, revision, field="path", revision_field="revision")
@@ -107,14 +126,64 @@ def _scored(path: str | Path, text: str | Sequence[str] | None, roles: Sequence[
     if text is None:
         half = min(probe_half_len, c.max_seq_len // 2)
         gen = torch.Generator().manual_seed(seed)
-        tokens = induction_probe(c.vocab_size, n_probe, half, generator=gen)
-        mask = None
-    else:
-        lines = [t.strip() for t in (text.splitlines() if isinstance(text, str) else text)]
-        lines = [t for t in lines if t]
-        if not lines:
-            raise ValueError("text: got no non-empty line, expected at least one sentence")
-        tokens, mask = encode_batch(load_tokenizer(path), lines, max_len=c.max_seq_len)
-    tokens = tokens.to(dev)
-    mask = mask.to(dev) if mask is not None else None
-    return Path(path), model, tokens, role_scores(model, tokens, mask, roles=roles), mask
+        tokens = induction_probe(c.vocab_size, n_probe, half, generator=gen).to(dev)
+        return Path(path), model, tokens, role_scores(model, tokens, None, roles=roles), None
+    lines = [t.strip() for t in (text.splitlines() if isinstance(text, str) else text)]
+    lines = [t for t in lines if t]
+    if not lines:
+        raise ValueError("text: got no non-empty line, expected at least one sentence")
+    first: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def kept(chunks: Iterator[tuple[torch.Tensor, torch.Tensor]]
+             ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        for tokens, mask in chunks:
+            if not first:
+                first.append((tokens[:1], mask[:1]))
+            yield tokens.to(dev), mask.to(dev)
+
+    per_seq = c.n_layers * c.n_heads
+    chunks = text_chunks(load_tokenizer(path), lines, c.max_seq_len, per_seq, max_tokens,
+                         progress)
+    table = role_scores_stream(model, kept(chunks), roles=roles)
+    tokens, mask = first[0]
+    return Path(path), model, tokens.to(dev), table, mask.to(dev)
+
+
+def text_chunks(tokenizer: Any, lines: Sequence[str], max_len: int, per_seq: int,
+                max_tokens: int | None = None, progress: Progress | None = None
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``(tokens (b, T), attention_mask (b, T))`` chunks of ``lines``, in order: each line one
+    sequence (cut to ``max_len``), each chunk padded to its own longest, with ``b * T * T *
+    per_seq`` (the patterns a chunk captures) at most ``CHUNK_ELEMENTS`` (one sequence at
+    least); at most ``max_tokens`` tokens in all."""
+    total = sum(len(line) for line in lines)
+    chars = done = 0
+    for start in range(0, len(lines), LINES_PER_READ):
+        part = lines[start:start + LINES_PER_READ]
+        tokens, mask = encode_batch(tokenizer, part, max_len=max_len)
+        lengths = mask.sum(1).tolist()
+        i = 0
+        while i < len(part):
+            j, T = i, 0
+            while j < len(part) and (j == i or (j - i + 1) * max(T, lengths[j]) ** 2 * per_seq
+                                     <= CHUNK_ELEMENTS):
+                T = max(T, lengths[j])
+                j += 1
+            tok, msk = tokens[i:j, :T], mask[i:j, :T]
+            if max_tokens is not None and done + int(msk.sum()) >= max_tokens:
+                keep = (msk.cumsum(1) + done + msk.sum(1).cumsum(0)[:, None] - msk.sum(1)[:, None]
+                        ) <= max_tokens  # the first max_tokens real tokens, in reading order
+                msk = msk * keep
+                rows = msk.sum(1) > 0
+                tok, msk = tok[rows], msk[rows]
+                done += int(msk.sum())
+                if progress is not None:
+                    progress(total, total, done)
+                yield tok, msk
+                return
+            done += int(msk.sum())
+            chars += sum(len(line) for line in part[i:j])
+            if progress is not None:
+                progress(chars, total, done)
+            yield tok, msk
+            i = j

@@ -3,7 +3,11 @@
 ``analyse_run(compiled)`` measures on the verification set
 (``headwise.pipeline.heldout.verification_data``): pattern role scores on its mixture (with
 each example's task id, so gates apply), the induction score on the ``repeated`` probe, the
-effect of ablating each head on each task, and the gate table.
+effect of ablating each head on each task, and the gate table. A model of at most
+``EXACT_ALL_MAX`` heads has every head ablated; a larger one is screened: attribution patching
+estimates every head's effect on each task's loss from one backward
+(``headwise.analysis.attribution``), and exact ablation measures the ``SCREEN_KEEP`` largest
+per task and every head the contract or the spec's ``heads:`` section names.
 """
 
 from __future__ import annotations
@@ -16,30 +20,38 @@ from typing import Any
 import torch
 from torch import nn
 
+from headwise.analysis.attribution import attribution_importance, screen_heads
 from headwise.analysis.importance import ablation_importance
 from headwise.analysis.importance_matrix import ImportanceMatrix
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.roles import role_scores
 from headwise.contract import VerifyData
 from headwise.control.gates import GateTable, gate_table
+from headwise.heads import HeadSet
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.heldout import verification_data
 from headwise.render.figures import heatmap
 
+# Models with at most this many heads have every head ablated exactly; larger ones are screened.
+EXACT_ALL_MAX = 32
+SCREEN_KEEP = 6  # heads per task whose exact ablation the screen keeps (with the named heads)
 # Roles shown for every head (the TransformerLens variants are left to the Python API).
 DATA_ROLES = ("previous_token", "duplicate_token", "first_token", "self", "local", "entropy")
 
 
 @dataclass
 class RunAnalysis:
-    """Role scores (heads x roles), ablation drops (heads x tasks), gate values (tasks x heads)."""
+    """Role scores (heads x roles), ablation drops (heads x tasks), gate values (tasks x heads),
+    and the attribution estimates of every head when the ablations were screened."""
 
     roles: RoleTable
     importance: ImportanceMatrix
     gates: GateTable | None
+    estimate: ImportanceMatrix | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"roles": self.roles.to_records(), "importance": self.importance.to_records(),
+                "attribution": None if self.estimate is None else self.estimate.to_records(),
                 "gates": None if self.gates is None else {
                     "tasks": self.gates.task_names, "heads": [str(h) for h in self.gates.heads],
                     "values": self.gates.values.tolist()}}
@@ -50,9 +62,16 @@ def analyse_run(compiled: Compiled, n_boot: int = 200) -> RunAnalysis:
     model = compiled.model
     data = verification_data(compiled)
     table = run_role_table(model, data)
-    importance = ablation_importance(model, data.tasks, n_boot=n_boot)
+    cfg = compiled.spec.model.config
+    estimate, heads = None, None
+    if cfg.n_layers * cfg.n_heads > EXACT_ALL_MAX:
+        estimate = attribution_importance(model, data.tasks)
+        named = [h for c in compiled.spec.contract.clauses for h in c.heads]
+        named += [h for rule in compiled.spec.heads for h in rule.heads]
+        heads = HeadSet(screen_heads(estimate, SCREEN_KEEP, named), cfg.n_layers, cfg.n_heads)
+    importance = ablation_importance(model, data.tasks, heads=heads, n_boot=n_boot)
     gates = gate_table(model, list(compiled.task_names)) if compiled.gates is not None else None
-    return RunAnalysis(table, importance, gates)
+    return RunAnalysis(table, importance, gates, estimate)
 
 
 def run_role_table(model: nn.Module, data: VerifyData) -> RoleTable:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from headwise.analysis.explain import explain_head
+from headwise.analysis.role_table import RoleTable
 from headwise.analysis.trajectories import Trajectory, score_checkpoints
 from headwise.atomic import hold_lock
 from headwise.contract import ContractResult, verify
@@ -31,6 +32,7 @@ from headwise.patterns import DEFAULT_WINDOW
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.finished import load_compiled
 from headwise.pipeline.heldout import verification_data
+from headwise.pipeline.loaded_run import MAX_CONTRACT_BYTES
 from headwise.pipeline.reverify import fresh_verdicts
 from headwise.pipeline.run_analysis import analyse_run, metrics_lines, run_role_table
 from headwise.pipeline.run_dir import SEALED_FILES
@@ -52,15 +54,23 @@ MASK_ROLES = {"previous_token": "previous_token", "self_only": "self",
               "first_token": "first_token", "local": "local"}
 
 
+# What a report's progress callback receives: the phase starting, phases done, phases in all.
+Progress = Callable[[str, int, int], None]
+PHASES = ("attention viewer", "role scores and importance", "trajectories", "patterns and "
+          "walkthroughs", "writing report.html")
+
+
 def write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult | None,
                      enforcement: dict[str, Any] | None = None,
-                     heads: str | None = None) -> dict[str, Path]:
+                     heads: str | None = None,
+                     progress: Progress | None = None) -> dict[str, Path]:
     """Analyse the trained model in ``compiled`` and write ``run_dir/report.{json,html}``,
     sealed in the run's manifest (holding the run's writer lock).
 
     ``heads``: a selector of the heads the attention viewer shows (``headwise report
     --heads``); default those the contract and the spec's ``heads:`` name, else every head
-    (at most ``MAX_VIEWER_HEADS``).
+    (at most ``MAX_VIEWER_HEADS``). ``progress(phase, done, total)`` is called as each of the
+    ``PHASES`` starts.
 
     Raises:
         CheckpointError: ``metrics.jsonl`` or ``enforcement.json`` is not the one the run's
@@ -70,21 +80,26 @@ def write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult
     run_dir = Path(run_dir)
     with hold_lock(run_dir):
         check_sealed(run_dir, SEALED_FILES)  # the files a report quotes are the run's own
-        paths = _write_run_report(run_dir, compiled, contract, enforcement, heads)
+        paths = _write_run_report(run_dir, compiled, contract, enforcement, heads,
+                                  progress or (lambda phase, done, total: None))
         seal(run_dir, [p.name for p in paths.values()], optional=True)  # rebuilt on demand
     return paths
 
 
 def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResult | None,
-                      enforcement: dict[str, Any] | None, heads: str | None
-                      ) -> dict[str, Path]:
+                      enforcement: dict[str, Any] | None, heads: str | None,
+                      progress: Progress) -> dict[str, Path]:
     spec = compiled.spec
     model = compiled.model
     model.eval()
     names = spec_token_names(spec, run_dir)
+    progress(PHASES[0], 0, len(PHASES))
     attention, note = report_attention(compiled, heads, names)
+    progress(PHASES[1], 1, len(PHASES))
     analysis = analyse_run(compiled)
-    trajectory = run_trajectory(run_dir, compiled)
+    progress(PHASES[2], 2, len(PHASES))
+    trajectory = run_trajectory(run_dir, compiled, analysis.roles)
+    progress(PHASES[3], 3, len(PHASES))
     meta: dict[str, Any] = {"spec": str(run_dir / "spec.yaml"),
                             "tasks": ", ".join(compiled.task_names),
                             "train.steps": spec.train.steps}
@@ -97,7 +112,8 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
         meta["trained steps"] = last.get("step")
     report = build_report(
         title=f"headwise report: {_title(spec.text) or run_dir.name}",
-        model_config=spec.model.config, roles=analysis.roles, importance=analysis.importance,
+        model_config=spec.model.config, roles=analysis.roles,
+        importance=[analysis.importance, *([analysis.estimate] if analysis.estimate else [])],
         contract=None if contract is None else contract.to_dict(),
         reverified=fresh_verdicts(run_dir), trajectory=trajectory,
         forecast=_forecast(trajectory, compiled, enforcement is not None),
@@ -105,6 +121,7 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
         attention=attention, attention_note=note, training=training_curves(lines),
         enforcement=(None if enforcement is None
                      else json.loads(json.dumps(enforcement, default=str))), meta=meta)
+    progress(PHASES[4], 4, len(PHASES))
     extra = {}
     if analysis.gates is not None:
         report["gates"] = analysis.to_dict()["gates"]
@@ -115,9 +132,11 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
     return write_report(report, run_dir, extra)
 
 
-def report_existing_run(run_dir: str | Path, heads: str | None = None) -> dict[str, Path]:
-    """Rebuild ``report.{json,html}`` of a finished run from its files (``heads``: as
-    ``write_run_report``).
+def report_existing_run(run_dir: str | Path, heads: str | None = None,
+                        progress: Progress | None = None) -> dict[str, Path]:
+    """Rebuild ``report.{json,html}`` of a finished run from its files (``heads``,
+    ``progress``: as ``write_run_report``). The contract's verdict is the run's own sealed
+    ``contract.json`` (measured once, after training); a run without one is verified here.
 
     Raises:
         SpecError: ``heads`` is not a selector of the run's model (naming ``--heads``).
@@ -128,12 +147,26 @@ def report_existing_run(run_dir: str | Path, heads: str | None = None) -> dict[s
     spec = compiled.spec
     verdict = None
     if spec.contract:
-        verdict = verify(compiled.model, spec.contract, verification_data(compiled))
+        verdict = _sealed_verdict(run_dir, compiled)
+        if verdict is None:
+            verdict = verify(compiled.model, spec.contract, verification_data(compiled))
     enforcement = None
     if (run_dir / "enforcement.json").exists():
         check_sealed(run_dir, ["enforcement.json"])
         enforcement = read_enforcement(run_dir / "enforcement.json")
-    return write_run_report(run_dir, compiled, verdict, enforcement, heads)
+    return write_run_report(run_dir, compiled, verdict, enforcement, heads, progress)
+
+
+def _sealed_verdict(run_dir: Path, compiled: Compiled) -> ContractResult | None:
+    """The verdict the run measured on its weights (``contract.json``, checked against the
+    run's manifest: the same weights and verification set give the same numbers), or
+    ``None`` when the run has none."""
+    file = run_dir / "contract.json"
+    if not file.is_file():
+        return None
+    check_sealed(run_dir, [file.name])
+    data = read_json_object(file, CheckpointError, MAX_CONTRACT_BYTES)
+    return ContractResult.from_dict(data, compiled.spec.contract, str(file))
 
 
 _OPT_INT, _OPT_NUM, _OPT_STR = (int, type(None)), (int, float, type(None)), (str, type(None))
@@ -183,16 +216,28 @@ def _title(text: str) -> str | None:
     return None
 
 
-def run_trajectory(run_dir: Path, compiled: Compiled) -> Trajectory | None:
+def run_trajectory(run_dir: Path, compiled: Compiled,
+                   final: RoleTable | None = None) -> Trajectory | None:
     """The role table (``run_role_table``) at every checkpoint of ``run_dir``; ``None`` without
-    checkpoints. The model's final weights are restored afterwards."""
+    checkpoints. A checkpoint whose weights are the run's final weights takes ``final`` (that
+    model's role table, already measured) instead of a second measurement. The model's final
+    weights are restored afterwards."""
     from headwise.training.sharded_checkpoint import load_checkpoint_weights  # torch.distributed
 
     ckpts = list_checkpoints(run_dir)
     if not ckpts:
         return None
     model, data = compiled.model, verification_data(compiled)
-    final = Path(run_dir) / "model.safetensors"
+    final_path = Path(run_dir) / "model.safetensors"
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def is_final(m: nn.Module) -> bool:
+        state = m.state_dict()
+        return state.keys() == weights.keys() and all(torch.equal(state[k], weights[k])
+                                                      for k in weights)
+
+    def score(m: nn.Module) -> RoleTable:
+        return final if final is not None and is_final(m) else run_role_table(m, data)
 
     def models() -> Iterator[tuple[int, nn.Module]]:
         for step, path in ckpts:
@@ -201,9 +246,9 @@ def run_trajectory(run_dir: Path, compiled: Compiled) -> Trajectory | None:
 
     try:
         with torch.no_grad():
-            return score_checkpoints(models(), lambda m: run_role_table(m, data))
+            return score_checkpoints(models(), score)
     finally:
-        load_weights(model, final)
+        load_weights(model, final_path)
 
 
 def _forecast(traj: Trajectory | None, compiled: Compiled, enforced: bool

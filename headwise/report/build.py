@@ -34,6 +34,7 @@ from headwise.forecast.roles import measured_text
 from headwise.heads import Head, HeadSet, select_heads
 from headwise.model.eval_mode import in_eval_mode
 from headwise.patterns import DEFAULT_WINDOW, role_target, score_sums, target_similarity_sums
+from headwise.render.svg import small_multiples
 from headwise.report.sections import attention_html, enforcement_html, training_html
 from headwise.report.viewer import AttentionViewer, report_viewers
 
@@ -237,13 +238,18 @@ def _roles_html(r: Mapping[str, Any]) -> str:
 
 def _importance_html(m: Mapping[str, Any]) -> str:
     parts = []
+    if m["info"].get("estimate"):
+        parts.append("<p>Estimates (attribution patching: every head's effect on the loss from "
+                     "one backward, to first order), a screen for the exact ablations above: "
+                     "not measured by ablation.</p>")
     for metric in m["metrics"]:
         cells = {(x["unit"], x["task"]): x["value"] for x in m["records"] if x["metric"] == metric}
         matrix = [[cells.get((u, t)) for t in m["tasks"]] for u in m["units"]]
         vals = [abs(v) for row in matrix for v in row if v is not None]
         top = max(vals, default=0.0) or 1.0  # symmetric scale: red hurts, blue helps
+        kind = " (estimates)" if m["info"].get("estimate") else ""
         png = fig.heatmap(matrix, f"{m['info'].get('method')} {m['info'].get('mode') or ''}"
-                              f" - {metric}", m["tasks"], m["units"],
+                              f"{kind} - {metric}", m["tasks"], m["units"],
                           cmap="RdBu_r" if metric != "gradient" else "Reds",
                           vmin=-top if metric != "gradient" else 0.0, vmax=top, annotate=True)
         parts.append(H.img(fig.data_uri(png), f"importance: {metric} (units x tasks)"))
@@ -261,15 +267,16 @@ def _supervised_html(s: Mapping[str, Any]) -> str:
 
 
 def _traj_html(t: Mapping[str, Any]) -> str:
-    parts = []
-    for h in t["heads"]:
-        label = f"L{h['layer']}.H{h['head']}"
-        series = {r: v for r, v in h["scores"].items() if r not in ("entropy",)}
-        png = fig.lines(t["steps"], series, f"{label} (final: {h['final_role']})")
-        parts.append(H.img(fig.data_uri(png), f"{label} scores over training"))
+    panels = [(f"L{h['layer']}.H{h['head']} (final: {h['final_role']})",
+               {r: v for r, v in h["scores"].items() if r not in ("entropy",)})
+              for h in t["heads"]]
+    caption = (f"role scores over training, one panel per head (steps {t['steps'][0]} to "
+               f"{t['steps'][-1]}, scores 0 to 1)")
+    svg = small_multiples(t["steps"], panels, caption)
     rows = [(f"L{h['layer']}.H{h['head']}", h["final_role"], h["commitment_step"])
             for h in t["heads"]]
-    html = "".join(parts) + H.table(["head", "final role", "commitment step"], rows)
+    html = (f'<figure class="scroll">{svg}<figcaption>{H.esc(caption)}</figcaption></figure>'
+            + H.table(["head", "final role", "commitment step"], rows))
     f = t.get("forecast")
     if f:
         html += (f"<p>Forecast by forecaster v{H.esc(f['forecaster_version'])} from the first "

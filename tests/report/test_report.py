@@ -80,7 +80,8 @@ def test_report_is_plain_json(report: dict, written: dict[str, Path]) -> None:
 def test_html_self_contained(written: dict[str, Path]) -> None:
     html = written["html"].read_text()
     srcs = re.findall(r'src="([^"]*)"', html)
-    assert len(srcs) >= 10 and all(s.startswith("data:image/png;base64,") for s in srcs)
+    assert len(srcs) >= 5 and all(s.startswith("data:image/png;base64,") for s in srcs)
+    assert html.count("<svg ") == 1  # the trajectories: one small-multiples figure, inline
     assert "http://" not in html and "https://" not in html and "<link" not in html
     assert "test &lt;report&gt;" in html  # escaped
 
