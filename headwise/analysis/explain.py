@@ -101,16 +101,19 @@ class Walkthrough:
 
 def walkthrough_html(d: dict[str, Any]) -> str:
     """Render a ``Walkthrough.to_dict()`` as an HTML fragment (used by the report too)."""
-    from headwise.render.figures import data_uri, heatmap
+    from headwise.render.figures import data_uri, heatmap, symmetric_limit
     from headwise.render.html import esc, img, table
 
     labels = d["labels"]
     parts = [f"<p>Head <b>{esc(d['head'])}</b> on: <code>{esc(' '.join(labels))}</code></p>"]
     for i, s in enumerate(d["steps"], 1):
         square = s["shape"][1] == len(labels)
+        pattern = s["name"] == "pattern"
+        limit = symmetric_limit(s["value"])  # diverging values: 0 is white
         png = heatmap(s["value"], f"{i}. {s['name']} {tuple(s['shape'])}",
                       xlabels=labels if square else None, ylabels=labels,
-                      cmap="Blues" if s["name"] == "pattern" else "RdBu_r")
+                      cmap="Blues" if pattern else "RdBu_r",
+                      vmin=None if pattern else -limit, vmax=None if pattern else limit)
         parts.append(img(data_uri(png), f"{i}. {s['name']} {tuple(s['shape'])} "
                                         f"[{s['hook'] or 'derived'}]: {s['description']}"))
     parts.append(table(["check", "max |difference|", "verdict"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 from collections.abc import Mapping, Sequence
 
 import matplotlib
@@ -29,6 +30,15 @@ def data_uri(png: bytes) -> str:
 
 def _clean(v: float | None) -> float:
     return float("nan") if v is None else float(v)
+
+
+def symmetric_limit(matrix: Sequence[Sequence[float | None]], floor: float = 0.0) -> float:
+    """The half-width of a diverging colour scale centred on 0: the largest ``|value|``, but
+    at least ``floor``, so that effects too small to matter (a +-0.001 drop, printed ``0.00``)
+    stay pale instead of filling the scale; 1 when there is nothing to scale."""
+    values = [abs(float(v)) for row in matrix for v in row
+              if v is not None and math.isfinite(float(v))]
+    return max(max(values, default=0.0), floor) or 1.0
 
 
 def heatmap(matrix: Sequence[Sequence[float | None]], title: str,

@@ -39,7 +39,7 @@ from headwise.report.sections import attention_html, enforcement_html, training_
 from headwise.report.viewer import AttentionViewer, report_viewers
 
 REPORT_VERSION = 1
-
+IMPORTANCE_SCALE_FLOOR = 0.05  # effects under 0.05 (accuracy or nats) are drawn pale
 
 def _jsonable(x: Any) -> Any:
     """Plain JSON values: tensors to lists, NaN/inf to None, dataclasses to dicts."""
@@ -245,8 +245,8 @@ def _importance_html(m: Mapping[str, Any]) -> str:
     for metric in m["metrics"]:
         cells = {(x["unit"], x["task"]): x["value"] for x in m["records"] if x["metric"] == metric}
         matrix = [[cells.get((u, t)) for t in m["tasks"]] for u in m["units"]]
-        vals = [abs(v) for row in matrix for v in row if v is not None]
-        top = max(vals, default=0.0) or 1.0  # symmetric scale: red hurts, blue helps
+        # a symmetric scale (red hurts, blue helps) at least IMPORTANCE_SCALE_FLOOR wide
+        top = fig.symmetric_limit(matrix, IMPORTANCE_SCALE_FLOOR)
         kind = " (estimates)" if m["info"].get("estimate") else ""
         png = fig.heatmap(matrix, f"{m['info'].get('method')} {m['info'].get('mode') or ''}"
                               f"{kind} - {metric}", m["tasks"], m["units"],

@@ -26,3 +26,15 @@ def test_every_head_row_is_labelled_and_readable(n_layers: int, n_heads: int) ->
     finally:
         plt.close(fig)
     assert heatmap([[0.5]], "one", ["r"], ["L0.H0"]).startswith(b"\x89PNG")
+
+
+def test_a_diverging_scale_keeps_negligible_effects_pale() -> None:
+    """A +-0.001 drop (printed 0.00) must not fill the scale: with a floor of 0.05 it sits at
+    2% of the half-width; without one the largest value sets the scale; None and NaN skip."""
+    from headwise.render.figures import symmetric_limit
+
+    tiny = [[0.001, -0.0004], [None, float("nan")]]
+    assert symmetric_limit(tiny, floor=0.05) == 0.05
+    assert symmetric_limit(tiny) == 0.001
+    assert symmetric_limit([[0.3, -0.7]], floor=0.05) == 0.7
+    assert symmetric_limit([[None]]) == 1.0
