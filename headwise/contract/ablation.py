@@ -64,15 +64,7 @@ class AblationKind(ClauseKind):
         metric = fields.choice(path, raw, "metric", METRICS, "accuracy")
         mode = fields.choice(path, raw, "mode", MODES, "zero")
         task = fields.task(path, "task", raw.get("task"), ctx.tasks)
-        lo = fields.number(path, raw, "drop_at_least")
-        hi = fields.number(path, raw, "drop_at_most")
-        if lo is None and hi is None:
-            raise SpecError(f"{path}: missing bound; expected 'drop_at_least' and/or "
-                            "'drop_at_most'")
-        fields.ordered(path, "drop_at_least", lo, "drop_at_most", hi)
-        low, high = drop_range(metric)
-        fields.in_range(path, {"drop_at_least": lo, "drop_at_most": hi}, low, high,
-                        f"an {metric} drop in [{low:g}, {high:g}]")
+        lo, hi = fields.drop_bounds(path, raw, metric, *drop_range(metric))
         return Clause(index, self, "set" if key == "ablate" else key, heads, task=task,
                       metric=metric, mode=mode, at_least=lo, at_most=hi,
                       name=fields.name(path, raw), source=dict(raw))

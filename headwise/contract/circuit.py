@@ -27,11 +27,12 @@ from headwise.analysis.circuit import faithfulness
 from headwise.analysis.graph import Edge, Node, parse_edge, parse_node
 from headwise.analysis.importance_matrix import ci_stderr
 from headwise.contract import fields
+from headwise.contract.ablation import drop_range
 from headwise.contract.certify import drop_bound
 from headwise.contract.clause import METRICS, Clause, holds, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.lever import ClauseLever, PlanContext
-from headwise.contract.path import PATH_MODES, drop_range, edge_heads, graph_shape, task_batch
+from headwise.contract.path import PATH_MODES, edge_heads, graph_shape, task_batch
 from headwise.contract.results import Bound, ClauseResult, VerifyData
 from headwise.errors import SpecError
 from headwise.heads import Head, HeadSet

@@ -115,3 +115,22 @@ def task(path: str, key: str, value: Any, tasks: Sequence[str]) -> str:
         raise SpecError(f"{path}.{key}: got {show(value, 60)}, expected one of the tasks "
                         f"{list(tasks)}{hint}")
     return value
+
+
+def drop_bounds(path: str, raw: dict[str, Any], metric: str,
+                low: float, high: float) -> tuple[float | None, float | None]:
+    """``(drop_at_least, drop_at_most)`` of an ablation or path clause: at least one given,
+    ordered, and in ``[low, high]`` (the range of a drop in ``metric``).
+
+    Raises:
+        SpecError: no bound, bounds that cannot both hold, or one out of range.
+    """
+    lo = number(path, raw, "drop_at_least")
+    hi = number(path, raw, "drop_at_most")
+    if lo is None and hi is None:
+        raise SpecError(f"{path}: missing bound; expected 'drop_at_least' and/or "
+                        "'drop_at_most'")
+    ordered(path, "drop_at_least", lo, "drop_at_most", hi)
+    in_range(path, {"drop_at_least": lo, "drop_at_most": hi}, low, high,
+             f"an {metric} drop in [{low:g}, {high:g}]")
+    return lo, hi

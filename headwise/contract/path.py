@@ -16,7 +16,6 @@ before training. No lever builds a path yet: under ``--enforce`` the clause is r
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,10 +25,10 @@ from headwise.analysis.circuit import edge_drop
 from headwise.analysis.graph import Edge, Shape, parse_edge
 from headwise.analysis.importance_matrix import ci_stderr
 from headwise.contract import fields
+from headwise.contract.ablation import drop_range
 from headwise.contract.certify import drop_bound
 from headwise.contract.clause import (
     METRICS,
-    UNIT_METRICS,
     Clause,
     bounds_text,
     holds,
@@ -60,11 +59,6 @@ def edge_heads(edges: tuple[Edge, ...], ctx: ParseContext) -> HeadSet:
                 span = group if via in ("k", "v") else 1
                 heads.update(Head(node.layer, node.head + j) for j in range(span))
     return HeadSet(sorted(heads), ctx.n_layers, ctx.n_heads)
-
-
-def drop_range(metric: str) -> tuple[float, float]:
-    """The range of a drop in ``metric``: [-1, 1] for accuracies, unbounded for the loss."""
-    return (-1.0, 1.0) if metric in UNIT_METRICS else (-math.inf, math.inf)
 
 
 def gated_heads(ctx: PlanContext, edges: tuple[Edge, ...], task: str) -> list[Head]:
@@ -107,15 +101,7 @@ class PathKind(ClauseKind):
         metric = fields.choice(path, raw, "metric", METRICS, "accuracy")
         mode = fields.choice(path, raw, "mode", PATH_MODES, "mean")
         task = fields.task(path, "task", raw.get("task"), ctx.tasks)
-        lo = fields.number(path, raw, "drop_at_least")
-        hi = fields.number(path, raw, "drop_at_most")
-        if lo is None and hi is None:
-            raise SpecError(f"{path}: missing bound; expected 'drop_at_least' and/or "
-                            "'drop_at_most'")
-        fields.ordered(path, "drop_at_least", lo, "drop_at_most", hi)
-        low, high = drop_range(metric)
-        fields.in_range(path, {"drop_at_least": lo, "drop_at_most": hi}, low, high,
-                        f"an {metric} drop in [{low:g}, {high:g}]")
+        lo, hi = fields.drop_bounds(path, raw, metric, *drop_range(metric))
         return Clause(index, self, "set", edge_heads((edge,), ctx), task=task, metric=metric,
                       mode=mode, at_least=lo, at_most=hi, edges=(edge,),
                       name=fields.name(path, raw), source=dict(raw))

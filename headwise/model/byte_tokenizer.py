@@ -15,11 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from headwise.errors import field_error
-from headwise.model.tokenizer import ModelTokenizer
+from headwise.model.tokenizer import ModelTokenizer, pad_rows
 
 BYTE_VOCAB = 256
 SPACE = "\u2423"  # ␣ OPEN BOX
@@ -58,15 +57,7 @@ class ByteTokenizer(ModelTokenizer):
         side = padding_side or self.padding_side
         if side not in ("right", "left"):
             raise field_error("padding_side", side, "'right' or 'left'")
-        ids = [list(t.encode())[:max_len] for t in texts]
-        T = max(len(seq) for seq in ids)
-        tokens = torch.zeros(len(ids), T, dtype=torch.long)
-        mask = torch.zeros(len(ids), T, dtype=torch.long)
-        for row, seq in enumerate(ids):
-            cols = slice(0, len(seq)) if side == "right" else slice(T - len(seq), T)
-            tokens[row, cols] = torch.tensor(seq, dtype=torch.long)
-            mask[row, cols] = 1
-        return tokens, mask
+        return pad_rows([list(t.encode())[:max_len] for t in texts], 0, side)
 
     def str_tokens(self, ids: Sequence[int]) -> list[str]:
         """Each byte as ``byte_name`` shows it."""

@@ -158,11 +158,18 @@ def to_tokens(tokenizer: ModelTokenizer, input: str | Sequence[str], *,
         raise ConfigError("pad_token: the tokenizer has none, so a batch of different lengths "
                           "cannot be padded; expected a tokenizer with a pad token (or "
                           "strings of equal length in tokens)")
-    tokens = torch.full((len(ids), T), pad_id or 0, dtype=torch.long)
+    return pad_rows(ids, pad_id or 0, side)
+
+
+def pad_rows(ids: Sequence[Sequence[int]], pad_id: int, side: str) -> tuple[Tensor, Tensor]:
+    """``(tokens, attention_mask)`` (B, T) long of id rows padded with ``pad_id`` on ``side``
+    (``right`` or ``left``) to the longest row."""
+    T = max(len(seq) for seq in ids)
+    tokens = torch.full((len(ids), T), pad_id, dtype=torch.long)
     mask = torch.zeros(len(ids), T, dtype=torch.long)
     for row, seq in enumerate(ids):
         cols = slice(0, len(seq)) if side == "right" else slice(T - len(seq), T)
-        tokens[row, cols] = torch.tensor(seq, dtype=torch.long)
+        tokens[row, cols] = torch.tensor(list(seq), dtype=torch.long)
         mask[row, cols] = 1
     return tokens, mask
 
