@@ -149,6 +149,10 @@ def parse_data(value: Any, config: ModelConfig, base: Path | None,
     for name, (path, kind, entry) in entries.items():
         weight = check.number(entry.pop("weight", 1.0), check.join(path, "weight"),
                               positive=True)
+        if TASKS[kind].splits and "split" in entry:
+            raise SpecError(f"{check.join(path, 'split')}: not a spec key; expected it left "
+                            "out (a run reads each file's training, enforcement and "
+                            "verification rows itself)")
         if TASKS[kind].splits and "tokenizer" in _init_names(TASKS[kind]):
             given = entry.get("tokenizer", tokenizer)
             entry = {**entry, "tokenizer": None if given == "bytes" else given}

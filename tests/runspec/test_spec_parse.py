@@ -231,3 +231,15 @@ def test_compile_ffn_penalty() -> None:
     (penalty,) = compile_spec(spec).objectives
     assert isinstance(penalty, FFNPenalty)
     assert (penalty.layers, penalty.kind, penalty.weight) == ([1], "l1", 0.02)
+
+
+def test_a_file_task_split_in_a_spec_is_refused(tmp_path: Path) -> None:
+    """A run reads each file's three splits itself: a split written in the spec would be
+    silently replaced, so it is refused by name."""
+    rows = tmp_path / "qa.jsonl"
+    rows.write_text("".join(f'{{"prompt": "{i}", "completion": "{i % 7}"}}\n'
+                            for i in range(60)))
+    spec = (f"model: {{n_layers: 1, n_heads: 2, d_model: 16, vocab_size: 256, max_seq_len: 16}}\n"
+            f"data: {{tasks: {{qa: {{task: pairs, path: {rows}, split: verify}}}}}}\n")
+    with pytest.raises(SpecError, match=r"^data\.tasks\.qa\.split: not a spec key"):
+        load_spec(spec)
