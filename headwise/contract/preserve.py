@@ -83,6 +83,7 @@ class PreserveMetric:
     lever_words: str = ""
 
 
+MAX_PRESERVE = 32  # preserve clauses per contract
 CHUNK_ELEMENTS = 1 << 24  # logits per forward chunk when measuring (64 MiB in float32)
 
 
@@ -155,6 +156,14 @@ class PreserveKind(ClauseKind):
                             number_or_none(value), clause.threshold_text(), "the model",
                             details={"probe": probe, "examples": int(batch.tokens.shape[0])},
                             stderr=number_or_none(stderr))
+
+    def check_together(self, clauses: Sequence[Clause]) -> None:
+        """At most ``MAX_PRESERVE`` clauses: each one runs the starting model and the trained
+        one over its data at every evaluation point."""
+        if len(clauses) > MAX_PRESERVE:
+            raise SpecError(f"contract: got {len(clauses)} preserve clauses, expected at most "
+                            f"{MAX_PRESERVE} (each measures the starting and the trained model "
+                            "on its data at every evaluation point)")
 
     def check_possible(self, ctx: PlanContext, clause: Clause) -> None:
         """A ``role_drift`` clause needs a head no other clause names (else it measures

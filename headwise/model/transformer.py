@@ -128,6 +128,9 @@ class Transformer(nn.Module):
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(tokens)
             x = x + self.token_type_embed(token_type_ids)
+        elif token_type_ids is not None:  # it would be ignored: say so instead
+            raise ValueError("token_type_ids: given, but the model has no segment embedding "
+                             "(n_token_types: 0); expected None")
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         x = self.embed_dropout(x)

@@ -384,3 +384,13 @@ def test_a_role_drift_clause_with_no_free_head_is_refused_before_training(
     assert ("contract[1].metric: role_drift measures the heads no other clause names" in err
             and "\n" not in err)
     assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_more_preserve_clauses_than_the_limit_are_refused() -> None:
+    from headwise.contract.preserve import MAX_PRESERVE
+    from headwise.errors import SpecError
+
+    clause = {"preserve": "base", "metric": "kl", "at_most": 0.1}
+    parse_contract([clause] * MAX_PRESERVE, 1, 2, ["lm"])
+    with pytest.raises(SpecError, match=rf"^contract: got {MAX_PRESERVE + 1} preserve clauses"):
+        parse_contract([clause] * (MAX_PRESERVE + 1), 1, 2, ["lm"])

@@ -287,3 +287,15 @@ def test_seeded_build_is_reproducible_and_leaves_global_rng() -> None:
     assert torch.equal(torch.get_rng_state(), state)
     for (na, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         assert torch.equal(pa, pb), na
+
+
+def test_segment_ids_for_a_model_without_segments_are_refused_not_ignored() -> None:
+    model = build_model(ModelConfig(n_layers=1, n_heads=2, d_model=8, vocab_size=10,
+                                    max_seq_len=6), seed=0)
+    tokens = torch.randint(0, 10, (2, 5))
+    with pytest.raises(ValueError, match=r"^token_type_ids: given, but the model has no "):
+        model(tokens, token_type_ids=torch.zeros_like(tokens))
+    bert = build_model(ModelConfig(n_layers=1, n_heads=2, d_model=8, vocab_size=10,
+                                   max_seq_len=6, n_token_types=2, causal=False, norm="post"),
+                       seed=0)
+    assert bert(tokens, token_type_ids=torch.ones_like(tokens)).shape == (2, 5, 10)
