@@ -182,16 +182,14 @@ def _pattern_name(layer: int) -> str:
     return f"blocks.{layer}.attn.hook_pattern"
 
 
-class _Captured(Exception):
-    """Raised by the last pattern capture a scan needs: nothing above it is computed."""
-
-
 def _patterns(m: Any, tokens: Tensor, mask: Tensor | None, hs: HeadSet,
               kwargs: dict[str, Any]) -> dict[int, tuple[Tensor, tuple[int, ...]]]:
     """Per layer of ``hs``: its heads' patterns (B, h, T, T) and which heads they are.
 
-    The forward stops once the last of them is captured: the layers above it, the final norm
-    and the output head (a 30k-word masked-LM decoder at every position) are never run.
+    The forward stops after the last layer whose patterns it needs (``stop_at_layer``, through
+    the model's own call: every block it runs completes, so a sharded model gathers and frees
+    its weights as in any forward): the layers above it, the final norm and the output head (a
+    30k-word masked-LM decoder at every position) are never run.
     """
     check_tokens(tokens, m.config.vocab_size, mask, kwargs.get("task_ids"), gate_tasks(m))
     got: dict[int, tuple[Tensor, tuple[int, ...]]] = {}
@@ -200,16 +198,11 @@ def _patterns(m: Any, tokens: Tensor, mask: Tensor | None, hs: HeadSet,
     def keep(layer: int) -> Any:
         def fn(x: Tensor, ctx: HookContext) -> None:
             got[layer] = (x, ctx.heads if ctx.heads is not None else tuple(range(x.shape[1])))
-            if layer == last:
-                raise _Captured
         return fn
 
     hooks = [Hook(_pattern_name(l), keep(l), hs.in_layer(l), read_only=True) for l in hs.layers]
-    try:
-        with m.hooks(hooks):
-            m.hidden(tokens, attention_mask=mask, **kwargs)
-    except _Captured:
-        pass
+    with m.hooks(hooks):
+        m(tokens, attention_mask=mask, stop_at_layer=last + 1, **kwargs)
     return got
 
 
