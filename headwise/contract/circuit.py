@@ -43,6 +43,7 @@ MAX_ITEMS = 4096
 
 class CircuitKind(ClauseKind):
     name = "circuit"
+    sharded = False  # path patching reads each head's output weights whole
     keys = frozenset({"circuit", "task", "metric", "mode", *BOUNDS, "name"})
 
     def claims(self, raw: Mapping[str, Any]) -> bool:

@@ -48,6 +48,7 @@ class ClauseKind(ABC):
 
     name: str = ""
     keys: frozenset[str] = frozenset()
+    sharded: bool = True  # measurable on a model sharded by FSDP (False: reads whole weights)
 
     @abstractmethod
     def claims(self, raw: Mapping[str, Any]) -> bool:

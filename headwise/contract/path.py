@@ -83,6 +83,7 @@ def task_batch(data: VerifyData, clause: Clause) -> Any:
 
 class PathKind(ClauseKind):
     name = "path"
+    sharded = False  # path patching reads each head's output weights whole
     keys = frozenset({"path", "via", "task", "metric", "mode", "drop_at_least", "drop_at_most",
                       "name"})
 

@@ -220,6 +220,11 @@ def _run_spec(spec: Spec, opts: RunOptions) -> Spec:
     if enforce and spec.train.eval_every == 0:
         raise SpecError("train.eval_every: got 0, expected an integer >= 1 with --enforce "
                         "(enforcement acts at evaluation points)")
+    unsharded = next((c for c in spec.contract if not c.entry.sharded), None)
+    if unsharded is not None and spec.train.parallel == "fsdp":
+        raise SpecError(f"{unsharded.path}: a {unsharded.kind} clause is measured on the whole "
+                        "model's weights, which train.parallel: fsdp shards; expected "
+                        "train.parallel: none or ddp for this contract")
     if enforce and not spec.contract:
         raise SpecError("contract: missing; --enforce needs a contract to enforce")
     if isinstance(forecast_every, bool) or not isinstance(forecast_every, int) \

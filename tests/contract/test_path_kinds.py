@@ -119,3 +119,17 @@ def test_plan_refuses_a_path_through_a_head_gated_off_and_enforce_names_the_miss
         {"path": "L0.H0 -> logits", "task": "copy", "drop_at_least": 0.2}]}))
     assert main(["train", str(spec), "--out", str(tmp_path / "r"), "--quiet", "--enforce"]) == 2
     assert "contract[0]: no lever can move this clause" in capsys.readouterr().err
+
+
+def test_a_path_clause_on_a_sharded_run_is_refused_before_training(tmp_path: Path) -> None:
+    """Path patching reads each head's output weights whole, which FSDP shards."""
+    from headwise.pipeline import RunOptions, train_run
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({**SPEC, "train": {**SPEC["train"], "parallel": "fsdp"},
+                                    "contract": [{"path": "L0.H1 -> logits", "task": "copy",
+                                                  "drop_at_most": 0.9}]}))
+    with pytest.raises(SpecError, match=r"^contract\[0\]: a path clause is measured on the "
+                                        r"whole model's weights"):
+        train_run(spec, tmp_path / "run", RunOptions(progress=False))
+    assert not (tmp_path / "run").exists()
