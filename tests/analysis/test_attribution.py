@@ -4,22 +4,13 @@ the stated tolerance; the screen keeps the largest estimates and the heads asked
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
 from headwise import Head, ModelConfig, build_model, scale
 from headwise.analysis.attribution import attribution_importance, screen_heads
 from headwise.analysis.importance import ablation_importance, task_metrics
-
-
-@dataclass
-class B:
-    tokens: torch.Tensor
-    targets: torch.Tensor
-    attention_mask: torch.Tensor | None = None
-    task_ids: torch.Tensor | None = None
+from tests.analysis.plain_batch import B
 
 
 def _setup(causal: bool) -> tuple[torch.nn.Module, B]:

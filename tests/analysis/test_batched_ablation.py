@@ -3,8 +3,6 @@ layer) equals ablating one set at a time with ``headwise.hooks.ablate`` and a fu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
@@ -14,14 +12,7 @@ from headwise.analysis.importance import example_stats
 from headwise.heads import select_heads
 from headwise.hooks.interventions import ablate
 from headwise.model.build import build_mlm_head
-
-
-@dataclass
-class B:
-    tokens: torch.Tensor
-    targets: torch.Tensor
-    attention_mask: torch.Tensor | None = None
-    task_ids: torch.Tensor | None = None
+from tests.analysis.plain_batch import B
 
 
 def _model(causal: bool, dtype: torch.dtype) -> torch.nn.Module:

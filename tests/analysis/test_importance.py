@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -19,14 +18,7 @@ from headwise.analysis.importance import (
 )
 from headwise.analysis.importance_matrix import bootstrap_ci
 from headwise.analysis.patching import activation_patching
-
-
-@dataclass
-class B:
-    tokens: torch.Tensor
-    targets: torch.Tensor
-    attention_mask: torch.Tensor | None = None
-    task_ids: torch.Tensor | None = None
+from tests.analysis.plain_batch import B
 
 
 def _model(n_layers: int = 2) -> torch.nn.Module:

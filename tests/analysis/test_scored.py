@@ -3,8 +3,6 @@ masked-LM head; the metrics computed from them equal the full computation's."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
@@ -12,14 +10,7 @@ from headwise import ModelConfig, build_model
 from headwise.analysis.importance import example_stats
 from headwise.analysis.scored import scored_logits, scored_stats
 from headwise.model.build import build_mlm_head
-
-
-@dataclass
-class B:
-    tokens: torch.Tensor
-    targets: torch.Tensor
-    attention_mask: torch.Tensor | None = None
-    task_ids: torch.Tensor | None = None
+from tests.analysis.plain_batch import B
 
 
 def _model(causal: bool, mlm: bool) -> torch.nn.Module:
