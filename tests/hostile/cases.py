@@ -611,7 +611,7 @@ def _text_task(corpus: bytes) -> dict[str, Any]:
 
 def all_cases() -> list[dict[str, Any]]:
     """Every case with its ``id`` (category: name)."""
-    from .cases_readers import reader_cases  # it builds on this module's helpers
+    from .cases_readers import reader_cases  # it builds on this module's functions
 
     out = []
     for group, cases in (("yaml", yaml_cases()), ("model", model_cases()),
