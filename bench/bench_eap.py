@@ -67,8 +67,7 @@ def speed(args: argparse.Namespace) -> None:
     if args.ig:
         steps[f"eap-ig {args.ig} (mean)"] = lambda: edge_attribution(
             model, batch, method="eap-ig", steps=args.ig)
-    times = (interleaved(steps, args.reps, args.warmup) if args.clock == "wall"
-             else cpu_interleaved(steps, args.reps, args.warmup))
+    times = interleaved(steps, args.reps, args.warmup, clock=args.clock)
     print(f"GPT-2 small shape (12 x 12 heads, D 768, V {V}), B={args.batch}, T={args.seq}, "
           f"{len(all_edges(model))} edges, {torch.get_num_threads()} thread(s), "
           f"reps {args.reps}, warmup {args.warmup}, {args.clock} clock")
@@ -77,22 +76,6 @@ def speed(args: argparse.Namespace) -> None:
             f"  {paired(times, name, 'fwd+bwd'):.2f}x fwd+bwd "
             f"[{statistics.median(ts) / statistics.median(times['fwd+bwd']):.2f}]")
         print(f"  {name:<22} median {statistics.median(ts):7.3f} s{ratio}")
-
-
-def cpu_interleaved(steps: dict[str, Callable[[], object]], reps: int,
-                    warmup: int) -> dict[str, list[float]]:
-    """``bench.lab.timing.interleaved`` timed in this process's CPU seconds (``--clock cpu``: a
-    process waiting for a core on a loaded machine accrues none)."""
-    for _ in range(warmup):
-        for fn in steps.values():
-            fn()
-    times: dict[str, list[float]] = {s: [] for s in steps}
-    for _ in range(reps):
-        for name, fn in steps.items():
-            t0 = time.process_time()
-            fn()
-            times[name].append(time.process_time() - t0)
-    return times
 
 
 def agreement_on(args: argparse.Namespace) -> None:
