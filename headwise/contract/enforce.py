@@ -141,7 +141,7 @@ class Enforcer:
 
     def measure(self, state: TrainState) -> ContractResult:
         """The contract measured on the enforcement set at an evaluation point."""
-        return verify(state.model, self.contract, self.data)
+        return verify(state.model, self.contract, self.data, bounds=False)
 
     def update(self, record: EnforcementRecord, state: TrainState,
                result: ContractResult) -> None:

@@ -57,7 +57,8 @@ def pilot(compiled: Compiled, contract: Contract, steps: int) -> list[PilotRow]:
     config = dataclasses.replace(spec_train, eval_every=every, checkpoint_every=0)
     data = enforcement_data(compiled)
     before = verify(compiled.model, contract, data)
-    watch = ClauseWatch(contract, lambda m: verify(m, contract, data), spec_train.steps,
+    watch = ClauseWatch(contract, lambda m: verify(m, contract, data, bounds=False),
+                        spec_train.steps,
                         spec_train.steps + 1, load_clause_forecasters(),
                         compiled.spec.forecast_context,
                         None, lambda line: None)  # records every point, never warns

@@ -337,7 +337,8 @@ def _forecast_watch(compiled: Compiled, data: VerifyData, contract: Contract,
         return [roles]
     levers = {} if planned is None else planned.levers
     advice = {i: lever.description for i, lever in levers.items() if lever is not None}
-    clauses = ClauseWatch(contract, None if enforced else (lambda m: verify(m, contract, data)),
+    measure = None if enforced else (lambda m: verify(m, contract, data, bounds=False))
+    clauses = ClauseWatch(contract, measure,
                           total_steps, every, load_clause_forecasters(),
                           compiled.spec.forecast_context,
                           None if enforced else (lambda: advice), warn,
