@@ -16,7 +16,6 @@ from headwise.analysis.circuit import (
 from headwise.analysis.decompose import accumulated_resid, decompose_resid, stack_head_results
 from headwise.analysis.edges import Agreement, EdgeScores, agreement, edge_attribution
 from headwise.analysis.explain import Step, Walkthrough, explain_head
-from headwise.analysis.graph import Edge, Node, all_edges, parse_edge
 from headwise.analysis.importance import (
     ablation_importance,
     example_stats,
@@ -49,6 +48,7 @@ from headwise.analysis.roles import (
     target_similarity,
 )
 from headwise.analysis.trajectories import Trajectory, score_checkpoints
+from headwise.hooks.graph import Edge, Node, all_edges, parse_edge
 
 __all__ = [
     "PATTERN_ROLES", "ROLES", "TOP_ROLE_CANDIDATES", "ImportanceMatrix",

@@ -1,6 +1,6 @@
 """Circuits: a set of edges, its faithfulness, and the smallest one that keeps a task.
 
-A circuit is a set of edges (``headwise.analysis.graph``); running it means ablating every
+A circuit is a set of edges (``headwise.hooks.graph``); running it means ablating every
 edge *outside* it together (``PathPatcher``: each receiver reads the source's output of every
 sender whose edge into it is outside). Given as nodes (heads ``L0.H1``, MLPs ``L0.MLP``), a
 circuit is every edge among those nodes, the embeddings and the logits.
@@ -27,7 +27,12 @@ import torch
 from torch import Tensor, nn
 
 from headwise.analysis.edges import EdgeScores, edge_attribution
-from headwise.analysis.graph import (
+from headwise.analysis.importance import example_stats
+from headwise.analysis.importance_matrix import bootstrap_ci
+from headwise.analysis.paths import METRIC_NAMES, Metric, PathPatcher, drop_of
+from headwise.errors import SpecError
+from headwise.heads import Head
+from headwise.hooks.graph import (
     EMBED,
     LOGITS,
     Edge,
@@ -37,11 +42,6 @@ from headwise.analysis.graph import (
     parse_edge,
     parse_node,
 )
-from headwise.analysis.importance import example_stats
-from headwise.analysis.importance_matrix import bootstrap_ci
-from headwise.analysis.paths import METRIC_NAMES, Metric, PathPatcher, drop_of
-from headwise.errors import SpecError
-from headwise.heads import Head
 
 
 @dataclass(frozen=True)

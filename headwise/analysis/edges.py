@@ -31,8 +31,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.analysis.graph import EMBED, Edge, Node, Shape, model_shape, receivers, senders
-from headwise.analysis.path_run import (
+from headwise.analysis.paths import Metric, metric_value
+from headwise.hooks.graph import EMBED, Edge, Node, Shape, model_shape, receivers, senders
+from headwise.hooks.path_run import (
     capture,
     forward_kwargs,
     reduce_values,
@@ -40,7 +41,6 @@ from headwise.analysis.path_run import (
     source_input,
     tokens_of,
 )
-from headwise.analysis.paths import Metric, metric_value
 from headwise.model.attention import effective_weight
 from headwise.model.eval_mode import eval_mode
 from headwise.model.hook_point import Hook
@@ -123,7 +123,7 @@ def edge_attribution(model: nn.Module, batch: Any, metric: Metric = "loss",
     S, R = senders(shape), receivers(shape)
     s_idx = {s: i for i, s in enumerate(S)}
     r_idx = {r: i for i, r in enumerate(R)}
-    from headwise.analysis.graph import all_edges
+    from headwise.hooks.graph import all_edges
 
     edges = all_edges(model)
     flat = torch.tensor([float(scores[s_idx[e.sender], r_idx[(e.receiver, e.via)]])

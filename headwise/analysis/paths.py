@@ -37,10 +37,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.analysis.graph import Edge, Node, make_edge, model_shape, parse_node
 from headwise.analysis.importance import example_stats
-from headwise.analysis.path_run import (
+from headwise.hooks.graph import Edge, Node, make_edge, model_shape, parse_node
+from headwise.hooks.path_run import (
     AblatedRun,
+    ablation_targets,
     capture,
     forward_kwargs,
     reduce_values,
@@ -144,7 +145,7 @@ class PathPatcher:
         return text if isinstance(text, Node) else parse_node(str(text), self.shape, what)
 
     def edge(self, sender: str | Node, receiver: str | Node, via: str | None = None) -> Edge:
-        """A checked edge of this model (``headwise.analysis.graph.make_edge``)."""
+        """A checked edge of this model (``headwise.hooks.graph.make_edge``)."""
         return make_edge(self.node(sender, "sender"), self.node(receiver, "receiver"), via,
                          self.shape)
 
@@ -157,19 +158,13 @@ class PathPatcher:
         with torch.no_grad():
             return float(metric_value(self.run(edges), self.batch, metric))
 
+    def replacement(self, node: Node, current: Tensor) -> Tensor:
+        """The sender's output on the source (``AblatedRun``): corrupted, mean or zero."""
+        return self.source[node]
+
     def run(self, edges: Iterable[Edge]) -> Tensor:
         """(B, T, V) logits of the batch with ``edges`` ablated together (eval mode)."""
-        into: dict[tuple[int, str, int], list[Node]] = {}
-        for e in edges:
-            r = e.receiver
-            group = self.shape.group if e.via in ("k", "v") else 1  # a kv head's input
-            key = ((self.shape.n_layers, "logits", 0) if r.kind == "logits" else
-                   (r.layer, "mlp", 0) if r.kind == "mlp" else
-                   (r.layer, e.via or "", r.head - r.head % group))
-            senders = into.setdefault(key, [])
-            if e.sender not in senders:  # an edge named twice is ablated once
-                senders.append(e.sender)
-        state = AblatedRun(self, into)
+        state = AblatedRun(self, ablation_targets(edges, self.shape))
         with eval_mode(self.model), self.model.hooks(state.hooks()):  # type: ignore[operator]
             return self.model(tokens_of(self.batch), **self.kw)
 

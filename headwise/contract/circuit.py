@@ -9,10 +9,13 @@ no edge at all and the whole model, ``(M(circuit) - M(empty)) / (M(model) - M(em
 ablating the outside costs the task (``M(model) - M(circuit)`` for accuracies, the loss's
 increase: what lies outside may not matter, the strict part of strict interchange intervention
 training). A clause states one of the two; write two clauses for both. Items are edges
-(``headwise.analysis.graph``) or nodes (``L0.H1``, ``L0.MLP``), whose edges among each other,
-the embeddings and the logits belong to the circuit. Measured on the task's held-out batch. No
-lever builds a circuit yet: under ``--enforce`` the clause is refused unless
-``--allow-unenforced``.
+(``headwise.hooks.graph``) or nodes (``L0.H1``, ``L0.MLP``), whose edges among each other,
+the embeddings and the logits belong to the circuit. Measured on the task's held-out batch.
+
+Lever (either bound): every edge outside the circuit stochastically ablated together on the
+task's training examples, in the clause's ``mode`` (``headwise.control.path_levers``), so the
+model learns to do the task through the circuit alone: faithfulness rises and the outside stops
+mattering, as strict interchange intervention training trains its non-circuit nodes.
 """
 
 from __future__ import annotations
@@ -23,19 +26,20 @@ from typing import Any
 
 from torch import nn
 
-from headwise.analysis.circuit import faithfulness
-from headwise.analysis.graph import Edge, Node, parse_edge, parse_node
+from headwise.analysis.circuit import circuit_edges, faithfulness
 from headwise.analysis.importance_matrix import ci_stderr
 from headwise.contract import fields
 from headwise.contract.ablation import drop_range
 from headwise.contract.certify import drop_bound
 from headwise.contract.clause import METRICS, Clause, holds, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
-from headwise.contract.lever import ClauseLever, PlanContext
+from headwise.contract.lever import ClauseLever, LeverKind, PlanContext
 from headwise.contract.path import PATH_MODES, edge_heads, graph_shape, task_batch
 from headwise.contract.results import Bound, ClauseResult, VerifyData
+from headwise.control.path_levers import StochasticPathAblation
 from headwise.errors import SpecError
 from headwise.heads import Head, HeadSet
+from headwise.hooks.graph import Edge, Node, all_edges, parse_edge, parse_node
 
 BOUNDS = ("keeps_at_least", "outside_drop_at_most")
 MAX_ITEMS = 4096
@@ -127,7 +131,17 @@ class CircuitKind(ClauseKind):
         return drop_bound(result, model, data, confidence)
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
-        return None
+        inside = circuit_edges(ctx.model, [str(x) for x in clause.edges], clause.path)
+        outside = [e for e in all_edges(ctx.model) if e not in inside]
+        if not outside:  # the circuit is the whole model: nothing lies outside to train
+            return ClauseLever(LeverKind.STRUCTURAL, "the circuit is every edge of the model")
+        task = clause.task or ""
+        obj = ctx.add(StochasticPathAblation(ctx.model, outside, [list(ctx.task_names).index(
+            task)], mode=clause.mode or "mean"), f"enforce:circuit-outside[{clause.path}]")
+        return ClauseLever(LeverKind.ABLATION, f"ablate the {len(outside)} edges outside the "
+                           f"circuit on {task} examples", [obj],
+                           scale=ctx.config.ablation_scale, cap=ctx.config.p_max,
+                           perturbs=frozenset({task}))
 
 
 def _short(value: Any) -> str:

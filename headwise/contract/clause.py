@@ -43,7 +43,7 @@ class Clause:
         at_least, at_most: bounds on the measured value (score; drop; for exclusive clauses
             the listed tasks' drop lower bound and the other tasks' drop upper bound).
         edges: the edges (and nodes) of a ``path`` or ``circuit`` clause
-            (``headwise.analysis.graph``); empty for the others.
+            (``headwise.hooks.graph``); empty for the others.
         source: the clause as written (JSON/YAML-ready).
     """
 

@@ -3,15 +3,25 @@
 ``{path: L0.H1 -> L1.H2, via: k, task: retrieval, metric: accuracy, drop_at_least: 0.3}``
 (``via`` ``q``, ``k`` or ``v`` for a head receiver, or written into ``path``: ``L0.H1 -> L1.H2
 via k``; receivers may also be ``L1.MLP`` or ``logits``, senders ``embed``, a head or an MLP;
-``headwise.analysis.graph``). Measured by path patching on the task's held-out batch
+``headwise.hooks.graph``). Measured by path patching on the task's held-out batch
 (``headwise.analysis.circuit.edge_drop``: the receiver's input recomputed with only that
 sender's contribution replaced, every other path clean), ``mode`` ``mean`` (default: the
 sender's per-position mean over the batch) or ``zero``; the drop is clean - ablated for
 accuracies, ablated - clean for the loss, with a paired-bootstrap interval over examples (its
-standard error is the clause's, as for ablation clauses). A path whose sender or receiver head
-the fixed task gates switch off on the task cannot carry it: ``drop_at_least`` there is refused
-before training. No lever builds a path yet: under ``--enforce`` the clause is refused unless
-``--allow-unenforced``.
+standard error is the clause's, as for ablation clauses).
+
+Refused before training (``drop_at_least``): a path whose sender or receiver head the fixed
+task gates switch off on the task, and a query or key path into a head whose structural mask
+leaves each query at most one key (its pattern cannot depend on what the path brings).
+
+Levers (``path_lever``), on the task's training examples and in the clause's ``mode``: for
+``drop_at_least`` the carrier stages of ``EnforceConfig`` applied to the edge ("others": the
+other edges into the same receiver input stochastically ablated, so the named sender becomes
+what the receiver reads; "margin": a hinge on the edge-ablated model's logits, so the task
+needs the edge), with the role objectives the path implies as assists when the task's circuit
+is known (a key path between two heads of a previous-token -> induction circuit: previous-token
+on the sender, induction on the receiver); for ``drop_at_most`` the edge itself stochastically
+ablated (``headwise.control.path_levers``).
 """
 
 from __future__ import annotations
@@ -19,10 +29,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from headwise.analysis.circuit import edge_drop
-from headwise.analysis.graph import Edge, Shape, parse_edge
 from headwise.analysis.importance_matrix import ci_stderr
 from headwise.contract import fields
 from headwise.contract.ablation import drop_range
@@ -35,10 +45,13 @@ from headwise.contract.clause import (
     number_or_none,
 )
 from headwise.contract.kind import ClauseKind, ParseContext
-from headwise.contract.lever import ClauseLever, PlanContext
+from headwise.contract.lever import ClauseLever, LeverKind, PlanContext
 from headwise.contract.results import Bound, ClauseResult, VerifyData
+from headwise.control.objectives import PatternObjective
+from headwise.control.path_levers import PathAblatedMargin, StochasticPathAblation
 from headwise.errors import SpecError
 from headwise.heads import Head, HeadSet
+from headwise.hooks.graph import Edge, Shape, edges_into, model_shape, parse_edge
 
 PATH_MODES = ("mean", "zero")
 
@@ -136,6 +149,13 @@ class PathKind(ClauseKind):
         if clause.at_least is None or clause.at_least <= 0:
             return
         dead = gated_heads(ctx, clause.edges, clause.task or "")
+        fixed = _fixed_patterns(ctx, clause.edges[0])
+        if fixed:
+            raise SpecError(f"{clause.path}: {clause.describe()} {clause.threshold_text()} "
+                            f"cannot hold: {fixed}'s structural mask ({ctx.masks.get(fixed)}) "
+                            "leaves each query at most one key, so its pattern cannot depend "
+                            f"on its {clause.edges[0].via} input; expected a value path "
+                            "(via v) or an unmasked receiver")
         if dead:
             raise SpecError(f"{clause.path}: {clause.describe()} {clause.threshold_text()} "
                             f"cannot hold: the fixed gates switch {','.join(map(str, dead))} "
@@ -148,7 +168,100 @@ class PathKind(ClauseKind):
         return drop_bound(result, model, data, confidence)
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
+        return path_lever(ctx, clause)
+
+
+def path_lever(ctx: PlanContext, clause: Clause) -> ClauseLever:
+    """The lever of a path clause (module docstring), its objectives added to ``ctx``."""
+    edge, task = clause.edges[0], clause.task or ""
+    task_ids = [list(ctx.task_names).index(task)]
+    mode = clause.mode or "mean"
+    parts: list[tuple[str, tuple[Edge, ...]]] = []
+    first_stage = False
+    others = tuple(e for e in edges_into(edge.receiver, edge.via, model_shape(ctx.model))
+                   if e != edge)
+    if clause.at_least is not None:
+        for i, stage in enumerate(ctx.config.carrier_stages):
+            for part in stage:
+                if part == "others" and others:
+                    parts.append(("others", others))
+                    first_stage = first_stage or i == 0
+                elif part == "margin":
+                    parts.append(("margin", (edge,)))
+    if clause.at_most is not None:
+        parts.append(("self", (edge,)))
+    staged = len(ctx.config.carrier_stages) > 1 and first_stage
+    words = {"others": f"ablate the other {len(others)} edges into "
+                       f"{edge.receiver}{' via ' + edge.via if edge.via else ''}",
+             "margin": f"hinge on the {edge}-ablated model",
+             "self": f"ablate {edge}"}
+    lever = ClauseLever(LeverKind.ABLATION, "; ".join(f"{words[what]} on {task} examples"
+                                                      for what, _ in parts),
+                        scale=ctx.config.ablation_scale, cap=ctx.config.p_max,
+                        loss_from=ctx.config.staged_from if staged else 0.0,
+                        perturbs=frozenset({task}))
+    for what, edges in parts:
+        name = f"enforce:path-{what}[{edge}][{clause.path}]"
+        if what == "margin":
+            obj = ctx.add(PathAblatedMargin(ctx.model, edges, task_ids, mode=mode), name)
+            lever.loss_terms.append(obj)  # a loss term: weight = multiplier excess, not p
+        else:
+            obj = ctx.add(StochasticPathAblation(ctx.model, edges, task_ids, mode=mode), name)
+        lever.objectives.append(obj)
+    if clause.at_least is not None:
+        implied = implied_roles(ctx, edge, task)
+        lever.assists = [ctx.add(PatternObjective(ctx.model, ctx.heads(h), role, kind="ce"),
+                                 f"enforce:assist:{role}[{h}][{clause.path}]")
+                         for role, h in implied]
+        if implied:
+            lever.description += ("; if it stops improving, the roles the path implies: "
+                                  + ", ".join(f"{role} on {h}" for role, h in implied))
+    return lever
+
+
+K_COMPOSITION = ("previous_token", "induction")  # sender role, receiver role of a key path
+
+
+def implied_roles(ctx: PlanContext, edge: Edge, task: str) -> list[tuple[str, Head]]:
+    """The role objectives a path implies: a key path between two heads, on a task whose
+    known circuit (declared by its generator or proposed from its data) is previous-token ->
+    induction, implies previous-token on the sender and induction on the receiver. A head whose
+    structural mask fixes its pattern, or that another clause asks for another role, gets
+    none."""
+    circuit = {role for role, _ in ctx.structure.circuits.get(task, ())}
+    if edge.via != "k" or edge.sender.kind != "head" or not set(K_COMPOSITION) <= circuit:
+        return []
+    ends = (Head(edge.sender.layer, edge.sender.head),
+            Head(edge.receiver.layer, edge.receiver.head))
+    return [(role, h) for role, h in zip(K_COMPOSITION, ends, strict=True)
+            if h not in ctx.masked and _free_for(ctx, h, role)]
+
+
+def _free_for(ctx: PlanContext, head: Head, role: str) -> bool:
+    """Whether no clause asks ``head`` for a role score other than ``role``."""
+    return all(c.score in (None, role) for c in ctx.contract if head in c.heads)
+
+
+def _fixed_patterns(ctx: PlanContext, edge: Edge) -> Head | None:
+    """A receiver head of a query or key edge whose structural mask leaves every query at most
+    one key (with causality), so that input cannot move its pattern; ``None`` otherwise. A key
+    edge reaches every query head of its kv group: each must be so fixed."""
+    if edge.via not in ("q", "k") or edge.receiver.kind != "head" or not ctx.masks:
         return None
+    model: Any = ctx.model
+    shape = model_shape(ctx.model)
+    span = shape.group if edge.via == "k" else 1
+    heads = [Head(edge.receiver.layer, edge.receiver.head + j) for j in range(span)]
+    if not all(h in ctx.masks for h in heads):
+        return None
+    attn = model.blocks[edge.receiver.layer].attn
+    T = int(model.config.max_seq_len)
+    allowed = attn.head_mask(T, None, next(model.parameters()).device)  # (H|1, T, T)
+    if bool(model.config.causal):
+        allowed = allowed & torch.ones(T, T, dtype=torch.bool, device=allowed.device).tril()
+    per_head = allowed.sum(-1).amax(-1)  # (H|1,)
+    fixed = [h for h in heads if int(per_head[h.head if per_head.numel() > 1 else 0]) <= 1]
+    return fixed[0] if len(fixed) == len(heads) else None
 
 
 KIND = PathKind()

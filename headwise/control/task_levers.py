@@ -79,7 +79,7 @@ def row_uniforms(tokens: Tensor, salt: int) -> Tensor:
     return (h % _PRIME).to(torch.float32) / _PRIME
 
 
-def _rows_of(task_ids: Tensor, tasks: list[int]) -> Tensor:
+def rows_of(task_ids: Tensor, tasks: list[int]) -> Tensor:
     """(B,) bool: the rows whose task is one of ``tasks`` (on task_ids' device; comparisons with
     Python ints, so no tensor is copied from the host)."""
     mine = torch.zeros_like(task_ids, dtype=torch.bool)
@@ -171,7 +171,7 @@ class StochasticAblation(Objective):
             return
         salt = step_salt(self.name, step)
         draw = row_uniforms(batch.tokens, salt) < p  # (B,)
-        rows = _rows_of(batch.task_ids, self.task_ids)
+        rows = rows_of(batch.task_ids, self.task_ids)
         self._keep = (~(draw & rows)).to(torch.float32)
         self._rows = rows
         self._src = (_sources(batch.tokens, rows, salt + 1) if self.mode == "resample"
@@ -255,7 +255,7 @@ class AblatedMargin(_SecondForward):
         self.mode = _check_mode("AblatedMargin", mode)
 
     def _ablation_hooks(self, batch: Any) -> list[Hook]:
-        rows = _rows_of(batch.task_ids, self.task_ids)
+        rows = rows_of(batch.task_ids, self.task_ids)
         src = (_sources(batch.tokens, rows, step_salt(self.name, self._step))
                if self.mode == "resample" else None)
 
@@ -273,15 +273,26 @@ class AblatedMargin(_SecondForward):
         batch, self._batch = self._batch, None
         if batch is None:
             return self._idle(tokens, "ablated_accuracy")
-        logits = self._run(batch, self._ablation_hooks(batch)).float()  # (B, T, V)
-        valid = (batch.targets != IGNORE) & _rows_of(batch.task_ids, self.task_ids)[:, None]
-        y = batch.targets.clamp_min(0)[..., None]  # (B, T, 1)
-        z_y = logits.gather(-1, y)[..., 0]  # (B, T)
-        best_other = logits.scatter(-1, y, float("-inf")).amax(-1)  # (B, T)
-        n = valid.sum().clamp_min(1)
-        hinge = (torch.relu(self.delta + z_y - best_other) * valid).sum() / n
-        right = ((z_y > best_other) & valid).sum() / n
+        logits = self._run(batch, self._ablation_hooks(batch))  # (B, T, V)
+        rows = rows_of(batch.task_ids, self.task_ids)
+        hinge, right = margin_hinge(logits, batch.targets, rows, self.delta)
         return self.weight * hinge, {f"{self.name}/ablated_accuracy": right.detach()}
+
+
+def margin_hinge(logits: Tensor, targets: Tensor, rows: Tensor, delta: float
+                 ) -> tuple[Tensor, Tensor]:
+    """The mean hinge ``relu(delta + z_y - max_{j != y} z_j)`` over the scored positions of
+    ``rows`` (B,) of ``logits`` (B, T, V), and the share of them predicted right (``z_y`` above
+    every other logit: what an ablated accuracy counts)."""
+    logits = logits.float()
+    valid = (targets != IGNORE) & rows[:, None]  # (B, T)
+    y = targets.clamp_min(0)[..., None]  # (B, T, 1)
+    z_y = logits.gather(-1, y)[..., 0]  # (B, T)
+    best_other = logits.scatter(-1, y, float("-inf")).amax(-1)  # (B, T)
+    n = valid.sum().clamp_min(1)
+    hinge = (torch.relu(delta + z_y - best_other) * valid).sum() / n
+    right = ((z_y > best_other) & valid).sum() / n
+    return hinge, right
 
 
 class TaskLossWeight(Objective):

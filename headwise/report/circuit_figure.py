@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from headwise.analysis.graph import Edge, Node
+from headwise.hooks.graph import Edge, Node
 from headwise.render.figures import fig_png, plt
 
 _COLOURS = {"q": "tab:blue", "k": "tab:orange", "v": "tab:green", None: "tab:purple"}

@@ -7,9 +7,9 @@ import math
 import pytest
 
 from headwise.analysis.circuit import circuit_edges, discover_circuit, edge_drop, faithfulness
-from headwise.analysis.graph import parse_edge
 from headwise.analysis.paths import path_patch
 from headwise.errors import SpecError
+from headwise.hooks.graph import parse_edge
 from tests.analysis.circuit_models import (
     CIRCUIT,
     COPY_CIRCUIT,
@@ -83,6 +83,6 @@ def test_circuit_items_are_checked(built: tuple) -> None:
 
 
 def _shape(model: object) -> object:
-    from headwise.analysis.graph import model_shape
+    from headwise.hooks.graph import model_shape
 
     return model_shape(model)  # type: ignore[arg-type]

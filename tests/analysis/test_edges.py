@@ -7,9 +7,9 @@ import torch
 
 import headwise as hw
 from headwise.analysis.edges import EdgeScores, agreement, edge_attribution, spearman
-from headwise.analysis.graph import all_edges
 from headwise.analysis.paths import PathPatcher
 from headwise.data import Batch
+from headwise.hooks.graph import all_edges
 
 
 def _relative_error(norm: str, kv: int, eps: float) -> float:

@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 
 import headwise as hw
-from headwise.analysis.graph import Edge, Node, all_edges, model_shape, parse_edge
 from headwise.analysis.paths import PathPatcher, path_patch
 from headwise.control.masks import previous_token
 from headwise.data import Batch
 from headwise.errors import SpecError
+from headwise.hooks.graph import Edge, Node, all_edges, model_shape, parse_edge
 from tests.analysis import path_reference as ref
 
 B, T, V = 3, 7, 13

@@ -4,6 +4,7 @@ where gates make them impossible, and named as unlevered under ``--enforce``."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import yaml
 
 from headwise.analysis.importance import example_stats
 from headwise.cli import main
-from headwise.contract import verify
+from headwise.contract import plan, verify
 from headwise.errors import SpecError
 from headwise.hooks import ablate
 from headwise.pipeline import compile_spec
@@ -104,7 +105,7 @@ def test_under_gqa_a_key_path_names_the_kv_head_of_its_group() -> None:
     assert sorted(str(h) for h in clause.heads) == ["L0.H0", "L1.H2", "L1.H3"]
 
 
-def test_plan_refuses_a_path_through_a_head_gated_off_and_enforce_names_the_missing_lever(
+def test_plan_refuses_a_path_through_a_head_gated_off_or_a_pattern_a_mask_fixes(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = tmp_path / "spec.yaml"
     two = {**SPEC, "data": {"tasks": {"copy": {"length": 3}, "reverse": {"length": 3}},
@@ -115,10 +116,79 @@ def test_plan_refuses_a_path_through_a_head_gated_off_and_enforce_names_the_miss
     assert main(["plan", str(spec)]) == 2
     err = capsys.readouterr().err
     assert "contract[0]: path L0.H1 -> logits" in err and "switch L0.H1 off on copy" in err
-    spec.write_text(yaml.safe_dump({**two, "contract": [
-        {"path": "L0.H0 -> logits", "task": "copy", "drop_at_least": 0.2}]}))
-    assert main(["train", str(spec), "--out", str(tmp_path / "r"), "--quiet", "--enforce"]) == 2
-    assert "contract[0]: no lever can move this clause" in capsys.readouterr().err
+    # a previous-token mask leaves each query one key: no key path can move that head's pattern
+    deep = {**SPEC, "model": {**SPEC["model"], "n_layers": 2},
+            "heads": {"L1.H0": {"mask": "previous_token"}}}
+    for via, code in (("k", 2), ("q", 2), ("v", 0)):
+        spec.write_text(yaml.safe_dump({**deep, "contract": [
+            {"path": "L0.H1 -> L1.H0", "via": via, "task": "copy", "drop_at_least": 0.2}]}))
+        assert main(["plan", str(spec)]) == code, via
+        out = capsys.readouterr()
+        if code == 2:
+            assert out.err.strip().endswith(
+                "L1.H0's structural mask (previous_token) leaves each query at most one key, "
+                f"so its pattern cannot depend on its {via} input; expected a value path (via "
+                "v) or an unmasked receiver"), out.err
+    loaded = load_spec(spec)
+    compiled = compile_spec(loaded)
+    (lever,) = plan(compiled.model, loaded.contract, compiled.structure).levers.values()
+    assert lever is not None and lever.description == (
+        "ablate the other 2 edges into L1.H0 via v on copy examples; hinge on the "
+        "L0.H1 -> L1.H0 via v-ablated model on copy examples")
+
+
+def test_a_path_names_the_roles_it_implies_on_a_task_whose_circuit_is_known() -> None:
+    spec = load_spec(yaml.safe_dump({
+        "model": {"n_layers": 2, "n_heads": 2, "d_model": 16, "vocab_size": 36,
+                  "max_seq_len": 11},
+        "data": {"tasks": {"kv_retrieval": {}}, "eval_examples": 32},
+        "train": {"steps": 4, "batch_size": 8, "eval_every": 2},
+        "contract": [{"path": "L0.H1 -> L1.H0 via k", "task": "kv_retrieval",
+                      "drop_at_least": 0.3},
+                     {"path": "L0.H0 -> L1.H1 via v", "task": "kv_retrieval",
+                      "drop_at_least": 0.3}]}))
+    compiled = compile_spec(spec)
+    levers = plan(compiled.model, spec.contract, compiled.structure).levers
+    assert [o.name for o in levers[0].assists] == [
+        "enforce:assist:previous_token[L0.H1][contract[0]]",
+        "enforce:assist:induction[L1.H0][contract[0]]"]
+    assert levers[0].description.endswith(
+        "if it stops improving, the roles the path implies: previous_token on L0.H1, "
+        "induction on L1.H0")
+    assert levers[1].assists == []  # a value path implies no role
+
+
+# One layer, two heads, copy: a plain run copies through both heads (each alone suffices), so
+# the edge L0.H1 -> logits is not needed and L0.H0 matters a little.
+ENFORCED = {
+    "model": {"n_layers": 1, "n_heads": 2, "d_model": 32, "vocab_size": 12, "max_seq_len": 10,
+              "attn_only": True},
+    "data": {"tasks": {"copy": {"length": 4}}, "eval_examples": 128},
+    "train": {"steps": 120, "batch_size": 32, "lr": 3.0e-3, "eval_every": 20, "seed": 0},
+    "contract": [
+        {"path": "L0.H1 -> logits", "task": "copy", "metric": "accuracy", "drop_at_least": 0.5},
+        {"circuit": ["L0.H1"], "task": "copy", "metric": "accuracy",
+         "outside_drop_at_most": 0.05}],
+}
+
+
+@pytest.mark.slow
+def test_a_path_and_a_circuit_that_a_plain_run_fails_hold_under_enforce(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(ENFORCED))
+    verdicts = {}
+    for name, extra in (("plain", []), ("enforced", ["--enforce"])):
+        code = main(["train", str(spec), "--out", str(tmp_path / name), "--quiet",
+                     "--no-report", *extra])
+        verdicts[name] = json.loads((tmp_path / name / "contract.json").read_text())
+        assert code == (1 if name == "plain" else 0)
+    plain, enforced = (verdicts[k]["clauses"] for k in ("plain", "enforced"))
+    assert plain[0]["measured"] < 0.5 and plain[1]["measured"] > 0.05  # both fail plain
+    assert enforced[0]["measured"] >= 0.5 and enforced[1]["measured"] <= 0.05
+    assert all(c["passed"] for c in enforced)  # on the verification set
+    levers = json.loads((tmp_path / "enforced" / "enforcement.json").read_text())["clauses"]
+    assert levers[0]["lever"].startswith("ablate the other 2 edges into logits on copy")
+    assert levers[1]["lever"] == "ablate the 4 edges outside the circuit on copy examples"
 
 
 def test_a_path_clause_on_a_sharded_run_is_refused_before_training(tmp_path: Path) -> None:

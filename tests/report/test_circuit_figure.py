@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from headwise.analysis.graph import Shape, parse_edge
+from headwise.hooks.graph import Shape, parse_edge
 from headwise.report.circuit_figure import circuit_figure
 
 PNG = b"\x89PNG\r\n\x1a\n"

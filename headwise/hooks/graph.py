@@ -195,6 +195,12 @@ def receivers(shape: Shape) -> list[tuple[Node, str | None]]:
     return out + [(LOGITS, None)]
 
 
+def edges_into(receiver: Node, via: str | None, shape: Shape) -> list[Edge]:
+    """Every edge into one receiver input (``via`` for a head; a k/v receiver named by its kv
+    group's first query head), in forward order of the senders."""
+    return [Edge(s, receiver, via) for s in senders(shape) if _below(s, receiver)]
+
+
 def all_edges(model: nn.Module) -> list[Edge]:
     """Every edge of ``model``, ordered by receiver then sender."""
     shape = model_shape(model)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.analysis.graph import EMBED, Node, Shape
+from headwise.hooks.graph import EMBED, Edge, Node, Shape
 from headwise.model.attention import effective_weight
 from headwise.model.hook_point import Hook
 
@@ -116,21 +116,53 @@ def _storer(store: dict[str, Tensor], name: str) -> Callable[[Tensor, Any], None
     return fn
 
 
+Into = dict[tuple[int, str, int], list[Node]]
+"""Per receiver input ``(layer, via | "mlp" | "logits", head)`` (``head``: the kv group's first
+query head for ``k``/``v``, else 0 for an MLP and the logits) the senders ablated into it."""
+
+
+def ablation_targets(edges: Iterable[Edge], shape: Shape) -> Into:
+    """The receiver inputs ``edges`` ablate into, each with its senders (an edge named twice is
+    ablated once)."""
+    into: Into = {}
+    for e in edges:
+        r = e.receiver
+        group = shape.group if e.via in ("k", "v") else 1  # a kv head's input
+        key = ((shape.n_layers, "logits", 0) if r.kind == "logits" else
+               (r.layer, "mlp", 0) if r.kind == "mlp" else
+               (r.layer, e.via or "", r.head - r.head % group))
+        senders = into.setdefault(key, [])
+        if e.sender not in senders:
+            senders.append(e.sender)
+    return into
+
+
 class AblatedRun:
     """The hooks of one ablated run and what they record on the way.
 
     Args:
-        patcher: a ``PathPatcher`` (its ``shape``, ``blocks``, ``kw`` and ``source``).
-        into: per receiver input ``(layer, via | "mlp" | "logits", head)`` the senders whose
-            edges into it are ablated.
+        patcher: what the run reads besides ``into``: ``shape``, ``blocks``, ``kw`` (the
+            forward's ``task_ids`` gate head outputs) and ``replacement(node, current)``, the
+            sender's output that replaces ``current`` (its output in this run) in the
+            receivers (a ``PathPatcher``'s source; a training lever's per-row mix).
+        into: the receiver inputs and their ablated senders (``ablation_targets``).
+
+    The hooks keep references to this run's activations until ``clear()``; a run object can
+    serve many forwards if it is cleared between them.
     """
 
-    def __init__(self, patcher: Any, into: dict[tuple[int, str, int], list[Node]]) -> None:
+    def __init__(self, patcher: Any, into: Into) -> None:
         self.p, self.into = patcher, into
         self.shape = patcher.shape
         self.store: dict[str, Tensor] = {}
         self.diffs: dict[int, Tensor] = {}  # layer -> (B, T, H, D) current - source head outputs
         self.mlp_inputs: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def clear(self) -> None:
+        """Forget the last forward's activations (in place: the hooks hold these dicts)."""
+        self.store.clear()
+        self.diffs.clear()
+        self.mlp_inputs.clear()
 
     def hooks(self) -> list[Hook]:
         if not self.into:
@@ -157,15 +189,17 @@ class AblatedRun:
 
     # -- the senders' current - source outputs -------------------------------------------------
     def diff(self, node: Node) -> Tensor:
-        src = self.p.source
+        """(B, T, D) the sender's output in this run minus its replacement."""
         if node.kind == "embed":
-            return self.store["blocks.0.hook_resid_pre"] - src[EMBED]
+            cur = self.store["blocks.0.hook_resid_pre"]
+            return cur - self.p.replacement(EMBED, cur)
         if node.kind == "mlp":
-            return self.store[f"blocks.{node.layer}.hook_mlp_out"] - src[node]
+            cur = self.store[f"blocks.{node.layer}.hook_mlp_out"]
+            return cur - self.p.replacement(node, cur)
         if node.layer not in self.diffs:
             z = self.store[f"blocks.{node.layer}.attn.hook_z"]
             cur = head_outputs(self.p.blocks[node.layer], z, self.p.kw.get("task_ids"))
-            self.diffs[node.layer] = cur - src[Node("head", node.layer)]
+            self.diffs[node.layer] = cur - self.p.replacement(Node("head", node.layer), cur)
         return self.diffs[node.layer][:, :, node.head]
 
     def delta(self, groups: Sequence[list[Node]], kind: str | None = None,

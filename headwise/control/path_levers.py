@@ -1,0 +1,233 @@
+"""Levers on paths: edges ablated in their receivers' inputs while training, by task.
+
+The differentiable levers behind ``path`` and ``circuit`` clauses (``headwise.contract``); the
+ablation is path patching's (``headwise.analysis.paths``, direct-path semantics): the receiver
+reads ``x_v - sum_u (a_u - a_u')`` with ``a_u`` the sender's output in this forward and
+``a_u'`` its replacement, and every other reader of the sender is untouched.
+
+- ``StochasticPathAblation(model, edges, tasks, p, mode)``: on examples of ``tasks``, each
+  example independently with probability ``weight`` (= p), the ``edges`` are ablated together
+  for that forward: the sender's output replaced by zero (``mode="zero"``) or by its mean over
+  the batch's examples of those tasks, per position (``"mean"``; the replacement carries no
+  gradient, as a fixed reference would not). Training under this noise makes the tasks *not
+  need* those edges: the lever of a path's ``drop_at_most``, of a circuit's outside (so the
+  circuit alone keeps the task), and, on the other edges into a receiver, of a path that must
+  be *sufficient*.
+- ``PathAblatedMargin(model, edges, tasks)``: makes the tasks *need* the edges (a path's
+  ``drop_at_least``): a second forward with the edges ablated on every example of ``tasks``,
+  and the multiclass hinge of ``headwise.control.task_levers.AblatedMargin`` on its logits.
+
+Draws are hashed from each example's tokens and the step (``row_uniforms``), so training stays
+bitwise reproducible and resumes exactly; nothing is read back to the host during a step. As
+dropout does, ``StochasticPathAblation`` ablates nothing in eval mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from headwise.control.objective import Objective
+from headwise.control.task_levers import (
+    MARGIN_DELTA,
+    margin_hinge,
+    row_uniforms,
+    rows_of,
+    step_salt,
+)
+from headwise.hooks.graph import Edge, Node, model_shape
+from headwise.hooks.path_run import AblatedRun, ablation_targets
+from headwise.model.hook_point import Hook, HookContext
+
+PATH_MODES = ("mean", "zero")
+
+
+class _RowMix:
+    """What ``AblatedRun`` reads of a training forward: each sender's replacement, per row.
+
+    ``ablated`` (B,) is 1 on the rows whose edges are ablated; ``ref`` (B,) marks the rows the
+    mean is taken over (the lever's tasks, padding left out). On the other rows the replacement
+    is the sender's own output, so their receivers read exactly what a clean forward gives.
+    """
+
+    def __init__(self, model: nn.Module, mode: str) -> None:
+        self.shape = model_shape(model)
+        self.blocks: Any = model.blocks
+        self.mode = mode
+        self.kw: dict[str, Any] = {}
+        self.ablated: Tensor | None = None
+        self.ref: Tensor | None = None
+        self.mask: Tensor | None = None
+
+    def set(self, batch: Any, ablated: Tensor, ref: Tensor) -> None:
+        self.kw = {"task_ids": batch.task_ids}
+        self.mask = batch.attention_mask
+        self.ablated, self.ref = ablated, ref
+
+    def clear(self) -> None:
+        self.kw, self.ablated, self.ref, self.mask = {}, None, None, None
+
+    def replacement(self, node: Node, current: Tensor) -> Tensor:
+        """``current`` (B, T, ...) with the ablated rows' values replaced (zero or the mean)."""
+        assert self.ablated is not None and self.ref is not None
+        extra = [1] * (current.dim() - 2)
+        m = self.ablated.to(current.dtype).view(-1, 1, *extra)  # (B, 1, ...)
+        if self.mode == "zero":
+            return current * (1 - m)
+        w = self.ref.to(current.dtype)[:, None]  # (B, 1)
+        if self.mask is not None:
+            w = w * self.mask.to(current.dtype)  # (B, T)
+        w = w.view(*w.shape, *extra)
+        ref = current.detach()
+        mean = (ref * w).sum(0, keepdim=True) / w.sum(0, keepdim=True).clamp_min(1.0)
+        return current * (1 - m) + mean * m
+
+
+class _PathRun:
+    """One ``AblatedRun`` kept for the life of a lever: its hooks are made once (the trainer
+    attaches the same hook objects at every step) and act only while ``active``."""
+
+    def __init__(self, model: nn.Module, edges: Iterable[Edge], mode: str) -> None:
+        self.mix = _RowMix(model, mode)
+        self.run = AblatedRun(self.mix, ablation_targets(edges, self.mix.shape))
+        self.active = False
+
+    def start(self, batch: Any, ablated: Tensor, ref: Tensor) -> None:
+        self.run.clear()
+        self.mix.set(batch, ablated, ref)
+        self.active = True
+
+    def stop(self) -> None:
+        self.active = False
+        self.run.clear()
+        self.mix.clear()
+
+    def hooks(self) -> list[Hook]:
+        return [Hook(h.name, self._gated(h.fn), h.heads, h.direction, h.read_only)
+                for h in self.run.hooks()]
+
+    def _gated(self, fn: Callable[[Tensor, Any], Any]) -> Callable[[Tensor, HookContext], Any]:
+        def gated(value: Tensor, ctx: HookContext) -> Any:
+            return fn(value, ctx) if self.active else None
+        return gated
+
+
+def _check(what: str, edges: Iterable[Edge], task_ids: list[int], mode: str) -> list[int]:
+    if not list(edges) or not task_ids:
+        raise ValueError(f"{what}: expected at least one edge and one task")
+    if mode not in PATH_MODES:
+        raise ValueError(f"{what}: mode got {mode!r}, expected one of {list(PATH_MODES)}")
+    return sorted(set(task_ids))
+
+
+class StochasticPathAblation(Objective):
+    """Ablate ``edges`` together on a random share ``weight`` of ``tasks``' examples.
+
+    Args:
+        model: a headwise Transformer.
+        edges: the edges ablated together (``headwise.hooks.graph.Edge``).
+        task_ids: task indices whose examples are ablated.
+        weight: the ablation probability per example, in [0, 1].
+        name: the lever's name (checkpoints store weights by name; it salts the draws).
+        mode: ``mean`` (default) or ``zero`` (see the module docstring).
+
+    Raises:
+        ValueError: no edge or task, ``weight`` outside [0, 1], or an unknown mode.
+    """
+
+    def __init__(self, model: nn.Module, edges: Iterable[Edge], task_ids: list[int],
+                 weight: float = 0.0, name: str = "ablate-paths", mode: str = "mean") -> None:
+        self.edges = tuple(edges)
+        self.task_ids = _check("StochasticPathAblation", self.edges, task_ids, mode)
+        if not 0.0 <= weight <= 1.0:
+            raise ValueError(f"StochasticPathAblation: weight got {weight}, expected a "
+                             "probability in [0, 1]")
+        self.model, self.mode = model, mode
+        self.weight = float(weight)
+        self.name = name
+        self._run = _PathRun(model, self.edges, mode)
+        self._share: Tensor | None = None
+
+    def prepare(self, batch: Any, step: int = 0) -> None:
+        """Draw which examples of the batch have the edges ablated in the coming forward."""
+        p = min(max(self.weight, 0.0), 1.0)
+        if p <= 0.0 or not self.model.training:
+            self.reset()
+            return
+        rows = rows_of(batch.task_ids, self.task_ids)
+        draw = row_uniforms(batch.tokens, step_salt(self.name, step)) < p  # (B,)
+        ablated = draw & rows
+        self._run.start(batch, ablated, rows)
+        self._share = ablated.to(torch.float32).mean()
+
+    def hooks(self) -> list[Hook]:
+        return self._run.hooks()
+
+    def reset(self) -> None:
+        self._run.stop()
+        self._share = None
+
+    def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
+             ) -> tuple[Tensor, dict[str, Tensor]]:
+        """No loss term of its own (it acts on the forward); logs the share ablated."""
+        zero = torch.zeros((), device=tokens.device)
+        share = zero if self._share is None else self._share
+        self.reset()
+        return zero, {f"{self.name}/ablated": share}
+
+
+class PathAblatedMargin(Objective):
+    """``weight x`` the mean hinge ``relu(delta + z_y - max_{j != y} z_j)`` of the model with
+    ``edges`` ablated on every example of ``tasks``, over those examples' scored positions.
+
+    Args:
+        model: a headwise Transformer.
+        edges: the edges the tasks must need (ablated together in the second forward).
+        task_ids: task indices whose examples are scored.
+        weight: the term's weight (0: no second forward).
+        name: the lever's name.
+        delta: the logit margin.
+        mode: ``mean`` (over the batch's examples of ``tasks``) or ``zero``.
+    """
+
+    def __init__(self, model: nn.Module, edges: Iterable[Edge], task_ids: list[int],
+                 weight: float = 0.0, name: str = "path-margin", delta: float = MARGIN_DELTA,
+                 mode: str = "mean") -> None:
+        self.edges = tuple(edges)
+        self.task_ids = _check("PathAblatedMargin", self.edges, task_ids, mode)
+        self.model, self.mode = model, mode
+        self.weight, self.delta = float(weight), float(delta)
+        self.name = name
+        self._run = _PathRun(model, self.edges, mode)
+        self._batch: Any = None
+
+    def prepare(self, batch: Any, step: int = 0) -> None:
+        self._batch = batch if self.weight > 0.0 else None  # no second forward at weight 0
+
+    def hooks(self) -> list[Hook]:
+        return []
+
+    def reset(self) -> None:
+        self._batch = None
+        self._run.stop()
+
+    def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
+             ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The weighted hinge; logs the edge-ablated accuracy on the scored positions."""
+        batch, self._batch = self._batch, None
+        if batch is None:
+            zero = torch.zeros((), device=tokens.device)
+            return zero, {f"{self.name}/ablated_accuracy": zero}
+        rows = rows_of(batch.task_ids, self.task_ids)
+        self._run.start(batch, rows, rows)
+        try:
+            with self.model.hooks(*self._run.hooks()):  # type: ignore[operator]
+                logits = self.model(batch.tokens, attention_mask=batch.attention_mask,
+                                    task_ids=batch.task_ids)  # (B, T, V)
+        finally:
+            self._run.stop()
+        hinge, right = margin_hinge(logits, batch.targets, rows, self.delta)
+        return self.weight * hinge, {f"{self.name}/ablated_accuracy": right.detach()}
