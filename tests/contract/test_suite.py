@@ -31,10 +31,14 @@ def test_suite_covers_every_clause_kind_and_enough_tasks() -> None:
         for c in spec.contract:
             bound = "at_least" if c.at_least is not None else "at_most"
             kinds.add({"exclusive": "exclusive", "score": f"score {bound}",
-                       "ablation": f"drop_{bound}", "task": f"task {c.metric}"}[c.kind])
+                       "ablation": f"drop_{bound}", "task": f"task {c.metric}",
+                       "path": f"path drop_{bound}",
+                       "circuit": "circuit keeps" if c.at_least is not None
+                       else "circuit outside"}[c.kind])
     assert len(SPECS) >= 12 and len(tasks) >= 5, (len(SPECS), tasks)
     assert kinds == {"score at_least", "score at_most", "drop_at_least", "drop_at_most",
-                     "exclusive", "task accuracy", "task exact", "task loss"}
+                     "exclusive", "task accuracy", "task exact", "task loss",
+                     "path drop_at_least", "circuit keeps", "circuit outside"}
 
 
 @pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
