@@ -9,13 +9,15 @@ reads ``x_v - sum_u (a_u - a_u')`` with ``a_u`` the sender's output in this forw
   example independently with probability ``weight`` (= p), the ``edges`` are ablated together
   for that forward: the sender's output replaced by zero (``mode="zero"``) or by its mean over
   the batch's examples of those tasks, per position (``"mean"``; the replacement carries no
-  gradient, as a fixed reference would not). Training under this noise makes the tasks *not
+  gradient, as a fixed reference would not; it is the mean over the rows the draw left clean,
+  so it is a clean mean as path patching's is). Training under this noise makes the tasks *not
   need* those edges: the lever of a path's ``drop_at_most``, of a circuit's outside (so the
   circuit alone keeps the task), and, on the other edges into a receiver, of a path that must
   be *sufficient*.
 - ``PathAblatedMargin(model, edges, tasks)``: makes the tasks *need* the edges (a path's
   ``drop_at_least``): a second forward with the edges ablated on every example of ``tasks``,
-  and the multiclass hinge of ``headwise.control.task_levers.AblatedMargin`` on its logits.
+  and the multiclass hinge of ``headwise.control.task_levers.AblatedMargin`` on its logits
+  (``mean``: the senders' clean means, from a forward without gradient before it).
 
 Draws are hashed from each example's tokens and the step (``row_uniforms``), so training stays
 bitwise reproducible and resumes exactly; nothing is read back to the host during a step. As
@@ -39,7 +41,13 @@ from headwise.control.task_levers import (
     step_salt,
 )
 from headwise.hooks.graph import Edge, Node, model_shape
-from headwise.hooks.path_run import AblatedRun, ablation_targets
+from headwise.hooks.path_run import (
+    AblatedRun,
+    ablation_targets,
+    capture,
+    sender_outputs,
+    stream_names,
+)
 from headwise.model.hook_point import Hook, HookContext
 
 PATH_MODES = ("mean", "zero")
@@ -48,9 +56,11 @@ PATH_MODES = ("mean", "zero")
 class _RowMix:
     """What ``AblatedRun`` reads of a training forward: each sender's replacement, per row.
 
-    ``ablated`` (B,) is 1 on the rows whose edges are ablated; ``ref`` (B,) marks the rows the
-    mean is taken over (the lever's tasks, padding left out). On the other rows the replacement
-    is the sender's own output, so their receivers read exactly what a clean forward gives.
+    ``ablated`` (B,) is 1 on the rows whose edges are ablated; on the others the replacement is
+    the sender's own output, so their receivers read exactly what a clean forward gives. The
+    mean a ``mean`` ablation puts in is a clean one, as path patching's is: ``means`` given
+    (per sender, (1, T, ...)), or else the mean over the ``ref`` rows (B,) of this forward,
+    rows this lever leaves clean (padding left out; no such row: zero).
     """
 
     def __init__(self, model: nn.Module, mode: str) -> None:
@@ -61,29 +71,36 @@ class _RowMix:
         self.ablated: Tensor | None = None
         self.ref: Tensor | None = None
         self.mask: Tensor | None = None
+        self.means: dict[Node, Tensor] | None = None
 
-    def set(self, batch: Any, ablated: Tensor, ref: Tensor) -> None:
+    def set(self, batch: Any, ablated: Tensor, ref: Tensor,
+            means: dict[Node, Tensor] | None = None) -> None:
         self.kw = {"task_ids": batch.task_ids}
         self.mask = batch.attention_mask
-        self.ablated, self.ref = ablated, ref
+        self.ablated, self.ref, self.means = ablated, ref, means
 
     def clear(self) -> None:
-        self.kw, self.ablated, self.ref, self.mask = {}, None, None, None
+        self.kw, self.ablated, self.ref, self.mask, self.means = {}, None, None, None, None
 
     def replacement(self, node: Node, current: Tensor) -> Tensor:
         """``current`` (B, T, ...) with the ablated rows' values replaced (zero or the mean)."""
         assert self.ablated is not None and self.ref is not None
-        extra = [1] * (current.dim() - 2)
-        m = self.ablated.to(current.dtype).view(-1, 1, *extra)  # (B, 1, ...)
+        m = self.ablated.to(current.dtype).view(-1, *[1] * (current.dim() - 1))  # (B, 1, ...)
         if self.mode == "zero":
             return current * (1 - m)
-        w = self.ref.to(current.dtype)[:, None]  # (B, 1)
-        if self.mask is not None:
-            w = w * self.mask.to(current.dtype)  # (B, T)
-        w = w.view(*w.shape, *extra)
-        ref = current.detach()
-        mean = (ref * w).sum(0, keepdim=True) / w.sum(0, keepdim=True).clamp_min(1.0)
+        mean = (self.means[node] if self.means is not None
+                else row_mean(current.detach(), self.ref, self.mask))
         return current * (1 - m) + mean * m
+
+
+def row_mean(values: Tensor, rows: Tensor, mask: Tensor | None) -> Tensor:
+    """(1, T, ...) the mean of ``values`` (B, T, ...) over ``rows`` (B,) per position, padding
+    (``mask`` (B, T) == 0) left out; zero where no row counts."""
+    w = rows.to(values.dtype)[:, None].expand(values.shape[:2])  # (B, T)
+    if mask is not None:
+        w = w * mask.to(values.dtype)
+    w = w.reshape(*w.shape, *[1] * (values.dim() - 2))
+    return (values * w).sum(0, keepdim=True) / w.sum(0, keepdim=True).clamp_min(1.0)
 
 
 class _PathRun:
@@ -95,9 +112,10 @@ class _PathRun:
         self.run = AblatedRun(self.mix, ablation_targets(edges, self.mix.shape))
         self.active = False
 
-    def start(self, batch: Any, ablated: Tensor, ref: Tensor) -> None:
+    def start(self, batch: Any, ablated: Tensor, ref: Tensor,
+              means: dict[Node, Tensor] | None = None) -> None:
         self.run.clear()
-        self.mix.set(batch, ablated, ref)
+        self.mix.set(batch, ablated, ref, means)
         self.active = True
 
     def stop(self) -> None:
@@ -160,7 +178,7 @@ class StochasticPathAblation(Objective):
         rows = rows_of(batch.task_ids, self.task_ids)
         draw = row_uniforms(batch.tokens, step_salt(self.name, step)) < p  # (B,)
         ablated = draw & rows
-        self._run.start(batch, ablated, rows)
+        self._run.start(batch, ablated, rows & ~ablated)  # the mean: the rows left clean
         self._share = ablated.to(torch.float32).mean()
 
     def hooks(self) -> list[Hook]:
@@ -214,6 +232,18 @@ class PathAblatedMargin(Objective):
         self._batch = None
         self._run.stop()
 
+    def _clean_means(self, batch: Any, rows: Tensor) -> dict[Node, Tensor] | None:
+        """Every sender's clean mean over ``rows`` (a forward without gradient; ``None`` for
+        ``zero``, which needs none)."""
+        if self.mode == "zero":
+            return None
+        shape = self._run.mix.shape
+        kw = {"attention_mask": batch.attention_mask, "task_ids": batch.task_ids}
+        with torch.no_grad():
+            _, values = capture(self.model, batch.tokens, kw, stream_names(shape))
+            outs = sender_outputs(self.model, values, batch.task_ids)
+        return {n: row_mean(v, rows, batch.attention_mask) for n, v in outs.items()}
+
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
         """The weighted hinge; logs the edge-ablated accuracy on the scored positions."""
@@ -222,7 +252,7 @@ class PathAblatedMargin(Objective):
             zero = torch.zeros((), device=tokens.device)
             return zero, {f"{self.name}/ablated_accuracy": zero}
         rows = rows_of(batch.task_ids, self.task_ids)
-        self._run.start(batch, rows, rows)
+        self._run.start(batch, rows, rows, self._clean_means(batch, rows))
         try:
             with self.model.hooks(*self._run.hooks()):  # type: ignore[operator]
                 logits = self.model(batch.tokens, attention_mask=batch.attention_mask,

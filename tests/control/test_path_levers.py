@@ -51,7 +51,8 @@ def test_a_drawn_row_reads_the_path_patched_stream_and_the_others_the_clean_one(
 
     c = ref.forward(model, batch.tokens)
     head = c.results[0][1]  # (B, T, D) L0.H1's output
-    mean = head[batch.task_ids == 0].mean(0, keepdim=True)  # over task 0's rows, per position
+    # the clean mean: over task 0's rows the draw left clean, per position
+    mean = head[(batch.task_ids == 0) & ~drawn].mean(0, keepdim=True)
     stream = c.x[2] - (head - mean) * drawn[:, None, None].double()
     want = ref.forward(model, batch.tokens, {("k", 2, 1): stream}).logits
     assert torch.allclose(got, want, atol=TOL, rtol=0)
@@ -84,16 +85,19 @@ def test_eval_mode_and_weight_zero_ablate_nothing() -> None:
         assert torch.equal(got, clean)
 
 
-def test_the_margin_is_the_hinge_of_the_edge_ablated_logits() -> None:
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_the_margin_is_the_hinge_of_the_edge_ablated_logits(mode: str) -> None:
     model, batch = _model(), _batch()
     edge = parse_edge("L1.H3 -> logits", model_shape(model))
-    lever = PathAblatedMargin(model, [edge], [0], weight=2.0, mode="zero")
+    lever = PathAblatedMargin(model, [edge], [0], weight=2.0, mode=mode)
     lever.prepare(batch, 0)
     value, logs = lever.loss(batch.tokens)
     c = ref.forward(model, batch.tokens)
-    patched = ref.forward(model, batch.tokens,
-                          {("logits",): c.final - c.results[1][3]}).logits
-    hinge, right = margin_hinge(patched, batch.targets, batch.task_ids == 0, 1.0)
+    head, rows = c.results[1][3], batch.task_ids == 0
+    source = head[rows].mean(0, keepdim=True) if mode == "mean" else torch.zeros_like(head)
+    stream = c.final - (head - source) * rows[:, None, None].double()
+    patched = ref.forward(model, batch.tokens, {("logits",): stream}).logits
+    hinge, right = margin_hinge(patched, batch.targets, rows, 1.0)
     assert float(value) == pytest.approx(2.0 * float(hinge), abs=1e-9)
     assert float(logs["path-margin/ablated_accuracy"]) == pytest.approx(float(right))
 
