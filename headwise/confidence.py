@@ -234,14 +234,19 @@ def examples_for_binomial(rate: float, threshold: float, side: str, confidence: 
                   <= 1.0 - confidence, limit)
 
 
-def examples_for_difference(rate1: float, rate2: float, threshold: float, confidence: float,
-                            limit: int = 1 << 40) -> int | None:
-    """The fewest examples ``N`` at which shares ``rate1`` and ``rate2`` of ``N`` give a
-    ``difference_lower`` bound past ``threshold`` (``None``: not past it, or over ``limit``)."""
-    if rate1 - rate2 <= threshold:
+def examples_for_difference(rate1: float, rate2: float, threshold: float, confidence: float
+                            ) -> int | None:
+    """About how many examples ``N`` shares ``rate1`` and ``rate2`` of ``N`` need for a
+    ``difference_lower`` bound past ``threshold``: each Clopper-Pearson bound's half-width taken
+    as its normal one, ``z sqrt(r (1 - r) / N)`` with ``z`` the ``1 - alpha / 2`` quantile, so
+    ``N = (z (sd1 + sd2) / margin)^2`` (``None``: not past the threshold). A share of 0 or 1
+    has a wider exact bound than that, so this is a floor on what is needed."""
+    margin = rate1 - rate2 - threshold
+    if not margin > 0:
         return None
-    return fewest(lambda n: difference_p(rate1 * n, n, rate2 * n, n, threshold)
-                  <= 1.0 - confidence, limit)
+    z = NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
+    spread = math.sqrt(rate1 * (1.0 - rate1)) + math.sqrt(rate2 * (1.0 - rate2))
+    return max(1, math.ceil((z * spread / margin) ** 2))
 
 
 def fewest(clears: Callable[[int], bool], limit: int = 1 << 40) -> int | None:
@@ -259,24 +264,17 @@ def fewest(clears: Callable[[int], bool], limit: int = 1 << 40) -> int | None:
     return hi
 
 
-def _ratio_se(num: Tensor, den: Tensor) -> Tensor:
-    """``headwise.analysis.importance_matrix.ratio_stderr`` over the last dimension of (..., n)
-    tensors, each example its own group: (...,), NaN where ``sum(den) <= 0``."""
-    n, total = num.shape[-1], den.sum(-1)
-    r = num.sum(-1) / total
-    spread = (num - r[..., None] * den).square().sum(-1) * n / (n - 1)
-    return torch.where(total > 0, spread.sqrt() / total, torch.full_like(total, math.nan))
-
-
 def bootstrap_t(num: Tensor, den: Tensor, resamples: int = BOOTSTRAP_T,
                 seed: int = 0) -> Tensor:
     """The studentised bootstrap statistics ``t* = (R* - R) / se*`` of the ratio ``R =
     sum(num) / sum(den)``, each row of ``num`` / ``den`` its own sample of ``n`` examples
-    resampled with replacement (the same draws of example indices for every row).
+    resampled with replacement (the same draws for every row), ``se`` the linearised standard
+    error ``sqrt(n / (n - 1) sum (num - R den)^2) / sum(den)``.
 
-    A resample without spread gives ``t* = 0`` on the estimate and ``-+inf`` off it; one whose
-    ``sum(den*) <= 0`` (a ratio that does not exist) gives NaN, which ``bootstrap_t_side``
-    counts against the claim.
+    A resample is the count of times each example is drawn, so every sum over it is one
+    matrix product. A resample without spread gives ``t* = 0`` on the estimate and ``-+inf``
+    off it; one whose ``sum(den*) <= 0`` (a ratio that does not exist) gives NaN, which
+    ``bootstrap_t_side`` counts against the claim.
 
     Args:
         num, den: (D, n) float64, ``n >= 2``.  resamples: how many.  seed: of the draws.
@@ -284,24 +282,22 @@ def bootstrap_t(num: Tensor, den: Tensor, resamples: int = BOOTSTRAP_T,
     Returns:
         (D, resamples).
     """
-    D, n = num.shape
-    r = num.sum(1) / den.sum(1)  # (D,)
+    n = num.shape[1]
     gen = torch.Generator().manual_seed(seed)
-    block = max(1, (1 << 22) // n)  # resamples per draw of indices
-    rows = max(1, (1 << 23) // (block * n))  # samples per chunk of the (rows, block, n) values
-    out = []
-    for start in range(0, resamples, block):
-        idx = torch.randint(0, n, (min(block, resamples - start), n), generator=gen)
-        part = []
-        for first in range(0, D, rows):
-            x, w = num[first:first + rows, idx], den[first:first + rows, idx]  # (d, b, n)
-            rs = x.sum(-1) / w.sum(-1)
-            s = _ratio_se(x, w)
-            diff = rs - r[first:first + rows, None]
-            t = torch.where(s > 0, diff / s, torch.where(diff == 0, 0.0, diff.sign() * math.inf))
-            part.append(torch.where(w.sum(-1) > 0, t, math.nan))
-        out.append(torch.cat(part))
-    return torch.cat(out, 1)
+    idx = torch.randint(0, n, (resamples, n), generator=gen)
+    counts = torch.zeros(resamples, n, dtype=num.dtype).scatter_add_(
+        1, idx, torch.ones(resamples, n, dtype=num.dtype))  # (B, n) draws of each example
+    r = num.sum(1) / den.sum(1)  # (D,)
+    sx, sw = num @ counts.T, den @ counts.T  # (D, B)
+    rs = sx / sw
+    spread = ((num * num) @ counts.T - 2 * rs * ((num * den) @ counts.T)
+              + rs * rs * ((den * den) @ counts.T)).clamp_min(0)
+    s = (spread * n / (n - 1)).sqrt() / sw
+    diff = rs - r[:, None]
+    t = torch.where(s > 1e-12 * rs.abs().clamp_min(1.0), diff / s,
+                    torch.where(diff.abs() <= 1e-12 * rs.abs().clamp_min(1.0), 0.0,
+                                diff.sign() * math.inf))
+    return torch.where(sw > 0, t, math.nan)
 
 
 def bootstrap_t_side(value: Tensor, se: Tensor, t_star: Tensor, threshold: float, side: str,

@@ -298,10 +298,13 @@ def circuit_bound(result: ClauseResult, model: nn.Module, data: VerifyData,
 def kept_bound(result: ClauseResult, stats: tuple[Tensor, Tensor, Tensor, Tensor],
                confidence: float) -> Bound:
     """A circuit's share kept, from per-example ``(model, circuit, empty, count)`` (n,)
-    numerators and counts: bootstrap-t on ``sum(circuit - empty) / sum(model - empty)``."""
+    numerators and counts: bootstrap-t on ``sum(circuit - empty) / sum(model - empty)`` (no
+    bound when the model is no better than the empty circuit: the share does not exist)."""
     full, circuit, empty, count = stats
     scored = count > 0
     num, den = (circuit - empty)[scored], (full - empty)[scored]
+    if float(den.sum()) < 0:  # a loss falls from the empty circuit to the model: the same ratio
+        num, den = -num, -den
     n = int(scored.sum())
     sides = _bootstrap_sides(num, den, _thresholds(result.clause), confidence) if n >= 2 \
         else None
