@@ -338,11 +338,10 @@ def exclusive_bound(result: ClauseResult, model: nn.Module, data: VerifyData,
                          note=f"the drop on {task} has no spread")
         sides += part[0]
         methods.add(part[1])
-    return _combine(result, [sides], confidence, min(sizes),
-                    f"intersection-union ({', '.join(sorted(methods))})",
+    return _combine(result, [sides], confidence, min(sizes), "intersection-union",
                     f"every listed task's drop bounded below and every other task's above, "
-                    f"each at {100 * confidence:g}%, over {len(data.tasks)} tasks' examples "
-                    f"(at least {min(sizes)} each)")
+                    f"each at {100 * confidence:g}% ({', '.join(sorted(methods))}), over "
+                    f"{len(data.tasks)} tasks' examples (at least {min(sizes)} each)")
 
 
 def drift_bound(result: ClauseResult, change: Tensor, stderr: Tensor, groups: int,
