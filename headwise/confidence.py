@@ -1,6 +1,6 @@
-"""One-sided confidence bounds for verdicts: exact binomial (Clopper-Pearson), normal and
-Student-t bounds, the p-values consistent with them, Holm's step-down and the sample size a
-bound needs.
+"""One-sided confidence bounds for verdicts: exact binomial (Clopper-Pearson) on a share and on
+a difference of two shares, normal and Student-t bounds, the studentised bootstrap of a ratio,
+the p-values consistent with them, Holm's step-down and the sample size a bound needs.
 
 Everything reduces to the regularised incomplete beta function
 ``I_x(a, b) = B(x; a, b) / B(a, b)``, evaluated by its continued fraction (modified Lentz), and
@@ -15,6 +15,16 @@ For a bound at confidence ``c`` (``alpha = 1 - c``):
 - normal / Student-t, a value ``v`` with standard error ``s``: ``v -+ q s`` with ``q`` the
   ``c`` quantile of ``N(0, 1)`` or of ``t`` with ``df`` degrees of freedom.
 
+- a difference of two shares ``p1 - p2`` (a drop: the share of examples an ablation harms less
+  the share it helps): the lower bound ``L1 - U2``, each a Clopper-Pearson bound at ``1 -
+  alpha / 2`` (the chance that either misses is at most ``alpha``, whatever the dependence
+  between the two counts: a union bound, so conservative, never approximate);
+- the studentised bootstrap (bootstrap-t) of a ratio ``R = sum(num) / sum(den)`` over
+  examples: ``t* = (R* - R) / se*`` over resamples of the examples, ``se`` the linearised
+  standard error; the bound is ``R - q* se``, ``q*`` a quantile of ``t*`` (second-order
+  accurate where a normal bound on a skewed or rare-event statistic is not; Efron and
+  Tibshirani 1993, ch. 12 and 14).
+
 The p-value of H0 "the true value is on the wrong side of threshold ``t``" is the ``alpha`` at
 which the bound reaches ``t``: a bound at confidence ``c`` is past ``t`` exactly when that
 p-value is at most ``1 - c``.
@@ -23,11 +33,16 @@ p-value is at most ``1 - c``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from statistics import NormalDist
+
+import torch
+from torch import Tensor
 
 DEFAULT_CONFIDENCE = 0.95
 """A contract's default level (``contract.confidence``)."""
+BOOTSTRAP_T = 1000
+"""Resamples of the studentised bootstrap."""
 _EPS = 1e-15
 _TINY = 1e-300
 
@@ -112,6 +127,43 @@ def binomial_p(k: float, n: float, threshold: float, side: str) -> float:
     return betainc(k, n - k + 1.0, threshold)
 
 
+def difference_lower(k1: float, n1: float, k2: float, n2: float, confidence: float) -> float:
+    """Lower bound on ``p1 - p2`` from ``k1`` of ``n1`` and ``k2`` of ``n2`` (the counts may come
+    from the same examples): ``binomial_lower(k1, n1) - binomial_upper(k2, n2)``, each at
+    ``1 - alpha / 2``. Both hold together with chance at least ``1 - alpha`` (Bonferroni), so
+    the difference bound does too, exactly or conservatively."""
+    half = 1.0 - (1.0 - confidence) / 2.0
+    return binomial_lower(k1, n1, half) - binomial_upper(k2, n2, half)
+
+
+def difference_p(k1: float, n1: float, k2: float, n2: float, threshold: float) -> float:
+    """p-value of H0 "``p1 - p2 < threshold``" consistent with ``difference_lower``: the
+    smallest ``alpha`` at which that bound reaches ``threshold``,
+    ``min(1, 2 min_x max(P(X1 >= k1 | threshold + x), P(X2 <= k2 | x)))`` over the split
+    ``x`` (``U2 <= x`` and ``L1 >= threshold + x``). The first term increases in ``x`` and the
+    second decreases, so the minimum of their maximum is where they cross (bisection)."""
+    lo, hi = max(0.0, -threshold), min(1.0, 1.0 - threshold)
+    if lo > hi:
+        return 1.0
+
+    def first(x: float) -> float:
+        return binomial_p(k1, n1, min(1.0, threshold + x), "at_least")
+
+    def second(x: float) -> float:
+        return binomial_p(k2, n2, x, "at_most")
+
+    if first(lo) >= second(lo):
+        best = first(lo)
+    elif first(hi) <= second(hi):
+        best = second(hi)
+    else:
+        for _ in range(52):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if first(mid) < second(mid) else (lo, mid)
+        best = first(hi)
+    return min(1.0, 2.0 * best)
+
+
 def t_cdf(x: float, df: float) -> float:
     """Student-t CDF with ``df`` degrees of freedom (``math.inf``: the normal):
     ``1 - I_{df / (df + x^2)}(df / 2, 1 / 2) / 2`` for ``x >= 0``, symmetric below."""
@@ -173,16 +225,34 @@ def examples_for_binomial(rate: float, threshold: float, side: str, confidence: 
                           limit: int = 1 << 40) -> int | None:
     """The fewest examples ``N`` at which ``round(rate N)`` successes give a Clopper-Pearson
     bound past ``threshold`` (``side``: ``at_least`` or ``at_most``); ``None`` when ``rate`` is
-    not past the threshold or more than ``limit`` would be needed. Binary search: the bound at a
-    fixed rate tightens as ``N`` grows (up to the rounding of ``rate N``)."""
+    not past the threshold or more than ``limit`` would be needed."""
     if side == "at_most":
         return examples_for_binomial(1.0 - rate, 1.0 - threshold, "at_least", confidence, limit)
     if rate <= threshold:
         return None
+    return fewest(lambda n: binomial_p(round(rate * n), n, threshold, "at_least")
+                  <= 1.0 - confidence, limit)
 
-    def clears(n: int) -> bool:  # the bound is past the threshold <=> its p-value <= alpha
-        return binomial_p(round(rate * n), n, threshold, "at_least") <= 1.0 - confidence
 
+def examples_for_difference(rate1: float, rate2: float, threshold: float, confidence: float
+                            ) -> int | None:
+    """About how many examples ``N`` shares ``rate1`` and ``rate2`` of ``N`` need for a
+    ``difference_lower`` bound past ``threshold``: each Clopper-Pearson bound's half-width taken
+    as its normal one, ``z sqrt(r (1 - r) / N)`` with ``z`` the ``1 - alpha / 2`` quantile, so
+    ``N = (z (sd1 + sd2) / margin)^2`` (``None``: not past the threshold). A share of 0 or 1
+    has a wider exact bound than that, so this is a floor on what is needed."""
+    margin = rate1 - rate2 - threshold
+    if not margin > 0:
+        return None
+    z = NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
+    spread = math.sqrt(rate1 * (1.0 - rate1)) + math.sqrt(rate2 * (1.0 - rate2))
+    return max(1, math.ceil((z * spread / margin) ** 2))
+
+
+def fewest(clears: Callable[[int], bool], limit: int = 1 << 40) -> int | None:
+    """The smallest ``N >= 1`` with ``clears(N)``, for a ``clears`` that stays true once true
+    (a bound at fixed rates tightens as ``N`` grows, up to rounding): doubling, then
+    bisection; ``None`` past ``limit``."""
     lo, hi = 1, 1
     while not clears(hi):
         lo, hi = hi + 1, hi * 2
@@ -192,3 +262,64 @@ def examples_for_binomial(rate: float, threshold: float, side: str, confidence: 
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if clears(mid) else (mid + 1, hi)
     return hi
+
+
+def bootstrap_t(num: Tensor, den: Tensor, resamples: int = BOOTSTRAP_T,
+                seed: int = 0) -> Tensor:
+    """The studentised bootstrap statistics ``t* = (R* - R) / se*`` of the ratio ``R =
+    sum(num) / sum(den)``, each row of ``num`` / ``den`` its own sample of ``n`` examples
+    resampled with replacement (the same draws for every row), ``se`` the linearised standard
+    error ``sqrt(n / (n - 1) sum (num - R den)^2) / sum(den)``.
+
+    A resample is the count of times each example is drawn, so every sum over it is one
+    matrix product. A resample without spread gives ``t* = 0`` on the estimate and ``-+inf``
+    off it; one whose ``sum(den*) <= 0`` (a ratio that does not exist) gives NaN, which
+    ``bootstrap_t_side`` counts against the claim.
+
+    Args:
+        num, den: (D, n) float64, ``n >= 2``.  resamples: how many.  seed: of the draws.
+
+    Returns:
+        (D, resamples).
+    """
+    n = num.shape[1]
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n, (resamples, n), generator=gen)
+    counts = torch.zeros(resamples, n, dtype=num.dtype).scatter_add_(
+        1, idx, torch.ones(resamples, n, dtype=num.dtype))  # (B, n) draws of each example
+    r = num.sum(1) / den.sum(1)  # (D,)
+    sx, sw = num @ counts.T, den @ counts.T  # (D, B)
+    rs = sx / sw
+    spread = ((num * num) @ counts.T - 2 * rs * ((num * den) @ counts.T)
+              + rs * rs * ((den * den) @ counts.T)).clamp_min(0)
+    s = (spread * n / (n - 1)).sqrt() / sw
+    diff = rs - r[:, None]
+    t = torch.where(s > 1e-12 * rs.abs().clamp_min(1.0), diff / s,
+                    torch.where(diff.abs() <= 1e-12 * rs.abs().clamp_min(1.0), 0.0,
+                                diff.sign() * math.inf))
+    return torch.where(sw > 0, t, math.nan)
+
+
+def bootstrap_t_side(value: Tensor, se: Tensor, t_star: Tensor, threshold: float, side: str,
+                     confidence: float) -> tuple[Tensor, Tensor]:
+    """The bootstrap-t bound on ``side`` (``at_least``: the lower bound ``value - q_{1 -
+    alpha} se``; ``at_most``: the upper ``value - q_alpha se``, ``q`` the quantiles of ``t*``)
+    and the p-value of H0 "the truth is on the wrong side of ``threshold``":
+    ``P*(t* >= (value - threshold) / se)`` (``at_least``) or ``P*(t* <= ...)``. A NaN ``t*``
+    counts as past every quantile, against the claim.
+
+    Args:
+        value, se: (D,).  t_star: (D, B) from ``bootstrap_t``.
+
+    Returns:
+        ``(bound (D,), p (D,))``.
+    """
+    B = t_star.shape[1]
+    k = min(B - 1, int((1.0 - confidence) * B))
+    z = ((value - threshold) / se)[:, None]
+    bad = t_star.isnan()
+    if side == "at_least":
+        q = t_star.nan_to_num(math.inf, math.inf, -math.inf).sort(1).values[:, B - 1 - k]
+        return value - q * se, ((t_star >= z) | bad).double().mean(1)
+    q = t_star.nan_to_num(-math.inf, math.inf, -math.inf).sort(1).values[:, k]
+    return value - q * se, ((t_star <= z) | bad).double().mean(1)

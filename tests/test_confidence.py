@@ -8,12 +8,18 @@ from statistics import NormalDist
 import pytest
 import torch
 
+from headwise.analysis.importance_matrix import ratio_stderr
 from headwise.confidence import (
+    BOOTSTRAP_T,
     beta_quantile,
     betainc,
     binomial_lower,
     binomial_p,
     binomial_upper,
+    bootstrap_t,
+    bootstrap_t_side,
+    difference_lower,
+    difference_p,
     examples_for_binomial,
     examples_for_location,
     holm,
@@ -121,6 +127,58 @@ def test_examples_needed_closed_forms() -> None:
 def test_beta_quantile_inverts_betainc() -> None:
     for a, b, q in ((0.5, 0.5, 0.1), (3, 200, 0.05), (950.5, 50.5, 0.95)):
         assert betainc(a, b, beta_quantile(q, a, b)) == pytest.approx(q, abs=1e-12)
+
+
+@pytest.mark.parametrize(("k1", "n1", "k2", "n2", "threshold"), [
+    (70, 200, 4, 200, 0.25), (30, 50, 0, 50, 0.3), (12.5, 80.0, 3.2, 95.5, 0.0),
+    (5, 300, 40, 300, -0.2)])
+def test_the_difference_bound_and_its_p_value_agree(k1: float, n1: float, k2: float,
+                                                    n2: float, threshold: float) -> None:
+    p = difference_p(k1, n1, k2, n2, threshold)
+    assert 0 < p < 1
+    assert difference_lower(k1, n1, k2, n2, 1 - p) == pytest.approx(threshold, abs=1e-9)
+    for confidence in (0.9, 0.95, 0.99):  # past the threshold exactly when p <= alpha
+        assert (difference_lower(k1, n1, k2, n2, confidence) >= threshold) == (
+            p <= 1 - confidence)
+
+
+def test_the_difference_bound_is_each_share_at_half_the_level() -> None:
+    n = 120
+    assert difference_lower(30, n, 0, n, 0.95) == pytest.approx(
+        binomial_lower(30, n, 0.975) - (1 - 0.025 ** (1 / n)), abs=1e-12)
+    assert difference_lower(n, n, 0, n, 0.9) == pytest.approx(
+        0.05 ** (1 / n) - (1 - 0.05 ** (1 / n)), abs=1e-12)
+
+
+def test_bootstrap_t_is_the_studentised_ratio_of_each_resample() -> None:
+    """Against the statistic computed by hand for each resample of the same draws."""
+    g = torch.Generator().manual_seed(5)
+    n = 23
+    num = torch.rand(2, n, generator=g, dtype=torch.float64)
+    den = 1 + torch.randint(0, 4, (2, n), generator=g).double()
+    t_star = bootstrap_t(num, den, resamples=40, seed=3)
+    idx = torch.randint(0, n, (40, n), generator=torch.Generator().manual_seed(3))
+    for row in range(2):
+        ratio = float(num[row].sum() / den[row].sum())
+        for b in range(40):
+            x, w = num[row, idx[b]], den[row, idx[b]]
+            expected = (float(x.sum() / w.sum()) - ratio) / ratio_stderr(x, w)
+            assert float(t_star[row, b]) == pytest.approx(expected, rel=1e-9)
+
+
+def test_bootstrap_t_counts_resamples_without_a_ratio_against_the_claim() -> None:
+    """Denominators of both signs: a resample whose denominators sum to <= 0 has no ratio;
+    it counts in the p-value of either side, and the quantiles treat it as the extreme."""
+    num = torch.tensor([[1.0, 0.5, 0.2, 0.9]], dtype=torch.float64)
+    den = torch.tensor([[1.0, -1.0, 0.5, 0.1]], dtype=torch.float64)
+    t_star = bootstrap_t(num, den, resamples=BOOTSTRAP_T)
+    bad = float(t_star.isnan().double().mean())
+    assert 0 < bad < 1
+    value, se = num.sum(1) / den.sum(1), torch.tensor([0.5], dtype=torch.float64)
+    for side, sign in (("at_least", 1), ("at_most", -1)):
+        _, p = bootstrap_t_side(value, se, t_star, -sign * 1e9, side, 0.95)
+        beyond = float((t_star == sign * math.inf).double().mean())  # one example drawn n times
+        assert float(p) == pytest.approx(bad + beyond)  # every finite t* on the claim's side
 
 
 ALPHA = 0.05

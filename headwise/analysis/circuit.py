@@ -132,7 +132,8 @@ def faithfulness(model: nn.Module, batch: Any, circuit: Iterable[Any], *,
     if callable(metric) or n_boot <= 0:
         return Faithfulness(metric if isinstance(metric, str) else "custom", p.mode,
                             p.clean(metric), p.value(outside, metric), p.value(every, metric))
-    (full, count), (circ, _), (empty, _) = (_stats(p, e, metric) for e in ([], outside, every))
+    (full, count), (circ, _), (empty, _) = (patched_stats(p, e, metric)
+                                            for e in ([], outside, every))
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, full.shape[0], (n_boot, full.shape[0]), generator=gen)
 
@@ -151,8 +152,9 @@ def faithfulness(model: nn.Module, batch: Any, circuit: Iterable[Any], *,
                         float(ratio(empty)), kept_ci, (low, high))
 
 
-def _stats(p: PathPatcher, edges: list[Edge], metric: str) -> tuple[Tensor, Tensor]:
-    """Per-example numerators and counts (B,) of ``metric`` with ``edges`` ablated."""
+def patched_stats(p: PathPatcher, edges: Sequence[Edge], metric: str) -> tuple[Tensor, Tensor]:
+    """Per-example numerators and counts (B,) of ``metric`` (``example_stats``) with ``edges``
+    ablated together (none: the clean run), on the CPU in float64."""
     with torch.no_grad():
         logits = p.clean_logits if not edges else p.run(edges)
         num, count = example_stats(logits, p.batch.targets)[metric]
@@ -189,7 +191,7 @@ def edge_drop(model: nn.Module, batch: Any, edge: str | Edge, *, metric: str = "
         raise ValueError(f"metric: got {metric!r}, expected one of {list(METRIC_NAMES)}")
     p = PathPatcher(model, batch, source, mode)
     e = edge if isinstance(edge, Edge) else parse_edge(edge, p.shape)
-    (clean, count), (patched, _) = _stats(p, [], metric), _stats(p, [e], metric)
+    (clean, count), (patched, _) = patched_stats(p, [], metric), patched_stats(p, [e], metric)
     gen = torch.Generator().manual_seed(seed)
     sign = 1.0 if metric == "loss" else -1.0
     drop, low, high = bootstrap_ci(clean, patched, count, sign, n_boot, confidence, gen)

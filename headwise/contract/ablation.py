@@ -22,7 +22,7 @@ from torch import nn
 from headwise.analysis.importance import ablation_importance
 from headwise.analysis.importance_matrix import ci_stderr
 from headwise.contract import fields
-from headwise.contract.certify import drop_bound
+from headwise.contract.certify import ablation_bound
 from headwise.contract.clause import (
     METRICS,
     MODES,
@@ -113,7 +113,7 @@ class AblationKind(ClauseKind):
 
     def bound(self, result: ClauseResult, model: nn.Module, data: VerifyData,
               confidence: float) -> Bound:
-        return drop_bound(result, model, data, confidence)
+        return ablation_bound(result, model, data, confidence)
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         task_ids = [list(ctx.task_names).index(clause.task or "")]

@@ -12,53 +12,79 @@ Which bound a clause gets follows from what its measured value is (``Bound.metho
   examples right throughout, which the token accuracy is at least when examples score equally
   many positions), ``se`` the ratio estimator's standard error with each example its own group;
 - a task clause's ``loss`` (a ratio of per-example sums, right-skewed): the studentised
-  (bootstrap-t) bound, ``value - q* se`` with ``q*`` the quantile of ``(R* - R) / se*`` over
-  1000 resamples of the examples (second-order accurate where a normal bound on skewed losses
-  is not);
-- an ablation drop: the normal bound ``value -+ z se`` on the paired bootstrap standard error
-  over examples; an accuracy drop of exactly 0 with no spread (no example changed) gets
-  half-width ``1 - alpha^(1/n)``, the Clopper-Pearson bound on the share of examples that
-  change (which bounds the drop when examples score equally many positions); another drop
-  without spread gets no bound. The normal bound is approximate: for a drop made of few
-  changed examples it certifies a false cap more often than its level (docs/contracts.md);
+  (bootstrap-t) bound ``value - q* se`` (``headwise.confidence.bootstrap_t``);
+- an accuracy or exact drop (ablation, path, a circuit's outside drop) from per-example paired
+  outcomes: an example is *harmed* when the intervention loses it right tokens and *helped*
+  when it gains them, and the drop is the share harmed ``h`` less the share helped ``g``. A cap
+  ``b > 0``: ``drop <= h``, so the Clopper-Pearson upper bound on ``h`` bounds the drop (exact
+  in ``h``, conservative in the drop); a floor ``a >= 0`` (or a cap ``b <= 0``, which the share
+  harmed alone cannot meet): ``L(h) - U(g)``, each at ``1 - alpha / 2`` (Bonferroni); a floor
+  ``a < 0``: ``drop >= -g``, so ``-U(g)``. Shares over several positions per example are taken
+  at their effective sample sizes, as a task's token accuracy is;
+- a loss drop: bootstrap-t on the per-example paired loss differences; a circuit's share kept
+  ``(M(circuit) - M(empty)) / (M(model) - M(empty))``: bootstrap-t on that ratio of per-example
+  sums;
+- an exclusive clause: one drop bound per task (listed tasks: the floor; the others: the cap),
+  each at the clause's level; certified only when every one is (an intersection-union test,
+  Berger 1982: the claim is an intersection, so no correction is needed);
+- a ``preserve`` ``role_drift`` clause (the largest role-score change among the free heads):
+  per head and role, both sides of ``|change| <= b`` by Student-t with ``G - 1`` degrees of
+  freedom, the change's standard error taken as the two scores' summed (at least the paired
+  grouped estimate, by Minkowski's inequality); certified only when every head and role is
+  (intersection-union, no correction);
 - a role score and a ``preserve`` distance: the Student-t bound ``value -+ t_{G-1} se`` on the
   grouped ratio estimator's standard error over ``G`` (at most 16) groups of sequences;
-- a path's drop and a circuit's share kept or outside drop: as an ablation drop (their paired
-  bootstrap);
-- an exclusive clause, a ``role_drift`` clause and a kind whose entry gives none carry no
-  standard error: no bound, and they are never certified.
+- a kind whose entry gives none: no bound, never certified.
 
 Each kind says which bound its clauses get (``ClauseKind.bound``, calling the functions here).
+The drop bounds recompute the per-example outcomes ``measure`` pooled: one clean and one
+intervened pass (two for a share kept: the circuit and the empty circuit).
 
 A clause bounded on both sides needs both bounds past their thresholds (an intersection-union
-test: its p-value is the larger side's). An ``all_of`` clause is decided by its worst head and an
-``any_of`` clause by its best; with ``m`` heads an ``any_of`` bound is at level ``1 - (1 - c) /
-m`` (Bonferroni: which head decides is chosen on the same data). Only the deciding head's
-standard error is measured, and every head's is taken to be that one.
+test: its p-value is the larger side's). An ``all_of`` clause needs every head's bounds past
+(intersection-union); an ``any_of`` clause is decided by its best head, chosen on the same
+data, so each head is bounded at ``1 - (1 - c) / m`` for ``m`` heads (Bonferroni). Score
+clauses measure the deciding head's standard error only and take it for every head.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from headwise.analysis.batched_ablation import ablated_stats
+from headwise.analysis.circuit import circuit_edges, patched_stats
 from headwise.analysis.importance import example_stats
 from headwise.analysis.importance_matrix import STDERR_GROUPS, ratio_stderr
+from headwise.analysis.paths import PathPatcher
+from headwise.analysis.scored import forward_kwargs
 from headwise.confidence import (
+    BOOTSTRAP_T,
     binomial_lower,
     binomial_p,
     binomial_upper,
+    bootstrap_t,
+    bootstrap_t_side,
+    difference_lower,
+    difference_p,
     examples_for_binomial,
+    examples_for_difference,
     examples_for_location,
     location_p,
+    t_cdf,
     t_quantile,
 )
 from headwise.contract.clause import UNIT_METRICS, Clause
 from headwise.contract.results import Bound, ClauseResult, VerifyData
+from headwise.heads import select_heads
+from headwise.hooks.graph import all_edges
 
-BOOTSTRAP_T = 1000  # resamples of the studentised bootstrap (task losses)
+Paired = tuple[Tensor, Tensor, Tensor]  # per example: clean, intervened numerators, counts (n,)
 
 
 def certify(result: ClauseResult, model: nn.Module, data: VerifyData,
@@ -70,14 +96,24 @@ def certify(result: ClauseResult, model: nn.Module, data: VerifyData,
     return result.clause.entry.bound(result, model, data, confidence)
 
 
+@dataclass(frozen=True)
+class _Side:
+    """One one-sided test: its bound (may be infinite), p-value, and a function giving the
+    examples that would certify it (called only for a clause that holds, uncertified)."""
+
+    side: str
+    bound: float
+    p: float
+    needed: Callable[[], int | None]
+
+
 def task_clause_bound(result: ClauseResult, model: nn.Module, data: VerifyData,
                       confidence: float) -> Bound:
     c = result.clause
     batch = data.batch(c.task or "", c.path)
-    kw = {k: v for k in ("attention_mask", "task_ids")
-          if (v := getattr(batch, k, None)) is not None}
     with torch.no_grad():
-        num, count = example_stats(model(batch.tokens, **kw), batch.targets)[c.metric]
+        num, count = example_stats(model(batch.tokens, **forward_kwargs(batch)),
+                                   batch.targets)[c.metric]
     return task_bound(result, num.detach().double().cpu(), count.double().cpu(), confidence)
 
 
@@ -85,91 +121,271 @@ def task_bound(result: ClauseResult, num: Tensor, count: Tensor, confidence: flo
     """A task clause's bound from per-example numerators and counts (``example_stats``: the
     metric is ``sum(num) / sum(count)``), as the module docstring states."""
     c = result.clause
-    value = float(result.measured or 0.0)
     scored = count > 0
     num, count = num[scored], count[scored]  # (n,)
     n = int(count.numel())
     if n < 2:
         return Bound("none", confidence, examples=n, note="fewer than two scored examples")
     if c.metric == "loss":
-        return _bootstrap_t(result, num, count, confidence)
-    if c.metric == "exact" or bool((count == 1).all()):
-        k = round(float(num.sum()))
-        return _binomial(result, confidence, k, n, n, "clopper-pearson", f"{k} of {n} examples")
+        sides = _bootstrap_sides(num, count, _thresholds(c), confidence)
+        if sides is None:
+            return _location(result, confidence, 0.0, math.inf, n, "normal",
+                             "every example alike: no spread")
+        return _combine(result, [sides], confidence, n, "bootstrap-t",
+                        f"studentised bootstrap over {n} examples ({BOOTSTRAP_T} resamples)")
+    k, n_eff, how = _share(num, count)
+    sides = [_binomial_side(k, n_eff, n, side, t, confidence) for side, t in _thresholds(c)]
+    exact = n_eff == n and bool((count == 1).all())
+    return _combine(result, [sides], confidence, n,
+                    "clopper-pearson" if exact else "clopper-pearson (effective n)",
+                    f"{k:.0f} of {n} examples" if exact else how)
+
+
+def _share(num: Tensor, count: Tensor) -> tuple[float, float, str]:
+    """``(k, n)`` of a share ``sum(num) / sum(count)`` over examples, for Clopper-Pearson: the
+    successes of ``n`` examples when each scores one position, else at the Korn-Graubard
+    effective sample size (``n`` examples when the share is 0 or 1); and the words for it."""
+    n = int(count.numel())
+    if bool((count == 1).all()):
+        return float(round(float(num.sum()))), float(n), f"{float(num.sum()):.0f} of {n}"
     positions = float(count.sum())
+    p = float(num.sum()) / positions
     se = ratio_stderr(num, count)
-    n_eff = (float(n) if value in (0.0, 1.0) or not se > 0
-             else min(positions, value * (1.0 - value) / se ** 2))
-    return _binomial(result, confidence, value * n_eff, n_eff, n,
-                     "clopper-pearson (effective n)",
-                     f"effective sample size {n_eff:.1f} from {n} examples of {positions:.0f} "
-                     "scored positions")
+    n_eff = (float(n) if p in (0.0, 1.0) or not se > 0
+             else min(positions, p * (1.0 - p) / se ** 2))
+    return (p * n_eff, n_eff, f"effective sample size {n_eff:.1f} from {n} examples of "
+            f"{positions:.0f} scored positions")
 
 
-def _bootstrap_t(result: ClauseResult, num: Tensor, count: Tensor, confidence: float) -> Bound:
-    """The studentised bootstrap bound of the ratio ``sum(num) / sum(count)`` over examples."""
+def _binomial_side(k: float, n_eff: float, n: int, side: str, t: float,
+                   confidence: float) -> _Side:
+    """Clopper-Pearson on ``k`` of ``n_eff`` (``n``: the examples behind them)."""
+    rate = k / n_eff
+
+    def needed() -> int | None:
+        got = examples_for_binomial(rate, t, side, confidence)
+        return None if got is None else math.ceil(got * n / n_eff)
+
+    if side == "at_least":
+        return _Side(side, binomial_lower(k, n_eff, confidence),
+                     binomial_p(k, n_eff, t, side), needed)
+    return _Side(side, binomial_upper(k, n_eff, confidence), binomial_p(k, n_eff, t, side),
+                 needed)
+
+
+def _bootstrap_sides(num: Tensor, den: Tensor, thresholds: list[tuple[str, float]],
+                     confidence: float) -> list[_Side] | None:
+    """Bootstrap-t sides of the ratio ``sum(num) / sum(den)`` over examples (``None`` without
+    spread or without a positive ``sum(den)``: no bound)."""
     n = int(num.numel())
-    ratio, se = float(num.sum() / count.sum()), ratio_stderr(num, count)
-    if not se > 0:
-        return _location(result, confidence, se, math.inf, n, "normal",
-                         "every example alike: no spread")
-    gen = torch.Generator().manual_seed(0)
-    stats = []
-    for start in range(0, BOOTSTRAP_T, max(1, (1 << 22) // n)):  # memory-sized blocks
-        b = min(BOOTSTRAP_T - start, max(1, (1 << 22) // n))
-        idx = torch.randint(0, n, (b, n), generator=gen)
-        x, w = num[idx], count[idx]  # (b, n)
-        r = x.sum(1) / w.sum(1)
-        s = ((x - r[:, None] * w).square().sum(1) * n / (n - 1)).sqrt() / w.sum(1)
-        # a resample without spread: t* is infinite (its sign), or 0 on the estimate itself
-        stats.append(torch.where(s > 0, (r - ratio) / s, (r - ratio).sign() * math.inf))
-    t_star = torch.cat(stats).sort().values  # (BOOTSTRAP_T,)
-    k = min(BOOTSTRAP_T - 1, int((1.0 - confidence) * BOOTSTRAP_T))
-    low_q, high_q = float(t_star[k]), float(t_star[BOOTSTRAP_T - 1 - k])
-    c = result.clause
-    value = float(result.measured or ratio)
-    # at_least: value - high_q se >= t  <=>  P*(t* >= (value - t) / se) <= alpha; at_most:
-    # value - low_q se <= t  <=>  P*(t* <= (value - t) / se) <= alpha
-    p = max(float((t_star >= (value - t) / se).double().mean()) if side == "at_least"
-            else float((t_star <= (value - t) / se).double().mean())
-            for side, t in _thresholds(c))
-    needed = [examples_for_location(margin, se, n, high_q if side == "at_least" else -low_q)
-              for side, margin in _sides(c, value)]
-    low, high = c.entry.value_range(c)
-    return Bound("bootstrap-t", confidence,
-                 lower=_finite(max(low, value - high_q * se)) if c.at_least is not None else None,
-                 upper=_finite(min(high, value - low_q * se)) if c.at_most is not None else None,
-                 p_value=p, examples=n, needed=_needed(result, p, confidence, needed),
-                 note=f"studentised bootstrap over {n} examples ({BOOTSTRAP_T} resamples)")
+    value, se = float(num.sum() / den.sum()), ratio_stderr(num, den)
+    if not (se > 0 and float(den.sum()) > 0):
+        return None
+    t_star = bootstrap_t(num[None], den[None])
+    out = []
+    for side, t in thresholds:
+        bound_t, p_t = bootstrap_t_side(torch.tensor([value], dtype=torch.float64),
+                                        torch.tensor([se], dtype=torch.float64), t_star, t,
+                                        side, confidence)
+        bound = float(bound_t[0])
+        margin = value - t if side == "at_least" else t - value
+        q = (value - bound) / se if side == "at_least" else (bound - value) / se
+
+        def needed(margin: float = margin, q: float = q) -> int | None:
+            return examples_for_location(margin, se, n, q)
+
+        out.append(_Side(side, bound, float(p_t[0]), needed))
+    return out
 
 
-def drop_bound(result: ClauseResult, model: nn.Module, data: VerifyData,
-               confidence: float) -> Bound:
+def _drop_sides(metric: str, paired: Paired, thresholds: list[tuple[str, float]],
+                confidence: float) -> tuple[list[_Side], str, str] | None:
+    """The sides of a drop (clean - intervened for accuracies, the loss's increase) from its
+    per-example paired outcomes, with the method and the words; ``None``: no bound."""
+    clean, after, count = paired
+    scored = count > 0
+    clean, after, count = clean[scored], after[scored], count[scored]
+    n = int(count.numel())
+    if n < 2:
+        return None
+    if metric not in UNIT_METRICS:
+        sides = _bootstrap_sides(after - clean, count, thresholds, confidence)
+        return None if sides is None else (
+            sides, "bootstrap-t (paired)",
+            f"studentised bootstrap of the paired loss change over {n} examples "
+            f"({BOOTSTRAP_T} resamples)")
+    diff = clean - after  # (n,) right tokens lost per example
+    kh, nh, words_h = _share(diff.clamp_min(0), count)
+    kg, ng, _ = _share((-diff).clamp_min(0), count)
+    out = []
+    for side, t in thresholds:
+        if side == "at_most" and t > 0:  # drop <= share harmed
+            out.append(_binomial_side(kh, nh, n, side, t, confidence))
+        elif side == "at_least" and t < 0:  # drop >= -(share helped)
+            s = _binomial_side(kg, ng, n, "at_most", -t, confidence)
+            out.append(_Side(side, -s.bound, s.p, s.needed))
+        else:  # h - g, or g - h for a cap: each share at 1 - alpha / 2
+            (k1, n1), (k2, n2), t1 = (((kh, nh), (kg, ng), t) if side == "at_least"
+                                       else ((kg, ng), (kh, nh), -t))
+            low = difference_lower(k1, n1, k2, n2, confidence)
+            scale = max(n / n1, n / n2)
+
+            def needed(k1: float = k1, n1: float = n1, k2: float = k2, n2: float = n2,
+                       t1: float = t1, scale: float = scale) -> int | None:
+                got = examples_for_difference(k1 / n1, k2 / n2, t1, confidence)
+                return None if got is None else math.ceil(got * scale)
+
+            out.append(_Side(side, low if side == "at_least" else -low,
+                             difference_p(k1, n1, k2, n2, t1), needed))
+    exact = nh == n and ng == n and bool((count == 1).all())
+    how = (f"{kh:.0f} of {n} examples harmed, {kg:.0f} helped" if exact else
+           f"shares harmed and helped, {words_h}")
+    return (out, "clopper-pearson (paired)" if exact else
+            "clopper-pearson (paired, effective n)", how)
+
+
+def paired_drop_bound(result: ClauseResult, units: Sequence[Paired],
+                      confidence: float) -> Bound:
+    """A drop clause's bound from each unit's per-example paired outcomes (one unit, or one
+    per head of an ``all_of`` / ``any_of`` clause): ``(clean, intervened, count)``, each (n,)
+    float64 in ``example_stats``' layout."""
     c = result.clause
-    n = int(data.batch(c.task or "", c.path).tokens.shape[0])
-    se = result.stderr
-    if se == 0.0 and result.measured == 0.0 and c.metric in UNIT_METRICS:
-        return _unchanged(result, n, confidence)
-    if se == 0.0:
+    conf = 1.0 - (1.0 - confidence) / _heads(c)
+    parts = [_drop_sides(c.metric, u, _thresholds(c), conf) for u in units]
+    n = int((units[0][2] > 0).sum())
+    if any(p is None for p in parts):
         return Bound("none", confidence, examples=n, note="a drop without spread")
-    return _location(result, confidence, se, math.inf, n, "normal",
-                     "paired bootstrap standard error over examples")
+    done = [p for p in parts if p is not None]
+    return _combine(result, [p[0] for p in done], confidence, n, done[0][1], done[0][2])
 
 
-def _unchanged(result: ClauseResult, n: int, confidence: float) -> Bound:
-    """No example changed: half-width ``u = 1 - alpha^(1/n)``, p-value ``(1 - margin)^n``."""
+def ablation_bound(result: ClauseResult, model: nn.Module, data: VerifyData,
+                   confidence: float) -> Bound:
+    """An ablation clause's bound: each unit (the set, or each head) ablated once more on the
+    task's batch for its per-example outcomes."""
     c = result.clause
-    alpha = (1.0 - confidence) / _heads(c)
-    u = binomial_upper(0, n, 1.0 - alpha)
-    ps = [min(1.0, _heads(c) * binomial_p(0, n, margin, "at_most")) if margin > 0 else 1.0
-          for _, margin in _sides(c, 0.0)]
-    needed = [examples_for_binomial(0.0, margin, "at_most", 1.0 - alpha) if margin > 0 else None
-              for _, margin in _sides(c, 0.0)]
-    return Bound("clopper-pearson", confidence,
-                 lower=-u if c.at_least is not None else None,
-                 upper=u if c.at_most is not None else None, p_value=max(ps), examples=n,
-                 needed=_needed(result, max(ps), confidence, needed),
-                 note=f"no example of {n} changed: the share that could is at most {u:.4f}")
+    batch = data.batch(c.task or "", c.path)
+    groups = [c.heads] if c.quantifier == "set" else [str(h) for h in c.heads]
+    clean, ablated = _ablated(model, batch, groups, c.mode or "zero")
+    return paired_drop_bound(result, [_paired(clean, a, c.metric) for a in ablated], confidence)
+
+
+def path_bound(result: ClauseResult, model: nn.Module, data: VerifyData,
+               confidence: float) -> Bound:
+    """A path clause's bound: the edge path-patched once more for per-example outcomes."""
+    c = result.clause
+    p = PathPatcher(model, data.batch(c.task or "", c.path), None, c.mode)
+    (clean, count), (patched, _) = (patched_stats(p, e, c.metric) for e in ([], [c.edges[0]]))
+    return paired_drop_bound(result, [(clean, patched, count)], confidence)
+
+
+def circuit_bound(result: ClauseResult, model: nn.Module, data: VerifyData,
+                  confidence: float) -> Bound:
+    """A circuit clause's bound: its outside drop as a drop; its share kept by bootstrap-t on
+    ``sum(circuit - empty) / sum(model - empty)`` over examples."""
+    c = result.clause
+    p = PathPatcher(model, data.batch(c.task or "", c.path), None, c.mode)
+    inside = circuit_edges(model, [str(x) for x in c.edges], c.path)
+    every = all_edges(model)
+    full, count = patched_stats(p, [], c.metric)
+    circuit, _ = patched_stats(p, [e for e in every if e not in inside], c.metric)
+    if c.at_least is None:
+        return paired_drop_bound(result, [(full, circuit, count)], confidence)
+    empty, _ = patched_stats(p, every, c.metric)
+    return kept_bound(result, (full, circuit, empty, count), confidence)
+
+
+def kept_bound(result: ClauseResult, stats: tuple[Tensor, Tensor, Tensor, Tensor],
+               confidence: float) -> Bound:
+    """A circuit's share kept, from per-example ``(model, circuit, empty, count)`` (n,)
+    numerators and counts: bootstrap-t on ``sum(circuit - empty) / sum(model - empty)`` (no
+    bound when the model is no better than the empty circuit: the share does not exist)."""
+    full, circuit, empty, count = stats
+    scored = count > 0
+    num, den = (circuit - empty)[scored], (full - empty)[scored]
+    if float(den.sum()) < 0:  # a loss falls from the empty circuit to the model: the same ratio
+        num, den = -num, -den
+    n = int(scored.sum())
+    sides = _bootstrap_sides(num, den, _thresholds(result.clause), confidence) if n >= 2 \
+        else None
+    if sides is None:
+        return Bound("none", confidence, examples=n,
+                     note="the share kept has no spread, or the model is no better than the "
+                     "empty circuit")
+    return _combine(result, [sides], confidence, n, "bootstrap-t (ratio)",
+                    f"studentised bootstrap of sum(circuit - empty) / sum(model - empty) "
+                    f"over {n} examples ({BOOTSTRAP_T} resamples)")
+
+
+def exclusive_bound(result: ClauseResult, model: nn.Module, data: VerifyData,
+                    confidence: float) -> Bound:
+    """An exclusive clause's bound: the set ablated once more on every task; a floor bound on
+    each listed task's drop and a cap bound on each other task's, each at ``confidence``, and
+    certified only when all are (intersection-union)."""
+    c = result.clause
+    assert c.at_least is not None and c.at_most is not None
+    sides: list[_Side] = []
+    methods = set()
+    sizes = []
+    for task, batch in data.tasks.items():
+        clean, (ablated,) = _ablated(model, batch, [c.heads], c.mode or "zero")
+        paired = _paired(clean, ablated, c.metric)
+        side = ("at_least", c.at_least) if task in c.tasks else ("at_most", c.at_most)
+        part = _drop_sides(c.metric, paired, [side], confidence)
+        sizes.append(int((paired[2] > 0).sum()))
+        if part is None:
+            return Bound("none", confidence, examples=min(sizes),
+                         note=f"the drop on {task} has no spread")
+        sides += part[0]
+        methods.add(part[1])
+    return _combine(result, [sides], confidence, min(sizes), "intersection-union",
+                    f"every listed task's drop bounded below and every other task's above, "
+                    f"each at {100 * confidence:g}% ({', '.join(sorted(methods))}), over "
+                    f"{len(data.tasks)} tasks' examples (at least {min(sizes)} each)")
+
+
+def drift_bound(result: ClauseResult, change: Tensor, stderr: Tensor, groups: int,
+                sequences: int, confidence: float) -> Bound:
+    """A ``role_drift`` clause's bound: ``|change| <= b`` for every head and role.
+
+    Args:
+        change: (heads, roles) trained score - starting score (NaN: undefined, skipped).
+        stderr: (heads, roles) the two scores' standard errors summed (at least the change's
+            grouped standard error: Minkowski).
+        groups: ``G``, the groups of probe sequences behind the standard errors.
+        sequences: the probe's sequences.
+
+    Per head and role both sides are tested by Student-t with ``G - 1`` degrees of freedom at
+    ``confidence``; the clause is certified only when every test is (intersection-union): its
+    p-value is the largest, at the smallest ``min(b - change, b + change) / se``, and its upper
+    bound the largest ``|change| + t se``.
+    """
+    c = result.clause
+    cap = float(c.at_most if c.at_most is not None else math.inf)
+    keep = ~change.isnan()
+    change, stderr = change[keep].double(), stderr[keep].double()
+    if groups < 2 or not change.numel() or bool(stderr.isnan().any()):
+        return Bound("none", confidence, examples=sequences,
+                     note="no standard error was measured for a head's role score")
+    df = groups - 1.0
+    q = t_quantile(confidence, df)
+    margin = torch.minimum(cap - change, cap + change)  # (pairs,) > 0: inside the cap
+    z = torch.where(stderr > 0, margin / stderr, margin.sign() * math.inf)
+    z_min = float(z.min())
+    p = 1.0 if math.isnan(z_min) else (1.0 - t_cdf(z_min, df) if math.isfinite(z_min)
+                                       else float(z_min < 0))
+    upper = float((change.abs() + q * stderr).max())
+    worst = int((margin - q * stderr).argmin())
+
+    def needed() -> int | None:
+        return examples_for_location(float(margin[worst]), float(stderr[worst]), sequences, q)
+
+    low, high = c.entry.value_range(c)
+    side = _Side("at_most", min(high, max(low, upper)), p, needed)
+    return _combine(result, [[side]], confidence, sequences, "student-t (intersection-union)",
+                    f"every free head's change in each of {change.numel()} head-role scores "
+                    f"within the cap, both sides at {100 * confidence:g}% (Student-t, "
+                    f"{groups - 1} df; se: the two scores' summed)")
 
 
 def grouped_bound(result: ClauseResult, data: VerifyData, confidence: float,
@@ -194,6 +410,54 @@ def unbounded(result: ClauseResult, confidence: float, what: str | None = None) 
                  + (what or f"kind {result.clause.kind}"))
 
 
+def _ablated(model: nn.Module, batch: Any, groups: Sequence[Any],
+             mode: str) -> tuple[dict[str, tuple[Tensor, Tensor]],
+                                 list[dict[str, tuple[Tensor, Tensor]]]]:
+    """Per-example clean and ablated statistics of each group, as ``ablation_importance``
+    draws them (mean and resample from the batch itself, seed 0)."""
+    units = [select_heads(model, g) for g in groups]
+    ref = None if mode == "zero" else batch.tokens
+    with torch.no_grad():
+        return ablated_stats(model, batch, units, mode, ref, forward_kwargs(batch))
+
+
+def _paired(clean: dict[str, tuple[Tensor, Tensor]], after: dict[str, tuple[Tensor, Tensor]],
+            metric: str) -> Paired:
+    (c, count), (a, _) = clean[metric], after[metric]
+    return c.detach().double().cpu(), a.detach().double().cpu(), count.double().cpu()
+
+
+def _combine(result: ClauseResult, units: list[list[_Side]], confidence: float, n: int,
+             method: str, how: str) -> Bound:
+    """One bound from each unit's sides: ``all_of`` / one unit needs every side past its
+    threshold (p-value: the largest); ``any_of`` the best head's (p-value: ``m`` times the
+    smallest head's, Bonferroni; its sides were bounded at ``1 - (1 - c) / m``)."""
+    c = result.clause
+    m = _heads(c) if len(units) > 1 else 1
+    if m > 1:
+        best = min(range(len(units)), key=lambda i: max(s.p for s in units[i]))
+        sides = units[best]
+        p = min(1.0, m * max(s.p for s in sides))
+        how += f"; Bonferroni over {m} heads"
+    else:
+        sides = [s for u in units for s in u]
+        p = max(s.p for s in sides)
+        if len(units) > 1:
+            how += f"; every one of {len(units)} heads (intersection-union)"
+    low, high = c.entry.value_range(c)
+    lows = [s.bound for s in sides if s.side == "at_least"]
+    highs = [s.bound for s in sides if s.side == "at_most"]
+    needed = None
+    if result.passed and p > 1.0 - confidence:
+        each = [s.needed() for s in sides if s.p > (1.0 - confidence) / m]
+        needed = max((x for x in each if x is not None), default=None)
+        needed = None if None in each else needed
+    return Bound(method, confidence,
+                 lower=_finite(max(low, min(lows))) if lows else None,
+                 upper=_finite(min(high, max(highs))) if highs else None,
+                 p_value=p, examples=n, needed=needed, note=how)
+
+
 def _heads(c: Clause) -> int:
     """How many heads an ``any_of`` clause chose among (its Bonferroni factor), else 1."""
     return len(c.heads) if c.quantifier == "any_of" else 1
@@ -207,28 +471,17 @@ def _location(result: ClauseResult, confidence: float, se: float | None, df: flo
         return Bound("none", confidence, examples=n, note="no standard error was measured")
     m = _heads(c)
     q = t_quantile(1.0 - (1.0 - confidence) / m, df)
-    low, high = c.entry.value_range(c)
-    sides = _sides(c, value)
-    p = max(min(1.0, m * location_p(margin, se, df)) for _, margin in sides)
-    needed = [examples_for_location(margin, se, n, q) for _, margin in sides]
-    return Bound(method, confidence,
-                 lower=max(low, value - q * se) if c.at_least is not None else None,
-                 upper=min(high, value + q * se) if c.at_most is not None else None,
-                 p_value=p, examples=n, needed=_needed(result, p, confidence, needed),
-                 note=how + (f"; Bonferroni over {m} heads" if m > 1 else ""))
+    sides = []
+    for side, t in _thresholds(c):
+        margin = value - t if side == "at_least" else t - value
 
+        def needed(margin: float = margin) -> int | None:
+            return examples_for_location(margin, se, n, q)
 
-def _binomial(result: ClauseResult, confidence: float, k: float, n_eff: float, n: int,
-              method: str, how: str) -> Bound:
-    """Clopper-Pearson bounds from ``k`` of ``n_eff`` (``n``: the examples behind them)."""
-    c, value = result.clause, float(result.measured or 0.0)
-    p = max(binomial_p(k, n_eff, float(t), side) for side, t in _thresholds(c))
-    needed = [None if (N := examples_for_binomial(value, float(t), side, confidence)) is None
-              else math.ceil(N * n / n_eff) for side, t in _thresholds(c)]
-    return Bound(method, confidence,
-                 lower=binomial_lower(k, n_eff, confidence) if c.at_least is not None else None,
-                 upper=binomial_upper(k, n_eff, confidence) if c.at_most is not None else None,
-                 p_value=p, examples=n, needed=_needed(result, p, confidence, needed), note=how)
+        sides.append(_Side(side, value - q * se if side == "at_least" else value + q * se,
+                           min(1.0, m * location_p(margin, se, df)), needed))
+    return _combine(result, [sides], confidence, n, method,
+                    how + (f"; Bonferroni over {m} heads" if m > 1 else ""))
 
 
 def _finite(bound: float) -> float | None:
@@ -239,18 +492,3 @@ def _finite(bound: float) -> float | None:
 def _thresholds(c: Clause) -> list[tuple[str, float]]:
     return [(side, t) for side, t in zip(("at_least", "at_most"), (c.at_least, c.at_most),
                                          strict=True) if t is not None]
-
-
-def _sides(c: Clause, value: float) -> list[tuple[str, float]]:
-    """``(side, margin)`` per bound the clause sets (``> 0``: the value is on its right side)."""
-    return [(side, value - t if side == "at_least" else t - value)
-            for side, t in _thresholds(c)]
-
-
-def _needed(result: ClauseResult, p: float, confidence: float,
-            per_side: list[int | None]) -> int | None:
-    """Examples certification needs, for a clause that holds but is not certified (the
-    largest side's; ``None`` when a side cannot be certified at its margin)."""
-    if not result.passed or p <= 1.0 - confidence or any(n is None for n in per_side):
-        return None
-    return max(n for n in per_side if n is not None)

@@ -30,7 +30,7 @@ from headwise.analysis.circuit import circuit_edges, faithfulness
 from headwise.analysis.importance_matrix import ci_stderr
 from headwise.contract import fields
 from headwise.contract.ablation import drop_range
-from headwise.contract.certify import drop_bound
+from headwise.contract.certify import circuit_bound
 from headwise.contract.clause import METRICS, Clause, holds, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.lever import ClauseLever, LeverKind, PlanContext
@@ -128,7 +128,7 @@ class CircuitKind(ClauseKind):
 
     def bound(self, result: ClauseResult, model: nn.Module, data: VerifyData,
               confidence: float) -> Bound:
-        return drop_bound(result, model, data, confidence)
+        return circuit_bound(result, model, data, confidence)
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         inside = circuit_edges(ctx.model, [str(x) for x in clause.edges], clause.path)

@@ -3,8 +3,9 @@
 ``{heads: L1.H0-1, tasks: [sort], exclusive: true}``: ablating the set together drops each
 listed task by at least ``drop_at_least`` (default 0.1) and every other task by at most
 ``others_drop_at_most`` (default 0.02). The measured value is the smallest listed drop; the
-largest other drop is in ``details``. Lever: the ablation clause's carrier on the listed tasks,
-the set stochastically ablated on the others.
+largest other drop is in ``details``. Bound: each task's drop bounded at the contract's level,
+certified when every one is (``headwise.contract.certify.exclusive_bound``). Lever: the
+ablation clause's carrier on the listed tasks, the set stochastically ablated on the others.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from torch import nn
 from headwise.analysis.importance import ablation_importance
 from headwise.contract import fields
 from headwise.contract.ablation import ablation_lever, clean_needed, refuse_gated_drop
+from headwise.contract.certify import exclusive_bound
 from headwise.contract.clause import METRICS, MODES, UNIT_METRICS, Clause, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.lever import ClauseLever, PlanContext
-from headwise.contract.results import ClauseResult, VerifyData
+from headwise.contract.results import Bound, ClauseResult, VerifyData
 from headwise.errors import SpecError
 from headwise.heads import Head
 
@@ -122,6 +124,10 @@ class ExclusiveKind(ClauseKind):
         if clause.at_least is not None and clause.at_least > 0:
             for task in clause.tasks:
                 refuse_gated_drop(ctx, clause, task)
+
+    def bound(self, result: ClauseResult, model: nn.Module, data: VerifyData,
+              confidence: float) -> Bound:
+        return exclusive_bound(result, model, data, confidence)
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         task_names = list(ctx.task_names)

@@ -36,7 +36,7 @@ from headwise.analysis.circuit import edge_drop
 from headwise.analysis.importance_matrix import ci_stderr
 from headwise.contract import fields
 from headwise.contract.ablation import drop_range
-from headwise.contract.certify import drop_bound
+from headwise.contract.certify import path_bound
 from headwise.contract.clause import (
     METRICS,
     Clause,
@@ -165,7 +165,7 @@ class PathKind(ClauseKind):
 
     def bound(self, result: ClauseResult, model: nn.Module, data: VerifyData,
               confidence: float) -> Bound:
-        return drop_bound(result, model, data, confidence)
+        return path_bound(result, model, data, confidence)
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         return path_lever(ctx, clause)

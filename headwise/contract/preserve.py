@@ -35,9 +35,10 @@ from torch import Tensor, nn
 
 from headwise.analysis.importance import example_stats
 from headwise.analysis.importance_matrix import STDERR_GROUPS, ratio_stderr
+from headwise.analysis.role_table import RoleTable
 from headwise.analysis.roles import role_scores
 from headwise.contract import fields
-from headwise.contract.certify import grouped_bound, unbounded
+from headwise.contract.certify import drift_bound, grouped_bound
 from headwise.contract.clause import Clause, holds, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.lever import ClauseLever, LeverKind, PlanContext, names
@@ -173,8 +174,13 @@ class PreserveKind(ClauseKind):
 
     def bound(self, result: ClauseResult, model: nn.Module, data: VerifyData,
               confidence: float) -> Bound:
-        if METRICS[result.clause.metric].sums is None:  # role_drift: no standard error
-            return unbounded(result, confidence, "metric role_drift")
+        if METRICS[result.clause.metric].sums is None:  # role_drift: every head and role
+            _, _, trained, start = _drift_scores(model, data.base_reference(result.clause.path),
+                                                 result.clause, data)
+            n = int(trained.info["n_sequences"])
+            return drift_bound(result, trained.values - start.values,
+                               trained.stderr + start.stderr, min(STDERR_GROUPS, n), n,
+                               confidence)
         return grouped_bound(result, data, confidence, on_task=True)
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
@@ -308,9 +314,10 @@ def _loss_increase_sums(ref: Tensor, out: Tensor, part: _Rows, g: slice, pooled:
     return trained.sum() - example_stats(ref, targets)["loss"][0].sum(), count.sum()
 
 
-def _role_drift(model: nn.Module, base: BaseReference, clause: Clause,
-                data: VerifyData) -> ClauseResult:
-    """The largest role-score change among the heads no clause names (per head: its largest)."""
+def _drift_scores(model: nn.Module, base: BaseReference, clause: Clause,
+                  data: VerifyData) -> tuple[HeadSet, str, RoleTable, RoleTable]:
+    """The heads no clause names, the probe, and their role scores (``ROLE_NAMES``, with
+    standard errors) in the trained and the starting model."""
     if data.named is None:
         raise SpecError(f"{clause.path}.metric: role_drift needs the heads the contract names "
                         "(VerifyData.named = contract.named_heads)")
@@ -321,10 +328,18 @@ def _role_drift(model: nn.Module, base: BaseReference, clause: Clause,
     tokens, mask, kw = data.probe(probe, clause.path)
     roles = list(ROLE_NAMES)
     with torch.no_grad():
-        trained = role_scores(model, tokens, mask, heads=free, roles=roles, **kw).values
+        trained = role_scores(model, tokens, mask, heads=free, roles=roles, **kw)
         with base.model() as b:
-            start = role_scores(b, tokens, mask, heads=free, roles=roles, **kw).values
-    change = (trained - start).abs()  # (heads, roles); NaN where a role is undefined here
+            start = role_scores(b, tokens, mask, heads=free, roles=roles, **kw)
+    return free, probe, trained, start
+
+
+def _role_drift(model: nn.Module, base: BaseReference, clause: Clause,
+                data: VerifyData) -> ClauseResult:
+    """The largest role-score change among the heads no clause names (per head: its largest)."""
+    free, probe, trained, start = _drift_scores(model, base, clause, data)
+    roles = list(ROLE_NAMES)
+    change = (trained.values - start.values).abs()  # (heads, roles); NaN: undefined here
     change = torch.where(change.isnan(), torch.full_like(change, -math.inf), change)
     per_head = change.max(1)
     per = {str(h): (float(v) if math.isfinite(float(v)) else None)
