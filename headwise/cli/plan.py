@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
 from headwise.cli.options import add_override_arguments, add_subcommand
 from headwise.cli.output import console
+
+if TYPE_CHECKING:
+    from headwise.pipeline.compile import Compiled
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
                       f"{lever.scale:g}{'' if lever.cap is None else f', cap {lever.cap:g}'})")
     out = console()
     out.print(table)
+    out.print(_circuits_table(compiled))
     if args.pilot is not None:
         out.print(_pilot_table(load_spec_with(args.spec, overrides_of(args.set, args.seed)),
                                args.pilot))
@@ -58,6 +63,41 @@ def run(args: argparse.Namespace) -> int:
                   f"{', '.join(unmoved)} (train --enforce refuses them unless "
                   "--allow-unenforced)")
     return 1 if unmoved else 0
+
+
+def _circuits_table(compiled: Compiled) -> Table:
+    """Per task, the circuit a failing floor's assists would build: the one its generator
+    declares, else the one proposed from its training examples
+    (``headwise.data.circuit_proposals``), with the share of its targets it explains."""
+    from headwise.data.circuit_proposals import MIN_KAPPA, MIN_SHARE
+
+    table = Table(title="circuits for task floors that stop improving (assists)")
+    for col in ("task", "circuit", "explains (chance)", "from"):
+        table.add_column(col)
+    shares, proposals = compiled.circuit_shares, compiled.proposals
+    for name, task in compiled.data.tasks.items():
+        if task.circuit:
+            roles = " -> ".join(f"{r} L{layer}" for r, layer in task.circuit)
+            table.add_row(name, roles, "-", f"declared by the {task.name} generator")
+            continue
+        ranked = shares.get(name)
+        if not ranked:
+            table.add_row(name, "none", "-", "no scored target in its training examples")
+            continue
+        best, chosen = ranked[0], proposals.get(name)
+        sample = f"{best.targets} targets of its training examples"
+        if chosen is not None:
+            table.add_row(name, chosen.describe(), f"{chosen.share:.2f} ({chosen.chance:.2f})",
+                          f"proposed from {sample}")
+        elif best.clear:
+            table.add_row(name, f"none: {best.describe()} needs {best.layers} layers, the "
+                          f"model has {compiled.spec.n_layers}",
+                          f"{best.share:.2f} ({best.chance:.2f})", sample)
+        else:
+            table.add_row(name, f"none: the best, {best.name}, explains no clear majority "
+                          f"(needs >= {MIN_SHARE:g} and kappa >= {MIN_KAPPA:g})",
+                          f"{best.share:.2f} ({best.chance:.2f})", sample)
+    return table
 
 
 def _pilot_table(spec: object, steps: int) -> Table:
