@@ -103,7 +103,12 @@ class CircuitShare:
 
     def describe(self) -> str:
         """``induction (previous_token L0 -> induction L1)``."""
-        return f"{self.name} ({' -> '.join(f'{r} L{layer}' for r, layer in self.roles)})"
+        return f"{self.name} ({circuit_text(self.roles)})"
+
+
+def circuit_text(roles: Circuit) -> str:
+    """``previous_token L0 -> induction L1``: a circuit's roles bottom up."""
+    return " -> ".join(f"{role} L{layer}" for role, layer in roles)
 
 
 def circuit_roles(name: str) -> Circuit:
