@@ -5,8 +5,10 @@ structural masks, task gates, a masked-LM head where an ``mlm`` task needs one, 
 objectives and regularisers, what the contract's clauses need prepared (``Contract.prepare``:
 the starting model a ``preserve`` clause compares with, before a run's trained weights load),
 and freezing. The result holds everything ``train()`` and ``verify()`` need, and the run's
-structure that planning reads (``Compiled.structure``); the levers are the same objects the
-Python API offers (``headwise.control``), so anything a spec does, code can do.
+structure that planning reads (``Compiled.structure``, with each task's circuit: declared by
+its generator or proposed from its training examples, ``Compiled.proposals``); the levers are
+the same objects the Python API offers (``headwise.control``), so anything a spec does, code
+can do.
 """
 
 from __future__ import annotations
