@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
 from headwise.cli.options import add_override_arguments, add_subcommand
 from headwise.cli.output import console
+
+if TYPE_CHECKING:
+    from headwise.pipeline.compile import Compiled
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
                       f"{lever.scale:g}{'' if lever.cap is None else f', cap {lever.cap:g}'})")
     out = console()
     out.print(table)
+    out.print(_circuits_table(compiled))
     if args.pilot is not None:
         out.print(_pilot_table(load_spec_with(args.spec, overrides_of(args.set, args.seed)),
                                args.pilot))
@@ -58,6 +63,59 @@ def run(args: argparse.Namespace) -> int:
                   f"{', '.join(unmoved)} (train --enforce refuses them unless "
                   "--allow-unenforced)")
     return 1 if unmoved else 0
+
+
+def _circuits_table(compiled: Compiled) -> Table:
+    """Per task, the circuit a failing floor's assists would build: the one its generator
+    declares, else the one proposed from its training examples
+    (``headwise.data.circuit_proposals``), with the share of its targets it explains."""
+    from headwise.data.circuit_proposals import MIN_KAPPA, MIN_SHARE, circuit_text
+    from headwise.pipeline.compile import PROPOSAL_EXAMPLES
+
+    table = Table(title="circuits for task floors that stop improving (assists)")
+    for col in ("task", "circuit", "explains (chance)", "from"):
+        table.add_column(col)
+    shares, proposals = compiled.circuit_shares, compiled.proposals
+    for name, task in compiled.data.tasks.items():
+        if task.circuit:
+            table.add_row(name, circuit_text(task.circuit), "-",
+                          f"declared by the {task.name} generator")
+            continue
+        ranked = shares.get(name)
+        if not ranked:
+            table.add_row(name, "none", "-", "no scored target in its training examples")
+            continue
+        best, chosen = ranked[0], proposals.get(name)
+        sample = f"{best.targets} scored targets of {PROPOSAL_EXAMPLES} training examples"
+        if chosen is not None:
+            table.add_row(name, chosen.describe(), f"{chosen.share:.2f} ({chosen.chance:.2f})",
+                          f"proposed from {sample}")
+        elif best.clear:
+            table.add_row(name, f"none: {best.describe()} needs {best.layers} layers, the "
+                          f"model has {compiled.spec.n_layers}",
+                          f"{best.share:.2f} ({best.chance:.2f})", sample)
+        else:
+            table.add_row(name, f"none: the best, {best.name}, explains no clear majority "
+                          f"(needs >= {MIN_SHARE:g} and kappa >= {MIN_KAPPA:g})",
+                          f"{best.share:.2f} ({best.chance:.2f})", sample)
+    return table
+
+
+def _not_learning(compiled: Compiled, index: int) -> str:
+    """The pilot's note on a floor that does not move: the circuit ``--enforce`` would assist
+    its task with once the floor stops improving (``_circuits_table``), if any."""
+    from headwise.data.circuit_proposals import circuit_text
+
+    task = compiled.spec.contract[index].task or ""
+    proposal = compiled.proposals.get(task)
+    declared = compiled.data.tasks[task].circuit if task in compiled.data.tasks else ()
+    if proposal is not None:
+        circuit = f"{proposal.describe()}, which explains {proposal.share:.2f} of its targets"
+    elif declared:
+        circuit = circuit_text(declared)
+    else:
+        return " (the task is not learning)"
+    return f" (the task is not learning; --enforce assists it with {circuit})"
 
 
 def _pilot_table(spec: object, steps: int) -> Table:
@@ -75,7 +133,7 @@ def _pilot_table(spec: object, steps: int) -> Table:
     for r in rows:
         moved = ("yes" if r.towards > 0.01 else "away" if r.towards < -0.01 else "no")
         if r.floor and moved != "yes" and not r.holds:
-            moved += " (the task is not learning)"
+            moved += _not_learning(compiled, r.index)
         f = r.forecast
         table.add_row(str(r.index), r.label, "-" if r.before is None else fixed(r.before),
                       "-" if r.after is None else fixed(r.after), fixed(r.towards, sign=True),

@@ -3,10 +3,11 @@
 ``{task: copy, metric: accuracy, at_least: 0.95}``; ``metric`` is ``accuracy`` (token-weighted),
 ``exact`` (per example) or ``loss`` (nats), measured on the task's held-out batch with a
 bootstrap CI (``task_metric_ci``). A lower bound (``at_most`` for loss) is a floor: its lever is
-extra weight on the task's loss. When the task declares the circuit known to solve it
-(``headwise.data.Task.circuit``), the lever also holds that circuit's role objectives on heads
-the contract leaves to it (*assists*), which the enforcer switches on only when the floor fails
-and has stopped improving.
+extra weight on the task's loss. When the task has a circuit (declared by its generator,
+``headwise.data.Task.circuit``, or proposed from its training examples,
+``headwise.data.circuit_proposals``), the lever also holds that circuit's role objectives on
+heads the contract leaves to it (*assists*), which the enforcer switches on only when the floor
+fails and has stopped improving.
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ def _assists(ctx: PlanContext, clause: Clause) -> list[tuple[str, Head]]:
     layer)``, the first head of that layer that no clause names and no mask fixes, else the
     first whose every clause asks it for that very role (a score floor on ``role``: the
     assist pulls the way the contract does). None when a layer has no such head, the model is
-    too shallow, or the task declares no circuit."""
+    too shallow, or the task has no circuit (none declared, and none of its training examples
+    propose: ``RunStructure.circuits``)."""
     circuit = ctx.structure.circuits.get(clause.task or "", ())
     out = []
     for role, layer in circuit:

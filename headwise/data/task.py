@@ -39,7 +39,8 @@ class Task(ABC):
     # a head with that role in that layer (a previous-token head below an induction head for
     # retrieval). Enforcement adds these roles' objectives on heads the contract leaves free
     # when a floor on the task fails and stops improving (docs/contracts.md, "Circuit
-    # assists"). Empty: none is known to help (docs/benchmarks.md, "Circuit assists").
+    # assists"). Empty: the circuit is proposed from the task's training examples instead
+    # (``headwise.data.circuit_proposals``), for built-in tasks and the user's files alike.
     circuit: ClassVar[tuple[tuple[str, int], ...]] = ()
     # Whether the targets are the next input tokens of free text (language modelling on a
     # file): a bidirectional model sees each answer at the next position, so such a task

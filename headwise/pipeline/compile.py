@@ -5,14 +5,17 @@ structural masks, task gates, a masked-LM head where an ``mlm`` task needs one, 
 objectives and regularisers, what the contract's clauses need prepared (``Contract.prepare``:
 the starting model a ``preserve`` clause compares with, before a run's trained weights load),
 and freezing. The result holds everything ``train()`` and ``verify()`` need, and the run's
-structure that planning reads (``Compiled.structure``); the levers are the same objects the
-Python API offers (``headwise.control``), so anything a spec does, code can do.
+structure that planning reads (``Compiled.structure``, with each task's circuit: declared by
+its generator or proposed from its training examples, ``Compiled.proposals``); the levers are
+the same objects the Python API offers (``headwise.control``), so anything a spec does, code
+can do.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +34,17 @@ from headwise.control.objectives import (
     HeadDiversity,
     PatternObjective,
 )
-from headwise.data import TASKS, Batch, Mixture, build_task
+from headwise.data import IGNORE, TASKS, Batch, Mixture, build_task
+from headwise.data.circuit_proposals import CircuitShare, propose, rank_circuits
 from headwise.data.mlm import add_mlm_head
 from headwise.errors import HeadwiseError, SpecError
 from headwise.heads import Head, HeadSet
 from headwise.model import build_model
 from headwise.runspec import MaskSpec, Spec
 from headwise.training.safetensors_io import load_weights
+
+# Training examples per task that circuits are measured on (never the held-out sets).
+PROPOSAL_EXAMPLES = 256
 
 # Spec mask names -> constructors in headwise.control.masks (a fixed table, never an import).
 MASK_BUILDERS: dict[str, Callable[..., mask_lib.MaskSpec]] = {
@@ -91,7 +98,8 @@ class Compiled:
     @property
     def structure(self) -> RunStructure:
         """What planning reads of this run besides its model: task names, structural masks,
-        the heads fixed gates switch off per task, and each task's declared circuit."""
+        the heads fixed gates switch off per task, and each task's circuit (declared by its
+        generator, else proposed from its training examples: ``proposals``)."""
         spec, names = self.spec, self.task_names
         masks = {h: r.mask.name for r in spec.heads if r.mask is not None for h in r.heads}
         gated_off: dict[str, frozenset[Head]] = {}
@@ -102,8 +110,37 @@ class Compiled:
                 on = set(assignment.get(task_id, ()))
                 gated_off[name] = frozenset(Head(l, h) for l in self.gates.gates
                                             for h in range(n_heads) if Head(l, h) not in on)
-        circuits = {t.name: TASKS[t.task].circuit for t in spec.data.tasks if t.task in TASKS}
+        circuits = {name: task.circuit for name, task in self.data.tasks.items()
+                    if task.circuit}
+        for name, proposal in self.proposals.items():
+            if proposal is not None:
+                circuits[name] = proposal.roles
         return RunStructure(names, masks, gated_off, circuits)
+
+    @cached_property
+    def circuit_shares(self) -> dict[str, list[CircuitShare]]:
+        """Per task whose generator declares no circuit, every known circuit's share of its
+        scored targets on ``PROPOSAL_EXAMPLES`` training examples, best first
+        (``headwise.data.circuit_proposals``); measured once, on first use."""
+        gen = torch.Generator().manual_seed(self.spec.train.seed)
+        out = {}
+        for name, task in self.data.tasks.items():
+            if task.circuit:
+                continue
+            markers = self.data.markers
+            one = Mixture({name: task}, None, None if markers is None else {name: markers[name]})
+            sample = one.sample(PROPOSAL_EXAMPLES, gen)
+            if bool((sample.targets != IGNORE).any()):
+                out[name] = rank_circuits(sample)
+        return out
+
+    @property
+    def proposals(self) -> dict[str, CircuitShare | None]:
+        """Per task in ``circuit_shares``, the circuit proposed for its assists: the best that
+        explains a clear majority of its targets and whose layers the model has, else
+        ``None`` (``headwise.data.circuit_proposals.propose``)."""
+        n_layers = self.spec.n_layers
+        return {name: propose(ranked, n_layers) for name, ranked in self.circuit_shares.items()}
 
 
 def compile_spec(spec: Spec, weights: str | Path | None = None) -> Compiled:
