@@ -51,6 +51,7 @@ from headwise.pipeline.resume import (
     run_info,
 )
 from headwise.pipeline.run_analysis import role_heatmap_png, run_role_table
+from headwise.pipeline.run_data import with_stored_data
 from headwise.pipeline.run_dir import is_main_process, prepare_run_dir, write_json, write_outcome
 from headwise.runspec import Spec
 from headwise.runspec.overrides import load_spec_with
@@ -116,7 +117,8 @@ def train_run(spec_source: str | Path, out: str | Path,
         check_steps(given.steps)
     opts = (resume_options(recorded_options(recorded_info(out)), given, out)
             if resume and not given.overwrite else given.filled())
-    spec = _run_spec(load_spec_with(spec_source, opts.overrides or ()), opts)
+    reads = (lambda tree: with_stored_data(tree, out)) if resume else None  # the data it
+    spec = _run_spec(load_spec_with(spec_source, opts.overrides or (), reads), opts)  # began on
     if opts.forecaster is not None and not opts.forecast_every:
         raise SpecError("--forecaster: only used with --forecast-every")
     watch_with = read_forecaster(opts.forecaster) if opts.forecast_every else None
