@@ -18,7 +18,7 @@ SPEC = """
 model: {n_layers: 1, n_heads: 2, d_model: 16, vocab_size: 8, max_seq_len: 8}
 data: {tasks: {lm: {task: text, path: corpus.txt, seq_len: 6, tokenizer: tok}},
        eval_examples: 8}
-train: {steps: 2, batch_size: 4}
+train: {steps: 2, batch_size: 4, checkpoint_every: 2}
 """
 
 
@@ -137,3 +137,14 @@ def test_a_resume_reads_the_data_it_started_with(
     assert main(["analyze", str(root / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "data.0.rows.jsonl" in err[0]
+
+
+def test_a_resume_reads_the_tokenizer_it_started_with(
+        text_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    root = Path(shutil.copytree(text_run.parent, tmp_path / "moved"))
+    (root / "tok" / "tokenizer.json").write_text("not a tokenizer")
+    assert main(["train", str(root / "spec.yaml"), "--out", str(root / "run"), "--resume",
+                 "--steps", "3", "--quiet"]) == 0, capsys.readouterr().err
+    assert (root / "run" / "tokenizer.json").read_text() == _tokenizer(WORDS)
