@@ -27,7 +27,7 @@ import fcntl
 import os
 import shutil
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -76,7 +76,24 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         StorageError: ``path`` is a link, directory, device, FIFO or socket, or the file cannot
             be written (disk full, permissions), naming ``path``; the temporary file is removed.
     """
-    path = Path(path)
+    _write_atomic(Path(path), lambda f: _write_all(f, data))
+
+
+def copy_file_atomic(source: Path, path: Path) -> None:
+    """Copy the file ``source`` to ``path`` as ``write_bytes_atomic`` writes, streamed (the
+    file is never held in memory).
+
+    Raises:
+        StorageError: as ``write_bytes_atomic``, or ``source`` cannot be read, naming ``path``.
+    """
+    def copy(f: BinaryIO) -> None:
+        with open(source, "rb") as src:
+            shutil.copyfileobj(src, f, 1 << 20)
+
+    _write_atomic(Path(path), copy)
+
+
+def _write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
     kind = _special(path)
     if kind is not None:
         raise StorageError(f"{path}: is {kind}; expected a regular file path (headwise never "
@@ -84,7 +101,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            _write_all(f, data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

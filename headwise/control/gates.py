@@ -41,8 +41,11 @@ class HeadGate(nn.Module, ABC):
         """Deterministic (n_tasks, H) gate values (what evaluation uses)."""
 
     def sample(self, task_ids: Tensor) -> Tensor:
-        """(B, H) gate values for these examples (stochastic for learned gates in training)."""
-        return self.values()[task_ids]
+        """(B, H) gate values for these examples (stochastic for learned gates in training).
+
+        Selected with ``index_select``, which refuses an id outside ``[0, n_tasks)`` (indexing
+        would read -1 as the last task)."""
+        return self.values().index_select(0, task_ids.long())
 
     def forward(self, z: Tensor, task_ids: Tensor | None) -> Tensor:
         if task_ids is None:
@@ -51,7 +54,8 @@ class HeadGate(nn.Module, ABC):
                                  "task_ids (B,) in the forward call")
             task_ids = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
         # The id range is checked where data enters (``check_tokens(..., n_tasks=...)``,
-        # ``run_with_cache``), not here: reading ids on the host would sync every step.
+        # ``run_with_cache``, the forward for ids on the host), not here: reading ids on an
+        # accelerator would sync every step; ``sample`` never wraps one that slips through.
         g = self.sample(task_ids).to(z.dtype)  # (B, H)
         return z * g[:, None, :, None]
 
@@ -92,7 +96,7 @@ class HardConcreteGate(HeadGate):
         return self._stretch(torch.sigmoid(self.log_alpha))
 
     def sample(self, task_ids: Tensor) -> Tensor:
-        la = self.log_alpha[task_ids]  # (B, H)
+        la = self.log_alpha.index_select(0, task_ids.long())  # (B, H)
         if not self.training:
             return self._stretch(torch.sigmoid(la))
         u = torch.rand_like(la).clamp(1e-6, 1 - 1e-6)

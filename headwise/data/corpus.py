@@ -87,16 +87,26 @@ def deal(sizes: list[int], eval_fraction: float) -> list[int]:
     Returns:
         The split of each unit.
     """
-    shares = (1.0 - eval_fraction, eval_fraction / 2, eval_fraction / 2)
-    dealt = [0, 0, 0]
-    total = 0
-    out = []
-    for size in sizes:
-        total += size
-        k = max(range(3), key=lambda s: (shares[s] * total - dealt[s], -s))
+    dealer = Dealer(eval_fraction)
+    return [dealer(size) for size in sizes]
+
+
+class Dealer:
+    """``deal`` one unit at a time: ``dealer(size)`` is the split of the next unit (a unit's
+    split depends only on the units before it, so a file can be dealt as it is read)."""
+
+    def __init__(self, eval_fraction: float) -> None:
+        self.shares = (1.0 - eval_fraction, eval_fraction / 2, eval_fraction / 2)
+        self.dealt = [0, 0, 0]
+        self.total = 0
+
+    def __call__(self, size: int) -> int:
+        self.total += size
+        (s0, s1, s2), dealt, total = self.shares, self.dealt, self.total
+        gaps = (s0 * total - dealt[0], s1 * total - dealt[1], s2 * total - dealt[2])
+        k = 0 if gaps[0] >= gaps[1] and gaps[0] >= gaps[2] else 1 if gaps[1] >= gaps[2] else 2
         dealt[k] += size
-        out.append(k)
-    return out
+        return k
 
 
 def check_split(task: str, split: object, eval_fraction: object) -> None:

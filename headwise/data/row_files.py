@@ -1,6 +1,9 @@
 """Rows of named string fields from a JSONL or CSV file, read exactly and refused by position.
 
-JSONL is one JSON object per line, lines ending in ``\\n`` (a ``\\r`` before it is dropped);
+A file is streamed line by line (``file_lines``): memory holds one line at a time, never the
+file. Lines end in ``\\n`` only; each is decoded as UTF-8 strictly (the first bad byte is named
+by its offset in the file) and is at most ``MAX_LINE_BYTES`` long; a BOM before the first line
+is dropped. JSONL is one JSON object per line (a ``\\r`` before the ``\\n`` is dropped);
 nothing else ends a line, so a string holding U+2028, U+2029 or U+0085 (valid JSON, common in
 scraped text) stays one value and line numbers count ``\\n`` exactly. An object's nesting is
 bounded (``MAX_DEPTH``) before it is parsed, and a key given twice in one object is refused:
@@ -16,19 +19,21 @@ to print, so those messages name the file, the line and the field instead.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from headwise.data.corpus import MAX_LINE_BYTES
 from headwise.errors import ConfigError
 
 MAX_DEPTH = 64  # a row's fields are strings: deeper nesting is never a row
 JSON_KINDS = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
               list: "an array", dict: "an object", str: "a string"}
 _DELIMITERS = {";": "';'", "\t": "a tab", "|": "'|'"}
+_CSV_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")  # CSV lines may also end in \r
 
 
 class _Duplicate(ValueError):
@@ -53,15 +58,30 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _lines(text: str) -> Iterator[tuple[int, str]]:
-    """``(line number, line)`` split on ``\\n`` only, a trailing ``\\r`` dropped."""
-    start, line = 0, 1
-    while start < len(text):
-        end = text.find("\n", start)
-        end = len(text) if end < 0 else end
-        raw = text[start:end]
-        yield line, raw[:-1] if raw.endswith("\r") else raw
-        start, line = end + 1, line + 1
+def file_lines(file: BinaryIO, where: str) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of a UTF-8 file read line by line, each line with its ``\\n``
+    (the last one may lack it).
+
+    Raises:
+        ConfigError: a line over ``MAX_LINE_BYTES`` or bytes that are not UTF-8, naming the
+            line or the byte's offset.
+    """
+    offset, number = 0, 0
+    while raw := file.readline(MAX_LINE_BYTES + 2):
+        number += 1
+        size = len(raw) - raw.endswith(b"\n")
+        if size > MAX_LINE_BYTES:
+            while not raw.endswith(b"\n") and (raw := file.readline(1 << 20)):
+                size += len(raw) - raw.endswith(b"\n")  # the whole line, to name its size
+            raise ConfigError(f"{where}: line {number} has {size} bytes, expected at most "
+                              f"{MAX_LINE_BYTES} per line")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{where}: not UTF-8 text (byte {offset + e.start} is "
+                              f"{raw[e.start]:#04x}); expected UTF-8") from None
+        offset += len(raw)
+        yield number, line.removeprefix("\ufeff") if number == 1 else line
 
 
 def _depth(raw: str) -> int:
@@ -83,15 +103,17 @@ def _depth(raw: str) -> int:
     return deepest
 
 
-def jsonl_records(text: str, where: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, object)`` for every non-blank line of a JSONL text.
+def jsonl_records(lines: Iterable[tuple[int, str]], where: str
+                  ) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for every non-blank line of a JSONL file (``file_lines``).
 
     Raises:
         ConfigError: a line that is not one JSON object, nests deeper than ``MAX_DEPTH`` or
             repeats a key (naming the line and the key).
     """
     decoder = json.JSONDecoder(object_pairs_hook=_object)
-    for line, raw in _lines(text):
+    for line, text in lines:
+        raw = text.removesuffix("\n").removesuffix("\r")
         if not raw.strip(" \t"):
             continue
         if _depth(raw) > MAX_DEPTH:
@@ -114,12 +136,12 @@ def jsonl_records(text: str, where: str) -> Iterator[tuple[int, dict[str, Any]]]
         yield line, record
 
 
-def csv_records(text: str, where: str, names: tuple[str, ...], quote: bool
-                ) -> Iterator[tuple[int, dict[str, str]]]:
+def csv_records(lines: Iterable[tuple[int, str]], where: str, names: tuple[str, ...],
+                quote: bool) -> Iterator[tuple[int, dict[str, str]]]:
     """``(line number, {header name: value})`` for every non-empty row after the header.
 
     Args:
-        text: the file's text.
+        lines: the file's lines (``file_lines``).
         where: the start of every message (the field and the file).
         names: the fields the caller needs (to explain a header read as one field).
         quote: whether messages may quote the header.
@@ -128,7 +150,7 @@ def csv_records(text: str, where: str, names: tuple[str, ...], quote: bool
         ConfigError: a header name given twice, a header of another delimiter, a row with
             another number of values, or text the ``csv`` module cannot read.
     """
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    reader = csv.reader(_csv_lines(lines), strict=True)
     try:
         header = next(reader, None)
         if header is None:
@@ -145,6 +167,16 @@ def csv_records(text: str, where: str, names: tuple[str, ...], quote: bool
             yield line, dict(zip(header, row, strict=True))
     except csv.Error as e:
         raise ConfigError(f"{where}: line {reader.line_num}: not CSV ({e})") from None
+
+
+def _csv_lines(lines: Iterable[tuple[int, str]]) -> Iterator[str]:
+    """The lines the ``csv`` module reads: a bare ``\\r`` ends one too (files saved with
+    classic Mac line endings), as in ``open(..., newline="")``."""
+    for _, text in lines:
+        if "\r" in text.removesuffix("\r\n"):
+            yield from _CSV_LINE.findall(text)
+        else:
+            yield text
 
 
 def _check_header(header: list[str], names: tuple[str, ...], where: str, quote: bool) -> None:

@@ -1,8 +1,15 @@
 """Checks on model inputs where data enters from outside: shapes, dtypes and id ranges.
 
-``forward`` checks shapes and dtypes only (no host synchronisation on the hot path); the ranges
-of token and task ids are checked once per batch of outside data by ``check_tokens``
-(``run_with_cache``, data mixtures and the CLI call it).
+``forward`` checks shapes and dtypes, and the ranges of task and segment ids that live on the
+host (``check_host_ids``: reading them costs no synchronisation); it never reads ids on an
+accelerator, which would synchronise every step. The ranges of token ids, and of task ids on
+any device, are checked once per batch of outside data by ``check_tokens``
+(``run_with_cache``, data mixtures and the CLI call it); a task gate never wraps a negative id
+to the last task (``headwise.control.gates`` selects with ``index_select``, which refuses it).
+
+``task_ids`` given to a model without task gates or per-task masks are accepted and change
+nothing: a batch from a data mixture carries every example's task whatever levers the model
+has, so one call serves a model with or without them. Negative ids are refused all the same.
 """
 
 from __future__ import annotations
@@ -35,11 +42,37 @@ def check_tokens(tokens: Tensor, vocab_size: int, attention_mask: Tensor | None 
         if low < 0 or high >= vocab_size:
             raise ValueError(f"tokens: ids must lie in [0, {vocab_size}), got range "
                              f"[{low}, {high}]")
-    if task_ids is not None and task_ids.numel():
-        low, high = torch.stack([task_ids.min(), task_ids.max()]).tolist()
-        if low < 0 or (n_tasks is not None and high >= n_tasks):
-            expected = f"ids in [0, {n_tasks})" if n_tasks is not None else "ids >= 0"
-            raise ValueError(f"task_ids: got range [{low}, {high}], expected {expected}")
+    if task_ids is not None:
+        _check_range("task_ids", task_ids, n_tasks)
+
+
+def check_host_ids(task_ids: Tensor | None, n_tasks: int | None,
+                   token_type_ids: Tensor | None, n_token_types: int) -> None:
+    """Check the ranges of task and segment ids that live on the host (the forward's check:
+    no synchronisation; ids on an accelerator are left to ``check_tokens``).
+
+    Args:
+        n_tasks: the tasks the model's gates take (``None``: no gates; ids must be >= 0).
+        n_token_types: the model's segment embedding size (0: none).
+
+    Raises:
+        ValueError: naming the tensor whose ids are out of range, and the range expected.
+    """
+    if task_ids is not None and task_ids.device.type == "cpu":
+        _check_range("task_ids", task_ids, n_tasks)
+    if token_type_ids is not None and token_type_ids.device.type == "cpu":
+        _check_range("token_type_ids", token_type_ids, n_token_types)
+
+
+def _check_range(name: str, ids: Tensor, n: int | None) -> None:
+    """Refuse ids below 0 or (with ``n``) at or above ``n``, naming the tensor (one read of
+    the minimum and maximum on the host)."""
+    if not ids.numel():
+        return
+    low, high = torch.stack([ids.min(), ids.max()]).tolist()
+    if low < 0 or (n is not None and high >= n):
+        expected = f"ids in [0, {n})" if n is not None else "ids >= 0"
+        raise ValueError(f"{name}: got range [{low}, {high}], expected {expected}")
 
 
 def gate_tasks(model: nn.Module) -> int | None:
@@ -56,7 +89,7 @@ def _walk_gates(model: nn.Module) -> int | None:
 
 
 def check_shapes(tokens: Tensor, attention_mask: Tensor | None,
-                 task_ids: Tensor | None) -> None:
+                 task_ids: Tensor | None, token_type_ids: Tensor | None = None) -> None:
     """Check the shapes and dtype of model inputs (no host synchronisation).
 
     Raises:
@@ -81,3 +114,8 @@ def check_shapes(tokens: Tensor, attention_mask: Tensor | None,
                          f"got {tuple(task_ids.shape)}")
     if task_ids is not None and task_ids.dtype not in _ID_DTYPES:
         raise ValueError(f"task_ids: expected an integer tensor, got {task_ids.dtype}")
+    if token_type_ids is not None and (token_type_ids.shape != tokens.shape
+                                       or token_type_ids.dtype not in _ID_DTYPES):
+        raise ValueError(f"token_type_ids: expected an integer tensor of shape "
+                         f"{tuple(tokens.shape)} like tokens, got "
+                         f"{tuple(token_type_ids.shape)} {token_type_ids.dtype}")

@@ -23,7 +23,7 @@ from headwise.model.cache import ActivationCache, run_with_cache
 from headwise.model.factored import FactoredMatrix
 from headwise.model.hook_point import Hook, HookPoint, attach_hooks, name_hook_points
 from headwise.model.hook_runs import add_hook, reset_hooks, run_with_hooks
-from headwise.model.inputs import check_shapes, check_tokens
+from headwise.model.inputs import check_host_ids, check_shapes, check_tokens, gate_tasks
 from headwise.model.lm_loss import lm_cross_entropy_loss
 from headwise.model.mask_plan import mask_plan
 from headwise.model.tokenizer import ModelTokenizer, str_tokens_of
@@ -114,12 +114,20 @@ class Transformer(nn.Module):
 
         Token ids are not range-checked here (that would read them on the host at every
         call, a synchronisation and a graph break); data enters through ``check_tokens``
-        (data mixtures, ``run_with_cache``, the CLI).
+        (data mixtures, ``run_with_cache``, the CLI). Task and segment ids on the host are
+        (``check_host_ids``: no synchronisation), outside a compiled graph. ``task_ids``
+        given to a model without task gates or masks change nothing (a mixture's batches
+        carry them for every model; ``headwise.model.inputs``).
 
         Raises:
-            ValueError: naming the tensor whose shape or dtype is wrong.
+            ValueError: naming the tensor whose shape or dtype is wrong, or whose ids on the
+                host are out of range (task ids beyond the gates' tasks, or negative).
         """
-        check_shapes(tokens, attention_mask, task_ids)
+        check_shapes(tokens, attention_mask, task_ids, token_type_ids)
+        if not torch.compiler.is_compiling():
+            types = self.token_type_embed
+            check_host_ids(task_ids, gate_tasks(self), token_type_ids if types else None,
+                           types.num_embeddings if types else 0)
         B, T = tokens.shape
         x = self.hook_embed(self.embed(tokens))  # (B, T, D)
         if self.pos_embed is not None:

@@ -13,6 +13,7 @@ from headwise.model import Transformer
 from headwise.pipeline.compile import Compiled, compile_spec
 from headwise.pipeline.heldout import verification_data
 from headwise.pipeline.resume import read_run_info
+from headwise.pipeline.run_data import with_stored_data
 from headwise.pipeline.run_dir import write_json
 from headwise.pipeline.run_tokenizer import stored_tokenizer, with_stored_tokenizer
 from headwise.runspec import spec_from_dict
@@ -57,8 +58,10 @@ def load_compiled(run: str | Path, spec_source: str | Path | None = None,
         text, name = read_spec_text(run / "spec.yaml")
         spec_dir = read_run_info(run).get("spec_dir")
         base = Path(spec_dir) if spec_dir else run
-    spec = spec_from_dict(with_stored_tokenizer(parse_yaml(text, name), run), base=base,
-                          text=text)  # the tokenizer the run trained with: its own copy
+    tree = with_stored_tokenizer(parse_yaml(text, name), run)  # the one it trained with
+    if text == (run / "spec.yaml").read_text(encoding="utf-8", errors="replace"):
+        tree = with_stored_data(tree, run)  # its own spec: the data it trained on, its copies
+    spec = spec_from_dict(tree, base=base, text=text)
     compiled = compile_spec(spec, weights=weights)
     stored = stored_tokenizer(run)
     if stored is not None and isinstance(compiled.model, Transformer):

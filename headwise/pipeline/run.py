@@ -51,7 +51,9 @@ from headwise.pipeline.resume import (
     run_info,
 )
 from headwise.pipeline.run_analysis import role_heatmap_png, run_role_table
+from headwise.pipeline.run_data import with_stored_data
 from headwise.pipeline.run_dir import is_main_process, prepare_run_dir, write_json, write_outcome
+from headwise.pipeline.run_tokenizer import with_stored_tokenizer
 from headwise.runspec import Spec
 from headwise.runspec.overrides import load_spec_with
 from headwise.training import TrainConfig, TrainResult, train
@@ -116,7 +118,8 @@ def train_run(spec_source: str | Path, out: str | Path,
         check_steps(given.steps)
     opts = (resume_options(recorded_options(recorded_info(out)), given, out)
             if resume and not given.overwrite else given.filled())
-    spec = _run_spec(load_spec_with(spec_source, opts.overrides or ()), opts)
+    spec = _run_spec(load_spec_with(spec_source, opts.overrides or (),
+                                    _run_copies(out) if resume else None), opts)
     if opts.forecaster is not None and not opts.forecast_every:
         raise SpecError("--forecaster: only used with --forecast-every")
     watch_with = read_forecaster(opts.forecaster) if opts.forecast_every else None
@@ -263,6 +266,12 @@ def _prepare(out: Path, spec: Spec, spec_source: str | Path, resume: bool,
     if {k: v for k, v in old.items() if k not in ("step", "trained_steps")} != info:
         write_json(out / "run.json", info)  # lost, written by an older version, or extended
     return info
+
+
+def _run_copies(out: Path) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """What a resumed run reads: the tokenizer and data files it started with, its copies
+    (``headwise.pipeline.run_tokenizer``, ``headwise.pipeline.run_data``)."""
+    return lambda tree: with_stored_data(with_stored_tokenizer(tree, out), out)
 
 
 def _clauses_held(extra: dict[str, Any]) -> str | None:

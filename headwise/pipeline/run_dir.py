@@ -9,7 +9,8 @@ define the model and of those commands quote, written last: a run without it did
 ``checkpoints/``, ``metrics.jsonl``, ``contract.json``, ``enforcement.json`` and
 ``kept.safetensors`` (with ``--enforce``: the model of the last evaluation point at which the
 contract held, ``headwise.contract.kept``), the tokenizer it reads (``tokenizer.json`` and the
-files beside it: ``headwise.pipeline.run_tokenizer``), ``report.json``, ``report.html`` and
+files beside it: ``headwise.pipeline.run_tokenizer``), its data files
+(``data.<i>.<name>``: ``headwise.pipeline.run_data``), ``report.json``, ``report.html`` and
 ``.headwise.lock`` (the writer's lock, ``headwise.atomic.hold_lock``: one process writes a run
 at a time).
 
@@ -32,6 +33,7 @@ from headwise.errors import SpecError
 from headwise.interop.load import TOKENIZER_FILES
 from headwise.pipeline.options import RunOptions
 from headwise.pipeline.resume import check_resume, run_info
+from headwise.pipeline.run_data import store_data, stored_data_names
 from headwise.pipeline.run_tokenizer import store_tokenizer
 from headwise.runspec import Spec
 from headwise.training import list_checkpoints
@@ -75,7 +77,8 @@ def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
     if resume and overwrite:
         raise SpecError("--resume and --overwrite: conflicting options; expected one of them "
                         "(--resume continues the run, --overwrite replaces it)")
-    linked = linked_entries(out, (*OWN_FILES, "checkpoints"))
+    own = (*OWN_FILES, *stored_data_names(out), "checkpoints")
+    linked = linked_entries(out, own)
     if resume:
         if linked:
             raise SpecError(f"{out / linked[0]}: is a symbolic link; expected the run's own "
@@ -84,13 +87,14 @@ def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
     if holds_work(out) and not overwrite:
         raise SpecError(f"{out}: already holds a run; pass --resume to continue it, "
                         "--overwrite to replace it, or choose another --out")
-    remove_entries(out, (*OWN_FILES, "checkpoints"),  # links unlinked, never followed
+    remove_entries(out, own,  # links unlinked, never followed
                    directories=("checkpoints",))
     try:
         out.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(out / "spec.yaml", spec.text.encode())
         write_json(out / "run.json", run_info(flags or RunOptions().filled(), spec, spec_dir))
-        store_tokenizer(out, spec)  # the run reads its own copy from now on
+        store_tokenizer(out, spec)  # the run reads its own copies from now on
+        store_data(out, spec)
     except OSError as e:
         raise SpecError(f"{out}: cannot write the run directory ({e.strerror or e})") from None
     return None
@@ -104,12 +108,14 @@ def write_json(path: Path, data: Any) -> None:
 def write_outcome(out: Path, verdict: ContractResult | None,
                    enforcement: dict[str, Any] | None) -> None:
     """``contract.json`` and ``enforcement.json``, then the manifest (the run is finished)
-    sealing them with the model's files and ``metrics.jsonl``."""
+    sealing them with the model's files, ``metrics.jsonl`` and the run's tokenizer and data
+    copies."""
     if verdict is not None:
         write_json(out / "contract.json", verdict.to_dict())
     if enforcement is not None:
         write_json(out / "enforcement.json", enforcement)
-    write_manifest(out, [*MODEL_FILES, *(n for n in SEALED_FILES if (out / n).is_file())])
+    write_manifest(out, [*MODEL_FILES, *(n for n in SEALED_FILES if (out / n).is_file()),
+                         *stored_data_names(out)])
 
 
 def is_main_process() -> bool:

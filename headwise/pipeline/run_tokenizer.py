@@ -6,8 +6,9 @@ files beside it that name special tokens or vocabularies: ``TOKENIZER_FILES``), 
 run's manifest seals the copy, and every later reader of the run (``load_run``, ``analyze``,
 ``explain``, ``verify``, ``report``, ``export``) reads the copy: replacing or editing the file
 the spec names after training changes nothing the run says, and an edited copy is refused by
-name. A run written before runs stored their tokenizer has no copy; its readers read the path
-its spec names.
+name. ``--resume`` reads the copy too (the run's data files likewise:
+``headwise.pipeline.run_data``). A run written before runs stored their tokenizer has no copy;
+its readers read the path its spec names.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from headwise.interop.load import MAX_TOKENIZER_FILE_BYTES, TOKENIZER_FILES
 from headwise.interop.tokenizer import SPECIAL_FILES
 from headwise.jsonfile import read_bounded
 from headwise.runspec import Spec
-from headwise.training.manifest import check_sealed, read_listing
+from headwise.training.manifest import MANIFEST, check_sealed, read_listing
 
 TOKENIZER_TASK_KEY = "tokenizer"  # the task field naming a tokenizer
 FILE_TASKS = ("text", "pairs", "mlm")  # the tasks that read one
@@ -67,12 +68,14 @@ def store_tokenizer(out: Path, spec: Spec) -> list[str]:
 
 def stored_tokenizer(run: Path) -> Path | None:
     """The run's sealed copy of its tokenizer (the run directory), or ``None`` for a run
-    without one.
+    without one. A run still training (no manifest yet: ``--resume``) has its copy unsealed.
 
     Raises:
         CheckpointError: a tokenizer file in the run that differs from its manifest or that
             the manifest does not list (naming it).
     """
+    if not (run / MANIFEST).is_file():
+        return run if (run / "tokenizer.json").is_file() else None
     check_sealed(run, TOKENIZER_FILES)
     return run if "tokenizer.json" in read_listing(run).sha256 else None
 

@@ -14,7 +14,7 @@ spec is what was trained, and a resume with other overrides is refused like anot
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +79,14 @@ def text_with_overrides(text: str, name: str, overrides: Sequence[str]) -> str:
     return spec_text(apply_overrides(parse_yaml(text, name), overrides), overrides)
 
 
-def load_spec_with(source: str | Path, overrides: Sequence[str]) -> Spec:
+def load_spec_with(source: str | Path, overrides: Sequence[str],
+                   reads: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> Spec:
     """``load_spec(source)`` with ``overrides`` applied (its ``text``: ``text_with_overrides``).
+
+    Args:
+        reads: maps the parsed mapping to the one validated, which reads the files it names
+            (a resumed run's copies of its data: ``headwise.pipeline.run_data``); the text
+            stays the spec's.
 
     Raises:
         SpecError: as ``load_spec``, or a malformed override; a value the spec refuses names
@@ -89,7 +95,8 @@ def load_spec_with(source: str | Path, overrides: Sequence[str]) -> Spec:
     text, name = read_spec_text(source)
     base = Path(name).parent if name != "<spec>" else None
     new = text_with_overrides(text, name, overrides)
-    return spec_from_dict(parse_yaml(new, name), base=base, text=new)
+    tree = parse_yaml(new, name)
+    return spec_from_dict(reads(tree) if reads else tree, base=base, text=new)
 
 
 def _value(key: str, raw: str) -> Any:

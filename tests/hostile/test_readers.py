@@ -30,11 +30,11 @@ def test_jsonl_strings_with_line_separators_are_rows(tmp_path: Path) -> None:
     lines = [json.dumps({"q": s, "a": s[::-1]}, ensure_ascii=False) for s in SEPARATORS]
     path = tmp_path / "d.jsonl"
     path.write_bytes(("\r\n".join(lines) + "\r\n\n").encode())
-    rows = read_rows(path, ("q", "a"), "pairs")
+    rows = list(read_rows(path, ("q", "a"), "pairs"))
     assert rows == [(i + 1, (s, s[::-1])) for i, s in enumerate(SEPARATORS)]
     path.write_bytes(("\n".join(lines) + '\n{"q": "x", "a": 5}\n').encode())
     with pytest.raises(ConfigError, match=r"d.jsonl: line 5: field 'a' is a number \(5\)"):
-        read_rows(path, ("q", "a"), "pairs")
+        list(read_rows(path, ("q", "a"), "pairs"))
 
 
 def test_overwrite_never_deletes_a_directory_where_a_file_belongs(
