@@ -20,7 +20,7 @@ from torch import nn
 
 from headwise.analysis.importance import task_metric_ci
 from headwise.analysis.importance_matrix import ci_stderr
-from headwise.contract import fields, score
+from headwise.contract import fields, path, score
 from headwise.contract.certify import task_clause_bound
 from headwise.contract.clause import METRICS, UNIT_METRICS, Clause, holds, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
@@ -109,22 +109,27 @@ def metric_range(metric: str) -> tuple[float, float]:
 
 def _assists(ctx: PlanContext, clause: Clause) -> list[tuple[str, Head]]:
     """The task's circuit placed on heads the contract leaves to it: for each ``(role,
-    layer)``, the first head of that layer that no clause names and no mask fixes, else the
+    layer)``, the head a path clause on the task implies that role for (``path.implied_roles``:
+    the floor builds the circuit the contract names), else the first head of that layer that
+    no clause names and no mask fixes, else the
     first whose every clause asks it for that very role (a score floor on ``role``: the
     assist pulls the way the contract does). None when a layer has no such head, the model is
     too shallow, or the task has no circuit (none declared, and none of its training examples
     propose: ``RunStructure.circuits``)."""
     circuit = ctx.structure.circuits.get(clause.task or "", ())
+    implied = {(role, h) for c in ctx.contract if c.entry is path.KIND and c.task == clause.task
+               for role, h in path.implied_roles(ctx, c.edges[0], clause.task or "")}
     out = []
     for role, layer in circuit:
         if layer >= ctx.n_layers:
             return []
         heads = [Head(layer, h) for h in range(ctx.n_heads) if Head(layer, h) not in ctx.masked]
+        on_path = [h for h in heads if (role, h) in implied]
         free = [h for h in heads if h not in ctx.named]
         asked = [h for h in heads if h in ctx.named and _asks_only(ctx.contract, h, role)]
-        if not free + asked:
+        if not on_path + free + asked:
             return []
-        out.append((role, (free + asked)[0]))
+        out.append((role, (on_path + free + asked)[0]))
     return out
 
 

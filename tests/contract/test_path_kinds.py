@@ -146,7 +146,8 @@ def test_a_path_names_the_roles_it_implies_on_a_task_whose_circuit_is_known() ->
         "contract": [{"path": "L0.H1 -> L1.H0 via k", "task": "kv_retrieval",
                       "drop_at_least": 0.3},
                      {"path": "L0.H0 -> L1.H1 via v", "task": "kv_retrieval",
-                      "drop_at_least": 0.3}]}))
+                      "drop_at_least": 0.3},
+                     {"task": "kv_retrieval", "metric": "accuracy", "at_least": 0.8}]}))
     compiled = compile_spec(spec)
     levers = plan(compiled.model, spec.contract, compiled.structure).levers
     assert [o.name for o in levers[0].assists] == [
@@ -156,6 +157,10 @@ def test_a_path_names_the_roles_it_implies_on_a_task_whose_circuit_is_known() ->
         "if it stops improving, the roles the path implies: previous_token on L0.H1, "
         "induction on L1.H0")
     assert levers[1].assists == []  # a value path implies no role
+    # the floor's circuit assists build the circuit the path names, not one beside it
+    assert [o.name for o in levers[2].assists] == [
+        "enforce:assist:previous_token[L0.H1][contract[2]]",
+        "enforce:assist:induction[L1.H0][contract[2]]"]
 
 
 # One layer, two heads, copy: a plain run copies through both heads (each alone suffices), so
