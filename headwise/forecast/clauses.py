@@ -119,6 +119,15 @@ class ClauseTrajectory:
         """Signed distance of ``value`` to the nearer bound in ``scale`` units (> 0: holds)."""
         return margin(value, self.at_least, self.at_most) / self.scale
 
+    @property
+    def value_bounds(self) -> tuple[float | None, float | None]:
+        """The bounds on the measured value itself: the clause's, but for an exclusive
+        clause's cap, which is on another quantity (its value is the listed tasks' smallest
+        drop, its cap on the other tasks' largest)."""
+        if self.context.get("kind") == "exclusive":
+            return self.at_least, None
+        return self.at_least, self.at_most
+
     def clip(self, value: float) -> float:
         """``value`` clipped to the range the measurement can take."""
         return min(max(value, self.low), self.high)
@@ -313,7 +322,7 @@ class ClauseForecaster:
         residual = self.residual if math.isfinite(traj.high - traj.low) else self.residual_open
         half = traj.scale * residual * (1.0 if not outside else 2.0)
         mixture = VerdictMixture(p, mu, max(half, 1e-9 * traj.scale) / Z_COVERAGE,
-                                 traj.at_least, traj.at_most, traj.low, traj.high)
+                                 *traj.value_bounds, traj.low, traj.high)
         interval = (mixture.quantile((1 - COVERAGE) / 2), mixture.quantile((1 + COVERAGE) / 2))
         return ClauseForecast(mixture.effective_probability(), mixture.median(), interval,
                               tuple(outside), interval == (traj.low, traj.high))

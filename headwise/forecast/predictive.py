@@ -137,6 +137,6 @@ class VerdictMixture:
         holds = self.effective_probability() >= 0.5
         held = self.holding()
         inside = held is not None and held[0] <= value <= held[1]
-        if inside == holds or held is None:
+        if inside == holds:
             return value
         return self.quantile(0.5, [p for p in self.pieces() if ((p.lo, p.hi) == held) == holds])

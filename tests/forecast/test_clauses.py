@@ -262,12 +262,14 @@ def test_the_packaged_forecasters_quote_runs_they_were_not_fit_on() -> None:
 @pytest.mark.parametrize(("at_least", "at_most", "low", "high", "kind"), [
     (0.95, None, 0.0, 1.0, "score"), (None, 0.3, 0.0, 1.0, "score"),
     (0.9, None, 0.0, 1.0, "task"), (0.3, None, -1.0, 1.0, "ablation"),
-    (None, 2.3, 0.0, math.inf, "task")])
+    (None, 2.3, 0.0, math.inf, "task"), (0.1, 0.02, -1.0, 1.0, "exclusive")])
 def test_the_packaged_forecasts_value_agrees_with_their_probability(
         at_least: float | None, at_most: float | None, low: float, high: float,
         kind: str) -> None:
     """At every fraction, for early values across the range, flat, rising and falling: the
-    printed value holds exactly when the probability is at least one half, it lies in its
+    probability is the calibrated classifier's, the printed value holds exactly when the
+    probability is at least one half (an exclusive clause's value, the listed tasks' smallest
+    drop, against its floor only: its cap is on the other tasks' drops), it lies in its
     interval, and an interval is flagged as the whole range exactly when it is."""
     bundle = load_clause_forecasters()
     top = 4.0 if math.isinf(high) else high
@@ -280,7 +282,14 @@ def test_the_packaged_forecasts_value_agrees_with_their_probability(
                                      False, low, high,
                                      context={"n_layers": 2, "n_heads": 4, "kind": kind})
                 f = model.forecast(t)
-                holds = t.margin(f.value) >= 0
+                z = (torch.tensor(features(t, model.fraction), dtype=torch.float64)
+                     - model.mean) / model.std
+                p = interpolate(*model.calibration, float(z @ model.weight + model.bias))
+                if f.outside:
+                    p = 0.5 + (p - 0.5) * OUTSIDE_SHRINK
+                assert f.probability == pytest.approx(p, abs=1e-12)
+                holds = (f.value >= at_least if kind == "exclusive"  # type: ignore[operator]
+                         else t.margin(f.value) >= 0)
                 assert holds == f.holds, (model.fraction, values, f)
                 assert f.interval[0] <= f.value <= f.interval[1]
                 assert f.spans_range == (f.interval == (low, high))
