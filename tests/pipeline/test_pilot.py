@@ -87,9 +87,10 @@ contract:
 def test_the_pilot_forecast_value_sits_on_the_side_of_the_bound_its_probability_says(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:
-    """The case that printed "P(holds) 0.73, final value 1" for a ``<= 0.3`` clause: a clause
-    held at 1.000 by a mask against ``>= 0.95``, one near 0.2 against ``<= 0.3``, from 5% of
-    the budget (the forecaster of 10%, whose value regression alone spans the whole range)."""
+    """A clause held at 1.000 by a mask against ``>= 0.95`` and one near 0.2 against
+    ``<= 0.3``, from 5% of the budget (the forecaster of 10%, whose value regression alone
+    puts the second at 1 and spans the whole range): each printed value is on the side of its
+    bound that its printed probability says."""
     torch.set_num_threads(1)
     monkeypatch.setenv("COLUMNS", "250")
     path = tmp_path / "spec.yaml"
