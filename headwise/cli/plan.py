@@ -138,10 +138,6 @@ def _pilot_table(spec: object, steps: int) -> Table:
         table.add_row(str(r.index), r.label, "-" if r.before is None else fixed(r.before),
                       "-" if r.after is None else fixed(r.after), fixed(r.towards, sign=True),
                       "yes" if r.holds else "no", moved,
-                      "-" if f is None else
-                      f"{f.probability:.2f}, {f.value:.3g} [{f.interval[0]:.3g}, "
-                      f"{f.interval[1]:.3g}]"
-                      + (" (the value model disagrees; P is calibrated)"
-                         if f.value_holds != f.holds else "")
+                      "-" if f is None else f"{f.probability:.2f}, {f.value_text()}"
                       + (" (outside the fitted range)" if f.outside else ""))
     return table

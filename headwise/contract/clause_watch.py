@@ -1,19 +1,19 @@
 """Forecast each clause's verdict during training, and warn about those forecast to fail.
 
 ``ClauseWatch`` is a ``train()`` callback (``headwise train --forecast-every N``). At every
-evaluation point it has the contract's values on the enforcement set: an enforced run's
-enforcer measures them anyway (its history is read), a plain run's watch measures them
-itself. Every ``every`` steps before the end of the budget (at the end there is nothing left to
-forecast) it forecasts, per clause with a measured value, the probability that the clause holds
-at the end of the budget and its final value with an interval (``headwise.forecast.clauses``,
-the model fit at the largest fraction of the budget seen), and warns, one line per clause, about
-each clause whose probability is below one half or whose heads the role forecast says will take
-another role: the clause, the forecast (and, where the value forecast lands on the other side of
-the bound, that the two disagree and which is calibrated), the role forecast's reason, why the
-forecaster is outside the runs it was fit on (if it is) and what ``--enforce`` would add (in a
-plain run); the first warning from each of the forecaster's models also says what that model
-was measured to do on runs it was not fit on. Every forecast is kept in the callback state
-(``clause_watch``: saved with checkpoints).
+evaluation point it has the contract's values on the enforcement set: an enforced run's enforcer
+measures them anyway (its history is read), a plain run's watch measures them itself. Every
+``every`` steps before the end of the budget (at the end there is nothing left to forecast) it
+forecasts, per clause with a measured value, the probability that the clause holds at the end of
+the budget and its final value with an interval (``headwise.forecast.clauses``, the model fit at
+the largest fraction of the budget seen), and warns, one line per clause, about each clause
+whose probability is below one half or whose heads the role forecast says will take another
+role: the clause, the forecast (the probability and the final value of one predictive
+distribution: the value holds exactly when the probability is at least one half), the role
+forecast's reason, why the forecaster is outside the runs it was fit on (if it is) and what
+``--enforce`` would add (in a plain run); the first warning from each of the forecaster's models
+also says what that model was measured to do on runs it was not fit on. Every forecast is kept
+in the callback state (``clause_watch``: saved with checkpoints).
 """
 
 from __future__ import annotations
@@ -112,10 +112,7 @@ class ClauseWatch:
         name = f" '{clause.name}'" if clause.name else ""
         text = (f"clause forecast at step {step}: {clause.path}{name} ({clause.describe()} "
                 f"{clause.threshold_text()}): P(holds at the end) {f.probability:.2f}, final "
-                f"value {f.value:.3g} [{f.interval[0]:.3g}, {f.interval[1]:.3g}]")
-        if f.value_holds != f.holds:
-            text += (f" (the value forecast {'holds' if f.value_holds else 'fails'}: the two "
-                     "models disagree; P(holds) is the calibrated one)")
+                f"value {f.value_text()}")
         if role:
             text += f"; the role forecast says it fails: {role}"
         if f.outside:

@@ -8,22 +8,26 @@ their latest half from eight on, at the last step, clipped to the metric's range
 
 - ``ClauseForecaster``: a logistic model of the outcome on ``FEATURES`` (the latest, the best
   and the extrapolated *margin*, i.e. signed distance to the bound in the metric's ``scale``,
-  > 0 when the clause holds, each squashed by ``tanh(SQUASH x)``; the line's slope; the share
-  of early points that held; the latest margin in standard errors; whether the run enforces,
-  and each of those times that; which kind of clause it is, task, score or ablation, and
-  whether its bound is a floor: a task floor's value rises as the task is learnt, whatever
-  its first points say), its logit mapped to a probability by isotonic regression on the
-  logits of fits that did not see those runs (a linear logit alone was underconfident,
-  most from 10% of the budget: plain-run clauses it gave 0.2-0.3 held 2% of the time),
-  and a ridge model of the final value, with a split-conformal
-  interval (the fit runs' absolute residuals' ``COVERAGE`` quantile, one for values of a
-  finite range and one for the others, whose changes in ``scale`` units differ in size).
-  It records the range of the runs it was fit on (feature ranges, model sizes, tasks,
-  per-head levers, clause kinds, plain or enforced); outside it the probability keeps
-  ``OUTSIDE_SHRINK`` of its distance from 0.5, the interval doubles, and the forecast says
-  why (``ClauseForecast.outside``). Off-range forecasts of held-out specs were right less
-  often than in-range ones (85-90% against 90-94% from 10-40%), not half as often: keeping
-  0.8 of the distance scored within 0.004 of the best Brier score on them at each fraction.
+  > 0 when the clause holds, each squashed by ``tanh(SQUASH x)``; the line's slope; the share of
+  early points that held; the latest margin in standard errors; whether the run enforces, and
+  each of those times that; which kind of clause it is, task, score or ablation, and whether its
+  bound is a floor: a task floor's value rises as the task is learnt, whatever its first points
+  say), its logit mapped to a probability by isotonic regression on the logits of fits that did
+  not see those runs (a linear logit alone was underconfident, most from 10% of the budget:
+  plain-run clauses it gave 0.2-0.3 held 2% of the time), and a ridge model of the final value,
+  with a split-conformal interval (the fit runs' absolute residuals' ``COVERAGE`` quantile, one
+  for values of a finite range and one for the others, whose changes in ``scale`` units differ
+  in size). The two make one predictive distribution of the final value
+  (``headwise.forecast.predictive``): the regression's interval read as a normal's, conditioned
+  on each verdict and mixed by the calibrated probability, so the forecast's value (its median)
+  holds exactly when the probability is at least one half, and its interval is that
+  distribution's; the probability stays the calibrated one. It records the range of the runs it
+  was fit on (feature ranges, model sizes, tasks, per-head levers, clause kinds, plain or
+  enforced); outside it the probability keeps ``OUTSIDE_SHRINK`` of its distance from 0.5, the
+  regression's interval doubles, and the forecast says why (``ClauseForecast.outside``).
+  Off-range forecasts of held-out specs were right less often than in-range ones (85-90% against
+  90-94% from 10-40%), not half as often: keeping 0.8 of the distance scored within 0.004 of the
+  best Brier score on them at each fraction.
 
 ``ClauseForecasters`` holds one forecaster per fraction with what the benchmark measured them
 to do (``bench/forecasting/bench_clause_forecast.py --save`` writes the packaged file,
@@ -40,6 +44,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from itertools import pairwise
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import torch
@@ -57,6 +62,7 @@ from headwise.forecast.fitting import (
     outside_range,
     ridge,
 )
+from headwise.forecast.predictive import VerdictMixture
 from headwise.jsonfile import read_json_object
 
 FORMAT = "headwise-clause-forecaster"
@@ -72,6 +78,7 @@ L2 = 1e-3  # the logistic and ridge fits' penalty on standardised features
 CALIBRATION_PRIOR = 1.0  # pseudo-outcomes per isotonic block, half held and half not
 FOLDS = 5  # the calibration's cross-fitting folds
 COVERAGE = 0.9  # the value interval's target coverage
+Z_COVERAGE = NormalDist().inv_cdf(0.5 + COVERAGE / 2)  # a normal's central COVERAGE: +-Z sd
 OUTSIDE_SHRINK = 0.8  # how much of its distance from 0.5 a probability keeps off-range
 
 
@@ -111,6 +118,15 @@ class ClauseTrajectory:
     def margin(self, value: float) -> float:
         """Signed distance of ``value`` to the nearer bound in ``scale`` units (> 0: holds)."""
         return margin(value, self.at_least, self.at_most) / self.scale
+
+    @property
+    def value_bounds(self) -> tuple[float | None, float | None]:
+        """The bounds on the measured value itself: the clause's, but for an exclusive
+        clause's cap, which is on another quantity (its value is the listed tasks' smallest
+        drop, its cap on the other tasks' largest)."""
+        if self.context.get("kind") == "exclusive":
+            return self.at_least, None
+        return self.at_least, self.at_most
 
     def clip(self, value: float) -> float:
         """``value`` clipped to the range the measurement can take."""
@@ -210,20 +226,28 @@ def _calibration(value: Any, where: str) -> tuple[list[float], list[float]]:
 
 @dataclass(frozen=True)
 class ClauseForecast:
-    """A clause's forecast: the probability it holds at the end, its final value with a
-    ``COVERAGE`` interval, whether that value is within the clause's bounds (the verdict and the
-    value come from two models, which can disagree: the probability is the calibrated one), and
-    why the forecaster is outside its fitted range (if it is)."""
+    """A clause's forecast: the probability it holds at the end, its final value (the median
+    of one predictive distribution with that probability, ``headwise.forecast.predictive``, so
+    the value holds exactly when the probability is at least one half) with a ``COVERAGE``
+    interval of the same distribution, whether that interval is the value's whole range (and
+    so says nothing), and why the forecaster is outside its fitted range (if it is)."""
 
     probability: float
     value: float
     interval: tuple[float, float]
     outside: tuple[str, ...] = ()
-    value_holds: bool = True
+    spans_range: bool = False
 
     @property
     def holds(self) -> bool:
         return self.probability >= 0.5
+
+    def value_text(self) -> str:
+        """The value and its interval as printed: ``0.97 [0.91, 1]``, or ``0.97 (its 90%
+        interval is the whole range)``."""
+        if self.spans_range:
+            return f"{self.value:.3g} (its {COVERAGE:.0%} interval is the whole range)"
+        return f"{self.value:.3g} [{self.interval[0]:.3g}, {self.interval[1]:.3g}]"
 
 
 @dataclass
@@ -294,11 +318,14 @@ class ClauseForecaster:
         if outside:
             p = 0.5 + (p - 0.5) * OUTSIDE_SHRINK
         now = traj.early(self.fraction)[-1][1]
-        value = traj.clip(now + traj.scale * float(z @ self.value_weight + self.value_bias))
+        mu = now + traj.scale * float(z @ self.value_weight + self.value_bias)
         residual = self.residual if math.isfinite(traj.high - traj.low) else self.residual_open
         half = traj.scale * residual * (1.0 if not outside else 2.0)
-        return ClauseForecast(p, value, (traj.clip(value - half), traj.clip(value + half)),
-                              tuple(outside), traj.margin(value) >= 0)
+        mixture = VerdictMixture(p, mu, max(half, 1e-9 * traj.scale) / Z_COVERAGE,
+                                 *traj.value_bounds, traj.low, traj.high)
+        interval = (mixture.quantile((1 - COVERAGE) / 2), mixture.quantile((1 + COVERAGE) / 2))
+        return ClauseForecast(mixture.effective_probability(), mixture.median(), interval,
+                              tuple(outside), interval == (traj.low, traj.high))
 
     def outside(self, traj: ClauseTrajectory, x: Tensor | None = None) -> list[str]:
         """Why ``traj`` lies outside the runs this forecaster was fit on (empty: inside)."""

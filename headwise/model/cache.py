@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from torch import Tensor, nn
@@ -58,8 +58,14 @@ class ActivationCache:
     def __len__(self) -> int:
         return len(self._store)
 
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._store))
+
     def keys(self) -> list[str]:
         return list(self._store)
+
+    def values(self) -> list[Tensor]:
+        return list(self._store.values())
 
     def items(self) -> list[tuple[str, Tensor]]:
         return list(self._store.items())

@@ -70,6 +70,9 @@ def test_plain_run_measures_each_point_and_warns_on_the_clause_forecast_to_fail(
     assert steps == [20, 40, 60, 80]
     assert all("contract[1]" in w for w in warnings) and len(warnings) == len(steps)
     assert all("\n" not in w for w in warnings)  # one line per clause per point
+    for w in warnings:  # forecast to fail (P < 0.5): the value printed fails the bound too
+        value = float(w.split("final value ")[1].split(" ")[0])
+        assert float(w.split("P(holds at the end) ")[1][:4]) < 0.5 and value < 0.6
     first = warnings[0]
     assert first.startswith("clause forecast at step 20: contract[1] 'stays low'")
     assert "--enforce would add: pattern objective (previous_token, ce) on L0.H1" in first

@@ -132,6 +132,10 @@ def test_bad_jsonl_names_file_line_and_field(tmp_path: Path, text: str, message:
     ("d.csv", "q,a\nx,y\nx,y,z\n", "d.csv: line 3: 3 values, expected 2"),
     ("d.csv", 'q,a\n"x,y\n', "d.csv: line 2: not CSV"),
     ("d.csv", "q,b\nx,y\n", "d.csv: line 2: field 'a' missing"),
+    ("d.csv", "q;a\nx;y\n", "d.csv: line 1: the header was read as one field; the file looks "
+                           "delimited by ';', expected comma-separated values"),
+    ("d.csv", "q\ta\nx\ty\n", "d.csv: line 1: the header was read as one field; the file "
+                             "looks delimited by a tab, expected comma-separated values"),
     ("d.txt", "q,a\n", "pairs.path: got"),
 ])
 def test_bad_csv_and_extension(tmp_path: Path, name: str, text: str, message: str) -> None:

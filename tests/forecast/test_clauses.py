@@ -257,3 +257,40 @@ def test_the_packaged_forecasters_quote_runs_they_were_not_fit_on() -> None:
         assert pooled["n"] == fresh["n"] + configs["n"]
         mixed = (fresh["accuracy"] * fresh["n"] + configs["accuracy"] * configs["n"]) / pooled["n"]
         assert abs(pooled["accuracy"] - mixed) < 1e-3
+
+
+@pytest.mark.parametrize(("at_least", "at_most", "low", "high", "kind"), [
+    (0.95, None, 0.0, 1.0, "score"), (None, 0.3, 0.0, 1.0, "score"),
+    (0.9, None, 0.0, 1.0, "task"), (0.3, None, -1.0, 1.0, "ablation"),
+    (None, 2.3, 0.0, math.inf, "task"), (0.1, 0.02, -1.0, 1.0, "exclusive")])
+def test_the_packaged_forecasts_value_agrees_with_their_probability(
+        at_least: float | None, at_most: float | None, low: float, high: float,
+        kind: str) -> None:
+    """At every fraction, for early values across the range, flat, rising and falling: the
+    probability is the calibrated classifier's, the printed value holds exactly when the
+    probability is at least one half (an exclusive clause's value, the listed tasks' smallest
+    drop, against its floor only: its cap is on the other tasks' drops), it lies in its
+    interval, and an interval is flagged as the whole range exactly when it is."""
+    bundle = load_clause_forecasters()
+    top = 4.0 if math.isinf(high) else high
+    for model in bundle.models:
+        for start in torch.linspace(low, top, 6).tolist():
+            for end in torch.linspace(low, top, 6).tolist():
+                steps = tuple(int(TOTAL * model.fraction * k / 4) for k in (1, 2, 3, 4))
+                values = tuple(start + (end - start) * k / 4 for k in (1, 2, 3, 4))
+                t = ClauseTrajectory(steps, values, (0.01,) * 4, at_least, at_most, TOTAL,
+                                     False, low, high,
+                                     context={"n_layers": 2, "n_heads": 4, "kind": kind})
+                f = model.forecast(t)
+                z = (torch.tensor(features(t, model.fraction), dtype=torch.float64)
+                     - model.mean) / model.std
+                p = interpolate(*model.calibration, float(z @ model.weight + model.bias))
+                if f.outside:
+                    p = 0.5 + (p - 0.5) * OUTSIDE_SHRINK
+                assert f.probability == pytest.approx(p, abs=1e-12)
+                holds = (f.value >= at_least if kind == "exclusive"  # type: ignore[operator]
+                         else t.margin(f.value) >= 0)
+                assert holds == f.holds, (model.fraction, values, f)
+                assert f.interval[0] <= f.value <= f.interval[1]
+                assert f.spans_range == (f.interval == (low, high))
+                assert ("[" in f.value_text()) != f.spans_range

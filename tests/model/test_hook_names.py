@@ -50,6 +50,10 @@ def test_cache_takes_transformerlens_keys() -> None:
     assert cache["resid_post", 1] is cache["blocks.1.hook_resid_post"]
     assert cache["q", 0, "attn"] is cache["blocks.0.attn.hook_q"]
     assert cache["embed"] is cache["hook_embed"]
+    # iteration, keys, values and items as a dict's (TransformerLens's cache is iterated so)
+    assert list(cache) == cache.keys() and len(cache.keys()) == len(cache)
+    assert all(v is cache[k] for k, v in zip(cache, cache.values(), strict=True))
+    assert cache.items() == list(zip(cache.keys(), cache.values(), strict=True))
     with pytest.raises(KeyError, match="was not cached"):
         cache["pattern", 5]
     with pytest.raises(ValueError, match="layer: got -1"):

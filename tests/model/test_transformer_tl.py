@@ -1,8 +1,8 @@
 """The model's TransformerLens options against their definitions on the same weights:
 ``return_type`` (TransformerLens's ``lm_cross_entropy_loss``, written with
 ``torch.nn.functional.cross_entropy``), ``stop_at_layer`` (the cached residual stream),
-``names_filter``, MLP weights (an MLP written from ``W_in``/``W_out``), ``W_pos``, ``b_U``,
-``to_single_token`` and ``to_string``."""
+``names_filter``, MLP weights (an MLP written from ``W_in``/``W_out``), ``W_pos``, ``W_E``,
+``W_U`` and ``b_U`` (the forward's two ends), ``to_single_token`` and ``to_string``."""
 
 from __future__ import annotations
 
@@ -116,6 +116,29 @@ def test_position_and_unembedding_tables() -> None:
                                         max_seq_len=4, attn_only=True), seed=0)
     with pytest.raises(ConfigError, match="W_in: the model is attention-only"):
         assert attn_only.W_in is None
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_embedding_tables_compute_the_ends_of_the_forward(tie: bool) -> None:
+    """TransformerLens's definitions: ``hook_embed = W_E[tokens]``, ``hook_pos_embed =
+    W_pos[:T]``, and the logits ``ln_final(resid_final) @ W_U + b_U``."""
+    config = ModelConfig(n_layers=2, n_heads=2, d_model=16, d_ff=24, vocab_size=19,
+                         max_seq_len=8, tie_embeddings=tie)
+    model = build_model(config, seed=0).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.3)
+    tokens = _tokens(19)
+    logits, cache = model.run_with_cache(tokens, ["hook_embed", "hook_pos_embed",
+                                                  "blocks.1.hook_resid_post"])
+    assert torch.equal(cache["hook_embed"], model.W_E[tokens])
+    torch.testing.assert_close(cache["hook_pos_embed"].expand(2, -1, -1),
+                               model.W_pos[:6].expand(2, -1, -1))
+    with torch.no_grad():
+        want = model.ln_final(cache["blocks.1.hook_resid_post"]) @ model.W_U + model.b_U
+    torch.testing.assert_close(logits, want, atol=1e-6, rtol=0)
+    assert (model.W_U.data_ptr() == model.W_E.data_ptr()) == tie
 
 
 def test_single_tokens_and_strings_with_bytes() -> None:

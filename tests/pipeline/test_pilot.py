@@ -69,3 +69,46 @@ def test_the_pilot_is_the_first_steps_of_the_spec_schedule_and_forecasts_its_end
         assert r.forecast is not None
         assert 0.0 <= r.forecast.probability <= 1.0
         assert r.forecast.interval[0] <= r.forecast.value <= r.forecast.interval[1]
+
+
+CONSISTENT = """
+model: {n_layers: 1, n_heads: 2, d_model: 32, vocab_size: 12, max_seq_len: 10}
+data: {tasks: {copy: {length: 4}}, eval_examples: 64}
+heads:
+  L0.H1: {mask: previous_token}
+train: {steps: 1000, batch_size: 16, lr: 3.0e-3, eval_every: 25, seed: 0}
+contract:
+  - {head: L0.H1, score: previous_token, at_least: 0.95}
+  - {head: L0.H0, score: previous_token, at_most: 0.3}
+  - {task: copy, at_least: 0.95}
+"""
+
+
+def test_the_pilot_forecast_value_sits_on_the_side_of_the_bound_its_probability_says(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """A clause held at 1.000 by a mask against ``>= 0.95`` and one near 0.2 against
+    ``<= 0.3``, from 5% of the budget (the forecaster of 10%, whose value regression alone
+    puts the second at 1 and spans the whole range): each printed value is on the side of its
+    bound that its printed probability says."""
+    torch.set_num_threads(1)
+    monkeypatch.setenv("COLUMNS", "250")
+    path = tmp_path / "spec.yaml"
+    path.write_text(CONSISTENT)
+    assert main(["plan", str(path), "--pilot", "50"]) == 0
+    pilot_out = capsys.readouterr().out.split("pilot: the first 50 plain steps")[1]
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]]
+            for line in pilot_out.splitlines() if line.startswith("│")]
+    assert [r[0] for r in rows] == ["0", "1", "2"]
+    assert rows[0][3] == "1.000"  # the masked head, after the pilot
+    bounds = {"0": (0.95, None), "1": (None, 0.3), "2": (0.95, None)}
+    for row in rows:
+        probability, shown = row[-1].split(", ", 1)
+        value, interval = shown.split(" ", 1)
+        at_least, at_most = bounds[row[0]]
+        value_holds = ((at_least is None or float(value) >= at_least)
+                       and (at_most is None or float(value) <= at_most))
+        assert value_holds == (float(probability) >= 0.5), row
+        # an interval is printed only where it is narrower than the value's range [0, 1]
+        assert interval == "(its 90% interval is the whole range)" or (
+            interval.startswith("[") and interval != "[0, 1]"), row
