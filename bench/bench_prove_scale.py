@@ -1,7 +1,9 @@
 """Proving at the scale of all-MiniLM-L6-v2: `report`, `verify` and `analyze --hf --text` of
 this checkout against another checkout (e.g. the commit before), side by side.
 
-Every command runs in its own process with one thread (``OMP_NUM_THREADS=1``); each repetition
+Every command runs in its own process with one thread (``OMP_NUM_THREADS=1``), importing its
+checkout's headwise (checked before timing: ``python -P``, so the directory the benchmark runs
+from never shadows the other checkout); each repetition
 runs every (command, checkout) pair once, in turn, so load hits both alike. Each pair's wall
 seconds and CPU seconds (the child's user + system time, which a process waiting for a core
 does not accrue, read with ``os.wait4``) are recorded; the figures are medians and paired
@@ -34,13 +36,32 @@ ROOT = Path(__file__).resolve().parent.parent
 CLI = "import sys; from headwise.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
+def child(checkout: Path, code: str, *args: str) -> list[str]:
+    """``python -P -c code args``: ``-P`` keeps the working directory off ``sys.path``, so the
+    child imports the headwise of ``checkout`` (its ``PYTHONPATH``), never the one it runs
+    beside."""
+    return [sys.executable, "-P", "-c", code, *args]
+
+
+def child_env(checkout: Path) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(checkout)}
+
+
+def check_imports(checkout: Path) -> None:
+    """Refuse a checkout whose child process would import another headwise."""
+    out = subprocess.run(child(checkout, "import headwise; print(headwise.__file__)"),
+                         env=child_env(checkout), capture_output=True, text=True, check=True)
+    where = Path(out.stdout.strip()).resolve()
+    if checkout.resolve() not in where.parents:
+        raise SystemExit(f"{checkout}: its command would import headwise from {where}")
+
+
 def run_cli(checkout: Path, args: list[str]) -> tuple[float, float, str]:
     """Wall and CPU seconds of one CLI command of ``checkout``, and its output's last lines."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(checkout)}
     with tempfile.TemporaryFile("w+") as log:
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-c", CLI, *args], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(child(checkout, CLI, *args), env=child_env(checkout),
+                                stdout=log, stderr=subprocess.STDOUT, text=True)
         _, status, usage = os.wait4(proc.pid, 0)  # this child's own CPU time
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -59,11 +80,13 @@ def text_file(tokens: int) -> Path:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(Path(gt.get_model_path()) / "tokenizer.json"))
+    tok.no_padding()  # the file pads every line to 128 tokens: count the line's own tokens
+    tok.no_truncation()
     lines, count = [], 0
     for doc in sorted((ROOT / "docs").glob("*.md")):
         for line in doc.read_text(encoding="utf-8").splitlines():
             if line.strip() and count < tokens:
-                n = min(len(tok.encode(line).ids), 512)
+                n = min(len(tok.encode(line).ids), 512)  # analyze cuts a line at 512
                 lines.append(line)
                 count += n
     out = ROOT / "bench" / ".cache" / "scale_text.txt"
@@ -86,6 +109,8 @@ def main() -> None:
     minilm = gt.get_model_path()
     text = text_file(args.tokens)
     systems = {"this": ROOT, "base": args.base.resolve()}
+    for checkout in systems.values():
+        check_imports(checkout)
     work = Path(tempfile.mkdtemp(prefix="prove_scale_"))
     commands = {
         "report": lambda rd: ["report", str(rd)],

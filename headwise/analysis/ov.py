@@ -14,6 +14,7 @@ centring/scaling and every other path are ignored (the standard direct-path appr
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -27,18 +28,35 @@ from headwise.model.block import PreNormBlock
 def _parts(model: nn.Module, head: Head) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(n(E) (V,D), W_V^h (Dh,D), W_O^h (D,Dh), W_U' (V,D)) for ``head``."""
     m: Any = model  # nn.Module.__getattr__ hides the Transformer's attributes from mypy
-    block = m.blocks[head.layer]
-    E = m.embed.weight
+    w = head_weights(m.blocks[head.layer].attn, head.head)
+    return _embedding_in(model, head.layer)[1], w.v, w.o, _unembedding(model)
+
+
+def _embedding_in(model: nn.Module, layer: int) -> tuple[str, Tensor]:
+    """``n(E)`` (V, D) as ``layer``'s attention reads it, and the name of ``n`` (layers that
+    read the embedding through the same normalisation share it)."""
+    m: Any = model
+    name, norm = _embedding_norm(model, layer)
+    return name, m.embed.weight if norm is None else norm(m.embed.weight)
+
+
+def _embedding_norm(model: nn.Module, layer: int) -> tuple[str, nn.Module | None]:
+    """The normalisation ``n`` between the embedding and ``layer``'s attention, and its name."""
+    m: Any = model
+    block = m.blocks[layer]
     if isinstance(block, PreNormBlock):
-        E = block.ln1(E)
-    elif getattr(model, "embed_norm", None) is not None:
-        E = m.embed_norm(E)
-    w = head_weights(block.attn, head.head)
+        return f"blocks.{layer}.ln1", block.ln1
+    if getattr(model, "embed_norm", None) is not None:
+        return "embed_norm", m.embed_norm
+    return "embed", None
+
+
+def _unembedding(model: nn.Module) -> Tensor:
+    """``W_U'`` (V, D): the unembedding with the final norm's gain folded in."""
+    m: Any = model
     wu = m.unembed.weight
     gain = getattr(getattr(model, "ln_final", None), "weight", None)
-    if gain is not None:
-        wu = wu * gain[None, :]
-    return E, w.v, w.o, wu
+    return wu * gain[None, :] if gain is not None else wu
 
 
 @torch.no_grad()
@@ -79,10 +97,31 @@ def copying_eigen_ratio(model: nn.Module, head: Head) -> float:
 
     +1 when every eigenvalue is positive (the head copies), -1 when all are negative. The
     non-zero eigenvalues of ``M = (n(E) W_V^T)(W_O^T W_U'^T)`` equal those of the small
-    (Dh, Dh) product ``W_O^T W_U'^T n(E) W_V^T``, which is what we decompose.
+    (Dh, Dh) product ``W_O^T (W_U'^T n(E)) W_V^T``, which is what we decompose.
     """
-    E, wv, wo, wu = _parts(model, head)
-    small = (wo.T @ wu.T) @ (E @ wv.T)  # (Dh, V) @ (V, Dh) -> (Dh, Dh)
-    lam = torch.linalg.eigvals(small.double())
-    total = lam.abs().sum()
-    return float(lam.sum().real / total) if total > 0 else 0.0
+    return copying_eigen_ratios(model, [head])[head]
+
+
+@torch.no_grad()
+def copying_eigen_ratios(model: nn.Module, heads: Iterable[Head]) -> dict[Head, float]:
+    """``copying_eigen_ratio`` of each of ``heads``.
+
+    The product over the vocabulary, ``G = W_U'^T n(E)`` (D, D), is formed once per
+    normalisation ``n`` (once for a post-norm model, once per layer for a pre-norm one); each
+    head then costs ``W_O^T G W_V^T``, two products of (D, D) size, instead of two products over
+    the vocabulary.
+    """
+    m: Any = model
+    wu = _unembedding(model)
+    grams: dict[str, Tensor] = {}
+    out = {}
+    for head in heads:
+        name = _embedding_norm(model, head.layer)[0]
+        if name not in grams:
+            grams[name] = wu.T @ _embedding_in(model, head.layer)[1]  # (D, V) @ (V, D)
+        w = head_weights(m.blocks[head.layer].attn, head.head)
+        small = (w.o.T @ grams[name]) @ w.v.T  # (Dh, D) @ (D, D) @ (D, Dh) -> (Dh, Dh)
+        lam = torch.linalg.eigvals(small.double())
+        total = lam.abs().sum()
+        out[head] = float(lam.sum().real / total) if total > 0 else 0.0
+    return out

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from headwise.analysis.importance_matrix import STDERR_GROUPS, ratio_stderr
-from headwise.analysis.ov import copying_eigen_ratio, ov_top1
+from headwise.analysis.ov import copying_eigen_ratios, ov_top1
 from headwise.analysis.role_table import RoleTable
 from headwise.heads import Head, HeadSet, select_heads
 from headwise.model.eval_mode import in_eval_mode
@@ -264,11 +264,12 @@ def _add(model: nn.Module, tok: Tensor, mask: Tensor | None, kwargs: dict[str, A
 def _finish(model: nn.Module, acc: dict[Head, dict[str, Tensor]], hs: HeadSet,
             roles: list[str]) -> dict[Head, dict[str, tuple[float, float]]]:
     out: dict[Head, dict[str, tuple[float, float]]] = {}
+    eig = copying_eigen_ratios(model, hs) if "copying_eig" in roles else {}
     for head in hs:
         vals = {r: (float(v[:, 0].sum() / v[:, 1].sum()), ratio_stderr(v[:, 0], v[:, 1]))
                 for r, v in acc.get(head, {}).items()}
-        if "copying_eig" in roles:
-            vals["copying_eig"] = (copying_eigen_ratio(model, head), math.nan)
+        if head in eig:
+            vals["copying_eig"] = (eig[head], math.nan)
         out[head] = vals
     return out
 
@@ -282,15 +283,18 @@ def _table(hs: HeadSet, roles: list[str], scores: dict[Head, dict[str, tuple[flo
 
 
 @in_eval_mode
-def role_scores_stream(model: nn.Module, chunks: Iterable[tuple[Tensor, Tensor | None]],
+def role_scores_stream(model: nn.Module, chunks: Iterable[tuple[Tensor, Tensor | None, Tensor]],
                        heads: Any = None, roles: Sequence[str] | None = None,
                        window: int = DEFAULT_WINDOW) -> RoleTable:
-    """``role_scores`` over a stream of ``(tokens (b, T_i), attention_mask | None)`` chunks of
-    any lengths, each forwarded once and dropped: memory holds one chunk, whatever the corpus.
+    """``role_scores`` over a stream of ``(tokens (b, T_i), attention_mask | None, index (b,))``
+    chunks of any lengths, each forwarded once and dropped: memory holds one chunk, whatever
+    the corpus. ``index``: each sequence's position in the corpus (the chunks may hold the
+    sequences in any order, e.g. grouped by length).
 
     Scores are pooled exactly over every chunk (the same sums as ``role_scores`` on all the
     sequences, in another order); standard errors are over ``STDERR_GROUPS`` groups of
-    sequences dealt in turn (sequence ``k`` in group ``k mod STDERR_GROUPS``).
+    sequences dealt by position (sequence ``k`` in group ``k mod STDERR_GROUPS``), so neither
+    depends on the order of the chunks.
 
     Raises:
         ValueError: unknown roles, or an empty stream.
@@ -301,14 +305,12 @@ def role_scores_stream(model: nn.Module, chunks: Iterable[tuple[Tensor, Tensor |
     acc: dict[Head, dict[str, Tensor]] = {}
     seen = tokens_seen = 0
     length = 0
-    for tokens, mask in chunks:
-        n = tokens.shape[0]
-        groups = (torch.arange(seen, seen + n) % STDERR_GROUPS)
+    for tokens, mask, index in chunks:
         tables = ({h: ov_top1(model, h, tokens) for h in hs} if "copying" in pattern_roles
                   else {})  # entries read are those of this chunk's tokens, as on the whole
-        _add(model, tokens, mask, {}, None, groups, STDERR_GROUPS, hs, pattern_roles, window,
-             tables, acc)
-        seen += n
+        _add(model, tokens, mask, {}, None, index.cpu() % STDERR_GROUPS, STDERR_GROUPS, hs,
+             pattern_roles, window, tables, acc)
+        seen += tokens.shape[0]
         tokens_seen += int(mask.sum()) if mask is not None else tokens.numel()
         length = max(length, tokens.shape[1])
     if not seen:

@@ -1,11 +1,11 @@
 """Role scores of every head of a local HF checkpoint (the engine behind ``analyze --hf``),
 and its report (``analyze --hf --html``): the role heatmap and table and an attention viewer.
 
-Text is streamed: lines are tokenised ``LINES_PER_READ`` at a time and scored in chunks whose
-captured patterns (layers x heads x sequences x T x T) stay under ``CHUNK_ELEMENTS``, each
-forwarded once and dropped (``headwise.analysis.roles.role_scores_stream``), so memory holds
-one chunk whatever the corpus; ``max_tokens`` stops after that many tokens, and ``progress``
-hears of every chunk.
+Text is streamed: lines are tokenised ``LINES_PER_READ`` at a time and scored in chunks of
+lines of like length whose captured patterns (layers x heads x sequences x T x T) stay under
+``CHUNK_ELEMENTS``, each forwarded once and dropped
+(``headwise.analysis.roles.role_scores_stream``), so memory holds one chunk whatever the
+corpus; ``max_tokens`` stops after that many tokens, and ``progress`` hears of every chunk.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from headwise.interop.tokenizer import encode_batch, load_tokenizer
 COPYING_MAX_VOCAB = 4096
 LINES_PER_READ = 256
 CHUNK_ELEMENTS = 1 << 26  # pattern elements captured per chunk (256 MiB in float32)
+MAX_PADDED = 1.25  # a chunk's positions (padding included) per real token, at most
 # progress(characters done, characters in all, tokens done)
 Progress = Callable[[int, int, int], None]
 
@@ -134,12 +135,13 @@ def _scored(path: str | Path, text: str | Sequence[str] | None, roles: Sequence[
         raise ValueError("text: got no non-empty line, expected at least one sentence")
     first: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def kept(chunks: Iterator[tuple[torch.Tensor, torch.Tensor]]
-             ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
-        for tokens, mask in chunks:
-            if not first:
-                first.append((tokens[:1], mask[:1]))
-            yield tokens.to(dev), mask.to(dev)
+    def kept(chunks: Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+             ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+        for tokens, mask, index in chunks:
+            if index.min() == 0:  # the text's first line (shown by the attention viewer)
+                row = int(index.argmin())
+                first.append((tokens[row:row + 1], mask[row:row + 1]))
+            yield tokens.to(dev), mask.to(dev), index
 
     per_seq = c.n_layers * c.n_heads
     chunks = text_chunks(load_tokenizer(path), lines, c.max_seq_len, per_seq, max_tokens,
@@ -151,39 +153,48 @@ def _scored(path: str | Path, text: str | Sequence[str] | None, roles: Sequence[
 
 def text_chunks(tokenizer: Any, lines: Sequence[str], max_len: int, per_seq: int,
                 max_tokens: int | None = None, progress: Progress | None = None
-                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """``(tokens (b, T), attention_mask (b, T))`` chunks of ``lines``, in order: each line one
-    sequence (cut to ``max_len``), each chunk padded to its own longest, with ``b * T * T *
-    per_seq`` (the patterns a chunk captures) at most ``CHUNK_ELEMENTS`` (one sequence at
-    least); at most ``max_tokens`` tokens in all."""
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``(tokens (b, T), attention_mask (b, T), index (b,))`` chunks of ``lines``: each line one
+    sequence (cut to ``max_len``; ``index``: its line's position in ``lines``), at most
+    ``max_tokens`` tokens in all (the first ones, in reading order).
+
+    Lines are read ``LINES_PER_READ`` at a time and, within a read, grouped by length: each
+    chunk is padded to its own longest, and a forward and the role sums pay for every padded
+    position (the sums for every padded pair of positions), so lines of like length share a
+    chunk: its ``b * T`` positions are at most ``MAX_PADDED`` times its tokens, and the patterns
+    it captures, ``b * T * T * per_seq``, at most ``CHUNK_ELEMENTS`` (one sequence at least).
+    """
     total = sum(len(line) for line in lines)
     chars = done = 0
     for start in range(0, len(lines), LINES_PER_READ):
         part = lines[start:start + LINES_PER_READ]
         tokens, mask = encode_batch(tokenizer, part, max_len=max_len)
-        lengths = mask.sum(1).tolist()
+        index = torch.arange(start, start + len(part))
+        lengths = mask.sum(1)
+        last = max_tokens is not None and done + int(lengths.sum()) >= max_tokens
+        if max_tokens is not None and last:  # the first max_tokens tokens, in reading order
+            before = done + lengths.cumsum(0) - lengths  # (b,) tokens read before each line
+            mask = mask * ((mask.cumsum(1) + before[:, None]) <= max_tokens)
+            rows = (mask.sum(1) > 0).nonzero()[:, 0]
+            tokens, mask, index = tokens[rows], mask[rows], index[rows]
+            lengths = mask.sum(1)
+        order = torch.argsort(lengths, stable=True).tolist()
         i = 0
-        while i < len(part):
-            j, T = i, 0
-            while j < len(part) and (j == i or (j - i + 1) * max(T, lengths[j]) ** 2 * per_seq
-                                     <= CHUNK_ELEMENTS):
-                T = max(T, lengths[j])
-                j += 1
-            tok, msk = tokens[i:j, :T], mask[i:j, :T]
-            if max_tokens is not None and done + int(msk.sum()) >= max_tokens:
-                keep = (msk.cumsum(1) + done + msk.sum(1).cumsum(0)[:, None] - msk.sum(1)[:, None]
-                        ) <= max_tokens  # the first max_tokens real tokens, in reading order
-                msk = msk * keep
-                rows = msk.sum(1) > 0
-                tok, msk = tok[rows], msk[rows]
-                done += int(msk.sum())
-                if progress is not None:
-                    progress(total, total, done)
-                yield tok, msk
-                return
+        while i < len(order):
+            j, T, real = i, 0, 0
+            while j < len(order):
+                n = int(lengths[order[j]])  # the longest yet: lengths ascend
+                if j > i and ((j - i + 1) * n ** 2 * per_seq > CHUNK_ELEMENTS
+                              or (j - i + 1) * n > MAX_PADDED * (real + n)):
+                    break
+                T, real, j = n, real + n, j + 1
+            sel = torch.tensor(order[i:j])
+            tok, msk = tokens[sel, :T], mask[sel, :T]
             done += int(msk.sum())
-            chars += sum(len(line) for line in part[i:j])
+            chars += sum(len(lines[int(k)]) for k in index[sel])
             if progress is not None:
-                progress(chars, total, done)
-            yield tok, msk
+                progress(total if last and j == len(order) else chars, total, done)
+            yield tok, msk, index[sel]
             i = j
+        if last:
+            return

@@ -50,7 +50,11 @@ from headwise.pipeline.resume import (
     resume_options,
     run_info,
 )
-from headwise.pipeline.run_analysis import role_heatmap_png, run_role_table
+from headwise.pipeline.run_analysis import (
+    CheckpointRoleTables,
+    role_heatmap_png,
+    run_role_table,
+)
 from headwise.pipeline.run_data import with_stored_data
 from headwise.pipeline.run_dir import is_main_process, prepare_run_dir, write_json, write_outcome
 from headwise.pipeline.run_tokenizer import with_stored_tokenizer
@@ -148,6 +152,8 @@ def train_run(spec_source: str | Path, out: str | Path,
         info = _prepare(out, spec, spec_source, resume, opts) if main else {}
         if opts.progress and main:
             callbacks.append(EvalLines(train_config.steps, _clauses_held))
+        if train_config.checkpoint_every and train_config.eval_every:  # the report's trajectory
+            callbacks.append(CheckpointRoleTables(verification_data(compiled)))
         result = train(compiled.model, compiled.data, train_config, out_dir=out,
                        objectives=objectives, callbacks=callbacks,
                        optimizer_hooks=compiled.optimizer_hooks, resume=resume,

@@ -8,6 +8,12 @@ effect of ablating each head on each task, and the gate table. A model of at mos
 estimates every head's effect on each task's loss from one backward
 (``headwise.analysis.attribution``), and exact ablation measures the ``SCREEN_KEEP`` largest
 per task and every head the contract or the spec's ``heads:`` section names.
+
+``CheckpointRoleTables`` measures the same role table during training, at every evaluation
+point a checkpoint follows, and keeps it in the run's callback state (each checkpoint's
+``trainer.json``, entry ``extra.role_tables``): the report's trajectory reads what training
+measured instead of loading and measuring every checkpoint again
+(``headwise.pipeline.run_report.run_trajectory``).
 """
 
 from __future__ import annotations
@@ -31,10 +37,12 @@ from headwise.heads import HeadSet
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.heldout import verification_data
 from headwise.render.figures import heatmap
+from headwise.training import TrainState
 
 # Models with at most this many heads have every head ablated exactly; larger ones are screened.
 EXACT_ALL_MAX = 32
 SCREEN_KEEP = 6  # heads per task whose exact ablation the screen keeps (with the named heads)
+ROLE_TABLES = "role_tables"  # the callback-state entry: {str(step): RoleTable.to_records()}
 # Roles shown for every head (the TransformerLens variants are left to the Python API).
 DATA_ROLES = ("previous_token", "duplicate_token", "first_token", "self", "local", "entropy")
 
@@ -57,10 +65,12 @@ class RunAnalysis:
                     "values": self.gates.values.tolist()}}
 
 
-def analyse_run(compiled: Compiled, n_boot: int = 200) -> RunAnalysis:
-    """Measure a compiled (trained) model on its held-out data (see module docstring)."""
+def analyse_run(compiled: Compiled, n_boot: int = 200,
+                data: VerifyData | None = None) -> RunAnalysis:
+    """Measure a compiled (trained) model on ``data`` (default its verification set; see the
+    module docstring)."""
     model = compiled.model
-    data = verification_data(compiled)
+    data = verification_data(compiled) if data is None else data
     table = run_role_table(model, data)
     cfg = compiled.spec.model.config
     estimate, heads = None, None
@@ -88,6 +98,29 @@ def run_role_table(model: nn.Module, data: VerifyData) -> RoleTable:
             ind = role_scores(model, rep.tokens, roles=["induction"], task_ids=rep.task_ids)
             table = _join(table, ind)
     return table
+
+
+class CheckpointRoleTables:
+    """A training callback: the run's role table (``run_role_table`` on ``data``, the
+    verification set) at every evaluation point a checkpoint follows, recorded in
+    ``TrainState.extra[ROLE_TABLES]`` by step, so that each checkpoint carries the tables of
+    itself and of the checkpoints before it.
+
+    Put it after any callback that may stop training (a stopped run checkpoints where it
+    stops). Runs without checkpoints measure nothing.
+    """
+
+    def __init__(self, data: VerifyData) -> None:
+        self.data = data
+
+    def __call__(self, state: TrainState) -> None:
+        c = state.config
+        checkpointed = bool(c.checkpoint_every) and (
+            state.step % c.checkpoint_every == 0 or state.step == c.steps or state.stop)
+        if state.out_dir is None or not checkpointed:
+            return
+        table = run_role_table(state.model, self.data)
+        state.extra.setdefault(ROLE_TABLES, {})[str(state.step)] = table.to_records()
 
 
 def _join(a: RoleTable, b: RoleTable) -> RoleTable:

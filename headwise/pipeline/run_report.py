@@ -12,7 +12,7 @@ self-contained ``report.html`` into the run directory. Tokens are named as every
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +21,9 @@ from torch import nn
 
 from headwise.analysis.explain import explain_head
 from headwise.analysis.role_table import RoleTable
-from headwise.analysis.trajectories import Trajectory, score_checkpoints
+from headwise.analysis.trajectories import Trajectory
 from headwise.atomic import hold_lock
-from headwise.contract import ContractResult, verify
+from headwise.contract import ContractResult, VerifyData, verify
 from headwise.contract.forecast import forecast_summary
 from headwise.errors import CheckpointError, SelectorError, SpecError
 from headwise.heads import HeadSet, select_heads
@@ -34,7 +34,12 @@ from headwise.pipeline.finished import load_compiled
 from headwise.pipeline.heldout import verification_data
 from headwise.pipeline.loaded_run import MAX_CONTRACT_BYTES
 from headwise.pipeline.reverify import fresh_verdicts
-from headwise.pipeline.run_analysis import analyse_run, metrics_lines, run_role_table
+from headwise.pipeline.run_analysis import (
+    ROLE_TABLES,
+    analyse_run,
+    metrics_lines,
+    run_role_table,
+)
 from headwise.pipeline.run_dir import SEALED_FILES
 from headwise.pipeline.run_tokens import spec_token_names
 from headwise.render import figures
@@ -96,9 +101,10 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
     progress(PHASES[0], 0, len(PHASES))
     attention, note = report_attention(compiled, heads, names)
     progress(PHASES[1], 1, len(PHASES))
-    analysis = analyse_run(compiled)
+    data = verification_data(compiled)  # drawn once for every section that measures
+    analysis = analyse_run(compiled, data=data)
     progress(PHASES[2], 2, len(PHASES))
-    trajectory = run_trajectory(run_dir, compiled, analysis.roles)
+    trajectory = run_trajectory(run_dir, compiled, analysis.roles, data)
     progress(PHASES[3], 3, len(PHASES))
     meta: dict[str, Any] = {"spec": str(run_dir / "spec.yaml"),
                             "tasks": ", ".join(compiled.task_names),
@@ -216,19 +222,34 @@ def _title(text: str) -> str | None:
     return None
 
 
-def run_trajectory(run_dir: Path, compiled: Compiled,
-                   final: RoleTable | None = None) -> Trajectory | None:
+def run_trajectory(run_dir: Path, compiled: Compiled, final: RoleTable | None = None,
+                   data: VerifyData | None = None) -> Trajectory | None:
     """The role table (``run_role_table``) at every checkpoint of ``run_dir``; ``None`` without
-    checkpoints. A checkpoint whose weights are the run's final weights takes ``final`` (that
-    model's role table, already measured) instead of a second measurement. The model's final
-    weights are restored afterwards."""
+    checkpoints.
+
+    A checkpoint whose table training recorded (``CheckpointRoleTables``: the latest
+    checkpoint's ``trainer.json`` holds them all) takes it, without loading its weights; the
+    others are loaded and measured on ``data`` (default the verification set). Among those, a
+    checkpoint whose weights are the run's final weights takes ``final`` (that model's role
+    table, already measured) instead of a second measurement. The model's final weights are
+    restored afterwards.
+
+    Raises:
+        CheckpointError: a checkpoint's weights or recorded tables are corrupt (naming the
+            file).
+    """
     from headwise.training.sharded_checkpoint import load_checkpoint_weights  # torch.distributed
 
     ckpts = list_checkpoints(run_dir)
     if not ckpts:
         return None
-    model, data = compiled.model, verification_data(compiled)
-    final_path = Path(run_dir) / "model.safetensors"
+    recorded = recorded_role_tables(ckpts[-1][1])
+    tables = {step: recorded[step] for step, _ in ckpts if step in recorded}
+    missing = [(step, path) for step, path in ckpts if step not in recorded]
+    if not missing:
+        return Trajectory(sorted(tables.items()))
+    model = compiled.model
+    data = verification_data(compiled) if data is None else data
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     def is_final(m: nn.Module) -> bool:
@@ -236,19 +257,44 @@ def run_trajectory(run_dir: Path, compiled: Compiled,
         return state.keys() == weights.keys() and all(torch.equal(state[k], weights[k])
                                                       for k in weights)
 
-    def score(m: nn.Module) -> RoleTable:
-        return final if final is not None and is_final(m) else run_role_table(m, data)
-
-    def models() -> Iterator[tuple[int, nn.Module]]:
-        for step, path in ckpts:
-            load_checkpoint_weights(model, path)  # a corrupt one is refused, naming the file
-            yield step, model
-
     try:
         with torch.no_grad():
-            return score_checkpoints(models(), score)
+            for step, path in missing:
+                load_checkpoint_weights(model, path)  # a corrupt one is refused, naming the file
+                tables[step] = (final if final is not None and is_final(model)
+                                else run_role_table(model, data))
     finally:
-        load_weights(model, final_path)
+        load_weights(model, Path(run_dir) / "model.safetensors")
+    return Trajectory(sorted(tables.items()))
+
+
+def recorded_role_tables(checkpoint: Path) -> dict[int, RoleTable]:
+    """The role tables training recorded up to ``checkpoint`` (``CheckpointRoleTables``), by
+    step; empty when it recorded none (a run trained without them).
+
+    Raises:
+        CheckpointError: ``trainer.json`` differs from the checkpoint's manifest, or its entry
+            ``extra.role_tables`` is not role-table records by step (naming the file).
+    """
+    file = checkpoint / "trainer.json"
+    if not file.is_file():
+        return {}
+    check_sealed(checkpoint, [file.name])
+    extra = read_json_object(file, CheckpointError).get("extra")
+    entry = extra.get(ROLE_TABLES) if isinstance(extra, dict) else None
+    if entry is None:
+        return {}
+    where = f"{file}: extra.{ROLE_TABLES}"
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"{where}: expected an object of role tables by step")
+    out = {}
+    for step, records in entry.items():
+        try:
+            out[int(step)] = RoleTable.from_records(records)
+        except (TypeError, ValueError, KeyError, AttributeError):
+            raise CheckpointError(f"{where}.{step}: expected a step and a list of role-table "
+                                  "records ({layer, head, role: score or null})") from None
+    return out
 
 
 def _forecast(traj: Trajectory | None, compiled: Compiled, enforced: bool

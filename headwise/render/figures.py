@@ -6,20 +6,31 @@ import base64
 import io
 import math
 from collections.abc import Mapping, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import matplotlib
 import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def pyplot() -> ModuleType:
+    """``matplotlib.pyplot`` on the Agg backend, imported when a figure is first drawn (a
+    command that draws none, such as ``verify``, never pays for it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def fig_png(fig: Figure) -> bytes:
     """PNG bytes of ``fig`` (then closed)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
+    pyplot().close(fig)
     return buf.getvalue()
 
 
@@ -63,7 +74,7 @@ def heatmap_figure(matrix: Sequence[Sequence[float | None]], title: str,
     data = [[_clean(v) for v in row] for row in matrix]
     n_rows, n_cols = len(data), len(data[0]) if data else 0
     row_in, col_in = (0.35 if n_rows <= 32 else 0.16), (0.45 if n_cols <= 32 else 0.16)
-    fig, ax = plt.subplots(figsize=(max(3.0, col_in * n_cols + 1.5),
+    fig, ax = pyplot().subplots(figsize=(max(3.0, col_in * n_cols + 1.5),
                                     max(2.5, row_in * n_rows + 1)))
     im = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto",
                    interpolation="nearest")
@@ -89,7 +100,7 @@ def heatmap_figure(matrix: Sequence[Sequence[float | None]], title: str,
 def side_by_side(left: Sequence[Sequence[float]], right: Sequence[Sequence[float]],
                  titles: tuple[str, str], suptitle: str) -> bytes:
     """Two (T, T) patterns next to each other on a shared [0, 1] scale."""
-    fig, axes = plt.subplots(1, 2, figsize=(7, 3.4))
+    fig, axes = pyplot().subplots(1, 2, figsize=(7, 3.4))
     for ax, m, t in zip(axes, (left, right), titles, strict=True):
         im = ax.imshow(m, cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
         ax.set_title(t, fontsize=9)
@@ -104,7 +115,7 @@ def lines(x: Sequence[float], series: Mapping[str, Sequence[float | None]], titl
           xlabel: str = "step", ylabel: str = "score",
           ylim: tuple[float, float] | None = (-0.02, 1.02)) -> bytes:
     """One line per series over ``x`` (``ylim=None``: fit the data)."""
-    fig, ax = plt.subplots(figsize=(5, 2.8))
+    fig, ax = pyplot().subplots(figsize=(5, 2.8))
     for name, ys in series.items():
         ax.plot(list(x), [_clean(v) for v in ys], label=name, marker=".", markersize=3)
     ax.set_title(title, fontsize=9)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from headwise.hooks.graph import Edge, Node
-from headwise.render.figures import fig_png, plt
+from headwise.render.figures import fig_png, pyplot
 
 _COLOURS = {"q": "tab:blue", "k": "tab:orange", "v": "tab:green", None: "tab:purple"}
 _OFFSET = {"q": -0.22, "k": 0.0, "v": 0.22, None: 0.0}
@@ -39,7 +39,8 @@ def circuit_figure(edges: Mapping[Edge, float], n_layers: int, n_heads: int,
         title: the figure's title.
         has_mlp: draw each layer's MLP (``False`` for an attention-only model).
     """
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.8 * (n_heads + 2)), max(3.0, 0.9 * (n_layers + 2))))
+    fig, ax = pyplot().subplots(figsize=(max(4.0, 0.8 * (n_heads + 2)),
+                                         max(3.0, 0.9 * (n_layers + 2))))
     used = {n for e in edges for n in (e.sender, e.receiver)}
     top = max((abs(w) for w in edges.values()), default=0.0) or 1.0
     for layer in range(n_layers):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from headwise import Head, ModelConfig, build_model
-from headwise.analysis.ov import copying_eigen_ratio, ov_logits, ov_top1
+from headwise.analysis.ov import copying_eigen_ratio, copying_eigen_ratios, ov_logits, ov_top1
 from headwise.analysis.probe_inputs import (
     induction_probe,
     infer_period,
@@ -77,6 +77,21 @@ def test_copying_scores_on_hand_set_ov_circuit() -> None:
                        roles=["copying"]).get(h, "copying") == pytest.approx(1.0)
     assert role_scores(anti, tokens, heads="L0.H0",
                        roles=["copying"]).get(h, "copying") == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_copying_eigen_ratios_are_those_of_the_whole_ov_matrix(norm: str) -> None:
+    # Reference: the eigenvalues of the whole (V, V) matrix M (rank <= Dh: the rest are ~0).
+    cfg = ModelConfig(n_layers=3, n_heads=4, d_model=24, vocab_size=40, max_seq_len=8,
+                      norm=norm, embed_norm=norm == "post")
+    model = build_model(cfg, seed=1).eval()
+    heads = [Head(layer, h) for layer in range(3) for h in range(4)]
+    got = copying_eigen_ratios(model, heads)
+    for head in heads:
+        lam = torch.linalg.eigvals(ov_logits(model, head).double())
+        expected = float(lam.sum().real / lam.abs().sum())
+        assert got[head] == pytest.approx(expected, abs=1e-4), head
+        assert copying_eigen_ratio(model, head) == got[head]
 
 
 def _table(prev: float, ind: float) -> RoleTable:

