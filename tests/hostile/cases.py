@@ -243,6 +243,8 @@ def contract_cases() -> dict[str, dict[str, Any]]:
         "contract not a list": _spec("contract", {"a": 1}),
         "clause name with a terminal escape": _spec(
             "contract", [{**c, "at_least": 0.1, "name": "\x1b]0;title\x07"}]),
+        "200 preserve clauses": _spec(
+            "contract", [{"preserve": "base", "metric": "kl", "at_most": 0.1}] * 200),
         "3000 ablation clauses": _spec(
             "contract", [{"ablate": "L0.H1", "task": "copy", "drop_at_most": 0.5}] * 3000),
         "probe name with a terminal escape": _spec(
