@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from headwise.analysis.circuit import circuit_edges
 from headwise.analysis.explain import explain_head
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.trajectories import Trajectory
@@ -44,6 +45,7 @@ from headwise.pipeline.run_dir import SEALED_FILES
 from headwise.pipeline.run_tokens import spec_token_names
 from headwise.render import figures
 from headwise.report.build import build_report, expected_vs_observed, write_report
+from headwise.report.circuit_figure import circuit_figure
 from headwise.report.sections import training_curves
 from headwise.report.viewer import (
     MAX_TOKENS,
@@ -135,7 +137,31 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
         extra["task gates (tasks x heads; 1 = the head serves the task)"] = figures.heatmap(
             g.values.tolist(), "task gates", [str(h) for h in g.heads], g.task_names,
             vmin=0, vmax=1, annotate=True)
+    extra.update(contract_circuits(compiled, contract))
     return write_report(report, run_dir, extra)
+
+
+def contract_circuits(compiled: Compiled, contract: ContractResult | None) -> dict[str, bytes]:
+    """A circuit figure per path or circuit clause of the verdict, on the model's grid: a
+    path's edge weighted by its measured drop, a circuit's edges drawn alike (figure title:
+    what was measured against the bound)."""
+    if contract is None:
+        return {}
+    cfg: Any = compiled.model.config
+    out = {}
+    for r in contract.results:
+        c = r.clause
+        if c.kind not in ("path", "circuit"):
+            continue
+        value = "not measured" if r.measured is None else f"{r.measured:.3f}"
+        title = f"{c.path}: {c.describe()}, {value} ({c.threshold_text()})"
+        if c.kind == "path":
+            edges = {c.edges[0]: abs(r.measured or 0.0) or 1.0}
+        else:
+            edges = dict.fromkeys(circuit_edges(compiled.model, [str(x) for x in c.edges]), 1.0)
+        out[f"{c.path}: {c.kind} on the model's grid"] = circuit_figure(
+            edges, cfg.n_layers, cfg.n_heads, title=title, has_mlp=not cfg.attn_only)
+    return out
 
 
 def report_existing_run(run_dir: str | Path, heads: str | None = None,

@@ -18,6 +18,7 @@ from headwise.errors import SpecError
 from headwise.hooks import ablate
 from headwise.pipeline import compile_spec
 from headwise.pipeline.heldout import verification_data
+from headwise.pipeline.run_report import contract_circuits
 from headwise.runspec import load_spec
 
 SPEC = {
@@ -63,6 +64,11 @@ def test_a_path_to_the_logits_is_the_head_zeroed_where_that_is_its_only_reader()
     # the circuit of L0.H0: everything of L0.H1 is outside, so its run is L0.H1 zeroed
     assert result[1].details["circuit"] == pytest.approx(zeroed, abs=1e-5)
     assert result[1].measured == pytest.approx(zeroed - clean, abs=1e-5)
+    # the report draws each path and circuit clause on the model's grid
+    drawn = contract_circuits(compiled, verify(model, spec.contract, data))
+    assert list(drawn) == ["contract[0]: path on the model's grid",
+                           "contract[1]: circuit on the model's grid"]
+    assert all(png.startswith(b"\x89PNG") for png in drawn.values())
 
 
 def test_a_whole_circuit_keeps_everything() -> None:
