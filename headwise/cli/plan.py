@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("contract: missing; expected a list of clauses to plan for")
     compiled = compile_spec(spec)
     contract = spec.contract
-    levers = plan(compiled.model, contract, compiled.structure, probes=probe_sampler(spec),
+    levers = plan(compiled.model, contract, compiled.structure,
+                  probes=probe_sampler(spec, compiled.data),
                   config=spec.enforce, data=enforcement_data(compiled)).levers
     table = Table(title=f"enforcement plan: {args.spec}")
     for col in ("#", "clause", "kind", "bound", "measured on", "lever", "start weight"):

@@ -136,8 +136,9 @@ class CircuitKind(ClauseKind):
         if not outside:  # the circuit is the whole model: nothing lies outside to train
             return ClauseLever(LeverKind.STRUCTURAL, "the circuit is every edge of the model")
         task = clause.task or ""
-        obj = ctx.add(StochasticPathAblation(ctx.model, outside, [list(ctx.task_names).index(
-            task)], mode=clause.mode or "mean"), f"enforce:circuit-outside[{clause.path}]")
+        obj = ctx.add(StochasticPathAblation(
+            ctx.model, outside, [list(ctx.task_names).index(task)], mode=clause.mode or "mean",
+            pool=ctx.task_sampler(task)), f"enforce:circuit-outside[{clause.path}]")
         return ClauseLever(LeverKind.ABLATION, f"ablate the {len(outside)} edges outside the "
                            f"circuit on {task} examples", [obj],
                            scale=ctx.config.ablation_scale, cap=ctx.config.p_max,

@@ -29,8 +29,9 @@ if TYPE_CHECKING:
     from headwise.contract.clause import Contract
 
 ProbeSampler = Callable[[str, int, int], Batch]
-"""``fn(probe name, n, seed) -> Batch``: ``n`` examples drawn like a named probe (the pipeline
-passes ``headwise.pipeline.heldout.probe_sampler(spec)``)."""
+"""``fn(name, n, seed) -> Batch``: ``n`` examples drawn like a named probe, or ``n`` training
+examples of a task of that name (the pipeline passes
+``headwise.pipeline.heldout.probe_sampler(spec, data)``)."""
 
 # The lever of "H carries T": one stage of parts, or "others" then "margin" (see EnforceConfig).
 STOPS = ("end", "first_hold")  # EnforceConfig.stop
@@ -319,6 +320,14 @@ class PlanContext:
                              "probes= (headwise.pipeline.heldout.probe_sampler)")
         sample = self.probes
         return OnProbeData(self.model, obj, lambda n, seed: sample(probe, n, seed))
+
+    def task_sampler(self, task: str) -> Callable[[int, int], Batch] | None:
+        """``fn(n, seed)``: ``n`` training examples of ``task`` (``None`` without a sampler):
+        the pool a path lever takes its clean means from."""
+        if self.probes is None:
+            return None
+        sample = self.probes
+        return lambda n, seed: sample(task, n, seed)
 
     def reads_probe(self, clause: Any) -> bool:
         """Whether the clause's lever trains on probe-like batches (see ``on_probe``)."""

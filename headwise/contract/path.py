@@ -203,10 +203,12 @@ def path_lever(ctx: PlanContext, clause: Clause) -> ClauseLever:
     for what, edges in parts:
         name = f"enforce:path-{what}[{edge}][{clause.path}]"
         if what == "margin":
-            obj = ctx.add(PathAblatedMargin(ctx.model, edges, task_ids, mode=mode), name)
+            obj = ctx.add(PathAblatedMargin(ctx.model, edges, task_ids, mode=mode,
+                                            pool=ctx.task_sampler(task)), name)
             lever.loss_terms.append(obj)  # a loss term: weight = multiplier excess, not p
         else:
-            obj = ctx.add(StochasticPathAblation(ctx.model, edges, task_ids, mode=mode), name)
+            obj = ctx.add(StochasticPathAblation(ctx.model, edges, task_ids, mode=mode,
+                                                 pool=ctx.task_sampler(task)), name)
         lever.objectives.append(obj)
     if clause.at_least is not None:
         implied = implied_roles(ctx, edge, task)

@@ -7,17 +7,18 @@ reads ``x_v - sum_u (a_u - a_u')`` with ``a_u`` the sender's output in this forw
 
 - ``StochasticPathAblation(model, edges, tasks, p, mode)``: on examples of ``tasks``, each
   example independently with probability ``weight`` (= p), the ``edges`` are ablated together
-  for that forward: the sender's output replaced by zero (``mode="zero"``) or by its mean over
-  the batch's examples of those tasks, per position (``"mean"``; the replacement carries no
-  gradient, as a fixed reference would not; it is the mean over the rows the draw left clean,
-  so it is a clean mean as path patching's is). Training under this noise makes the tasks *not
-  need* those edges: the lever of a path's ``drop_at_most``, of a circuit's outside (so the
-  circuit alone keeps the task), and, on the other edges into a receiver, of a path that must
-  be *sufficient*.
+  for that forward: the sender's output replaced by zero (``mode="zero"``) or by its clean mean
+  per position (``"mean"``), as path patching's is: over a fixed pool of ``MEAN_POOL`` training
+  examples of the tasks, run without gradient at each step, when a ``pool`` sampler is given
+  (the contract's levers have one), else over the rows of the batch the draw left clean; the
+  replacement carries no gradient, as a fixed reference would not. Training under this noise
+  makes the tasks *not need* those edges: the lever of a path's ``drop_at_most``, of a
+  circuit's outside (so the circuit alone keeps the task), and, on the other edges into a
+  receiver, of a path that must be *sufficient*.
 - ``PathAblatedMargin(model, edges, tasks)``: makes the tasks *need* the edges (a path's
   ``drop_at_least``): a second forward with the edges ablated on every example of ``tasks``,
   and the multiclass hinge of ``headwise.control.task_levers.AblatedMargin`` on its logits
-  (``mean``: the senders' clean means, from a forward without gradient before it).
+  (``mean``: the senders' clean means, from the pool or a forward without gradient).
 
 Draws are hashed from each example's tokens and the step (``row_uniforms``), so training stays
 bitwise reproducible and resumes exactly; nothing is read back to the host during a step. As
@@ -38,6 +39,7 @@ from headwise.control.task_levers import (
     margin_hinge,
     row_uniforms,
     rows_of,
+    salt_of,
     step_salt,
 )
 from headwise.hooks.graph import Edge, Node, model_shape
@@ -48,6 +50,7 @@ from headwise.hooks.path_run import (
     sender_outputs,
     stream_names,
 )
+from headwise.model.eval_mode import eval_mode
 from headwise.model.hook_point import Hook, HookContext
 
 PATH_MODES = ("mean", "zero")
@@ -103,6 +106,34 @@ def row_mean(values: Tensor, rows: Tensor, mask: Tensor | None) -> Tensor:
     return (values * w).sum(0, keepdim=True) / w.sum(0, keepdim=True).clamp_min(1.0)
 
 
+MEAN_POOL = 128  # training examples whose clean mean a ``mean`` path ablation puts in
+
+
+class _PoolMeans:
+    """Every sender's clean mean over a fixed pool of the lever's task examples, recomputed
+    from the current weights at each step (a forward without gradient, in eval mode, before the
+    training forward). The pool is drawn once, from a seed hashed from the lever's name, so a
+    resumed run draws the same pool and computes the same means. A per-batch mean over a
+    few clean rows is noisier than the token signal a circuit's heads must learn to read
+    (docs/benchmarks.md, "Paths and circuits in the public suite")."""
+
+    def __init__(self, model: nn.Module, sample: Callable[[int, int], Any], name: str) -> None:
+        self.model, self.sample, self.name = model, sample, name
+        self.shape = model_shape(model)
+        self._pool: Any = None
+
+    def __call__(self, device: torch.device) -> dict[Node, Tensor]:
+        if self._pool is None:
+            self._pool = self.sample(MEAN_POOL, salt_of(self.name)).to(device)
+        pool = self._pool
+        kw = {"attention_mask": pool.attention_mask, "task_ids": pool.task_ids}
+        rows = torch.ones(pool.tokens.shape[0], dtype=torch.bool, device=device)
+        with torch.no_grad(), eval_mode(self.model):
+            _, values = capture(self.model, pool.tokens, kw, stream_names(self.shape))
+            outs = sender_outputs(self.model, values, pool.task_ids)
+        return {n: row_mean(v, rows, pool.attention_mask) for n, v in outs.items()}
+
+
 class _PathRun:
     """One ``AblatedRun`` kept for the life of a lever: its hooks are made once (the trainer
     attaches the same hook objects at every step) and act only while ``active``."""
@@ -151,13 +182,17 @@ class StochasticPathAblation(Objective):
         weight: the ablation probability per example, in [0, 1].
         name: the lever's name (checkpoints store weights by name; it salts the draws).
         mode: ``mean`` (default) or ``zero`` (see the module docstring).
+        pool: ``fn(n, seed)`` drawing ``n`` training examples of the tasks: ``mean`` then
+            puts in the senders' clean means over a fixed pool of them (``MEAN_POOL``); without
+            it, over the rows of the batch the draw left clean.
 
     Raises:
         ValueError: no edge or task, ``weight`` outside [0, 1], or an unknown mode.
     """
 
     def __init__(self, model: nn.Module, edges: Iterable[Edge], task_ids: list[int],
-                 weight: float = 0.0, name: str = "ablate-paths", mode: str = "mean") -> None:
+                 weight: float = 0.0, name: str = "ablate-paths", mode: str = "mean",
+                 pool: Callable[[int, int], Any] | None = None) -> None:
         self.edges = tuple(edges)
         self.task_ids = _check("StochasticPathAblation", self.edges, task_ids, mode)
         if not 0.0 <= weight <= 1.0:
@@ -167,6 +202,7 @@ class StochasticPathAblation(Objective):
         self.weight = float(weight)
         self.name = name
         self._run = _PathRun(model, self.edges, mode)
+        self._means = None if pool is None or mode == "zero" else _PoolMeans(model, pool, name)
         self._share: Tensor | None = None
 
     def prepare(self, batch: Any, step: int = 0) -> None:
@@ -178,7 +214,8 @@ class StochasticPathAblation(Objective):
         rows = rows_of(batch.task_ids, self.task_ids)
         draw = row_uniforms(batch.tokens, step_salt(self.name, step)) < p  # (B,)
         ablated = draw & rows
-        self._run.start(batch, ablated, rows & ~ablated)  # the mean: the rows left clean
+        means = None if self._means is None else self._means(batch.tokens.device)
+        self._run.start(batch, ablated, rows & ~ablated, means)  # else: the rows left clean
         self._share = ablated.to(torch.float32).mean()
 
     def hooks(self) -> list[Hook]:
@@ -208,18 +245,21 @@ class PathAblatedMargin(Objective):
         weight: the term's weight (0: no second forward).
         name: the lever's name.
         delta: the logit margin.
-        mode: ``mean`` (over the batch's examples of ``tasks``) or ``zero``.
+        mode: ``mean`` or ``zero``.
+        pool: as ``StochasticPathAblation``'s; without it, ``mean`` puts in the senders'
+            clean means over the batch's examples of ``tasks`` (a forward without gradient).
     """
 
     def __init__(self, model: nn.Module, edges: Iterable[Edge], task_ids: list[int],
                  weight: float = 0.0, name: str = "path-margin", delta: float = MARGIN_DELTA,
-                 mode: str = "mean") -> None:
+                 mode: str = "mean", pool: Callable[[int, int], Any] | None = None) -> None:
         self.edges = tuple(edges)
         self.task_ids = _check("PathAblatedMargin", self.edges, task_ids, mode)
         self.model, self.mode = model, mode
         self.weight, self.delta = float(weight), float(delta)
         self.name = name
         self._run = _PathRun(model, self.edges, mode)
+        self._means = None if pool is None or mode == "zero" else _PoolMeans(model, pool, name)
         self._batch: Any = None
 
     def prepare(self, batch: Any, step: int = 0) -> None:
@@ -237,6 +277,8 @@ class PathAblatedMargin(Objective):
         ``zero``, which needs none)."""
         if self.mode == "zero":
             return None
+        if self._means is not None:
+            return self._means(batch.tokens.device)
         shape = self._run.mix.shape
         kw = {"attention_mask": batch.attention_mask, "task_ids": batch.task_ids}
         with torch.no_grad():

@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 
 import torch
+from torch import Tensor
 
 from headwise.data.batch import IGNORE, PAD, Batch
 from headwise.data.markers import insert_marker
@@ -108,9 +109,26 @@ class Mixture:
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise field_error("batch_size", batch_size, "an integer >= 1")
-        T = self.seq_len
         probs = torch.tensor([self.weights[n] for n in self.names], dtype=torch.float64)
         choice = torch.multinomial(probs, batch_size, replacement=True, generator=generator)
+        return self._fill(choice, generator)
+
+    def sample_task(self, name: str, batch_size: int, generator: torch.Generator) -> Batch:
+        """Draw ``batch_size`` examples of the task ``name`` alone, laid out as ``sample`` lays
+        out that task's rows (its marker, its task id, padding to ``seq_len``).
+
+        Raises:
+            ConfigError: an unknown task or a bad ``batch_size``.
+        """
+        if name not in self.names:
+            raise field_error("task", name, f"one of {list(self.names)}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise field_error("batch_size", batch_size, "an integer >= 1")
+        return self._fill(torch.full((batch_size,), self.names.index(name)), generator)
+
+    def _fill(self, choice: Tensor, generator: torch.Generator) -> Batch:
+        """The batch whose row ``b`` is an example of task ``choice[b]`` (B,)."""
+        batch_size, T = int(choice.shape[0]), self.seq_len
         tokens = torch.full((batch_size, T), PAD, dtype=torch.long)
         targets = torch.full((batch_size, T), IGNORE, dtype=torch.long)
         mask = torch.zeros((batch_size, T), dtype=torch.long)

@@ -26,7 +26,7 @@ import torch
 
 from headwise.contract import VerifyData
 from headwise.control.base_reference import base_of
-from headwise.data import Batch
+from headwise.data import Batch, Mixture
 from headwise.pipeline.compile import Compiled, held_out_mixture
 from headwise.pipeline.spec_probes import declared_probe, repeated_probe, spec_probes
 from headwise.runspec import Spec
@@ -73,13 +73,17 @@ def _on_device(compiled: Compiled, data: VerifyData) -> VerifyData:
                                probes={k: b.to(device) for k, b in data.probes.items()})
 
 
-def probe_sampler(spec: Spec) -> Callable[[str, int, int], Batch]:
-    """``fn(probe, n, seed)``: ``n`` examples drawn like a named probe (``repeated`` or a
-    declared one) from ``seed``: the data of a lever for a score clause measured on a probe."""
+def probe_sampler(spec: Spec, data: Mixture | None = None) -> Callable[[str, int, int], Batch]:
+    """``fn(name, n, seed)``: ``n`` examples drawn from ``seed`` like a named probe
+    (``repeated`` or a declared one), or, for a task of ``data`` (the training mixture), ``n``
+    of that task's training examples: the data a lever draws besides the training batch (a
+    score clause's probe; the clean means of a path lever)."""
     def sample(name: str, n: int, seed: int) -> Batch:
         gen = torch.Generator().manual_seed(seed)
         declared = {p.name: p for p in spec.probes}
         if name in declared:
             return declared_probe(spec, dataclasses.replace(declared[name], examples=n), gen)
+        if data is not None and name in data.names:
+            return data.sample_task(name, n, gen)
         return repeated_probe(spec, default_half_len(spec.data), n, gen)
     return sample

@@ -191,7 +191,7 @@ def _plan(compiled: Compiled, contract: Contract, data: VerifyData, opts: RunOpt
         if not opts.forecast_every:
             return None
     planned = plan(compiled.model, contract, compiled.structure,
-                   probes=probe_sampler(compiled.spec), config=config,
+                   probes=probe_sampler(compiled.spec, compiled.data), config=config,
                    data=data if opts.enforce else None)
     missing = [c for c in contract if planned.levers.get(c.index) is None]
     if opts.enforce and missing and not opts.allow_unenforced:
