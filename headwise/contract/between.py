@@ -13,7 +13,9 @@ dual step per batch::
 
 with ``v_c`` the clause's signed violation on the batch (``> 0``: fails by that much) and
 ``u_c`` its room (``headwise.contract.lever.room``: what its bound leaves of its range), so one
-``eta_batch`` fits role scores, cosines and drifts. At an evaluation point the enforcer steps
+``eta_batch`` fits role scores, cosines and drifts. The levers are weighed in the same units: a
+lever's loss for a clause on its bound is 1 at multiplier 1 (``weigh_in_units``; the
+distillation levers' scales in ``headwise.contract.preserve``). At an evaluation point the enforcer steps
 the same multiplier on the enforcement set's violation (aimed past the bound by the guard),
 weighed as the batches since the last evaluation point: the measurement on held-out data
 corrects as much as those batches moved it.
@@ -26,6 +28,7 @@ under ``torchrun`` averaged over the ranks first, so every rank takes the same s
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -34,7 +37,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from headwise.contract.clause import Clause
-from headwise.contract.lever import ClauseLever, EnforceConfig, room
+from headwise.contract.lever import ClauseLever, EnforceConfig, LeverKind, room
 from headwise.model.hook_point import Hook
 
 NAME = "enforce:batch-dual"
@@ -100,6 +103,17 @@ def tracked(clause: Clause, lever: ClauseLever | None, config: EnforceConfig) ->
         return None
     unit = room(clause, lever)
     return None if unit is None else Tracked(clause, lever, unit)
+
+
+def weigh_in_units(t: Tracked) -> None:
+    """Weigh a tracked pattern lever in its clause's units: ``scale = 1 / -log(b)``, the
+    cross-entropy of a head whose every row puts mass ``b`` (the clause's ``at_least``) on the
+    role's keys (the least it can be at a score of ``b``, by Jensen), so that at multiplier 1
+    a clause on its bound weighs one unit of the task's loss, as a distillation lever does
+    (``headwise.contract.preserve``)."""
+    b = t.clause.at_least
+    if t.lever.kind == LeverKind.PATTERN and b is not None and 0.0 < b < 1.0:
+        t.lever.scale = 1.0 / -math.log(b)
 
 
 class BatchDual:

@@ -49,7 +49,7 @@ from typing import Any
 
 from torch import nn
 
-from headwise.contract.between import BatchDual, held_multiplier, tracked
+from headwise.contract.between import BatchDual, held_multiplier, tracked, weigh_in_units
 from headwise.contract.certify import certify
 from headwise.contract.clause import Clause, Contract
 from headwise.contract.kept import KeptModel
@@ -104,6 +104,7 @@ def plan(model: nn.Module, contract: Contract, structure: RunStructure, *,
     batch = [t for c in contract if (t := tracked(c, levers[c.index], ctx.config)) is not None]
     for t in batch:
         t.lever.unit = t.unit
+        weigh_in_units(t)
     extra: list[Objective] = [BatchDual(model, batch, ctx.config)] if batch else []
     return Plan(levers, ctx.objectives + extra)
 

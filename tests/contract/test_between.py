@@ -4,6 +4,7 @@ its lever, against the clause's own measurement; the dual step in the clause's r
 from __future__ import annotations
 
 import copy
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -90,6 +91,9 @@ def test_a_batch_steps_a_score_clause_by_its_role_score_on_that_batch() -> None:
     assert lam[0] == pytest.approx(ETA * (0.9 - prev) / 0.1, rel=1e-5)
     assert lam[1] == pytest.approx(ETA * (0.7 - worst_self) / 0.3, rel=1e-5)
     assert levers[1].objectives[0].weight == levers[1].objectives[1].weight  # one multiplier
+    # Weighed in the clause's units: 1 / -log(bound), the cross-entropy at a score of the bound.
+    assert [levers[i].scale for i in (0, 1)] == pytest.approx([1 / -math.log(0.9),
+                                                               1 / -math.log(0.7)])
     # A second batch steps from there; the multiplier is capped at lambda_max.
     _step(model, planned, _batch(2))
     assert levers[0].objectives[0].weight / levers[0].scale > lam[0]

@@ -65,10 +65,13 @@ def test_enforce_turns_a_failing_contract_into_one_that_holds(
     assert steps == list(range(20, 121, 20)) and e["steps"] == 120
     held = [p["step"] for p in e["history"] if p["passed"]]
     confident = [p["step"] for p in e["history"] if p["confident"]]
-    assert confident and set(confident) <= set(held)
-    assert e["held_at_step"] == held[0] == clause["held_at"] and e["kept_step"] == confident[-1]
-    assert e["enforcement_set"]["step"] == confident[-1] and e["enforcement_set"]["confident"]
-    assert json.loads((run / "run.json").read_text())["step"] == confident[-1]
+    certified = [p["step"] for p in e["history"] if p["certified"]]
+    assert confident and certified and set(certified) | set(confident) <= set(held)
+    # Kept: the last point certified on the enforcement set (bounds at the contract's level).
+    assert e["held_at_step"] == held[0] == clause["held_at"] and e["kept_step"] == certified[-1]
+    assert e["kept_as"] == "certified" and e["enforcement_set"]["certified"]
+    assert e["enforcement_set"]["step"] == certified[-1]
+    assert json.loads((run / "run.json").read_text())["step"] == certified[-1]
     first = e["history"][0]["clauses"]["0"]
     assert first["violation"] == pytest.approx(0.9 - first["measured"])
     # The multiplier steps on the violation aimed past the bound by the guard's standard errors.
@@ -86,7 +89,7 @@ def test_enforce_turns_a_failing_contract_into_one_that_holds(
     assert report["enforcement"]["held_at_step"] == e["held_at_step"]
     out = " ".join(capsys.readouterr().out.split())  # rich wraps the table's title
     assert (f"first held on the enforcement set at step {held[0]}; model kept: step "
-            f"{confident[-1]} (past every guard)") in out
+            f"{certified[-1]}") in out
     assert "on the verification set (never read during training)" in out
     # verify agrees with what train wrote (it reads the verification set too).
     assert main(["verify", str(spec), "--run", str(run)]) == 0
