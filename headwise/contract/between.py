@@ -15,9 +15,10 @@ with ``v_c`` the clause's signed violation on the batch (``> 0``: fails by that 
 ``u_c`` its room (``headwise.contract.lever.room``: what its bound leaves of its range), so one
 ``eta_batch`` fits role scores, cosines and drifts. The levers are weighed in the same units: a
 lever's loss for a clause on its bound is 1 at multiplier 1 (``weigh_in_units``; the
-distillation levers' scales in ``headwise.contract.preserve``). At an evaluation point the enforcer steps
-the same multiplier on the enforcement set's violation (aimed past the bound by the guard),
-weighed as the batches since the last evaluation point: the measurement on held-out data
+distillation levers' scales in ``headwise.contract.preserve``). At an evaluation point the
+enforcer steps the same multiplier on the enforcement set's violation (aimed past the bound by
+the guard), weighed as the batches since the last evaluation point: the measurement on held-out
+data
 corrects as much as those batches moved it.
 
 The multiplier of a tracked clause lives in its lever's weights (``weight = lambda * scale``),

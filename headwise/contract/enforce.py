@@ -10,7 +10,8 @@ measured violation::
     lambda_c <- clip(lambda_c + eta * v_c, 0, lambda_max)    at every evaluation point
 
 (the default ``EnforceConfig.dual``, ``ProjectedAscent``; another ``DualUpdate`` may be set by
-code)
+code; a clause whose lever measures it on every training batch also steps after every training
+step, in its own units, and at evaluation points at its own rate: ``headwise.contract.between``)
 with ``v_c`` the signed violation aimed past the bound by ``EnforceConfig.guard`` standard
 errors of the clause's measurement (``ClauseKind.violation``: negative when the clause holds
 with that margin, so a multiplier relaxes only once a clause holds by more than its
@@ -36,9 +37,11 @@ Everything the enforcer reads is the *enforcement* set; the verdict a run report
 afterwards on the verification set, which enforcement never sees
 (``headwise.pipeline.heldout``). With ``stop: end`` (the default) training runs its whole
 budget with the constraints kept, and the model kept is the one of the last evaluation point
-at which every clause held with its guard (*confident*; until there is one, the last at which
-the contract held; ``headwise.contract.kept``); ``stop: first_hold`` ends training at the
-first point at which the contract held.
+at which the contract was certified on the enforcement set (every clause's confidence bound
+past its threshold at the contract's family-wise level, ``headwise.contract.certify``; until
+there is one, the last at which every clause held with its guard, *confident*; until then,
+the last at which the contract held; ``headwise.contract.kept``); ``stop: first_hold`` ends
+training at the first point at which the contract held.
 """
 
 from __future__ import annotations
@@ -304,10 +307,11 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
     clause that does not: its best value on the enforcement set and where, whether its lever
     saturated, and what would help. ``history``: every evaluation point's measured value,
     violation and multiplier per clause (enforcement set). ``kept_step``: the step whose
-    weights the run kept (the last evaluation point at which the contract held on the
-    enforcement set, with every clause's guard where some point had it; the final step when it
-    never held); ``enforcement_set``: the verdict, whether it was confident, and the values
-    measured there at that step, beside the verification set's ``final``;
+    weights the run kept (the last evaluation point certified on the enforcement set, else the
+    last past every clause's guard, else the last at which the contract held there; the final
+    step when it never held) and ``kept_as``, which of the three it was; ``enforcement_set``:
+    the verdict, whether it was confident and certified, and the values measured there at
+    that step, beside the verification set's ``final``;
     ``assists_from``: per floor whose circuit assists switched on, the step they did;
     ``enforced``: whether some lever was weighted at some evaluation point (multipliers
     relax to 0 once their clauses hold with margin, so the final ones do not say).
