@@ -18,8 +18,7 @@ lever's loss for a clause on its bound is 1 at multiplier 1 (``weigh_in_units``;
 distillation levers' scales in ``headwise.contract.preserve``). At an evaluation point the
 enforcer steps the same multiplier on the enforcement set's violation (aimed past the bound by
 the guard), weighed as the batches since the last evaluation point: the measurement on held-out
-data
-corrects as much as those batches moved it.
+data corrects as much as those batches moved it.
 
 The multiplier of a tracked clause lives in its lever's weights (``weight = lambda * scale``),
 which checkpoints store and ``--resume`` restores, so a resumed run takes the same steps; the
