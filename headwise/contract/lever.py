@@ -49,6 +49,10 @@ class DualContext:
         floors: the indices of task-floor clauses (``ClauseKind.guards_task``).
         eta: the dual step per unit of violation.
         lambda_max: the cap on every multiplier.
+        rates: the dual step per unit of violation of the clauses whose step is not ``eta``
+            (those whose multipliers also move between evaluation points: their violations
+            come in their own units, ``ClauseLever.unit``, and weigh as much as the batches
+            since the last evaluation point; ``headwise.contract.between``).
     """
 
     levers: Mapping[int, ClauseLever | None]
@@ -56,6 +60,7 @@ class DualContext:
     floors: frozenset[int]
     eta: float
     lambda_max: float
+    rates: Mapping[int, float] = field(default_factory=dict)
 
 
 class DualUpdate(Protocol):
@@ -81,7 +86,8 @@ class ProjectedAscent:
     First the multiplier of each lever that degrades a task whose floor fails
     (``ClauseLever.perturbs``: an ablation lever on that task's examples) is halved; every
     other lever, a role objective building the task's circuit among them, keeps its own. Then
-    ``lambda_c <- clip(lambda_c + eta v_c, 0, lambda_max)`` for each levered clause ``c``.
+    ``lambda_c <- clip(lambda_c + eta v_c, 0, lambda_max)`` for each levered clause ``c``
+    (``eta``: ``DualContext.rates[c]`` where given).
     """
 
     keeps_held_model: bool = True
@@ -93,7 +99,8 @@ class ProjectedAscent:
                 lambdas[index] *= 0.5
         for index, v in violations.items():
             lam = float(lambdas.get(index, 0.0))
-            lambdas[index] = min(max(lam + ctx.eta * v, 0.0), ctx.lambda_max)
+            eta = ctx.rates.get(index, ctx.eta)
+            lambdas[index] = min(max(lam + eta * v, 0.0), ctx.lambda_max)
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,15 @@ class EnforceConfig:
             than 0.01 before its assists switch on.
         dual: how the multipliers move at evaluation points (a ``DualUpdate``; default
             ``ProjectedAscent``). Set by code only: a spec's ``enforce:`` keeps the default.
+        eta_batch: the dual step per training step, per unit of violation in the clause's
+            own units (``ClauseLever.unit``: the room its bound leaves), for a clause whose
+            lever measures it on every training batch (a score clause's pattern objective,
+            a preserve clause's distillation: ``headwise.contract.between``). Its multiplier
+            steps on each batch's value, and at an evaluation point on the enforcement set's,
+            weighed as the batches since the last one. 0.1 = ``1 - beta1`` of AdamW's
+            default: a clause one room short moves its multiplier by 1 (its lever as strong as
+            the task's loss) in the ten steps AdamW's momentum averages over. 0: only at
+            evaluation points, by ``eta``.
         confidence: how sure enforcement must be that a clause holding on the enforcement set
             holds on an independent set of the same size too (one-sided, normal
             approximation): a multiplier keeps rising until its clause holds with a margin of
@@ -146,8 +162,12 @@ class EnforceConfig:
     assist_patience: int = 3
     confidence: float = 0.95
     dual: DualUpdate = field(default_factory=ProjectedAscent)
+    eta_batch: float = 0.1
 
     def __post_init__(self) -> None:
+        if isinstance(self.eta_batch, bool) or not isinstance(
+                self.eta_batch, (int, float)) or not self.eta_batch >= 0:
+            raise field_error("eta_batch", self.eta_batch, "a number >= 0")
         if isinstance(self.confidence, bool) or not isinstance(
                 self.confidence, (int, float)) or not 0.5 <= self.confidence < 1.0:
             raise field_error("confidence", self.confidence, "a probability in [0.5, 1)")
@@ -232,7 +252,10 @@ class ClauseLever:
     ``objectives[0]``) once the clause fails and has stopped improving (a task floor's
     circuit assists). ``perturbs``: the tasks whose examples the lever degrades
     (an ablation lever ablates heads on them), so it backs off while a floor on one of them
-    fails (``Enforcer.dual_step``).
+    fails (``Enforcer.dual_step``). ``unit``: set by ``plan`` for a lever whose objectives
+    measure its clause on every training batch (``batch_values``): the room the clause's bound
+    leaves in its range (``room``), in which its violations are read; its multiplier then also
+    moves between evaluation points (``headwise.contract.between``).
     """
 
     kind: LeverKind
@@ -245,6 +268,7 @@ class ClauseLever:
     loss_from: float = 0.0
     assists: list[Objective] = field(default_factory=list)
     perturbs: frozenset[str] = frozenset()
+    unit: float | None = None
 
 
 @dataclass
@@ -337,3 +361,25 @@ class PlanContext:
 def names(heads: Any) -> str:
     """``L0.H1,L1.H2``."""
     return ",".join(str(h) for h in heads)
+
+
+ROLE_RANGE = (0.0, 1.0)  # every role score (headwise.patterns)
+
+
+def room(clause: Any, lever: ClauseLever) -> float | None:
+    """The room a clause's bound leaves in the range of its value: ``high - at_least`` or
+    ``at_most - low`` (the smaller of the two for a clause bounded on both sides); ``None``
+    where it is not finite and positive (a bound at the end of its range, or an unbounded
+    range). A role score's range is [0, 1] (a pattern or bound lever's clause).
+
+    E.g. a previous-token score ``>= 0.8``: 0.2; an embedding cosine ``>= 0.99``: 0.01; a role
+    drift ``<= 0.05``: 0.05. A violation divided by it is in the clause's own units: 1 is
+    "short by as much as the bound leaves", for roles, cosines and drifts alike.
+    """
+    low, high = clause.entry.value_range(clause)
+    if lever.kind in (LeverKind.PATTERN, LeverKind.BOUND):
+        low, high = ROLE_RANGE
+    sides = [high - clause.at_least if clause.at_least is not None else math.inf,
+             clause.at_most - low if clause.at_most is not None else math.inf]
+    value = min(sides)
+    return value if math.isfinite(value) and value > 0 else None

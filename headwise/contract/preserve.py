@@ -192,19 +192,38 @@ class PreserveKind(ClauseKind):
         where = f" on {clause.on}-like batches" if ctx.reads_probe(clause) else ""
         name = f"enforce:preserve:{clause.metric}[{clause.path}]"
         spec = METRICS[clause.metric]
+        bound = clause.at_least if clause.at_least is not None else clause.at_most
+        assert bound is not None  # parse requires the metric's one bound
+        room = spec.high - bound if spec.bound == "at_least" else bound - spec.low
+        # What the lever measures on each batch is the clause's own value (not for
+        # loss_increase, levered by the KL), so its multiplier can move on every batch.
+        measured = ctx.config.eta_batch > 0 and clause.metric != "loss_increase"
         if spec.lever is None:
             free = _free(ctx.named, ctx.n_layers, ctx.n_heads)
             _check_free(clause, free)
-            obj = ctx.add(ctx.on_probe(PatternDistill(model, base, free), name, clause), name)
+            pattern = PatternDistill(model, base, free)
+            pattern.measured = measured
+            obj = ctx.add(ctx.on_probe(pattern, name, clause), name)
             heads = names(free) if len(free) <= 4 else f"the {len(free)} heads no clause names"
             return ClauseLever(LeverKind.DISTILL, f"attention-pattern KL to the starting model "
-                               f"on {heads}{where}", [obj])
+                               f"on {heads}{where}", [obj], scale=_scale(2.0 * room * room))
         tasks = list(ctx.task_names)
         task_id = tasks.index(clause.on) if clause.on in tasks else None
-        obj = ctx.add(ctx.on_probe(Distill(model, base, spec.lever, task_id), name, clause),
-                      name)
+        distill = Distill(model, base, spec.lever, task_id)
+        distill.measured = measured
+        obj = ctx.add(ctx.on_probe(distill, name, clause), name)
+        unit = room if clause.metric != "loss_increase" else 1.0
         return ClauseLever(LeverKind.DISTILL, f"distillation to the starting model "
-                           f"({spec.lever_words}){where}", [obj])
+                           f"({spec.lever_words}){where}", [obj], scale=_scale(unit))
+
+
+def _scale(at_bound: float) -> float:
+    """A distillation lever's scale: ``1 / at_bound``, the lever's loss where its clause is on
+    its bound (``1 - cosine`` = the room for ``hidden_cosine``, the KL = the bound for ``kl``;
+    for ``role_drift`` the pattern KL of a row whose role mass moved by the bound ``b`` is at
+    least ``2 b^2``, by Pinsker), so that a multiplier of 1 weighs a clause on its bound as
+    one unit of the task's loss, whatever its metric; 1 where that loss is 0."""
+    return 1.0 / at_bound if at_bound > 0 and math.isfinite(at_bound) else 1.0
 
 
 def _free(named: frozenset[Head], n_layers: int, n_heads: int) -> HeadSet:

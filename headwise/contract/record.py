@@ -53,21 +53,26 @@ class PointValues:
 @dataclass
 class EvalPoint:
     """One evaluation point: the step, whether the contract held, whether every clause held
-    past its guard (``confident``), and each clause's values by index."""
+    past its guard (``confident``), each clause's values by index, and whether the contract
+    was certified there (every clause's confidence bound past its threshold at the contract's
+    family-wise level; measured only where it held)."""
 
     step: int
     passed: bool
     confident: bool
     clauses: dict[int, PointValues] = field(default_factory=dict)
+    certified: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "passed": self.passed, "confident": self.confident,
+                "certified": self.certified,
                 "clauses": {str(i): v.to_dict() for i, v in self.clauses.items()}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EvalPoint:
         return cls(d["step"], d["passed"], d.get("confident", False),
-                   {int(k): PointValues.from_dict(v) for k, v in d["clauses"].items()})
+                   {int(k): PointValues.from_dict(v) for k, v in d["clauses"].items()},
+                   d.get("certified", False))
 
 
 @dataclass
@@ -111,7 +116,8 @@ class EnforcementRecord:
         held_at: the first step at which the whole contract held.
         kept_step: the step whose weights the run keeps (``None``: none yet).
         kept_sha256: the kept weights file's digest (with a run directory).
-        kept_confident: whether the kept point held every clause past its guard.
+        kept_as: what the kept point was: ``"certified"`` (the contract certified on the
+            enforcement set), ``"past every guard"`` or ``"held"``.
     """
 
     history: list[EvalPoint] = field(default_factory=list)
@@ -122,7 +128,7 @@ class EnforcementRecord:
     held_at: int | None = None
     kept_step: int | None = None
     kept_sha256: str | None = None
-    kept_confident: bool | None = None
+    kept_as: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form checkpoints carry (``TrainState.extra["enforce"]``)."""
@@ -132,7 +138,7 @@ class EnforcementRecord:
             "chosen": {str(i): h for i, h in self.chosen.items()},
             "clauses": {str(i): t.to_dict() for i, t in self.clauses.items()},
             "assisted": {str(i): s for i, s in self.assisted.items()}}
-        for name in ("held_at", "kept_step", "kept_sha256", "kept_confident"):
+        for name in ("held_at", "kept_step", "kept_sha256", "kept_as"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return out
@@ -148,7 +154,7 @@ class EnforcementRecord:
                    {int(k): ClauseTrack.from_dict(v) for k, v in d.get("clauses", {}).items()},
                    {int(k): int(v) for k, v in d.get("assisted", {}).items()},
                    d.get("held_at"), d.get("kept_step"), d.get("kept_sha256"),
-                   d.get("kept_confident"))
+                   d.get("kept_as"))
 
     @classmethod
     def of(cls, extra: dict[str, Any]) -> EnforcementRecord:

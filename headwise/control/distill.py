@@ -48,7 +48,7 @@ from headwise.control.base_reference import BaseReference
 from headwise.control.objective import Objective
 from headwise.control.task_levers import IGNORE
 from headwise.model.hook_point import Hook, HookContext
-from headwise.patterns import real_tokens
+from headwise.patterns import ROLE_NAMES, real_tokens, role_target, row_scores
 
 METRICS = ("kl", "hidden_cosine")
 EPS = 1e-12
@@ -171,7 +171,16 @@ class _ToBase(Objective):
         self.task_id = None if task_id is None else int(task_id)
         self.weight = float(weight)
         self.name = name
+        self.measured = False
         self._batch: Any = None
+        self._value: Tensor | None = None
+        self._estimate: Tensor | None = None
+
+    def batch_values(self) -> Tensor | None:
+        """The distance on the last training batch (1,), detached (the clause's statistic:
+        ``Distill``'s cosine or KL, ``PatternDistill``'s largest role-score change); ``None``
+        unless ``measured`` or weighted, and after the step's ``reset``."""
+        return self._estimate
 
     def prepare(self, batch: Any, step: int = 0) -> None:
         self._batch = batch
@@ -181,6 +190,12 @@ class _ToBase(Objective):
         one ``OnProbeData`` ran the forward on (scored on its real tokens)."""
         batch, self._batch = self._batch, None
         return batch if batch is not None else _ProbeBatch(tokens, attention_mask)
+
+    def _term(self, distance: Tensor) -> Tensor:
+        """``weight x distance``; a detached 0 at weight 0 (measured only)."""
+        if self.weight <= 0.0:
+            return torch.zeros((), device=distance.device)
+        return self.weight * distance
 
     def _idle(self, tokens: Tensor, key: str) -> tuple[Tensor, dict[str, Tensor]]:
         zero = torch.zeros((), device=tokens.device)
@@ -220,7 +235,6 @@ class Distill(_ToBase):
         self._post: Callable[[Tensor], Tensor] = lambda x: x
         if metric == "hidden_cosine":
             self._point, self._post = final_hidden_point(model)
-        self._value: Tensor | None = None
 
     def hooks(self) -> list[Hook]:
         def grab(x: Tensor, ctx: HookContext) -> None:
@@ -228,18 +242,21 @@ class Distill(_ToBase):
         return [Hook(self._point, grab, read_only=True)]
 
     def reset(self) -> None:
-        self._value = self._batch = None
+        self._value = self._batch = self._estimate = None
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
-        """``weight x`` the mean distance; logs it (the KL, or the cosine)."""
+        """``weight x`` the mean distance; logs it (the KL, or the cosine). At weight 0 it
+        returns 0, after measuring the distance (detached) when ``measured``."""
         value, self._value = self._value, None
         batch = self._taken(tokens, attention_mask)
-        if self.weight <= 0.0:
+        if self.weight <= 0.0 and not self.measured:
             return self._idle(tokens, self.metric)
         if value is None:
             raise RuntimeError(f"{self.name}: run the forward inside "
                                "`with model.hooks(*lever.hooks())` first")
+        if self.weight <= 0.0:  # measured only: no graph through the distance
+            value = value.detach()
         task_id = None if isinstance(batch, _ProbeBatch) else self.task_id
         kw = self._kwargs(batch)
         if self.metric == "kl":
@@ -249,12 +266,14 @@ class Distill(_ToBase):
                 ref = output_logits(m, hidden)  # (N, V)
             total, n = kl_sums(ref, scored_rows(value, valid)[0], w)
             d = total / n.clamp_min(1.0)
-            return self.weight * d, {f"{self.name}/kl": d.detach()}
+            self._estimate = d.detach()[None]
+            return self._term(d), {f"{self.name}/kl": d.detach()}
         ref = self.base.forward(batch.tokens, **kw)[0]  # (B, T, D)
         valid = scored(batch, task_id, not self.pooled)
         total, n = cosine_sums(ref, self._post(value), valid, self.pooled)
         cos = total / n.clamp_min(1.0)
-        return self.weight * (1.0 - cos), {f"{self.name}/hidden_cosine": cos.detach()}
+        self._estimate = cos.detach()[None]
+        return self._term(1.0 - cos), {f"{self.name}/hidden_cosine": cos.detach()}
 
 
 class PatternDistill(_ToBase):
@@ -276,6 +295,7 @@ class PatternDistill(_ToBase):
         if not len(self.heads):
             raise ValueError("PatternDistill: got an empty head set, expected at least one head")
         self._want = {l: tuple(self.heads.in_layer(l)) for l in self.heads.layers}
+        self.causal = bool(model.config.causal)  # type: ignore[union-attr]
         self._trained: dict[int, Tensor] = {}
         for layer, hs in self._want.items():
             base.want_patterns(layer, hs)
@@ -293,15 +313,16 @@ class PatternDistill(_ToBase):
 
     def reset(self) -> None:
         self._trained.clear()  # in place: the trainer makes the hooks once per run
-        self._batch = None
+        self._batch = self._estimate = None
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
-        """``weight x`` the mean pattern KL; logs it."""
+        """``weight x`` the mean pattern KL; logs it. At weight 0 it returns 0, after
+        measuring the largest role-score change (``role_drift``) when ``measured``."""
         trained = dict(self._trained)
         self._trained.clear()
         batch = self._taken(tokens, attention_mask)
-        if self.weight <= 0.0:
+        if self.weight <= 0.0 and not self.measured:
             return self._idle(tokens, "pattern_kl")
         if set(trained) != set(self._want):
             raise RuntimeError(f"{self.name}: run the forward inside "
@@ -310,10 +331,38 @@ class PatternDistill(_ToBase):
         rows = real_tokens(batch.tokens, batch.attention_mask)
         total = torch.zeros((), device=tokens.device)
         count = torch.zeros((), device=tokens.device)
+        starts = {}
         for layer, hs in self._want.items():
             held = self.base.pattern_heads(layer)
-            start = ref[layer] if held == hs else ref[layer][:, [held.index(h) for h in hs]]
-            s, n = pattern_kl_sums(start, trained[layer], rows)
+            starts[layer] = ref[layer] if held == hs else ref[layer][:, [held.index(h)
+                                                                         for h in hs]]
+            s, n = pattern_kl_sums(starts[layer], trained[layer], rows)
             total, count = total + s, count + n
+        if self.measured:
+            self._estimate = role_drift(
+                torch.cat([starts[l] for l in self._want], 1).detach(),
+                torch.cat([trained[l] for l in self._want], 1).detach(),
+                batch.tokens, batch.attention_mask, self.causal)[None]
         d = total / count.clamp_min(1.0)
-        return self.weight * d, {f"{self.name}/pattern_kl": d.detach()}
+        return self._term(d), {f"{self.name}/pattern_kl": d.detach()}
+
+
+def role_drift(base_patterns: Tensor, patterns: Tensor, tokens: Tensor,
+               attention_mask: Tensor | None, causal: bool) -> Tensor:
+    """The largest ``|trained - base|`` role score (``headwise.patterns.ROLE_NAMES``) of any
+    head on one batch (0-d): what a ``role_drift`` clause measures, on that batch.
+
+    Args:
+        base_patterns, patterns: (B, h, T, T) the heads' patterns in the base and the trained
+            model.
+        tokens: (B, T); attention_mask: (B, T) or ``None``.
+        causal: whether the model is causal (the roles' targets read it).
+    """
+    worst = torch.zeros((), device=patterns.device)
+    for role in ROLE_NAMES:
+        target = role_target(role, tokens, attention_mask, causal)
+        den = target.rows.sum()
+        change = (row_scores(patterns.float(), target).sum((0, 2))
+                  - row_scores(base_patterns.float(), target).sum((0, 2))).abs()  # (h,)
+        worst = torch.maximum(worst, torch.where(den > 0, change / den.clamp_min(1), 0.0).amax())
+    return worst

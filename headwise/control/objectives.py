@@ -264,6 +264,7 @@ class PatternObjective(_OnCapturedPatterns):
         # heads at once.
         self._fixed_matrix = isinstance(target, Tensor)
         self._memo = _ShapeMemo()
+        self._scores: Tensor | None = None
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -273,7 +274,19 @@ class PatternObjective(_OnCapturedPatterns):
         valid = rows[:, None] & (P.detach().sum(-1) > 0.5)  # (B, h, T): the head attends
         per_head = masked_means(row_loss(P, Q[:, None].to(P.dtype), self.kind), valid,
                                 (0, 2))  # (h,)
+        on_target = (P.detach() * (Q[:, None] > 0).to(P.dtype)).sum(-1)  # (B, h, T)
+        self._scores = masked_means(on_target, valid, (0, 2))  # (h,)
         return self.weight * per_head.mean(), _head_logs(self.name, self._capture, per_head)
+
+    def batch_values(self) -> Tensor | None:
+        """Each head's score on the last batch (h,), detached: the mean over valid rows of
+        the attention mass on the target's keys (for a role: its role score on that batch);
+        ``None`` before a loss or after the step's ``reset``."""
+        return self._scores
+
+    def reset(self) -> None:
+        super().reset()
+        self._scores = None
 
     def _target(self, tokens: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """``Q`` (B, T, T) and the rows (B, T) where it is defined on a real query."""

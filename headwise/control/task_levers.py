@@ -406,6 +406,13 @@ class OnProbeData(Objective):
 
     def reset(self) -> None:
         self._term = None  # the probe pool is drawn once per run and kept
+        self.inner.reset()
+
+    def batch_values(self) -> Tensor | None:
+        """The inner lever's values on the last probe-like batch (``None`` at weight 0: no
+        forward ran)."""
+        values = getattr(self.inner, "batch_values", None)
+        return None if values is None else values()
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:

@@ -65,21 +65,31 @@ def test_enforce_turns_a_failing_contract_into_one_that_holds(
     assert steps == list(range(20, 121, 20)) and e["steps"] == 120
     held = [p["step"] for p in e["history"] if p["passed"]]
     confident = [p["step"] for p in e["history"] if p["confident"]]
-    assert confident and set(confident) <= set(held)
-    assert e["held_at_step"] == held[0] == clause["held_at"] and e["kept_step"] == confident[-1]
-    assert e["enforcement_set"]["step"] == confident[-1] and e["enforcement_set"]["confident"]
-    assert json.loads((run / "run.json").read_text())["step"] == confident[-1]
+    certified = [p["step"] for p in e["history"] if p["certified"]]
+    assert confident and certified and set(certified) | set(confident) <= set(held)
+    # Kept: the last point certified on the enforcement set (bounds at the contract's level).
+    assert e["held_at_step"] == held[0] == clause["held_at"] and e["kept_step"] == certified[-1]
+    assert e["kept_as"] == "certified" and e["enforcement_set"]["certified"]
+    assert e["enforcement_set"]["step"] == certified[-1]
+    assert json.loads((run / "run.json").read_text())["step"] == certified[-1]
     first = e["history"][0]["clauses"]["0"]
     assert first["violation"] == pytest.approx(0.9 - first["measured"])
     # The multiplier steps on the violation aimed past the bound by the guard's standard errors.
     assert first["stderr"] > 0 and first["aimed"] == pytest.approx(
         first["violation"] + DEFAULTS.guard * first["stderr"])
-    assert first["multiplier"] == pytest.approx(DEFAULTS.eta * first["aimed"])
+    # The multiplier moved on every training batch before it (the clause failed on each) and
+    # then stepped on the aimed violation in the clause's room (0.1), weighed as 20 batches.
+    assert first["multiplier"] > DEFAULTS.eta_batch * 20 * first["aimed"] / 0.1 or \
+        first["multiplier"] == DEFAULTS.lambda_max
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    early = next(x for x in lines if x["kind"] == "train" and x["step"] == 10)
+    assert early["objectives"]["enforce:batch-dual"]["heads"][
+        "enforce:batch-dual/contract[0]"] > 0  # before the first evaluation point
     report = json.loads((run / "report.json").read_text())
     assert report["enforcement"]["held_at_step"] == e["held_at_step"]
     out = " ".join(capsys.readouterr().out.split())  # rich wraps the table's title
     assert (f"first held on the enforcement set at step {held[0]}; model kept: step "
-            f"{confident[-1]} (past every guard)") in out
+            f"{certified[-1]}") in out
     assert "on the verification set (never read during training)" in out
     # verify agrees with what train wrote (it reads the verification set too).
     assert main(["verify", str(spec), "--run", str(run)]) == 0
@@ -105,7 +115,10 @@ def test_multipliers_follow_dual_ascent_and_a_failing_floor_backs_no_lever_off()
     floor, score = point["0"], point["1"]
     assert not floor["passed"] and not score["passed"]  # an untrained model fails both
     assert floor["multiplier"] == pytest.approx(DEFAULTS.eta * floor["aimed"])
-    assert score["multiplier"] == pytest.approx(DEFAULTS.eta * score["aimed"])
+    # The score clause's lever measures it on every batch: its step here is in its room
+    # (1 - 0.9) and weighs as the 20 batches since the start.
+    rate = DEFAULTS.eta_batch * 20 / 0.1
+    assert score["multiplier"] == pytest.approx(min(rate * score["aimed"], 16.0))
     # The levers follow: weight = multiplier x scale.
     (weight_lever,) = levers[0].objectives  # type: ignore[union-attr]
     (pattern,) = levers[1].objectives  # type: ignore[union-attr]
@@ -116,9 +129,9 @@ def test_multipliers_follow_dual_ascent_and_a_failing_floor_backs_no_lever_off()
     again = state.extra["enforce"]["history"][1]["clauses"]
     # The floor still fails, and the score clause's lever keeps its multiplier: each follows
     # its own violation only.
-    for key, before in (("0", floor), ("1", score)):
+    for key, before, eta in (("0", floor, DEFAULTS.eta), ("1", score, rate)):
         assert again[key]["multiplier"] == pytest.approx(
-            min(before["multiplier"] + DEFAULTS.eta * again[key]["aimed"], 16.0))
+            min(before["multiplier"] + eta * again[key]["aimed"], 16.0))
     assert not state.stop
 
 

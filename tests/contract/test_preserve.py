@@ -354,18 +354,15 @@ def _trained(enforce: bool) -> tuple[float, dict[str, Any]]:
 
 def test_enforcement_drives_the_distillation_lever_through_the_multiplier() -> None:
     """Training on copy from a random start moves the outputs far from the start (plain: KL
-    0.48 nats after 60 steps, seen). Under enforcement the failing clause's multiplier grows
-    by dual ascent, weights the distillation lever, and the drift ends several times smaller
-    (seen: 0.12; the bound itself conflicts with learning the task from a random start, so it
-    is approached, not reached, in this budget)."""
+    0.48 nats after 60 steps, seen). Under enforcement the lever measures the KL on every
+    batch, its multiplier rises on each batch that breaks the bound and falls on each that
+    keeps it, and the clause holds at the end (seen: 0.014 against 0.02; with the multiplier
+    moving at evaluation points only it ended at 0.12)."""
     plain, _ = _trained(False)
     enforced, record = _trained(True)
     history = [p["clauses"]["0"] for p in record["history"]]
-    assert plain > 0.1 and enforced < plain / 2, (plain, enforced)
-    multipliers = [h["multiplier"] for h in history]
-    assert all(not h["passed"] for h in history)  # violated throughout: lambda only rises
-    assert multipliers == sorted(multipliers) and multipliers[0] == pytest.approx(
-        EnforceConfig().eta * history[0]["aimed"])
+    assert plain > 0.1 and enforced <= 0.02 and history[-1]["passed"], (plain, enforced)
+    assert any(h["multiplier"] > 0 for h in history)
 
 
 @pytest.mark.parametrize("command", [["plan"], ["train", "--enforce"], ["train"]])
