@@ -219,7 +219,9 @@ class RunStructure:
         gated_off: per task, the heads fixed task gates switch off on its examples (their
             output is zero there); empty without fixed gates (learned gates may open).
         circuits: per task, the circuit its generator declares (``(role, layer)`` pairs:
-            ``headwise.data.Task.circuit``), for a floor's circuit assists.
+            ``headwise.data.Task.circuit``), else the one proposed from its training examples
+            (``headwise.data.circuit_proposals``): a floor's circuit assists, and the roles a
+            path clause on the task implies.
     """
 
     task_names: tuple[str, ...]
