@@ -411,7 +411,8 @@ CLAIMS: dict[str, Claim] = {
     "goes on to": (r"training goes on to step (\d+)", lambda s: _enforcement(s, "steps")),
     "multipliers": (r"each multiplier relaxes to (\d)",
                     lambda s: _enforcement(s, "multipliers")),
-    "kept": (r"held past its guard, here step (\d+)", lambda s: _enforcement(s, "kept_step")),
+    "kept": (r"certified on the enforcement set, here step (\d+)",
+             lambda s: _enforcement(s, "kept_step")),
 }
 
 

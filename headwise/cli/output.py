@@ -103,10 +103,12 @@ def enforcement_table(summary: dict[str, Any]) -> Table:
     """One row per clause: its lever, multiplier, and when it failed and held on the
     enforcement set."""
     held, kept = summary.get("held_at_step"), summary.get("kept_step")
-    sure = (summary.get("enforcement_set") or {}).get("confident")
+    kept_as = {"certified": "(certified on the enforcement set)",
+               "past every guard": "(past every guard, not certified)",
+               "held": "(held; no point past every guard)"}.get(
+                   str(summary.get("kept_as")), "(held)")
     title = (f"enforcement: {summary['steps']} steps; contract first held on the enforcement "
-             f"set at step {held}; model kept: step {kept} "
-             + ("(past every guard)" if sure else "(no point past every guard)")
+             f"set at step {held}; model kept: step {kept} {kept_as}"
              if held is not None else
              f"enforcement: {summary['steps']} steps; the contract never held on the "
              "enforcement set")

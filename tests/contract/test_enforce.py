@@ -89,7 +89,7 @@ def test_enforce_turns_a_failing_contract_into_one_that_holds(
     assert report["enforcement"]["held_at_step"] == e["held_at_step"]
     out = " ".join(capsys.readouterr().out.split())  # rich wraps the table's title
     assert (f"first held on the enforcement set at step {held[0]}; model kept: step "
-            f"{certified[-1]}") in out
+            f"{certified[-1]} (certified on the enforcement set)") in out
     assert "on the verification set (never read during training)" in out
     # verify agrees with what train wrote (it reads the verification set too).
     assert main(["verify", str(spec), "--run", str(run)]) == 0
