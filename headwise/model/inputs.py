@@ -65,14 +65,19 @@ def check_host_ids(task_ids: Tensor | None, n_tasks: int | None,
 
 
 def _check_range(name: str, ids: Tensor, n: int | None) -> None:
-    """Refuse ids below 0 or (with ``n``) at or above ``n``, naming the tensor (one read of
-    the minimum and maximum on the host)."""
+    """Refuse ids below 0 or (with ``n``) at or above ``n``, naming the tensor. The test is a
+    tensor assertion (``torch._assert_async``: on the host it raises at once, and a valid
+    batch is never converted to a Python value, so a training step stays free of host
+    reads); only a failing batch's minimum and maximum are read, for the message."""
     if not ids.numel():
         return
-    low, high = torch.stack([ids.min(), ids.max()]).tolist()
-    if low < 0 or (n is not None and high >= n):
+    ok = (ids >= 0) if n is None else (ids >= 0) & (ids < n)
+    try:
+        torch._assert_async(ok.all())
+    except RuntimeError:
+        low, high = torch.stack([ids.min(), ids.max()]).tolist()
         expected = f"ids in [0, {n})" if n is not None else "ids >= 0"
-        raise ValueError(f"{name}: got range [{low}, {high}], expected {expected}")
+        raise ValueError(f"{name}: got range [{low}, {high}], expected {expected}") from None
 
 
 def gate_tasks(model: nn.Module) -> int | None:

@@ -28,6 +28,7 @@ from headwise.contract import ContractResult, VerifyData, verify
 from headwise.contract.forecast import forecast_summary
 from headwise.errors import CheckpointError, SelectorError, SpecError
 from headwise.heads import HeadSet, select_heads
+from headwise.hooks.graph import Edge
 from headwise.jsonfile import read_json_object
 from headwise.patterns import DEFAULT_WINDOW
 from headwise.pipeline.compile import Compiled
@@ -55,6 +56,7 @@ from headwise.report.viewer import (
 )
 from headwise.training import list_checkpoints, load_weights
 from headwise.training.manifest import check_sealed, seal
+from headwise.training.sharded_checkpoint import is_sharded, read_sharded_meta
 
 # Structural masks that impose a role (the mask is the role's support, headwise.patterns).
 MASK_ROLES = {"previous_token": "previous_token", "self_only": "self",
@@ -142,25 +144,26 @@ def _write_run_report(run_dir: Path, compiled: Compiled, contract: ContractResul
 
 
 def contract_circuits(compiled: Compiled, contract: ContractResult | None) -> dict[str, bytes]:
-    """A circuit figure per path or circuit clause of the verdict, on the model's grid: a
-    path's edge weighted by its measured drop, a circuit's edges drawn alike (figure title:
-    what was measured against the bound)."""
+    """A circuit figure per clause of the verdict that names edges (path and circuit clauses),
+    on the model's grid: the edges it names weighted by its measured value, the edges among
+    the nodes it names (a circuit of heads) drawn alike; the title says what was measured
+    against which bound."""
     if contract is None:
         return {}
     cfg: Any = compiled.model.config
     out = {}
     for r in contract.results:
         c = r.clause
-        if c.kind not in ("path", "circuit"):
+        if not c.edges:
             continue
         value = "not measured" if r.measured is None else f"{r.measured:.3f}"
-        title = f"{c.path}: {c.describe()}, {value} ({c.threshold_text()})"
-        if c.kind == "path":
-            edges = {c.edges[0]: abs(r.measured or 0.0) or 1.0}
-        else:
-            edges = dict.fromkeys(circuit_edges(compiled.model, [str(x) for x in c.edges]), 1.0)
-        out[f"{c.path}: {c.kind} on the model's grid"] = circuit_figure(
-            edges, cfg.n_layers, cfg.n_heads, title=title, has_mlp=not cfg.attn_only)
+        weight = abs(r.measured or 0.0) or 1.0
+        named = [e for e in c.edges if isinstance(e, Edge)]
+        edges = (dict.fromkeys(named, weight) if len(named) == len(c.edges) else
+                 dict.fromkeys(circuit_edges(compiled.model, [str(x) for x in c.edges]), 1.0))
+        out[f"{c.path} on the model's grid"] = circuit_figure(
+            edges, cfg.n_layers, cfg.n_heads, title=f"{c.path}: {c.describe()}, {value} "
+            f"({c.threshold_text()})", has_mlp=not cfg.attn_only)
     return out
 
 
@@ -305,6 +308,8 @@ def recorded_role_tables(checkpoint: Path) -> dict[int, RoleTable]:
     file = checkpoint / "trainer.json"
     if not file.is_file():
         return {}
+    if is_sharded(checkpoint):  # a sharded checkpoint is read whole or refused
+        read_sharded_meta(checkpoint)
     check_sealed(checkpoint, [file.name])
     extra = read_json_object(file, CheckpointError).get("extra")
     entry = extra.get(ROLE_TABLES) if isinstance(extra, dict) else None

@@ -149,8 +149,13 @@ def save_sharded_checkpoint(out_dir: Path, step: int, model: nn.Module,
     return final
 
 
-def _read_meta(path: Path) -> dict[str, Any]:
-    """``trainer.json`` of a sharded checkpoint, after checking both manifests' digests."""
+def read_sharded_meta(path: Path) -> dict[str, Any]:
+    """``trainer.json`` of a sharded checkpoint, after the checks every reader of it makes:
+    both manifests' digests, and no file in ``shards/`` its manifest does not list.
+
+    Raises:
+        CheckpointError: naming the file that fails a check.
+    """
     verify_manifest(path, FILES)
     meta_path = path / "trainer.json"
     try:
@@ -221,7 +226,7 @@ def load_sharded_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim
     if not is_sharded(path):
         raise CheckpointError(f"{path}: written by a run with train.parallel none or ddp; "
                               "resume it with that setting, or start the fsdp run afresh")
-    meta = _read_meta(path)
+    meta = read_sharded_meta(path)
     if meta["world_size"] != ctx.world_size:
         raise CheckpointError(f"{path}: written by {meta['world_size']} ranks, resumed on "
                               f"{ctx.world_size}; exact resume needs the same number of ranks")
@@ -274,7 +279,7 @@ def load_sharded_weights(model: nn.Module, path: Path) -> None:
             the model's tensors.
     """
     path = Path(path)
-    _read_meta(path)
+    read_sharded_meta(path)
     state = _model_state(model)
     try:
         with warnings.catch_warnings():  # "assuming ... a single process": it is one

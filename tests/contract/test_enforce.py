@@ -123,7 +123,7 @@ def test_multipliers_follow_dual_ascent_and_a_failing_floor_backs_no_lever_off()
     (weight_lever,) = levers[0].objectives  # type: ignore[union-attr]
     (pattern,) = levers[1].objectives  # type: ignore[union-attr]
     assert weight_lever.weight == pytest.approx(floor["multiplier"])
-    assert pattern.weight == pytest.approx(score["multiplier"])
+    assert pattern.weight == pytest.approx(score["multiplier"] * levers[1].scale)  # type: ignore[union-attr]
     state.step = 40
     enforcer(state)  # type: ignore[arg-type]
     again = state.extra["enforce"]["history"][1]["clauses"]

@@ -365,8 +365,11 @@ def test_a_failing_floor_backs_off_only_the_levers_that_degrade_its_task() -> No
     # The ablation lever on copy's examples is halved; the role lever keeps its multiplier.
     assert point["1"]["multiplier"] == pytest.approx(
         min(max(1.0 + eta * point["1"]["aimed"], 0.0), 16.0))
+    # The score clause's multiplier lives in its per-batch lever (0 at the start, whatever the
+    # record held) and steps in its room (1 - 0.9), weighed as the 20 batches so far.
+    rate = EnforceConfig().eta_batch * 20 / 0.1
     assert point["2"]["multiplier"] == pytest.approx(
-        min(max(4.0 + eta * point["2"]["aimed"], 0.0), 16.0))
+        min(max(rate * point["2"]["aimed"], 0.0), 16.0))
     assert point["0"]["multiplier"] == pytest.approx(min(1.0 + eta * point["0"]["aimed"],
                                                          16.0))
 
@@ -430,12 +433,19 @@ def test_a_clause_held_within_its_noise_keeps_its_multiplier_and_is_not_kept(
     first = state.extra["enforce"]["history"][0]["clauses"]["0"]
     assert first["violation"] == pytest.approx(-0.01)
     assert first["aimed"] == pytest.approx(-0.01 + config.guard * 0.01)
-    assert multipliers[0] == pytest.approx(1.0 + config.eta * first["aimed"])
+    # the score clause's lever measures it on every batch and holds its multiplier (0 at the
+    # start, whatever the record held): at an evaluation point its step weighs as the 10
+    # batches since the last, in the clause's room (1 - 0.9)
+    rate = config.eta_batch * 10 / 0.1
+    assert multipliers[0] == pytest.approx(max(rate * first["aimed"], 0.0))
     record = state.extra["enforce"]
     if confidence == 0.95:
-        assert multipliers[0] > 1.0  # held by 0.01 < 2.33 x 0.01: still pushed
+        assert multipliers[0] > 0.0  # held by 0.01 < 2.33 x 0.01: still pushed
         assert [p["confident"] for p in record["history"]] == [False, True, False]
         assert record["kept_step"] == 20  # the last point past the guard, not the last held
     else:
-        assert multipliers[0] < 1.0
-        assert all(p["confident"] for p in record["history"]) and record["kept_step"] == 30
+        assert multipliers[0] == 0.0  # held: the multiplier does not rise
+        assert all(p["confident"] for p in record["history"])
+        # kept: the last point certified on the enforcement set, else the last past its guard
+        certified = [p["step"] for p in record["history"] if p["certified"]]
+        assert record["kept_step"] == (certified[-1] if certified else 30)

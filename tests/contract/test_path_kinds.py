@@ -66,8 +66,7 @@ def test_a_path_to_the_logits_is_the_head_zeroed_where_that_is_its_only_reader()
     assert result[1].measured == pytest.approx(zeroed - clean, abs=1e-5)
     # the report draws each path and circuit clause on the model's grid
     drawn = contract_circuits(compiled, verify(model, spec.contract, data))
-    assert list(drawn) == ["contract[0]: path on the model's grid",
-                           "contract[1]: circuit on the model's grid"]
+    assert list(drawn) == ["contract[0] on the model's grid", "contract[1] on the model's grid"]
     assert all(png.startswith(b"\x89PNG") for png in drawn.values())
 
 
