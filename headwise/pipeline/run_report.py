@@ -56,7 +56,6 @@ from headwise.report.viewer import (
 )
 from headwise.training import list_checkpoints, load_weights
 from headwise.training.manifest import check_sealed, seal
-from headwise.training.sharded_checkpoint import is_sharded, read_sharded_meta
 
 # Structural masks that impose a role (the mask is the role's support, headwise.patterns).
 MASK_ROLES = {"previous_token": "previous_token", "self_only": "self",
@@ -308,7 +307,9 @@ def recorded_role_tables(checkpoint: Path) -> dict[int, RoleTable]:
     file = checkpoint / "trainer.json"
     if not file.is_file():
         return {}
-    if is_sharded(checkpoint):  # a sharded checkpoint is read whole or refused
+    if (checkpoint / "shards").is_dir():  # a sharded checkpoint is read whole or refused
+        from headwise.training.sharded_checkpoint import read_sharded_meta  # torch.distributed
+
         read_sharded_meta(checkpoint)
     check_sealed(checkpoint, [file.name])
     extra = read_json_object(file, CheckpointError).get("extra")
