@@ -119,19 +119,24 @@ class _PoolMeans:
 
     def __init__(self, model: nn.Module, sample: Callable[[int, int], Any], name: str) -> None:
         self.model, self.sample, self.name = model, sample, name
-        self.shape = model_shape(model)
         self._pool: Any = None
 
     def __call__(self, device: torch.device) -> dict[Node, Tensor]:
         if self._pool is None:
             self._pool = self.sample(MEAN_POOL, salt_of(self.name)).to(device)
-        pool = self._pool
-        kw = {"attention_mask": pool.attention_mask, "task_ids": pool.task_ids}
-        rows = torch.ones(pool.tokens.shape[0], dtype=torch.bool, device=device)
-        with torch.no_grad(), eval_mode(self.model):
-            _, values = capture(self.model, pool.tokens, kw, stream_names(self.shape))
-            outs = sender_outputs(self.model, values, pool.task_ids)
-        return {n: row_mean(v, rows, pool.attention_mask) for n, v in outs.items()}
+        rows = torch.ones(self._pool.tokens.shape[0], dtype=torch.bool, device=device)
+        with eval_mode(self.model):
+            return clean_means(self.model, self._pool, rows)
+
+
+def clean_means(model: nn.Module, batch: Any, rows: Tensor) -> dict[Node, Tensor]:
+    """Every sender's mean output over ``rows`` (B,) of ``batch``, per position (padding left
+    out), from one forward without gradient and without ablation."""
+    kw = {"attention_mask": batch.attention_mask, "task_ids": batch.task_ids}
+    with torch.no_grad():
+        _, values = capture(model, batch.tokens, kw, stream_names(model_shape(model)))
+        outs = sender_outputs(model, values, batch.task_ids)
+    return {n: row_mean(v, rows, batch.attention_mask) for n, v in outs.items()}
 
 
 class _PathRun:
@@ -279,12 +284,7 @@ class PathAblatedMargin(Objective):
             return None
         if self._means is not None:
             return self._means(batch.tokens.device)
-        shape = self._run.mix.shape
-        kw = {"attention_mask": batch.attention_mask, "task_ids": batch.task_ids}
-        with torch.no_grad():
-            _, values = capture(self.model, batch.tokens, kw, stream_names(shape))
-            outs = sender_outputs(self.model, values, batch.task_ids)
-        return {n: row_mean(v, rows, batch.attention_mask) for n, v in outs.items()}
+        return clean_means(self.model, batch, rows)
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import headwise as hw
-from headwise.control.path_levers import PathAblatedMargin, StochasticPathAblation
-from headwise.control.task_levers import margin_hinge, row_uniforms, step_salt
+from headwise.control.path_levers import MEAN_POOL, PathAblatedMargin, StochasticPathAblation
+from headwise.control.task_levers import margin_hinge, row_uniforms, salt_of, step_salt
 from headwise.data import Batch
 from headwise.hooks.graph import all_edges, model_shape, parse_edge
 from headwise.training.evaluate import forward
@@ -57,6 +57,29 @@ def test_a_drawn_row_reads_the_path_patched_stream_and_the_others_the_clean_one(
     want = ref.forward(model, batch.tokens, {("k", 2, 1): stream}).logits
     assert torch.allclose(got, want, atol=TOL, rtol=0)
     assert torch.equal(got[~drawn], model(batch.tokens)[~drawn])  # bitwise clean elsewhere
+
+
+def test_with_a_pool_the_mean_is_the_pools_clean_mean_drawn_once_from_the_name() -> None:
+    model, batch = _model(), _batch()
+    pool = Batch(torch.randint(0, V, (9, T)), batch.targets[:1].expand(9, -1), None,
+                 torch.zeros(9, dtype=torch.long))
+    seeds = []
+
+    def sample(n: int, seed: int) -> Batch:
+        seeds.append((n, seed))
+        return pool
+    edge = parse_edge("L0.H1 -> L2.H2 via k", model_shape(model))
+    lever = StochasticPathAblation(model, [edge], [0], weight=0.5, name="p", mode="mean",
+                                   pool=sample)
+    got, again = _run(model, batch, lever), _run(model, batch, lever)
+    assert seeds == [(MEAN_POOL, salt_of("p"))] and torch.equal(got, again)  # drawn once
+    drawn = (row_uniforms(batch.tokens, step_salt("p", 3)) < 0.5) & (batch.task_ids == 0)
+    c = ref.forward(model, batch.tokens)
+    head = c.results[0][1]
+    mean = ref.forward(model, pool.tokens).results[0][1].mean(0, keepdim=True)  # the pool's
+    stream = c.x[2] - (head - mean) * drawn[:, None, None].double()
+    want = ref.forward(model, batch.tokens, {("k", 2, 1): stream}).logits
+    assert torch.allclose(got, want, atol=TOL, rtol=0)
 
 
 def test_zero_ablation_of_a_heads_only_reader_stops_its_gradient() -> None:
