@@ -94,6 +94,19 @@ def test_mixture_tags_pads_and_follows_weights() -> None:
     assert torch.equal(again.tokens, batch.tokens) and torch.equal(again.task_ids, batch.task_ids)
 
 
+def test_one_tasks_examples_are_laid_out_as_the_mixture_lays_them_out() -> None:
+    tasks = {"copy": CopyTask(length=4), "add": ModularAdditionTask(), "sort": SortTask(length=4)}
+    mix = Mixture(tasks)
+    part = mix.sample_task("add", 50, _gen())
+    assert part.tokens.shape == (50, mix.seq_len) and (part.task_ids == 1).all()
+    mixed = mix.sample(400, _gen())  # the same task's rows in a mixed batch: same layout
+    rows = mixed.task_ids == 1
+    assert torch.equal(part.attention_mask[0], mixed.attention_mask[rows][0])
+    assert ((part.targets != IGNORE) == (mixed.targets[rows][:1] != IGNORE)).all()
+    with pytest.raises(ConfigError, match="task: got 'nope'"):
+        mix.sample_task("nope", 4, _gen())
+
+
 def test_mixture_errors() -> None:
     copy = CopyTask()
     with pytest.raises(ConfigError, match="data.weights.sort: not a task"):
