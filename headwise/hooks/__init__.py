@@ -3,7 +3,9 @@
 The primitives the model is built from (``HookPoint``, ``Hook``, ``attach_hooks``,
 ``run_with_cache``, TransformerLens's ``run_with_hooks`` / ``add_hook`` / ``reset_hooks`` and
 ``get_act_name``) are defined in ``headwise.model`` and re-exported here; the interventions
-(``ablate``, ``patch``, ``scale``, ``steer``) are defined in ``headwise.hooks.interventions``.
+(``ablate``, ``patch``, ``scale``, ``steer``) are defined in ``headwise.hooks.interventions``;
+the graph of paths (``headwise.hooks.graph``) and one forward with chosen edges ablated
+(``headwise.hooks.path_run``) serve path patching and the path levers alike.
 """
 
 from headwise.hooks.interventions import ablate, patch, scale, steer
