@@ -11,14 +11,18 @@ verifying the contract at evaluation points. ``--set name=value`` sets a field o
 other multiplier is halved before its step) and ``--variant none`` with no back-off at all
 (the multipliers alone), for comparison with the library's rule (only the levers that degrade
 a task whose floor fails back off).
-Prints a markdown table: clauses held plain / enforced on the verification set, and enforced on
+``--seed 0 1 2 3 4`` trains every spec at each of those ``train.seed`` values; ``--fresh OFFSET``
+verifies each enforced run again on a verification set drawn from ``OFFSET + seed``
+(``headwise verify RUN --fresh``), beside the run's own verdict.
+Prints a markdown table: clauses held plain / enforced on the verification set, each enforced
+clause's state there (certified / holds / fails, and on the fresh set), and enforced on
 the enforcement set at the kept step, steps trained and the step kept, the tasks' accuracy and
 exact match on the verification set, wall times, the share of the enforced run's time spent
 measuring the contract, then the total share of clauses held and every clause that fails on
 the verification set with ``--enforce``.
 
     python -m bench.contract_suite [--jobs 1] [--only NAME ...] [--json PATH] [--set NAME=VALUE]
-        [--variant halving]
+        [--variant halving] [--seed SEED ...] [--fresh OFFSET]
     python -m bench.contract_suite --merge PART.json ...   # one table from several --json runs
 
 ``--jobs 2`` runs two subprocesses at a time (faster on two cores, but each wall time then
@@ -94,10 +98,15 @@ def enforce_config(sets: list[str], variant: str | None = None) -> Any:
 
 
 def spawn(spec: Path, enforce: bool, tmp: Path, sets: list[str],
-          variant: str | None = None) -> dict[str, Any]:
+          variant: str | None = None, seed: int | None = None,
+          fresh: int | None = None) -> dict[str, Any]:
     """``run_one`` in a fresh subprocess (one thread, nothing shared between runs)."""
-    out = tmp / f"{spec.stem}-{'enf' if enforce else 'plain'}"
+    out = tmp / f"{spec.stem}-{'enf' if enforce else 'plain'}-{seed}"
     cmd = module_command(__spec__.name, "--worker", spec, out)
+    if seed is not None:
+        cmd += ["--seed", str(seed)]
+    if fresh is not None:
+        cmd += ["--fresh", str(fresh)]
     if enforce:
         cmd.append("--enforce")
     if variant:
@@ -112,38 +121,60 @@ def _tasks(res: dict[str, Any]) -> str:
                      for t, v in res["tasks"].items())
 
 
+def _states(res: dict[str, Any], fresh: bool = False) -> str:
+    """``certified / holds / fails`` counts of a run's clauses (on the fresh set: ``fresh``)."""
+    states = [(c["fresh"] or {}).get("state") if fresh else c.get("state")
+              for c in res["clauses"]]
+    if None in states:
+        return "-"
+    return "/".join(str(states.count(s)) for s in ("certified", "holds", "fails"))
+
+
 def table(results: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
     """The markdown table and the summary lines."""
-    lines = ["| spec | clauses held plain / enforced | steps plain / enforced (of) "
+    lines = ["| spec | seed | clauses held plain / enforced | enforced: certified / holds / "
+             "fails (fresh set) | steps plain / enforced (of) "
              "| task acc / exact, plain | task acc / exact, enforced | wall s plain / enforced "
-             "| contract measuring share of enforced |", "|---|---|---|---|---|---|---|"]
-    held = total = plain_held = 0
+             "| contract measuring share of enforced |", "|---|---|---|---|---|---|---|---|---|"]
+    held = total = plain_held = certified = fresh_certified = fresh_held = 0
     misses = []
     for plain, enf in results:
         held += enf["held"]
         plain_held += plain["held"]
         total += enf["n_clauses"]
+        certified += sum(c.get("state") == "certified" for c in enf["clauses"])
+        fresh_certified += sum((c.get("fresh") or {}).get("state") == "certified"
+                               for c in enf["clauses"])
+        fresh_held += sum((c.get("fresh") or {}).get("state") in ("certified", "holds")
+                          for c in enf["clauses"])
         share = enf["verify_s"] / enf["wall_s"]
         on_enf = {True: "held", False: "failed", None: "never held"}[enf["held_enforcement_set"]]
         kept = f", kept {enf['kept_step']}" if enf["kept_step"] != enf["steps"] else ""
         lines.append(
-            f"| {enf['spec']} | {plain['held']}/{plain['n_clauses']} / "
+            f"| {enf['spec']} | {enf.get('seed')} | {plain['held']}/{plain['n_clauses']} / "
             f"{enf['held']}/{enf['n_clauses']} (enforcement set: {on_enf}) | "
+            f"{_states(enf)} ({_states(enf, fresh=True)}) | "
             f"{plain['steps']} / {enf['steps']}{kept} ({enf['max_steps']}) | "
             f"{_tasks(plain)} | {_tasks(enf)} | "
             f"{plain['wall_s']:.1f} / {enf['wall_s']:.1f} | {share:.1%} "
             f"({enf['evaluations']} evals) |")
         for c in enf["clauses"]:
-            if not c["passed"]:
+            if c.get("state", "fails" if not c["passed"] else "holds") != "certified":
                 measured = "-" if c["measured"] is None else fixed(c["measured"])
-                misses.append(f"- {enf['spec']} contract[{c['index']}] ({c['name']}, "
-                              f"{c['threshold']}): measured {measured}, final multiplier "
-                              f"{(enf['multipliers'] or {}).get(str(c['index']))}")
+                state = c.get("state", "holds" if c["passed"] else "fails")
+                saturated = ", lever saturated" if c.get("saturated") else ""
+                misses.append(f"- {enf['spec']} (seed {enf.get('seed')}) contract[{c['index']}] "
+                              f"({c['name']}, {c['threshold']}): {state}, measured {measured}, "
+                              f"bound {c.get('bound', '-')}, final multiplier "
+                              f"{(enf['multipliers'] or {}).get(str(c['index']))}{saturated}")
     lines.append("")
     lines.append(f"Clauses held: plain {plain_held}/{total} ({plain_held / total:.0%}), "
-                 f"enforced {held}/{total} ({held / total:.0%}).")
+                 f"enforced {held}/{total} ({held / total:.0%}); enforced and certified "
+                 f"{certified}/{total} ({certified / total:.0%}); on the fresh sets held "
+                 f"{fresh_held}/{total}, certified {fresh_certified}/{total}.")
     lines.append("")
-    lines.append("Misses with --enforce:" if misses else "Misses with --enforce: none.")
+    lines.append("Not certified with --enforce:" if misses
+                 else "Not certified with --enforce: none.")
     lines.extend(misses)
     return "\n".join(lines)
 
@@ -157,18 +188,25 @@ def main() -> None:
                         help="set a field of EnforceConfig (repeatable)")
     parser.add_argument("--variant", choices=sorted(VARIANTS), default=None,
                         help="enforce with an earlier rule, for comparison")
+    parser.add_argument("--seed", type=int, nargs="+", default=[None], metavar="SEED",
+                        help="train.seed of every run (several: the suite at each seed)")
+    parser.add_argument("--fresh", type=int, default=None, metavar="OFFSET",
+                        help="verify each enforced run again on a fresh set drawn from seed "
+                             "OFFSET + its training seed (headwise verify --fresh)")
     parser.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
                         help="print one table from the --json files of several runs")
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--enforce", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
+        seed = args.seed[0]
         print(json.dumps(run_one(Path(args.worker[0]), args.enforce, Path(args.worker[1]),
-                                 enforce_config(args.set, args.variant))))
+                                 enforce_config(args.set, args.variant), seed, args.fresh)))
         return
     if args.merge:
         parts = [tuple(pair) for f in args.merge for pair in json.loads(f.read_text())]
-        print(table(sorted(parts, key=lambda pair: pair[0]["spec"])))  # type: ignore[arg-type]
+        print(table(sorted(parts, key=lambda pair: (pair[0]["spec"],  # type: ignore[arg-type]
+                                                    pair[0].get("seed") or 0))))
         return
     specs = sorted(SUITE.glob("*.yaml"))
     if args.only:
@@ -177,11 +215,14 @@ def main() -> None:
             parser.error(f"--only: no suite spec named {args.only}; "
                          f"expected some of {sorted(p.stem for p in SUITE.glob('*.yaml'))}")
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
-        jobs = [(s, e) for s in specs for e in (False, True)]  # interleaved plain / enforced
-        done = list(pool.map(lambda job: spawn(job[0], job[1], Path(tmp), args.set,
-                                               args.variant), jobs))
-    by = {(r["spec"], r["enforce"]): r for r in done}
-    results = [(by[(s.stem, False)], by[(s.stem, True)]) for s in specs]
+        jobs = [(s, e, seed) for seed in args.seed for s in specs
+                for e in (False, True)]  # interleaved plain / enforced
+        done = list(pool.map(lambda job: spawn(
+            job[0], job[1], Path(tmp), args.set, args.variant, job[2],
+            None if args.fresh is None or not job[1] else args.fresh + (job[2] or 0)), jobs))
+    by = {(r["spec"], r["enforce"], r["seed"]): r for r in done}
+    results = [(by[(s.stem, False, seed)], by[(s.stem, True, seed)])
+               for s in specs for seed in args.seed]
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     print(table(results))

@@ -22,11 +22,14 @@ from bench.lab.workers import ROOT, module_command, run_worker
 SUITE = ROOT / "headwise" / "examples" / "suite"  # the suite's specs
 
 
-def run_one(spec: Path, enforce: bool, out: Path, config: Any = None) -> dict[str, Any]:
+def run_one(spec: Path, enforce: bool, out: Path, config: Any = None, seed: int | None = None,
+            fresh: int | None = None) -> dict[str, Any]:
     """Train ``spec`` once (in this process) and return what the table needs.
 
     ``config`` is the ``EnforceConfig`` of the enforced run (default: the library's; its
-    ``dual`` may be another update rule).
+    ``dual`` may be another update rule). ``seed`` replaces ``train.seed`` (``--seed``);
+    ``fresh``: the trained model is verified again on a verification set drawn from that
+    seed (``headwise verify RUN --fresh SEED``), recorded per clause beside the run's own.
     """
     import hashlib
 
@@ -34,6 +37,7 @@ def run_one(spec: Path, enforce: bool, out: Path, config: Any = None) -> dict[st
 
     from headwise.contract import EnforceConfig, Enforcer
     from headwise.pipeline import RunOptions, held_out_mixture, train_run
+    from headwise.pipeline.reverify import reverify_run
     from headwise.training import evaluate
 
     torch.set_num_threads(1)
@@ -48,6 +52,7 @@ def run_one(spec: Path, enforce: bool, out: Path, config: Any = None) -> dict[st
     Enforcer.__call__ = timed  # type: ignore[method-assign]  # this worker process only
     start = time.perf_counter()
     outcome = train_run(spec, out, RunOptions(enforce=enforce, overwrite=True, progress=False,
+                                              seed=seed,
                                               enforce_config=config or EnforceConfig()))
     wall = time.perf_counter() - start
     compiled = outcome.compiled
@@ -58,6 +63,9 @@ def run_one(spec: Path, enforce: bool, out: Path, config: Any = None) -> dict[st
     assert verdict is not None
     enforcement = outcome.enforcement or {}
     at_kept = enforcement.get("enforcement_set") or {}
+    again = {} if fresh is None else {
+        r.clause.index: r for r in reverify_run(spec, out, fresh)[0].results}
+    saturated = {c["index"] for c in enforcement.get("clauses") or [] if c.get("saturated")}
     digest = hashlib.sha256()  # the trained weights, to show two commits train the same model
     for name, tensor in sorted(compiled.model.state_dict().items()):
         digest.update(name.encode())
@@ -69,10 +77,18 @@ def run_one(spec: Path, enforce: bool, out: Path, config: Any = None) -> dict[st
         "kept_step": enforcement.get("kept_step", outcome.train.step),
         "max_steps": compiled.spec.train.steps,
         "held": sum(r.passed for r in verdict.results), "n_clauses": len(verdict.results),
+        "certified": sum(r.state == "certified" for r in verdict.results),
+        "contract_certified": verdict.certified, "seed": seed, "fresh_seed": fresh,
         "held_enforcement_set": at_kept.get("passed"),
         "clauses": [{"index": r.clause.index, "name": r.clause.label,
                      "kind": r.clause.kind, "threshold": r.clause.threshold_text(),
-                     "measured": r.measured, "passed": r.passed} for r in verdict.results],
+                     "measured": r.measured, "passed": r.passed, "state": r.state,
+                     "bound": None if r.bound is None else r.bound.text(),
+                     "saturated": r.clause.index in saturated,
+                     "fresh": None if not again else {
+                         "measured": again[r.clause.index].measured,
+                         "state": again[r.clause.index].state}}
+                    for r in verdict.results],
         "tasks": {t: {"accuracy": v["accuracy"], "exact": v["exact"]}
                   for t, v in record["tasks"].items()},
         "multipliers": (outcome.enforcement or {}).get("clauses") and {
