@@ -121,6 +121,15 @@ def _tasks(res: dict[str, Any]) -> str:
                      for t, v in res["tasks"].items())
 
 
+def keep(json_path: Path | None, record: dict[str, Any]) -> dict[str, Any]:
+    """Append one finished run's record to ``JSON.partial.jsonl`` beside ``--json`` (a long
+    suite that stops part-way keeps what it measured), and return it."""
+    if json_path is not None:
+        with open(json_path.with_suffix(".partial.jsonl"), "a") as f:
+            f.write(json.dumps(record) + "\n")
+    return record
+
+
 def _states(res: dict[str, Any], fresh: bool = False) -> str:
     """``certified / holds / fails`` counts of a run's clauses (on the fresh set: ``fresh``)."""
     states = [(c["fresh"] or {}).get("state") if fresh else c.get("state")
@@ -217,9 +226,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
         jobs = [(s, e, seed) for seed in args.seed for s in specs
                 for e in (False, True)]  # interleaved plain / enforced
-        done = list(pool.map(lambda job: spawn(
+        done = list(pool.map(lambda job: keep(args.json, spawn(
             job[0], job[1], Path(tmp), args.set, args.variant, job[2],
-            None if args.fresh is None or not job[1] else args.fresh + (job[2] or 0)), jobs))
+            None if args.fresh is None or not job[1] else args.fresh + (job[2] or 0))), jobs))
     by = {(r["spec"], r["enforce"], r["seed"]): r for r in done}
     results = [(by[(s.stem, False, seed)], by[(s.stem, True, seed)])
                for s in specs for seed in args.seed]
