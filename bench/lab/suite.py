@@ -66,6 +66,9 @@ def run_one(spec: Path, enforce: bool, out: Path, config: Any = None, seed: int 
     again = {} if fresh is None else {
         r.clause.index: r for r in reverify_run(spec, out, fresh)[0].results}
     saturated = {c["index"] for c in enforcement.get("clauses") or [] if c.get("saturated")}
+    # evaluation points at which a clause failed with its multiplier at the cap
+    capped_failing = [p["step"] for p in enforcement.get("history") or []
+                      if any(not c["passed"] and c["saturated"] for c in p["clauses"].values())]
     digest = hashlib.sha256()  # the trained weights, to show two commits train the same model
     for name, tensor in sorted(compiled.model.state_dict().items()):
         digest.update(name.encode())
@@ -79,6 +82,7 @@ def run_one(spec: Path, enforce: bool, out: Path, config: Any = None, seed: int 
         "held": sum(r.passed for r in verdict.results), "n_clauses": len(verdict.results),
         "certified": sum(r.state == "certified" for r in verdict.results),
         "contract_certified": verdict.certified, "seed": seed, "fresh_seed": fresh,
+        "capped_failing_at": capped_failing,
         "held_enforcement_set": at_kept.get("passed"),
         "clauses": [{"index": r.clause.index, "name": r.clause.label,
                      "kind": r.clause.kind, "threshold": r.clause.threshold_text(),
