@@ -112,6 +112,10 @@ def enforcement_table(summary: dict[str, Any]) -> Table:
              if held is not None else
              f"enforcement: {summary['steps']} steps; the contract never held on the "
              "enforcement set")
+    paced = summary.get("pace") or []
+    if paced:
+        title += "; learning rate x " + ", ".join(
+            f"{p['pace']:g} from step {p['step']}" for p in paced)
     table = Table(title=title)
     for col in ("#", "clause", "lever", "multiplier", "first failed", "held from"):
         table.add_column(col)

@@ -68,7 +68,7 @@ from headwise.contract.record import ENTRY, ClauseTrack, EnforcementRecord, Eval
 from headwise.contract.results import ClauseResult, ContractResult, VerifyData
 from headwise.contract.verify import verify
 from headwise.control.objective import Objective
-from headwise.training import TrainState
+from headwise.training import LR_SCALE, TrainState
 
 
 @dataclass
@@ -196,7 +196,9 @@ class Enforcer:
                     obj.weight = self.config.assist_weight * share if on else 0.0
         confident = all(v <= 0.0 for v in aimed.values())
         certified = result.passed and self._certified(state, result)
-        point = EvalPoint(state.step, result.passed, confident, certified=certified)
+        pace = self._pace(record, result, lambdas)
+        state.extra[LR_SCALE] = pace
+        point = EvalPoint(state.step, result.passed, confident, certified=certified, pace=pace)
         for r in result.results:
             index = r.clause.index
             lever = self.levers.get(index)
@@ -242,6 +244,19 @@ class Enforcer:
             return False
         now = result.clause.entry.violation(result)
         return min(past) - now <= 0.01
+
+    def _pace(self, record: EnforcementRecord, result: ContractResult,
+              lambdas: dict[int, float]) -> float:
+        """The factor on the learning rate from this point on: doubled (up to ``pace_max``)
+        when a levered clause fails with its multiplier at ``lambda_max`` (a larger weight
+        cannot move it faster under AdamW), halved (down to 1) when the contract holds."""
+        pace = record.history[-1].pace if record.history else 1.0
+        capped = any(not r.passed and self.levers.get(r.clause.index) is not None
+                     and lambdas.get(r.clause.index, 0.0) >= self.config.lambda_max
+                     for r in result.results)
+        if capped:
+            return min(2.0 * pace, self.config.pace_max)
+        return max(pace / 2.0, 1.0) if result.passed else pace
 
     def _saturated(self, lever: ClauseLever | None, lam: float | None) -> bool:
         """Whether the lever is at its limit: the multiplier at ``lambda_max`` or the
@@ -313,6 +328,8 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
     the verdict, whether it was confident and certified, and the values measured there at
     that step, beside the verification set's ``final``;
     ``assists_from``: per floor whose circuit assists switched on, the step they did;
+    ``pace``: each evaluation point after which the factor on the learning rate changed, and
+    the factor (``EnforceConfig.pace_max``; empty: the schedule's rate throughout);
     ``enforced``: whether some lever was weighted at some evaluation point (multipliers
     relax to 0 once their clauses hold with margin, so the final ones do not say).
     """
@@ -338,7 +355,12 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
         "step": at.step, "passed": at.passed, "confident": at.confident,
         "certified": at.certified,
         "measured": {str(i): c.measured for i, c in at.clauses.items()}}
-    return {"enforced": acted, "evaluations": len(history),
+    paced, last = [], 1.0
+    for p in history:  # where the factor on the learning rate changed
+        if p.pace != last:
+            paced.append({"step": p.step, "pace": p.pace})
+            last = p.pace
+    return {"enforced": acted, "evaluations": len(history), "pace": paced,
             "held_at_step": record.held_at, "kept_step": kept_step,
             "kept_as": record.kept_as if at is not None and at.passed else None,
             "steps": steps_done, "contract_holds": final.passed,
@@ -359,7 +381,7 @@ def _advice(track: ClauseTrack, saturated: bool, history: list[EvalPoint],
                 "enforce.confidence, or hold out more data (data.eval_examples, a corpus "
                 "task's eval_fraction) so both sets measure it closer")
     if saturated:
-        return ("its lever saturated: a structural lever (a mask or a gate on the head) "
-                "or a larger enforce.lambda_max / p_max")
+        return ("its lever saturated: a structural lever (a mask or a gate on the head), a "
+                "larger budget, or a larger enforce.lambda_max / p_max / pace_max")
     return ("its multiplier was still rising: a larger budget (train.steps, "
             "--enforce-budget), or `headwise plan --pilot N` to see whether it moves")

@@ -139,6 +139,15 @@ class EnforceConfig:
             default: a clause one room short moves its multiplier by 1 (its lever as strong as
             the task's loss) in the ten steps AdamW's momentum averages over. 0: only at
             evaluation points, by ``eta``.
+        pace_max: the largest factor enforcement may put on the run's peak learning rate.
+            AdamW moves a parameter by about the learning rate per step however large the
+            loss's weight, so a multiplier at ``lambda_max`` cannot move a clause faster; at
+            each evaluation point at which a levered clause fails with its multiplier at
+            ``lambda_max``, the factor (the *pace*) doubles, up to ``pace_max``, and at each
+            point at which the contract holds it halves, down to 1. While it is above 1 the
+            learning rate is the pace times the peak rate ``train.lr`` (the schedule's warm-up
+            and decay suspended: a decaying rate slows a lagging clause most near the end);
+            at 1 the schedule resumes. 1: never.
         confidence: how sure enforcement must be that a clause holding on the enforcement set
             holds on an independent set of the same size too (one-sided, normal
             approximation): a multiplier keeps rising until its clause holds with a margin of
@@ -163,8 +172,12 @@ class EnforceConfig:
     confidence: float = 0.95
     dual: DualUpdate = field(default_factory=ProjectedAscent)
     eta_batch: float = 0.1
+    pace_max: float = 8.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.pace_max, bool) or not isinstance(
+                self.pace_max, (int, float)) or not self.pace_max >= 1:
+            raise field_error("pace_max", self.pace_max, "a number >= 1")
         if isinstance(self.eta_batch, bool) or not isinstance(
                 self.eta_batch, (int, float)) or not self.eta_batch >= 0:
             raise field_error("eta_batch", self.eta_batch, "a number >= 0")

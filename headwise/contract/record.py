@@ -55,24 +55,26 @@ class EvalPoint:
     """One evaluation point: the step, whether the contract held, whether every clause held
     past its guard (``confident``), each clause's values by index, and whether the contract
     was certified there (every clause's confidence bound past its threshold at the contract's
-    family-wise level; measured only where it held)."""
+    family-wise level; measured only where it held), and the pace after it (the factor on the
+    learning rate, ``EnforceConfig.pace_max``)."""
 
     step: int
     passed: bool
     confident: bool
     clauses: dict[int, PointValues] = field(default_factory=dict)
     certified: bool = False
+    pace: float = 1.0  # the factor on the learning rate from this point on
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "passed": self.passed, "confident": self.confident,
-                "certified": self.certified,
+                "certified": self.certified, "pace": self.pace,
                 "clauses": {str(i): v.to_dict() for i, v in self.clauses.items()}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EvalPoint:
         return cls(d["step"], d["passed"], d.get("confident", False),
                    {int(k): PointValues.from_dict(v) for k, v in d["clauses"].items()},
-                   d.get("certified", False))
+                   d.get("certified", False), float(d.get("pace", 1.0)))
 
 
 @dataclass

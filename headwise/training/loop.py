@@ -58,6 +58,11 @@ _RESUME_FIELDS = ("batch_size", "lr", "weight_decay", "betas", "warmup_steps", "
                   "grad_clip", "seed", "bf16")
 
 
+# The entry of ``TrainState.extra`` that scales the learning rate (a callback's decision, saved
+# in checkpoints with the rest of the callback state, so a resumed run takes the same steps).
+LR_SCALE = "lr_scale"
+
+
 @dataclass
 class TrainState:
     """What callbacks see at an evaluation point.
@@ -72,6 +77,9 @@ class TrainState:
         out_dir: the run directory or ``None``.
         rank: this process's data-parallel rank (callbacks' decisions come from rank 0).
         extra: JSON-serialisable callback state, saved in checkpoints and restored on resume.
+            Its entry ``LR_SCALE`` (``"lr_scale"``), when a callback sets it above 1, makes
+            the learning rate that factor times the peak rate ``config.lr`` from the next step
+            on, in place of the schedule (enforcement's pace); at 1 the schedule resumes.
         stop: set to True to end training after this point.
     """
 
@@ -373,7 +381,8 @@ def _step(run: _Run, step_model: Callable[..., Tensor], step: int, hooks: list[A
           params: list[Tensor]) -> float:
     """One optimisation step on the next batch; returns its learning rate."""
     config, ctx = run.config, run.ctx
-    lr = config.lr_at(step)
+    scale = float(run.extra.get(LR_SCALE, 1.0))
+    lr = config.lr * scale if scale > 1.0 else config.lr_at(step)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
     batch = ctx.shard(run.data.sample(config.batch_size, run.gen))

@@ -210,30 +210,36 @@ def test_enforce_needs_evaluation_points(tmp_path: Path,
     assert "train.eval_every: got 0" in capsys.readouterr().err
 
 
-def test_enforcement_resumes_exactly(tmp_path: Path) -> None:
-    """Kill after the step-40 checkpoint (simulated): --resume replays the same enforcement."""
+def _resumes_exactly(spec: Path, run: Path, killed_after: int) -> None:
+    """Forget everything of the finished ``run`` after step ``killed_after``'s checkpoint, as if
+    killed there: ``--resume`` must replay the same enforcement and the same weights."""
     import shutil
 
     from safetensors.torch import load_file
 
+    first = json.loads((run / "enforcement.json").read_text())
+    weights = load_file(str(run / "model.safetensors"))
+    for step_dir in (run / "checkpoints").iterdir():
+        if int(step_dir.name.split("_")[1]) > killed_after:
+            shutil.rmtree(step_dir)
+    (run / "model.safetensors").unlink()
+    code = main(["train", str(spec), "--out", str(run), "--quiet", "--enforce", "--resume"])
+    assert code == 0
+    assert json.loads((run / "enforcement.json").read_text()) == first
+    resumed = load_file(str(run / "model.safetensors"))
+    assert all(torch.equal(resumed[k], weights[k]) for k in weights)
+
+
+def test_enforcement_resumes_exactly(tmp_path: Path) -> None:
+    """Kill after the checkpoint of the point before the contract first held (simulated):
+    --resume replays the same enforcement."""
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.replace("seed: 0}", "seed: 0, checkpoint_every: 20}"))
     run = tmp_path / "run"
     assert main(["train", str(spec), "--out", str(run), "--quiet", "--enforce"]) == 0
-    first = json.loads((run / "enforcement.json").read_text())
-    weights = load_file(str(run / "model.safetensors"))
-    held = first["held_at_step"]
+    held = json.loads((run / "enforcement.json").read_text())["held_at_step"]
     assert held is not None and held > 20
-    # Forget everything after the previous evaluation point, as if killed there.
-    for step_dir in (run / "checkpoints").iterdir():
-        if int(step_dir.name.split("_")[1]) > held - 20:
-            shutil.rmtree(step_dir)
-    (run / "model.safetensors").unlink()
-    assert main(["train", str(spec), "--out", str(run), "--quiet", "--enforce", "--resume"]) == 0
-    again = json.loads((run / "enforcement.json").read_text())
-    assert again == first
-    resumed = load_file(str(run / "model.safetensors"))
-    assert all(torch.equal(resumed[k], weights[k]) for k in weights)
+    _resumes_exactly(spec, run, held - 20)
 
 
 def test_a_score_clause_on_a_probe_is_enforced_on_batches_drawn_like_that_probe() -> None:
@@ -293,3 +299,44 @@ def test_a_run_whose_multipliers_relaxed_to_zero_still_says_it_was_enforced() ->
     assert summary(record, final, 20, 20)["enforced"] is True
     record.history = [point(10, 0.0), point(20, 0.0)]
     assert summary(record, final, 20, 20)["enforced"] is False
+
+
+def test_a_clause_its_capped_multiplier_cannot_move_is_held_by_pacing_the_learning_rate(
+        tmp_path: Path) -> None:
+    """At a tenth of SPEC's learning rate the previous-token lever dominates L0.H1's gradient
+    from the first evaluation point (multiplier at lambda_max) yet moves the head by about the
+    learning rate per step (AdamW): without the pace the clause fails; with the default pace
+    the learning rate doubles at each point the capped clause fails, and halves once it holds."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("lr: 3.0e-3", "lr: 3.0e-4").replace(
+        "seed: 0}", "seed: 0, checkpoint_every: 20}"))
+    runs = {}
+    for name, sets in (("unpaced", ["--set", "enforce.pace_max=1"]), ("paced", [])):
+        code = main(["train", str(spec), "--out", str(tmp_path / name), "--quiet", "--enforce",
+                     *sets])
+        runs[name] = (code, json.loads((tmp_path / name / "enforcement.json").read_text()),
+                      json.loads((tmp_path / name / "contract.json").read_text()))
+    code, e, verdict = runs["unpaced"]
+    assert code == 1 and not verdict["passed"] and e["pace"] == []
+    assert all(p["clauses"]["0"]["multiplier"] == DEFAULTS.lambda_max for p in e["history"])
+    code, e, verdict = runs["paced"]
+    assert code == 0 and verdict["clauses"][0]["state"] == "certified"
+    paces = [p["pace"] for p in e["history"]]
+    capped = [not p["clauses"]["0"]["passed"]
+              and p["clauses"]["0"]["multiplier"] == DEFAULTS.lambda_max for p in e["history"]]
+    expected, pace = [], 1.0
+    for point, is_capped in zip(e["history"], capped, strict=True):
+        pace = min(2 * pace, DEFAULTS.pace_max) if is_capped else (
+            max(pace / 2, 1.0) if point["passed"] else pace)
+        expected.append(pace)
+    assert paces == expected and max(paces) > 1 and paces[-1] < max(paces)
+    # The learning rate logged after each point is the pace times the peak rate (the schedule
+    # suspended), and the schedule's own once the pace is back at 1.
+    lines = [json.loads(x) for x in (tmp_path / "paced" / "metrics.jsonl").read_text().splitlines()]
+    lrs = {x["step"]: x["lr"] for x in lines if x["kind"] == "train"}
+    paced = [(s, p["pace"]) for p in e["history"] for s in lrs
+             if p["pace"] > 1 and p["step"] < s <= p["step"] + 20]
+    assert paced and all(lrs[s] == pytest.approx(3.0e-4 * pace) for s, pace in paced)
+    # The pace is callback state: a run killed while paced resumes at the same rate, exactly.
+    at = next(p["step"] for p in e["history"] if p["pace"] > 2)
+    _resumes_exactly(spec, tmp_path / "paced", at)
