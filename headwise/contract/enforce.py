@@ -355,11 +355,11 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
         "step": at.step, "passed": at.passed, "confident": at.confident,
         "certified": at.certified,
         "measured": {str(i): c.measured for i, c in at.clauses.items()}}
-    paced, last = [], 1.0
+    paced, pace = [], 1.0
     for p in history:  # where the factor on the learning rate changed
-        if p.pace != last:
+        if p.pace != pace:
             paced.append({"step": p.step, "pace": p.pace})
-            last = p.pace
+            pace = p.pace
     return {"enforced": acted, "evaluations": len(history), "pace": paced,
             "held_at_step": record.held_at, "kept_step": kept_step,
             "kept_as": record.kept_as if at is not None and at.passed else None,
