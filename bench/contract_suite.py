@@ -24,6 +24,7 @@ the verification set with ``--enforce``.
     python -m bench.contract_suite [--jobs 1] [--only NAME ...] [--json PATH] [--set NAME=VALUE]
         [--variant halving] [--seed SEED ...] [--fresh OFFSET]
     python -m bench.contract_suite --merge PART.json ...   # one table from several --json runs
+                                                           # (or their .partial.jsonl files)
 
 ``--jobs 2`` runs two subprocesses at a time (faster on two cores, but each wall time then
 includes contention: compare only ratios measured the same way).
@@ -130,6 +131,18 @@ def keep(json_path: Path | None, record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
+def read_pairs(path: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The (plain, enforced) pairs of a ``--json`` file, or of a ``.partial.jsonl`` file
+    (the runs finished so far, one record per line; a spec and seed whose two runs are not
+    both there is left out)."""
+    if path.suffix != ".jsonl":
+        return [tuple(pair) for pair in json.loads(path.read_text())]  # type: ignore[misc]
+    runs = {(r["spec"], r.get("seed"), r["enforce"]): r
+            for r in map(json.loads, path.read_text().splitlines())}
+    return [(plain, runs[(spec, seed, True)]) for (spec, seed, enf), plain in runs.items()
+            if not enf and (spec, seed, True) in runs]
+
+
 def _states(res: dict[str, Any], fresh: bool = False) -> str:
     """``certified / holds / fails`` counts of a run's clauses (on the fresh set: ``fresh``)."""
     states = [(c["fresh"] or {}).get("state") if fresh else c.get("state")
@@ -213,7 +226,7 @@ def main() -> None:
                                  enforce_config(args.set, args.variant), seed, args.fresh)))
         return
     if args.merge:
-        parts = [tuple(pair) for f in args.merge for pair in json.loads(f.read_text())]
+        parts = [pair for f in args.merge for pair in read_pairs(f)]
         print(table(sorted(parts, key=lambda pair: (pair[0]["spec"],  # type: ignore[arg-type]
                                                     pair[0].get("seed") or 0))))
         return

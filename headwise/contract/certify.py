@@ -21,9 +21,14 @@ Which bound a clause gets follows from what its measured value is (``Bound.metho
   harmed alone cannot meet): ``L(h) - U(g)``, each at ``1 - alpha / 2`` (Bonferroni); a floor
   ``a < 0``: ``drop >= -g``, so ``-U(g)``. Shares over several positions per example are taken
   at their effective sample sizes, as a task's token accuracy is;
-- a loss drop: bootstrap-t on the per-example paired loss differences; a circuit's share kept
-  ``(M(circuit) - M(empty)) / (M(model) - M(empty))``: bootstrap-t on that ratio of per-example
-  sums;
+- a loss drop: bootstrap-t on the per-example paired loss differences;
+- a circuit's share kept ``(M(circuit) - M(empty)) / (M(model) - M(empty))``: of an accuracy
+  or exact match, ``1 - D1 / D2`` with ``D1`` the circuit's drop from the model and ``D2`` the
+  empty circuit's, each a paired drop as above: ``1 - max(U(D1), 0) / L(D2)``, the two at
+  ``1 - alpha / 2`` (Bonferroni; the share is at least that whenever both bounds hold), its
+  p-value the smallest ``alpha`` at which it reaches the threshold (bisection). A circuit that
+  keeps every example the model gets right has no spread but a tight bound. Of a loss:
+  bootstrap-t on the ratio of per-example sums;
 - an exclusive clause: one drop bound per task (listed tasks: the floor; the others: the cap),
   each at the clause's level; certified only when every one is (an intersection-union test,
   Berger 1982: the claim is an intersection, so no correction is needed);
@@ -75,6 +80,7 @@ from headwise.confidence import (
     examples_for_binomial,
     examples_for_difference,
     examples_for_location,
+    fewest,
     location_p,
     t_cdf,
     t_quantile,
@@ -306,6 +312,9 @@ def kept_bound(result: ClauseResult, stats: tuple[Tensor, Tensor, Tensor, Tensor
     if float(den.sum()) < 0:  # a loss falls from the empty circuit to the model: the same ratio
         num, den = -num, -den
     n = int(scored.sum())
+    if result.clause.metric in UNIT_METRICS and n >= 2:
+        return _kept_by_drops(result, full[scored], circuit[scored], empty[scored],
+                              count[scored], confidence)
     sides = _bootstrap_sides(num, den, _thresholds(result.clause), confidence) if n >= 2 \
         else None
     if sides is None:
@@ -315,6 +324,45 @@ def kept_bound(result: ClauseResult, stats: tuple[Tensor, Tensor, Tensor, Tensor
     return _combine(result, [sides], confidence, n, "bootstrap-t (ratio)",
                     f"studentised bootstrap of sum(circuit - empty) / sum(model - empty) "
                     f"over {n} examples ({BOOTSTRAP_T} resamples)")
+
+
+def _kept_by_drops(result: ClauseResult, full: Tensor, circuit: Tensor, empty: Tensor,
+                   count: Tensor, confidence: float) -> Bound:
+    """A share kept of an accuracy from the two paired drops (module docstring): the lower
+    bound ``1 - max(U(D1), 0) / L(D2)`` (``-inf`` unless ``L(D2) > 0``)."""
+    (t,) = [t for side, t in _thresholds(result.clause) if side == "at_least"]
+    d1, d2 = full - circuit, full - empty  # right tokens lost per example
+    h1, g1 = _share(d1.clamp_min(0), count), _share((-d1).clamp_min(0), count)
+    h2, g2 = _share(d2.clamp_min(0), count), _share((-d2).clamp_min(0), count)
+    n = int(count.numel())
+
+    def lower(alpha: float, scale: float = 1.0) -> float:
+        """The bound at level ``1 - alpha``, the counts' rates kept at ``scale`` times n."""
+        half = 1.0 - alpha / 2.0
+        up1 = -difference_lower(g1[0] * scale, g1[1] * scale, h1[0] * scale, h1[1] * scale,
+                                half)
+        low2 = difference_lower(h2[0] * scale, h2[1] * scale, g2[0] * scale, g2[1] * scale,
+                                half)
+        return 1.0 - max(up1, 0.0) / low2 if low2 > 0 else -math.inf
+
+    def p_value() -> float:
+        if not lower(1.0 - 1e-9) >= t:
+            return 1.0
+        lo, hi = -15.0, 0.0  # log10 alpha: lower(10^x) grows with x
+        if lower(10.0 ** lo) >= t:
+            return 10.0 ** lo
+        for _ in range(30):  # to 1.4e-8 in log10 alpha
+            mid = (lo + hi) / 2.0
+            lo, hi = (lo, mid) if lower(10.0 ** mid) >= t else (mid, hi)
+        return 10.0 ** hi
+
+    def needed() -> int | None:
+        return fewest(lambda m: lower(1.0 - confidence, m / n) >= t)
+
+    side = _Side("at_least", lower(1.0 - confidence), p_value(), needed)
+    return _combine(result, [[side]], confidence, n, "clopper-pearson (ratio of drops)",
+                    f"the circuit's and the empty circuit's paired drops over {n} examples, "
+                    f"each at 1 - alpha / 2 ({h1[2]})")
 
 
 def exclusive_bound(result: ClauseResult, model: nn.Module, data: VerifyData,

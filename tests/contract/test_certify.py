@@ -203,14 +203,67 @@ def test_a_loss_drop_is_the_bootstrap_t_of_the_paired_changes() -> None:
     assert b.certified
 
 
-def test_a_circuits_share_kept_is_the_bootstrap_t_of_a_ratio() -> None:
-    g = torch.Generator().manual_seed(4)
-    n = 300
+def _kept_draw(n: int, seed: int, keep: float = 0.95) -> tuple[Tensor, Tensor, Tensor]:
+    """Per example: the model right with chance 0.9, the empty circuit 0.2, the circuit right
+    where the model is with chance ``keep``."""
+    g = torch.Generator().manual_seed(seed)
     full = (torch.rand(n, generator=g) < 0.9).double()
     empty = (torch.rand(n, generator=g) < 0.2).double()
-    circuit = full * (torch.rand(n, generator=g) < 0.95).double()
+    circuit = full * (torch.rand(n, generator=g) < keep).double()
+    return full, circuit, empty
+
+
+def test_a_circuits_share_kept_of_an_accuracy_is_one_less_the_ratio_of_two_paired_drops(
+        ) -> None:
+    """``1 - U(D1) / L(D2)``: D1 the circuit's paired drop from the model (examples harmed
+    less helped), D2 the empty circuit's, each bound ``L(h) - U(g)`` at ``1 - alpha / 2``, so
+    every Clopper-Pearson bound at ``1 - alpha / 4``."""
+    n = 300
+    full, circuit, empty = _kept_draw(n, 4)
     kept = float((circuit - empty).sum() / (full - empty).sum())
     r = _result({"circuit": ["L0.H0"], "task": "copy", "keeps_at_least": 0.8}, kept)
+    b = kept_bound(r, (full, circuit, empty, torch.ones(n, dtype=torch.float64)), 0.95)
+    q = 1 - 0.05 / 4
+
+    def counts(a: Tensor, b: Tensor) -> tuple[float, float]:
+        return float((a > b).sum()), float((b > a).sum())
+
+    h1, g1 = counts(full, circuit)
+    h2, g2 = counts(full, empty)
+    up1 = binomial_upper(h1, n, q) - binomial_lower(g1, n, q)
+    low2 = binomial_lower(h2, n, q) - binomial_upper(g2, n, q)
+    assert b.method == "clopper-pearson (ratio of drops)"
+    assert b.lower == pytest.approx(1 - max(up1, 0) / low2, rel=1e-9) and b.lower < kept
+    assert b.certified == (b.lower >= 0.8) and b.certified
+    # The p-value is the level at which the bound reaches the floor.
+    at_p = kept_bound(r, (full, circuit, empty, torch.ones(n, dtype=torch.float64)),
+                      1 - b.p_value)
+    assert at_p.lower == pytest.approx(0.8, abs=1e-6)
+
+
+def test_a_circuit_that_keeps_every_example_is_certified_without_spread() -> None:
+    """The circuit right exactly where the model is: the share kept is 1 on every example (no
+    spread, so no bootstrap), yet 300 examples bound it near 1."""
+    n = 300
+    full, _, empty = _kept_draw(n, 5)
+    r = _result({"circuit": ["L0.H0"], "task": "copy", "keeps_at_least": 0.9}, 1.0)
+    b = kept_bound(r, (full, full.clone(), empty, torch.ones(n, dtype=torch.float64)), 0.95)
+    q = 1 - 0.05 / 4
+    h2, g2 = float((full > empty).sum()), float((empty > full).sum())
+    low2 = binomial_lower(h2, n, q) - binomial_upper(g2, n, q)
+    assert b.lower == pytest.approx(1 - binomial_upper(0, n, q) / low2, rel=1e-9)
+    assert b.certified and 0.95 < b.lower < 1.0
+
+
+def test_a_circuits_share_kept_of_a_loss_is_the_bootstrap_t_of_a_ratio() -> None:
+    g = torch.Generator().manual_seed(4)
+    n = 300
+    full = torch.rand(n, generator=g, dtype=torch.float64)  # per-example losses
+    empty = full + 2.0 + torch.rand(n, generator=g, dtype=torch.float64)
+    circuit = full + 0.1 * torch.rand(n, generator=g, dtype=torch.float64)
+    kept = float((circuit - empty).sum() / (full - empty).sum())
+    r = _result({"circuit": ["L0.H0"], "task": "copy", "metric": "loss",
+                 "keeps_at_least": 0.8}, kept)
     b = kept_bound(r, (full, circuit, empty, torch.ones(n, dtype=torch.float64)), 0.95)
     assert b.method == "bootstrap-t (ratio)" and b.lower is not None and b.lower < kept
     assert b.certified == (b.lower >= 0.8)
@@ -456,6 +509,32 @@ def test_certified_loss_drop_caps_met_by_rare_large_changes_are_wrong_at_most_al
               * -torch.log(torch.rand(draws, n, generator=g, dtype=torch.float64)))
     rate = _bootstrap_wrong(change, torch.ones_like(change), 0.1, "at_most")
     assert _at_most_alpha(rate, draws)
+
+
+def _kept_certified(draws: int, keep: float, seed: int) -> float:
+    """The share of ``draws`` verification sets of 200 examples whose share kept is certified
+    past a floor of 0.85: the model right with chance 0.9, the empty circuit 0.3, the circuit
+    right where the model is with chance ``keep`` (true share ``(0.9 keep - 0.3) / 0.6``)."""
+    g = torch.Generator().manual_seed(seed)
+    n = 200
+    full = (torch.rand(draws, n, generator=g) < 0.9).double()
+    empty = (torch.rand(draws, n, generator=g) < 0.3).double()
+    circuit = full * (torch.rand(draws, n, generator=g) < keep).double()
+    ones = torch.ones(n, dtype=torch.float64)
+    certified = 0
+    for f, c, e in zip(full, circuit, empty, strict=True):
+        kept = float((c - e).sum() / (f - e).sum())
+        r = _result({"circuit": ["L0.H0"], "task": "copy", "keeps_at_least": 0.85}, kept)
+        certified += r.passed and kept_bound(r, (f, c, e, ones), 1 - ALPHA).certified
+    return certified / draws
+
+
+def test_certified_shares_kept_of_an_accuracy_are_wrong_at_most_alpha() -> None:
+    """The floor at the true share 0.85 (keep 0.9): the bound from the two paired drops
+    certifies it at most 5% of the time (150 sets); a true share of 0.955 (keep 0.97)
+    certifies in most sets."""
+    assert _at_most_alpha(_kept_certified(150, 0.9, 10), 150)
+    assert _kept_certified(60, 0.97, 11) > 0.5
 
 
 def test_certified_shares_kept_are_wrong_at_most_alpha() -> None:
