@@ -196,7 +196,7 @@ class Enforcer:
                     obj.weight = self.config.assist_weight * share if on else 0.0
         confident = all(v <= 0.0 for v in aimed.values())
         certified = result.passed and self._certified(state, result)
-        pace = self._pace(record, result, lambdas, aimed, state)
+        pace = self._pace(record, result, lambdas, aimed, state, failing)
         state.extra[LR_SCALE] = pace
         point = EvalPoint(state.step, result.passed, confident, certified=certified, pace=pace)
         for r in result.results:
@@ -246,7 +246,8 @@ class Enforcer:
         return min(past) - now <= 0.01
 
     def _pace(self, record: EnforcementRecord, result: ContractResult,
-              lambdas: dict[int, float], aimed: dict[int, float], state: TrainState) -> float:
+              lambdas: dict[int, float], aimed: dict[int, float], state: TrainState,
+              failing: frozenset[str | None]) -> float:
         """The factor on the learning rate from this point on (``EnforceConfig.pace_max``).
 
         For a levered clause that fails with its multiplier at ``lambda_max`` (a larger weight
@@ -254,11 +255,13 @@ class Enforcer:
         aimed violation fell since the previous point by less than twice the rate that would
         close it by the end of the budget (twice: progress slows as a clause nears its
         bound), or this is its first point. It halves when the violation rose at a pace above
-        1 (too fast a rate overshoots), and when the whole contract holds; it stays between
-        1 and ``pace_max``.
+        1 (too fast a rate overshoots), when the whole contract holds, and while a task floor
+        fails (``failing``: a task that has not learned is not helped by a faster rate, and
+        levers back off where they conflict with a failing floor); it stays between 1 and
+        ``pace_max``.
         """
         pace = record.history[-1].pace if record.history else 1.0
-        if result.passed:
+        if result.passed or failing:  # a floor that fails: the task comes first
             return max(pace / 2.0, 1.0)
         verdicts = []
         for r in result.results:

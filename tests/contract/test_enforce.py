@@ -133,6 +133,24 @@ def test_multipliers_follow_dual_ascent_and_a_failing_floor_backs_no_lever_off()
         assert again[key]["multiplier"] == pytest.approx(
             min(before["multiplier"] + eta * again[key]["aimed"], 16.0))
     assert not state.stop
+    # The score clause fails with its multiplier at the cap, but so does the floor: the pace
+    # (the factor on the learning rate) does not rise while a task has not learned.
+    assert again["1"]["multiplier"] == DEFAULTS.lambda_max
+    assert [p["pace"] for p in state.extra["enforce"]["history"]] == [1.0, 1.0]
+    assert state.extra["lr_scale"] == 1.0
+    # Without the floor, the same model and clause: the capped clause has not moved since the
+    # previous point (nothing trained between the calls), so it is behind and the pace doubles.
+    spec = load_spec(SPEC)
+    alone = Enforcer(spec.contract, enforcement_data(compiled),
+                     plan(compiled.model, spec.contract, compiled.structure).levers)
+    state = SimpleNamespace(step=20, model=compiled.model, extra={}, stop=False, out_dir=None,
+                            rank=0, config=spec.train)
+    for step in (20, 40):
+        state.step = step
+        alone(state)  # type: ignore[arg-type]
+    last = state.extra["enforce"]["history"][-1]
+    assert last["clauses"]["0"]["multiplier"] == DEFAULTS.lambda_max
+    assert last["pace"] == state.extra["lr_scale"] == 2.0
 
 
 def test_plan_gives_every_clause_kind_its_lever() -> None:
