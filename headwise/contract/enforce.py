@@ -196,7 +196,7 @@ class Enforcer:
                     obj.weight = self.config.assist_weight * share if on else 0.0
         confident = all(v <= 0.0 for v in aimed.values())
         certified = result.passed and self._certified(state, result)
-        pace = self._pace(record, result, lambdas, aimed, state, failing)
+        pace = self._pace(record, result, lambdas, aimed, failing)
         state.extra[LR_SCALE] = pace
         point = EvalPoint(state.step, result.passed, confident, certified=certified, pace=pace)
         for r in result.results:
@@ -246,45 +246,34 @@ class Enforcer:
         return min(past) - now <= 0.01
 
     def _pace(self, record: EnforcementRecord, result: ContractResult,
-              lambdas: dict[int, float], aimed: dict[int, float], state: TrainState,
+              lambdas: dict[int, float], aimed: dict[int, float],
               failing: frozenset[str | None]) -> float:
         """The factor on the learning rate from this point on (``EnforceConfig.pace_max``).
 
-        For a levered clause that fails with its multiplier at ``lambda_max`` (a larger weight
-        cannot move it faster under AdamW), the pace doubles when the clause is behind: its
-        aimed violation fell since the previous point by less than twice the rate that would
-        close it by the end of the budget (twice: progress slows as a clause nears its
-        bound), or this is its first point. It halves when the violation rose at a pace above
-        1 (too fast a rate overshoots), when the whole contract holds, and while a task floor
-        fails (``failing``: a task that has not learned is not helped by a faster rate, and
-        levers back off where they conflict with a failing floor); it stays between 1 and
-        ``pace_max``.
+        While a levered clause fails with its multiplier at ``lambda_max`` (a larger weight
+        cannot move it faster under AdamW), the pace doubles at each point, up to
+        ``pace_max``; when such a clause's aimed violation *rose* since the previous point
+        while the pace was above 1 (too fast a rate overshoots), it halves instead, and never
+        again exceeds the halved pace (``record.pace_ceiling``). It halves, down to 1, when
+        the whole contract holds and while a task floor fails (``failing``: a task that has
+        not learned is not helped by a faster rate; levers back off where they conflict with
+        a failing floor).
         """
         pace = record.history[-1].pace if record.history else 1.0
-        if result.passed or failing:  # a floor that fails: the task comes first
+        if result.passed or failing:
             return max(pace / 2.0, 1.0)
-        verdicts = []
-        for r in result.results:
-            index = r.clause.index
-            if (r.passed or self.levers.get(index) is None
-                    or lambdas.get(index, 0.0) < self.config.lambda_max):
-                continue
-            before = next((p for p in reversed(record.history) if index in p.clauses), None)
-            if before is None:
-                verdicts.append("behind")
-                continue
-            rate = (before.clauses[index].aimed - aimed[index]) / max(state.step - before.step,
-                                                                       1)
-            left = max(state.config.steps - state.step, 1)
-            if rate <= 0.0 and pace > 1.0:
-                verdicts.append("overshot")
-            elif rate < 2.0 * aimed[index] / left:
-                verdicts.append("behind")
-        if "overshot" in verdicts:
-            return max(pace / 2.0, 1.0)
-        if "behind" in verdicts:
-            return min(2.0 * pace, self.config.pace_max)
-        return pace
+        capped = [r.clause.index for r in result.results
+                  if not r.passed and self.levers.get(r.clause.index) is not None
+                  and lambdas.get(r.clause.index, 0.0) >= self.config.lambda_max]
+        if not capped:
+            return pace
+        before = record.history[-1] if record.history else None
+        if pace > 1.0 and before is not None and any(
+                i in before.clauses and aimed[i] > before.clauses[i].aimed for i in capped):
+            record.pace_ceiling = max(pace / 2.0, 1.0)
+            return record.pace_ceiling
+        ceiling = self.config.pace_max if record.pace_ceiling is None else record.pace_ceiling
+        return min(2.0 * pace, ceiling)
 
     def _saturated(self, lever: ClauseLever | None, lam: float | None) -> bool:
         """Whether the lever is at its limit: the multiplier at ``lambda_max`` or the
