@@ -32,6 +32,7 @@ Steps:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -157,6 +158,21 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def portable_command(args: argparse.Namespace) -> str:
+    """The command as the results record it: a spec inside the repository by its relative
+    path, one outside it as ``SPEC`` (its digest is recorded beside), the output as ``OUT``;
+    no path of the machine that ran it."""
+    try:
+        spec = str(args.spec.resolve().relative_to(ROOT))
+    except ValueError:
+        spec = "SPEC"
+    parts = ["bench/surgery_minilm.py", "--spec", spec, "--out", "OUT"]
+    parts += ["--plain"] if args.plain else []
+    for item in args.sets:
+        parts += ["--set", item]
+    return " ".join(parts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -176,7 +192,9 @@ def main() -> None:
             *args.sets]
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
-    result: dict[str, Any] = {"commit": commit, "command": " ".join(sys.argv), "runs": {}}
+    result: dict[str, Any] = {"commit": commit, "command": portable_command(args),
+                              "spec_sha256": hashlib.sha256(args.spec.read_bytes()).hexdigest(),
+                              "runs": {}}
     for name, enforce in (("enforced", True), ("plain", False)):
         if name == "plain" and not args.plain:
             continue
