@@ -146,10 +146,9 @@ class EnforceConfig:
             ``lambda_max``, the factor (the *pace*) doubles, up to ``pace_max``; it halves for
             good where that clause's violation rose at a pace above 1, and halves while a task
             floor fails or where the contract holds, down to 1 (``Enforcer._pace``). While
-            it is above 1 the
-            learning rate is the pace times the peak rate ``train.lr`` (the schedule's warm-up
-            and decay suspended: a decaying rate slows a lagging clause most near the end);
-            at 1 the schedule resumes. 1: never.
+            it is above 1 the learning rate is the pace times the peak rate ``train.lr``
+            (the schedule's warm-up and decay suspended: a decaying rate slows a lagging
+            clause most near the end); at 1 the schedule resumes. 1: never.
         confidence: how sure enforcement must be that a clause holding on the enforcement set
             holds on an independent set of the same size too (one-sided, normal
             approximation): a multiplier keeps rising until its clause holds with a margin of

@@ -254,6 +254,8 @@ def contract_cases() -> dict[str, dict[str, Any]]:
         "probe half_len 10^9": _spec("probes", {"p": {"repeated": {"half_len": 10**9}}}),
         "probe examples 10^7": _spec("probes", {"p": {"random": {"length": 4},
                                                                "examples": 10**7}}),
+        "enforce pace_max below 1": _spec("enforce/pace_max", 0.5),
+        "enforce pace_max nan": _raw(yaml.safe_dump(BASE) + "enforce: {pace_max: .nan}\n"),
     }
 
 
