@@ -24,6 +24,10 @@ The multiplier of a tracked clause lives in its lever's weights (``weight = lamb
 which checkpoints store and ``--resume`` restores, so a resumed run takes the same steps; the
 step reads the batch values to the host once per step (one read for every tracked clause;
 under ``torchrun`` averaged over the ranks first, so every rank takes the same step).
+
+The same batch values decide the pace (``headwise.contract.pace``) every ``WINDOW`` batches:
+a clause failing with its multiplier at ``lambda_max`` doubles the factor on the learning rate
+without waiting for an evaluation point.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from torch import Tensor, nn
 
 from headwise.contract.clause import Clause
 from headwise.contract.lever import ClauseLever, EnforceConfig, LeverKind, room
+from headwise.contract.pace import Pace
 from headwise.model.hook_point import Hook
 
 NAME = "enforce:batch-dual"
@@ -117,15 +122,16 @@ def weigh_in_units(t: Tracked) -> None:
 
 
 class BatchDual:
-    """The per-batch dual step (module docstring), as an objective the trainer runs after the
-    levers: its term is 0, its logs are the multipliers (averaged over a logging window in
-    ``metrics.jsonl``). It steps only in training mode (an evaluation forward measures, and
-    moves nothing).
+    """The per-batch dual step and the pace's batch decisions (module docstring), as an
+    objective the trainer runs after the levers: its term is 0, its logs are the multipliers
+    (averaged over a logging window in ``metrics.jsonl``). It steps only in training mode (an
+    evaluation forward measures, and moves nothing); the pace lives in the run's callback
+    state, which the trainer hands it before each step (``use_state``).
 
     Args:
         model: the model trained (its ``training`` flag tells a training step).
         clauses: the tracked clauses (``tracked``).
-        config: ``eta_batch`` and ``lambda_max``.
+        config: ``eta_batch``, ``lambda_max`` and ``pace_max``.
     """
 
     def __init__(self, model: nn.Module, clauses: list[Tracked], config: EnforceConfig) -> None:
@@ -135,10 +141,17 @@ class BatchDual:
         self.clauses = clauses
         self.eta = float(config.eta_batch)
         self.lambda_max = float(config.lambda_max)
+        self.pace_max = float(config.pace_max)
         self._keys = [f"{NAME}/{t.clause.path}" for t in clauses]
+        self._extra: dict[str, Any] | None = None
+        self._step = 0
+
+    def use_state(self, extra: dict[str, Any]) -> None:
+        """The run's callback state (``TrainState.extra``), where the pace is kept."""
+        self._extra = extra
 
     def prepare(self, batch: Any, step: int = 0) -> None:
-        return None
+        self._step = step
 
     def hooks(self) -> list[Hook]:
         return []
@@ -157,15 +170,23 @@ class BatchDual:
 
     def step(self, device: torch.device) -> None:
         """One dual step per tracked clause on its value on this batch (a clause without one,
-        e.g. a probe lever at weight 0, keeps its multiplier)."""
+        e.g. a probe lever at weight 0, keeps its multiplier), then the batch's part in the
+        pace (a batch on which every clause was measured; with the run state handed in)."""
         nan = torch.full((), float("nan"), device=device)
         values = torch.stack([v if (v := t.batch_value()) is not None else nan
                               for t in self.clauses]).float()
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(values)
             values /= dist.get_world_size()
-        for t, value in zip(self.clauses, values.tolist(), strict=True):  # the one host read
+        measured = values.tolist()  # the one host read
+        for t, value in zip(self.clauses, measured, strict=True):
             if value != value:  # NaN: nothing measured on this batch
                 continue
             lam = t.multiplier + self.eta * t.violation(value)
             t.set(min(max(lam, 0.0), self.lambda_max))
+        if self._extra is not None and all(v == v for v in measured):
+            pace = Pace.of(self._extra)
+            pace.on_batches(self._step + 1, [t.violation(v) for t, v in zip(
+                self.clauses, measured, strict=True)],
+                [t.multiplier >= self.lambda_max for t in self.clauses], self.pace_max)
+            pace.save(self._extra)

@@ -120,8 +120,6 @@ class EnforcementRecord:
         kept_sha256: the kept weights file's digest (with a run directory).
         kept_as: what the kept point was: ``"certified"`` (the contract certified on the
             enforcement set), ``"past every guard"`` or ``"held"``.
-        pace_ceiling: the highest pace allowed from now on, once a faster one overshot
-            (``None``: ``EnforceConfig.pace_max``).
     """
 
     history: list[EvalPoint] = field(default_factory=list)
@@ -133,7 +131,6 @@ class EnforcementRecord:
     kept_step: int | None = None
     kept_sha256: str | None = None
     kept_as: str | None = None
-    pace_ceiling: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form checkpoints carry (``TrainState.extra["enforce"]``)."""
@@ -143,7 +140,7 @@ class EnforcementRecord:
             "chosen": {str(i): h for i, h in self.chosen.items()},
             "clauses": {str(i): t.to_dict() for i, t in self.clauses.items()},
             "assisted": {str(i): s for i, s in self.assisted.items()}}
-        for name in ("held_at", "kept_step", "kept_sha256", "kept_as", "pace_ceiling"):
+        for name in ("held_at", "kept_step", "kept_sha256", "kept_as"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return out
@@ -159,7 +156,7 @@ class EnforcementRecord:
                    {int(k): ClauseTrack.from_dict(v) for k, v in d.get("clauses", {}).items()},
                    {int(k): int(v) for k, v in d.get("assisted", {}).items()},
                    d.get("held_at"), d.get("kept_step"), d.get("kept_sha256"),
-                   d.get("kept_as"), d.get("pace_ceiling"))
+                   d.get("kept_as"))
 
     @classmethod
     def of(cls, extra: dict[str, Any]) -> EnforcementRecord:
