@@ -11,7 +11,10 @@ dual step per batch::
 
     lambda_c <- clip(lambda_c + eta_batch * v_c / u_c, 0, lambda_max)
 
-with ``v_c`` the clause's signed violation on the batch (``> 0``: fails by that much) and
+with ``v_c`` the clause's signed violation on the batch (``> 0``: fails by that much), aimed
+past the bound by the margin the evaluation points aim past it (``EnforceConfig.guard`` times
+the clause's standard error on the enforcement set at the last evaluation point; none before
+the first), so that batches and evaluation points pull towards the same value, and
 ``u_c`` its room (``headwise.contract.lever.room``: what its bound leaves of its range), so one
 ``eta_batch`` fits role scores, cosines and drifts. The levers are weighed in the same units: a
 lever's loss for a clause on its bound is 1 at multiplier 1 (``weigh_in_units``; the
@@ -43,6 +46,7 @@ from torch import Tensor, nn
 from headwise.contract.clause import Clause
 from headwise.contract.lever import ClauseLever, EnforceConfig, LeverKind, room
 from headwise.contract.pace import Pace
+from headwise.contract.record import last_stderrs
 from headwise.model.hook_point import Hook
 
 NAME = "enforce:batch-dual"
@@ -71,12 +75,13 @@ class Tracked:
         for obj in self.lever.objectives:
             obj.weight = lam * self.lever.scale
 
-    def violation(self, value: float) -> float:
-        """The signed violation of ``value`` in the clause's own units (``/ unit``)."""
+    def violation(self, value: float, aim: float = 0.0) -> float:
+        """The signed violation of ``value`` in the clause's own units (``/ unit``), aimed
+        ``aim`` past the bound (0: the bare bound)."""
         c = self.clause
         sides = [c.at_least - value if c.at_least is not None else -float("inf"),
                  value - c.at_most if c.at_most is not None else -float("inf")]
-        return max(sides) / self.unit
+        return (max(sides) + aim) / self.unit
 
     def batch_value(self) -> Tensor | None:
         """The clause's value on the last batch (0-d): the worst of its objectives' values
@@ -142,6 +147,7 @@ class BatchDual:
         self.eta = float(config.eta_batch)
         self.lambda_max = float(config.lambda_max)
         self.pace_max = float(config.pace_max)
+        self.guard = float(config.guard)
         self._keys = [f"{NAME}/{t.clause.path}" for t in clauses]
         self._extra: dict[str, Any] | None = None
         self._step = 0
@@ -169,9 +175,11 @@ class BatchDual:
                                                               strict=True))
 
     def step(self, device: torch.device) -> None:
-        """One dual step per tracked clause on its value on this batch (a clause without one,
-        e.g. a probe lever at weight 0, keeps its multiplier), then the batch's part in the
-        pace (a batch on which every clause was measured; with the run state handed in)."""
+        """One dual step per tracked clause on its value on this batch, aimed past its bound
+        as the last evaluation point aims (a clause without a value, e.g. a probe lever at
+        weight 0, keeps its multiplier), then the batch's part in the pace on the bare
+        violations (a batch on which every clause was measured; with the run state handed
+        in)."""
         nan = torch.full((), float("nan"), device=device)
         values = torch.stack([v if (v := t.batch_value()) is not None else nan
                               for t in self.clauses]).float()
@@ -179,10 +187,12 @@ class BatchDual:
             dist.all_reduce(values)
             values /= dist.get_world_size()
         measured = values.tolist()  # the one host read
+        errors = last_stderrs(self._extra) if self._extra is not None else {}
         for t, value in zip(self.clauses, measured, strict=True):
             if value != value:  # NaN: nothing measured on this batch
                 continue
-            lam = t.multiplier + self.eta * t.violation(value)
+            aim = self.guard * errors.get(t.clause.index, 0.0)
+            lam = t.multiplier + self.eta * t.violation(value, aim)
             t.set(min(max(lam, 0.0), self.lambda_max))
         if self._extra is not None and all(v == v for v in measured):
             pace = Pace.of(self._extra)

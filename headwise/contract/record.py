@@ -162,3 +162,14 @@ class EnforcementRecord:
     def of(cls, extra: dict[str, Any]) -> EnforcementRecord:
         """The record in a trainer's callback state (empty when enforcement never ran)."""
         return cls.from_dict(extra.get(ENTRY))
+
+
+def last_stderrs(extra: dict[str, Any]) -> dict[int, float]:
+    """Each clause's standard error on the enforcement set at the last evaluation point, by
+    clause index, read from a trainer's callback state (empty before the first point; a
+    clause measured without one is left out)."""
+    history = (extra.get(ENTRY) or {}).get("history") or []
+    if not history:
+        return {}
+    return {int(k): float(v["stderr"]) for k, v in history[-1]["clauses"].items()
+            if v.get("stderr") is not None}
