@@ -47,6 +47,7 @@ training at the first point at which the contract held.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,7 +198,7 @@ class Enforcer:
                     obj.weight = self.config.assist_weight * share if on else 0.0
         confident = all(v <= 0.0 for v in aimed.values())
         certified = result.passed and self._certified(state, result)
-        pace = self._pace(state, record, result, lambdas, aimed, failing)
+        pace = self._pace(state, record, result, lambdas, violations, aimed, failing)
         point = EvalPoint(state.step, result.passed, confident, certified=certified, pace=pace)
         for r in result.results:
             index = r.clause.index
@@ -246,13 +247,14 @@ class Enforcer:
         return min(past) - now <= 0.01
 
     def _pace(self, state: TrainState, record: EnforcementRecord, result: ContractResult,
-              lambdas: dict[int, float], aimed: dict[int, float],
-              failing: frozenset[str | None]) -> float:
+              lambdas: dict[int, float], violations: dict[int, float],
+              aimed: dict[int, float], failing: frozenset[str | None]) -> float:
         """The pace's decision at this evaluation point (``headwise.contract.pace``), on the
         enforcement set: it halves, down to 1, and the batches leave it alone until the next
         point, where the contract holds or a task floor fails; else a levered clause failing
-        with its multiplier at ``lambda_max`` whose aimed violation rose since the previous
-        point halves it for good (while it is above 1), and one not measured on training
+        with its multiplier at ``lambda_max`` whose violation rose since the previous point
+        by more than twice the difference's standard error (``_rose``, the batch windows'
+        test) halves it for good (while it is above 1), and one not measured on training
         batches (whose windows decide for themselves) doubles it. Returns the pace."""
         pace = Pace.of(state.extra)
         pace.blocked = bool(result.passed or failing)
@@ -263,8 +265,10 @@ class Enforcer:
                       if not r.passed and self.levers.get(r.clause.index) is not None
                       and lambdas.get(r.clause.index, 0.0) >= self.config.lambda_max]
             before = record.history[-1] if record.history else None
+            guard = self.config.guard
             rose = before is not None and any(
-                i in before.clauses and aimed[i] > before.clauses[i].aimed for i in capped)
+                _rose(before.clauses[i], violations[i], aimed[i], guard)
+                for i in capped if i in before.clauses)
             batchless = any((lever := self.levers[i]) is not None and lever.unit is None
                             for i in capped)
             pace.decide(state.step, batchless, rose, self.config.pace_max)
@@ -292,6 +296,17 @@ class Enforcer:
         for obj in targets:
             loss_term = any(obj is o for o in lever.loss_terms)
             obj.weight = max(0.0, lam - lever.loss_from) if loss_term else weight
+
+
+def _rose(before: PointValues, violation: float, aimed: float, guard: float) -> bool:
+    """Whether a clause's violation rose since ``before`` by more than twice the standard
+    error of the difference of the two points' measurements. Each point's standard error in
+    the violation's units is what its guard added (``aimed - violation = guard x se``, a loss
+    clause's relative to its value); at ``guard`` 0, any rise."""
+    if guard <= 0.0:
+        return violation > before.violation
+    spread = math.hypot(aimed - violation, before.aimed - before.violation) / guard
+    return violation - before.violation > 2.0 * spread
 
 
 _TIERS = ("held", "past every guard", "certified")  # what a kept point was, weakest first
