@@ -11,10 +11,7 @@ dual step per batch::
 
     lambda_c <- clip(lambda_c + eta_batch * v_c / u_c, 0, lambda_max)
 
-with ``v_c`` the clause's signed violation on the batch (``> 0``: fails by that much), aimed
-past the bound by the margin the evaluation points aim past it (``EnforceConfig.guard`` times
-the clause's standard error on the enforcement set at the last evaluation point; none before
-the first), so that batches and evaluation points pull towards the same value, and
+with ``v_c`` the clause's signed violation on the batch (``> 0``: fails by that much) and
 ``u_c`` its room (``headwise.contract.lever.room``: what its bound leaves of its range), so one
 ``eta_batch`` fits role scores, cosines and drifts. The levers are weighed in the same units: a
 lever's loss for a clause on its bound is 1 at multiplier 1 (``weigh_in_units``; the
@@ -27,10 +24,6 @@ The multiplier of a tracked clause lives in its lever's weights (``weight = lamb
 which checkpoints store and ``--resume`` restores, so a resumed run takes the same steps; the
 step reads the batch values to the host once per step (one read for every tracked clause;
 under ``torchrun`` averaged over the ranks first, so every rank takes the same step).
-
-The same batch values decide the pace (``headwise.contract.pace``) every ``WINDOW`` batches:
-a clause failing with its multiplier at ``lambda_max`` doubles the factor on the learning rate
-without waiting for an evaluation point.
 """
 
 from __future__ import annotations
@@ -45,8 +38,6 @@ from torch import Tensor, nn
 
 from headwise.contract.clause import Clause
 from headwise.contract.lever import ClauseLever, EnforceConfig, LeverKind, room
-from headwise.contract.pace import Pace
-from headwise.contract.record import last_stderrs
 from headwise.model.hook_point import Hook
 
 NAME = "enforce:batch-dual"
@@ -75,13 +66,12 @@ class Tracked:
         for obj in self.lever.objectives:
             obj.weight = lam * self.lever.scale
 
-    def violation(self, value: float, aim: float = 0.0) -> float:
-        """The signed violation of ``value`` in the clause's own units (``/ unit``), aimed
-        ``aim`` past the bound (0: the bare bound)."""
+    def violation(self, value: float) -> float:
+        """The signed violation of ``value`` in the clause's own units (``/ unit``)."""
         c = self.clause
         sides = [c.at_least - value if c.at_least is not None else -float("inf"),
                  value - c.at_most if c.at_most is not None else -float("inf")]
-        return (max(sides) + aim) / self.unit
+        return max(sides) / self.unit
 
     def batch_value(self) -> Tensor | None:
         """The clause's value on the last batch (0-d): the worst of its objectives' values
@@ -127,16 +117,15 @@ def weigh_in_units(t: Tracked) -> None:
 
 
 class BatchDual:
-    """The per-batch dual step and the pace's batch decisions (module docstring), as an
-    objective the trainer runs after the levers: its term is 0, its logs are the multipliers
-    (averaged over a logging window in ``metrics.jsonl``). It steps only in training mode (an
-    evaluation forward measures, and moves nothing); the pace lives in the run's callback
-    state, which the trainer hands it before each step (``use_state``).
+    """The per-batch dual step (module docstring), as an objective the trainer runs after the
+    levers: its term is 0, its logs are the multipliers (averaged over a logging window in
+    ``metrics.jsonl``). It steps only in training mode (an evaluation forward measures, and
+    moves nothing).
 
     Args:
         model: the model trained (its ``training`` flag tells a training step).
         clauses: the tracked clauses (``tracked``).
-        config: ``eta_batch``, ``lambda_max`` and ``pace_max``.
+        config: ``eta_batch`` and ``lambda_max``.
     """
 
     def __init__(self, model: nn.Module, clauses: list[Tracked], config: EnforceConfig) -> None:
@@ -146,18 +135,10 @@ class BatchDual:
         self.clauses = clauses
         self.eta = float(config.eta_batch)
         self.lambda_max = float(config.lambda_max)
-        self.pace_max = float(config.pace_max)
-        self.guard = float(config.guard)
         self._keys = [f"{NAME}/{t.clause.path}" for t in clauses]
-        self._extra: dict[str, Any] | None = None
-        self._step = 0
-
-    def use_state(self, extra: dict[str, Any]) -> None:
-        """The run's callback state (``TrainState.extra``), where the pace is kept."""
-        self._extra = extra
 
     def prepare(self, batch: Any, step: int = 0) -> None:
-        self._step = step
+        return None
 
     def hooks(self) -> list[Hook]:
         return []
@@ -175,28 +156,16 @@ class BatchDual:
                                                               strict=True))
 
     def step(self, device: torch.device) -> None:
-        """One dual step per tracked clause on its value on this batch, aimed past its bound
-        as the last evaluation point aims (a clause without a value, e.g. a probe lever at
-        weight 0, keeps its multiplier), then the batch's part in the pace on the bare
-        violations (a batch on which every clause was measured; with the run state handed
-        in)."""
+        """One dual step per tracked clause on its value on this batch (a clause without one,
+        e.g. a probe lever at weight 0, keeps its multiplier)."""
         nan = torch.full((), float("nan"), device=device)
         values = torch.stack([v if (v := t.batch_value()) is not None else nan
                               for t in self.clauses]).float()
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(values)
             values /= dist.get_world_size()
-        measured = values.tolist()  # the one host read
-        errors = last_stderrs(self._extra) if self._extra is not None else {}
-        for t, value in zip(self.clauses, measured, strict=True):
+        for t, value in zip(self.clauses, values.tolist(), strict=True):  # the one host read
             if value != value:  # NaN: nothing measured on this batch
                 continue
-            aim = self.guard * errors.get(t.clause.index, 0.0)
-            lam = t.multiplier + self.eta * t.violation(value, aim)
+            lam = t.multiplier + self.eta * t.violation(value)
             t.set(min(max(lam, 0.0), self.lambda_max))
-        if self._extra is not None and all(v == v for v in measured):
-            pace = Pace.of(self._extra)
-            pace.on_batches(self._step + 1, [t.violation(v) for t, v in zip(
-                self.clauses, measured, strict=True)],
-                [t.multiplier >= self.lambda_max for t in self.clauses], self.pace_max)
-            pace.save(self._extra)

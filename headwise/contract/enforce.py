@@ -47,7 +47,6 @@ training at the first point at which the contract held.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,12 +64,11 @@ from headwise.contract.lever import (
     ProbeSampler,
     RunStructure,
 )
-from headwise.contract.pace import Pace
 from headwise.contract.record import ENTRY, ClauseTrack, EnforcementRecord, EvalPoint, PointValues
 from headwise.contract.results import ClauseResult, ContractResult, VerifyData
 from headwise.contract.verify import verify
 from headwise.control.objective import Objective
-from headwise.training import TrainState
+from headwise.training import LR_SCALE, TrainState
 
 
 @dataclass
@@ -198,7 +196,8 @@ class Enforcer:
                     obj.weight = self.config.assist_weight * share if on else 0.0
         confident = all(v <= 0.0 for v in aimed.values())
         certified = result.passed and self._certified(state, result)
-        pace = self._pace(state, record, result, lambdas, violations, aimed, failing)
+        pace = self._pace(record, result, lambdas, aimed, failing)
+        state.extra[LR_SCALE] = pace
         point = EvalPoint(state.step, result.passed, confident, certified=certified, pace=pace)
         for r in result.results:
             index = r.clause.index
@@ -246,34 +245,35 @@ class Enforcer:
         now = result.clause.entry.violation(result)
         return min(past) - now <= 0.01
 
-    def _pace(self, state: TrainState, record: EnforcementRecord, result: ContractResult,
-              lambdas: dict[int, float], violations: dict[int, float],
-              aimed: dict[int, float], failing: frozenset[str | None]) -> float:
-        """The pace's decision at this evaluation point (``headwise.contract.pace``), on the
-        enforcement set: it halves, down to 1, and the batches leave it alone until the next
-        point, where the contract holds or a task floor fails; else a levered clause failing
-        with its multiplier at ``lambda_max`` whose violation rose since the previous point
-        by more than twice the difference's standard error (``_rose``, the batch windows'
-        test) halves it for good (while it is above 1), and one not measured on training
-        batches (whose windows decide for themselves) doubles it. Returns the pace."""
-        pace = Pace.of(state.extra)
-        pace.blocked = bool(result.passed or failing)
-        if pace.blocked:
-            pace.ease(state.step)
-        else:
-            capped = [r.clause.index for r in result.results
-                      if not r.passed and self.levers.get(r.clause.index) is not None
-                      and lambdas.get(r.clause.index, 0.0) >= self.config.lambda_max]
-            before = record.history[-1] if record.history else None
-            guard = self.config.guard
-            rose = before is not None and any(
-                _rose(before.clauses[i], violations[i], aimed[i], guard)
-                for i in capped if i in before.clauses)
-            batchless = any((lever := self.levers[i]) is not None and lever.unit is None
-                            for i in capped)
-            pace.decide(state.step, batchless, rose, self.config.pace_max)
-        pace.save(state.extra)
-        return pace.pace
+    def _pace(self, record: EnforcementRecord, result: ContractResult,
+              lambdas: dict[int, float], aimed: dict[int, float],
+              failing: frozenset[str | None]) -> float:
+        """The factor on the learning rate from this point on (``EnforceConfig.pace_max``).
+
+        While a levered clause fails with its multiplier at ``lambda_max`` (a larger weight
+        cannot move it faster under AdamW), the pace doubles at each point, up to
+        ``pace_max``; when such a clause's aimed violation *rose* since the previous point
+        while the pace was above 1 (too fast a rate overshoots), it halves instead, and never
+        again exceeds the halved pace (``record.pace_ceiling``). It halves, down to 1, when
+        the whole contract holds and while a task floor fails (``failing``: a task that has
+        not learned is not helped by a faster rate; levers back off where they conflict with
+        a failing floor).
+        """
+        pace = record.history[-1].pace if record.history else 1.0
+        if result.passed or failing:
+            return max(pace / 2.0, 1.0)
+        capped = [r.clause.index for r in result.results
+                  if not r.passed and self.levers.get(r.clause.index) is not None
+                  and lambdas.get(r.clause.index, 0.0) >= self.config.lambda_max]
+        if not capped:
+            return pace
+        before = record.history[-1] if record.history else None
+        if pace > 1.0 and before is not None and any(
+                i in before.clauses and aimed[i] > before.clauses[i].aimed for i in capped):
+            record.pace_ceiling = max(pace / 2.0, 1.0)
+            return record.pace_ceiling
+        ceiling = self.config.pace_max if record.pace_ceiling is None else record.pace_ceiling
+        return min(2.0 * pace, ceiling)
 
     def _saturated(self, lever: ClauseLever | None, lam: float | None) -> bool:
         """Whether the lever is at its limit: the multiplier at ``lambda_max`` or the
@@ -296,17 +296,6 @@ class Enforcer:
         for obj in targets:
             loss_term = any(obj is o for o in lever.loss_terms)
             obj.weight = max(0.0, lam - lever.loss_from) if loss_term else weight
-
-
-def _rose(before: PointValues, violation: float, aimed: float, guard: float) -> bool:
-    """Whether a clause's violation rose since ``before`` by more than twice the standard
-    error of the difference of the two points' measurements. Each point's standard error in
-    the violation's units is what its guard added (``aimed - violation = guard x se``, a loss
-    clause's relative to its value); at ``guard`` 0, any rise."""
-    if guard <= 0.0:
-        return violation > before.violation
-    spread = math.hypot(aimed - violation, before.aimed - before.violation) / guard
-    return violation - before.violation > 2.0 * spread
 
 
 _TIERS = ("held", "past every guard", "certified")  # what a kept point was, weakest first
@@ -341,7 +330,7 @@ def _entry(clause: Clause, lever: ClauseLever | None) -> ClauseTrack:
 
 
 def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
-            kept_step: int | None = None, pace: Pace | None = None) -> dict[str, Any]:
+            kept_step: int | None = None) -> dict[str, Any]:
     """What enforcement did, for ``enforcement.json`` and the report.
 
     ``final`` is the verdict on the verification set. Per clause: its lever, its final
@@ -356,9 +345,8 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
     the verdict, whether it was confident and certified, and the values measured there at
     that step, beside the verification set's ``final``;
     ``assists_from``: per floor whose circuit assists switched on, the step they did;
-    ``pace``: each step after which the factor on the learning rate changed, and the factor
-    (``pace``, the run's ``headwise.contract.pace.Pace``; empty: the schedule's rate
-    throughout);
+    ``pace``: each evaluation point after which the factor on the learning rate changed, and
+    the factor (``EnforceConfig.pace_max``; empty: the schedule's rate throughout);
     ``enforced``: whether some lever was weighted at some evaluation point (multipliers
     relax to 0 once their clauses hold with margin, so the final ones do not say).
     """
@@ -384,8 +372,11 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
         "step": at.step, "passed": at.passed, "confident": at.confident,
         "certified": at.certified,
         "measured": {str(i): c.measured for i, c in at.clauses.items()}}
-    paced = [{"step": int(step), "pace": factor}
-             for step, factor in (pace.changes if pace is not None else [])]
+    paced, pace = [], 1.0
+    for p in history:  # where the factor on the learning rate changed
+        if p.pace != pace:
+            paced.append({"step": p.step, "pace": p.pace})
+            pace = p.pace
     return {"enforced": acted, "evaluations": len(history), "pace": paced,
             "held_at_step": record.held_at, "kept_step": kept_step,
             "kept_as": record.kept_as if at is not None and at.passed else None,

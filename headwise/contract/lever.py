@@ -141,12 +141,11 @@ class EnforceConfig:
             evaluation points, by ``eta``.
         pace_max: the largest factor enforcement may put on the run's peak learning rate.
             AdamW moves a parameter by about the learning rate per step however large the
-            loss's weight, so a multiplier at ``lambda_max`` cannot move a clause faster;
-            while a levered clause fails with its multiplier at ``lambda_max`` (on a 10-batch
-            window for a clause measured on batches, else at an evaluation point), the factor
-            (the *pace*) doubles, up to ``pace_max``; it halves for good where that clause's
-            violation rose at a pace above 1, and halves while a task floor fails or where
-            the contract holds, down to 1 (``headwise.contract.pace``). While
+            loss's weight, so a multiplier at ``lambda_max`` cannot move a clause faster; at
+            an evaluation point at which a levered clause fails with its multiplier at
+            ``lambda_max``, the factor (the *pace*) doubles, up to ``pace_max``; it halves for
+            good where that clause's violation rose at a pace above 1, and halves while a task
+            floor fails or where the contract holds, down to 1 (``Enforcer._pace``). While
             it is above 1 the learning rate is the pace times the peak rate ``train.lr``
             (the schedule's warm-up and decay suspended: a decaying rate slows a lagging
             clause most near the end); at 1 the schedule resumes. 1: never.

@@ -120,6 +120,8 @@ class EnforcementRecord:
         kept_sha256: the kept weights file's digest (with a run directory).
         kept_as: what the kept point was: ``"certified"`` (the contract certified on the
             enforcement set), ``"past every guard"`` or ``"held"``.
+        pace_ceiling: the highest pace allowed from now on, once a faster one overshot
+            (``None``: ``EnforceConfig.pace_max``).
     """
 
     history: list[EvalPoint] = field(default_factory=list)
@@ -131,6 +133,7 @@ class EnforcementRecord:
     kept_step: int | None = None
     kept_sha256: str | None = None
     kept_as: str | None = None
+    pace_ceiling: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form checkpoints carry (``TrainState.extra["enforce"]``)."""
@@ -140,7 +143,7 @@ class EnforcementRecord:
             "chosen": {str(i): h for i, h in self.chosen.items()},
             "clauses": {str(i): t.to_dict() for i, t in self.clauses.items()},
             "assisted": {str(i): s for i, s in self.assisted.items()}}
-        for name in ("held_at", "kept_step", "kept_sha256", "kept_as"):
+        for name in ("held_at", "kept_step", "kept_sha256", "kept_as", "pace_ceiling"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return out
@@ -156,20 +159,9 @@ class EnforcementRecord:
                    {int(k): ClauseTrack.from_dict(v) for k, v in d.get("clauses", {}).items()},
                    {int(k): int(v) for k, v in d.get("assisted", {}).items()},
                    d.get("held_at"), d.get("kept_step"), d.get("kept_sha256"),
-                   d.get("kept_as"))
+                   d.get("kept_as"), d.get("pace_ceiling"))
 
     @classmethod
     def of(cls, extra: dict[str, Any]) -> EnforcementRecord:
         """The record in a trainer's callback state (empty when enforcement never ran)."""
         return cls.from_dict(extra.get(ENTRY))
-
-
-def last_stderrs(extra: dict[str, Any]) -> dict[int, float]:
-    """Each clause's standard error on the enforcement set at the last evaluation point, by
-    clause index, read from a trainer's callback state (empty before the first point; a
-    clause measured without one is left out)."""
-    history = (extra.get(ENTRY) or {}).get("history") or []
-    if not history:
-        return {}
-    return {int(k): float(v["stderr"]) for k, v in history[-1]["clauses"].items()
-            if v.get("stderr") is not None}

@@ -10,9 +10,7 @@ One training step of a lever, in order (``headwise.training.evaluate.forward``):
    the hooks left, so no per-step state leaks into the next step or an evaluation forward.
 
 ``weight`` is what a caller (a schedule, the contract enforcer) changes between steps; ``name``
-is unique in a run (checkpoints store weights by name). An objective that also decides
-something for the run as a whole (enforcement's pace on the learning rate) implements
-``UsesRunState``: the trainer hands it the run's callback state before each training step.
+is unique in a run (checkpoints store weights by name).
 """
 
 from __future__ import annotations
@@ -48,16 +46,4 @@ class Objective(Protocol):
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
         """``(weight * loss, {log name: detached 0-d tensor})`` after the forward pass."""
-        ...
-
-
-@runtime_checkable
-class UsesRunState(Protocol):
-    """An objective whose decisions live in the run's callback state (``TrainState.extra``):
-    the trainer hands it that dict before each training step's forward, so what it writes
-    there (such as ``headwise.training.LR_SCALE``) is saved in checkpoints with the rest, and
-    a resumed run continues exactly."""
-
-    def use_state(self, extra: dict[str, Any]) -> None:
-        """Keep ``extra`` for this step's decisions."""
         ...

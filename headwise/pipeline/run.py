@@ -35,7 +35,6 @@ from headwise.contract import (
     verify,
 )
 from headwise.contract.clause_watch import ClauseWatch
-from headwise.contract.pace import Pace
 from headwise.errors import SpecError
 from headwise.forecast.clauses import load_clause_forecasters
 from headwise.forecast.roles import Forecaster, load_forecaster
@@ -167,7 +166,7 @@ def train_run(spec_source: str | Path, out: str | Path,
             if main and step != result.step:  # the run's weights are the kept model's
                 save_weights(compiled.model, out / "model.safetensors")
         verdict = _verify_trained(compiled, contract)
-        enforcement = (summary(record, verdict, result.step, step, Pace.of(result.extra))
+        enforcement = (summary(record, verdict, result.step, step)
                        if enforcing is not None and verdict is not None else None)
         if main:
             write_json(out / "run.json", {**info, "step": step, "trained_steps": result.step})

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from headwise.atomic import write_bytes_atomic
-from headwise.control.objective import Objective, UsesRunState
+from headwise.control.objective import Objective
 from headwise.data import Mixture
 from headwise.dtensors import is_dtensor
 from headwise.errors import ConfigError, TrainingDiverged
@@ -77,10 +77,9 @@ class TrainState:
         out_dir: the run directory or ``None``.
         rank: this process's data-parallel rank (callbacks' decisions come from rank 0).
         extra: JSON-serialisable callback state, saved in checkpoints and restored on resume.
-            Its entry ``LR_SCALE`` (``"lr_scale"``), when a callback (or an objective that
-            ``UsesRunState``) sets it above 1, makes the learning rate that factor times the
-            peak rate ``config.lr`` from the next step on, in place of the schedule
-            (enforcement's pace); at 1 the schedule resumes.
+            Its entry ``LR_SCALE`` (``"lr_scale"``), when a callback sets it above 1, makes
+            the learning rate that factor times the peak rate ``config.lr`` from the next step
+            on, in place of the schedule (enforcement's pace); at 1 the schedule resumes.
         stop: set to True to end training after this point.
     """
 
@@ -389,9 +388,6 @@ def _step(run: _Run, step_model: Callable[..., Tensor], step: int, hooks: list[A
     batch = ctx.shard(run.data.sample(config.batch_size, run.gen))
     if ctx.device.type != "cpu":
         batch = batch.to(ctx.device)
-    for obj in run.objectives:
-        if isinstance(obj, UsesRunState):
-            obj.use_state(run.extra)
     logits, terms = forward(step_model, run.model, batch, run.objectives, config.bf16,
                             ctx.device, hooks, step)
     loss, step_stats = task_loss(logits, batch, len(run.data.names))

@@ -99,31 +99,6 @@ def test_a_batch_steps_a_score_clause_by_its_role_score_on_that_batch() -> None:
     assert levers[0].objectives[0].weight / levers[0].scale > lam[0]
 
 
-def test_after_an_evaluation_point_a_batch_aims_past_the_bound_by_its_guard() -> None:
-    """With the run state handed in and an evaluation point recorded (the clause's standard
-    error on the enforcement set ``s``), the batch's step is on ``bound + guard s - value``,
-    the value the evaluation points aim at."""
-    model, _, planned = _planned([{"head": "L0.H1", "score": "previous_token",
-                                   "at_least": 0.9}])
-    batch = _batch()
-    with torch.no_grad():
-        prev = role_scores(model, batch.tokens, batch.attention_mask, heads=["L0.H1"],
-                           roles=["previous_token"]).get("L0.H1", "previous_token")
-    s = 0.02
-    point = {"step": 10, "passed": False, "confident": False, "clauses": {"0": {
-        "measured": 0.5, "stderr": s, "violation": 0.4, "aimed": 0.4 + 2.33 * s,
-        "multiplier": 0.0, "passed": False, "saturated": False}}}
-    extra = {"enforce": {"history": [point]}}
-    (dual,) = [o for o in planned.objectives if isinstance(o, BatchDual)]  # type: ignore[attr-defined]
-    dual.use_state(extra)
-    _step(model, planned, batch)
-    lever = planned.levers[0]  # type: ignore[attr-defined]
-    guard = EnforceConfig().guard
-    assert lever.objectives[0].weight / lever.scale == pytest.approx(
-        ETA * (0.9 + guard * s - prev) / 0.1, rel=1e-5)
-    assert extra["lr_scale"] == 1.0 and extra["enforce:pace"]["window"]["n"] == 1
-
-
 def test_an_evaluation_forward_measures_and_moves_nothing() -> None:
     model, _, planned = _planned([{"head": "L0.H1", "score": "previous_token",
                                    "at_least": 0.9}])

@@ -11,7 +11,6 @@ import torch
 
 from headwise.cli import main
 from headwise.contract import EnforceConfig, Enforcer, LeverKind, plan
-from headwise.contract.pace import WINDOW
 from headwise.control.objectives import PatternObjective, RoleBound
 from headwise.control.task_levers import (
     PROBE_POOL,
@@ -139,23 +138,19 @@ def test_multipliers_follow_dual_ascent_and_a_failing_floor_backs_no_lever_off()
     assert again["1"]["multiplier"] == DEFAULTS.lambda_max
     assert [p["pace"] for p in state.extra["enforce"]["history"]] == [1.0, 1.0]
     assert state.extra["lr_scale"] == 1.0
-    # Without the floor, the same model and clause: the capped clause fails. Measured on
-    # every training batch, its pace is decided there (no batch ran here: the pace stays 1);
-    # with the batch dual off (eta_batch 0) the evaluation point doubles it.
+    # Without the floor, the same model and clause: the capped clause fails, so the pace
+    # doubles.
     spec = load_spec(SPEC)
-    for config, expected in ((DEFAULTS, 1.0), (EnforceConfig(eta_batch=0.0), 2.0)):
-        alone = Enforcer(spec.contract, enforcement_data(compiled),
-                         plan(compiled.model, spec.contract, compiled.structure,
-                              config=config).levers, config)
-        state = SimpleNamespace(step=0, model=compiled.model, extra={}, stop=False,
-                                out_dir=None, rank=0, config=spec.train)
-        while not state.extra or state.extra["enforce"]["history"][-1]["clauses"]["0"][
-                "multiplier"] < DEFAULTS.lambda_max:  # evaluation points until it is capped
-            state.step += 20
-            alone(state)  # type: ignore[arg-type]
-        points = state.extra["enforce"]["history"]
-        assert [p["pace"] for p in points] == [1.0] * (len(points) - 1) + [expected]
-        assert state.extra["lr_scale"] == expected
+    alone = Enforcer(spec.contract, enforcement_data(compiled),
+                     plan(compiled.model, spec.contract, compiled.structure).levers)
+    state = SimpleNamespace(step=20, model=compiled.model, extra={}, stop=False, out_dir=None,
+                            rank=0, config=spec.train)
+    for step in (20, 40):
+        state.step = step
+        alone(state)  # type: ignore[arg-type]
+    last = state.extra["enforce"]["history"][-1]
+    assert last["clauses"]["0"]["multiplier"] == DEFAULTS.lambda_max
+    assert last["pace"] == state.extra["lr_scale"] == 2.0
 
 
 def test_plan_gives_every_clause_kind_its_lever() -> None:
@@ -327,13 +322,13 @@ def test_a_run_whose_multipliers_relaxed_to_zero_still_says_it_was_enforced() ->
 def test_a_clause_its_capped_multiplier_cannot_move_is_held_by_pacing_the_learning_rate(
         tmp_path: Path) -> None:
     """At a tenth of SPEC's learning rate the previous-token lever dominates L0.H1's gradient
-    within a few batches (multiplier at lambda_max) yet moves the head by about the learning
-    rate per step (AdamW): without the pace the clause fails; with the default pace the
-    learning rate doubles on the training batches' windows, before the first evaluation
-    point, and comes back down once the contract holds."""
+    from the first evaluation point (multiplier at lambda_max) yet moves the head by about the
+    learning rate per step (AdamW): without the pace the clause fails; with the default pace
+    the learning rate doubles at each point at which the capped clause fails, halves where its
+    violation rose at a pace above 1 (and stays below that pace) or the contract holds."""
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.replace("lr: 3.0e-3", "lr: 3.0e-4").replace(
-        "seed: 0}", "seed: 0, checkpoint_every: 15}"))
+        "seed: 0}", "seed: 0, checkpoint_every: 20}"))
     runs = {}
     for name, sets in (("unpaced", ["--set", "enforce.pace_max=1"]), ("paced", [])):
         code = main(["train", str(spec), "--out", str(tmp_path / name), "--quiet", "--enforce",
@@ -345,25 +340,29 @@ def test_a_clause_its_capped_multiplier_cannot_move_is_held_by_pacing_the_learni
     assert all(p["clauses"]["0"]["multiplier"] == DEFAULTS.lambda_max for p in e["history"])
     code, e, verdict = runs["paced"]
     assert code == 0 and verdict["clauses"][0]["state"] == "certified"
-    changes = [(c["step"], c["pace"]) for c in e["pace"]]
-    # Doubled at the ends of consecutive batch windows, up to pace_max, the first of them
-    # between evaluation points (every 20 steps) ...
-    start = changes[0][0]
-    assert start % WINDOW == 0 and start % 20 != 0
-    assert changes[:3] == [(start, 2.0), (start + WINDOW, 4.0), (start + 2 * WINDOW, 8.0)]
-    # ... and halved at each evaluation point once the contract held there, down to 1.
-    held = e["held_at_step"]
-    assert changes[3:] == [(held, 4.0), (held + 20, 2.0), (held + 40, 1.0)]
-    # The learning rate logged at each step is the pace in force times the peak rate (the
-    # schedule suspended while the pace is above 1).
+    paces = [p["pace"] for p in e["history"]]
+    capped = [not p["clauses"]["0"]["passed"]
+              and p["clauses"]["0"]["multiplier"] == DEFAULTS.lambda_max for p in e["history"]]
+    expected, pace, before, ceiling = [], 1.0, None, DEFAULTS.pace_max
+    for point, is_capped in zip(e["history"], capped, strict=True):
+        now = point["clauses"]["0"]["aimed"]
+        if point["passed"]:
+            pace = max(pace / 2, 1.0)
+        elif is_capped:
+            if pace > 1 and before is not None and now > before:
+                pace = ceiling = max(pace / 2, 1.0)
+            else:
+                pace = min(2 * pace, ceiling)
+        before = now
+        expected.append(pace)
+    assert paces == expected and max(paces) > 1 and paces[-1] < max(paces)
+    # The learning rate logged after each point is the pace times the peak rate (the schedule
+    # suspended), and the schedule's own once the pace is back at 1.
     lines = [json.loads(x) for x in (tmp_path / "paced" / "metrics.jsonl").read_text().splitlines()]
     lrs = {x["step"]: x["lr"] for x in lines if x["kind"] == "train"}
-
-    def pace_at(done: int) -> float:  # the step ``done`` took ran at the last change before it
-        return next((p for s, p in reversed(changes) if s < done), 1.0)
-
-    paced = [s for s in lrs if pace_at(s) > 1]
-    assert paced and all(lrs[s] == pytest.approx(3.0e-4 * pace_at(s)) for s in paced)
-    # The pace and its window in progress are callback state: a run killed while paced, in
-    # the middle of a window (checkpoint at step 15), resumes at the same rate, exactly.
-    _resumes_exactly(spec, tmp_path / "paced", 15)
+    paced = [(s, p["pace"]) for p in e["history"] for s in lrs
+             if p["pace"] > 1 and p["step"] < s <= p["step"] + 20]
+    assert paced and all(lrs[s] == pytest.approx(3.0e-4 * pace) for s, pace in paced)
+    # The pace is callback state: a run killed while paced resumes at the same rate, exactly.
+    at = next(p["step"] for p in e["history"] if p["pace"] > 1)
+    _resumes_exactly(spec, tmp_path / "paced", at)
