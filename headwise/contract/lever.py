@@ -33,8 +33,10 @@ ProbeSampler = Callable[[str, int, int], Batch]
 examples of a task of that name (the pipeline passes
 ``headwise.pipeline.heldout.probe_sampler(spec, data)``)."""
 
-# The lever of "H carries T": one stage of parts, or "others" then "margin" (see EnforceConfig).
 STOPS = ("end", "first_hold")  # EnforceConfig.stop
+POINTS = 30  # enforcement points in a budget, unless EnforceConfig.every says otherwise
+MIN_EVERY = 10  # the fewest steps between them, unless the evaluation points are closer
+# The lever of "H carries T": one stage of parts, or "others" then "margin" (see EnforceConfig).
 CARRIER_STAGES = ((("others",), ("margin",)), (("others", "margin"),), (("others",),),
                   (("margin",),))
 
@@ -53,6 +55,10 @@ class DualContext:
             (those whose multipliers also move between evaluation points: their violations
             come in their own units, ``ClauseLever.unit``, and weigh as much as the batches
             since the last evaluation point; ``headwise.contract.between``).
+        share: the steps since the previous enforcement point over ``train.eval_every``: a
+            setting counted per evaluation point (``eta``, the floor rule's halving) acts in
+            that proportion at an enforcement point, so the cadence
+            (``EnforceConfig.cadence``) does not change how fast multipliers move per step.
     """
 
     levers: Mapping[int, ClauseLever | None]
@@ -61,6 +67,7 @@ class DualContext:
     eta: float
     lambda_max: float
     rates: Mapping[int, float] = field(default_factory=dict)
+    share: float = 1.0
 
 
 class DualUpdate(Protocol):
@@ -84,10 +91,11 @@ class ProjectedAscent:
     """The default dual update: projected dual ascent after the floor rule.
 
     First the multiplier of each lever that degrades a task whose floor fails
-    (``ClauseLever.perturbs``: an ablation lever on that task's examples) is halved; every
-    other lever, a role objective building the task's circuit among them, keeps its own. Then
-    ``lambda_c <- clip(lambda_c + eta v_c, 0, lambda_max)`` for each levered clause ``c``
-    (``eta``: ``DualContext.rates[c]`` where given).
+    (``ClauseLever.perturbs``: an ablation lever on that task's examples) is halved per
+    evaluation interval (by ``0.5 ** share``); every other lever, a role objective building the
+    task's circuit among them, keeps its own. Then ``lambda_c <- clip(lambda_c + eta share v_c,
+    0, lambda_max)`` for each levered clause ``c`` (``eta share``: ``DualContext.rates[c]``
+    where given, already in steps).
     """
 
     keeps_held_model: bool = True
@@ -96,10 +104,10 @@ class ProjectedAscent:
                ctx: DualContext) -> None:
         for index, lever in ctx.levers.items():
             if lever is not None and index in lambdas and lever.perturbs & ctx.failing:
-                lambdas[index] *= 0.5
+                lambdas[index] *= 0.5 ** ctx.share
         for index, v in violations.items():
             lam = float(lambdas.get(index, 0.0))
-            eta = ctx.rates.get(index, ctx.eta)
+            eta = ctx.rates.get(index, ctx.eta * ctx.share)
             lambdas[index] = min(max(lam + eta * v, 0.0), ctx.lambda_max)
 
 
@@ -149,6 +157,12 @@ class EnforceConfig:
             it is above 1 the learning rate is the pace times the peak rate ``train.lr``
             (the schedule's warm-up and decay suspended: a decaying rate slows a lagging
             clause most near the end); at 1 the schedule resumes. 1: never.
+        every: the steps between enforcement points, where the contract is measured on the
+            enforcement set, the multipliers and the pace step and the kept model is chosen;
+            ``None`` (the default): ``cadence``, often enough for ``POINTS`` points in the
+            budget (not closer than ``MIN_EVERY`` steps) and never sparser than the run's
+            evaluation points, so that a contract
+            evaluated every 50 steps in a 300-step run is not enforced six times only.
         confidence: how sure enforcement must be that a clause holding on the enforcement set
             holds on an independent set of the same size too (one-sided, normal
             approximation): a multiplier keeps rising until its clause holds with a margin of
@@ -174,8 +188,12 @@ class EnforceConfig:
     dual: DualUpdate = field(default_factory=ProjectedAscent)
     eta_batch: float = 0.1
     pace_max: float = 8.0
+    every: int | None = None
 
     def __post_init__(self) -> None:
+        if self.every is not None and (isinstance(self.every, bool)
+                                       or not isinstance(self.every, int) or self.every < 1):
+            raise field_error("every", self.every, "an integer >= 1 (steps), or null")
         if isinstance(self.pace_max, bool) or not isinstance(
                 self.pace_max, (int, float)) or not self.pace_max >= 1:
             raise field_error("pace_max", self.pace_max, "a number >= 1")
@@ -216,6 +234,19 @@ class EnforceConfig:
         """Standard errors of the measurement a clause's margin must cover (``confidence``):
         ``z * sqrt(2)``, the spread of the difference between two independent sets' values."""
         return NormalDist().inv_cdf(self.confidence) * math.sqrt(2.0)
+
+    def cadence(self, steps: int, eval_every: int) -> int:
+        """The steps between enforcement points in a run of ``steps`` updates evaluated every
+        ``eval_every`` (0: never): ``every`` when set; else ``steps // POINTS``, but not under
+        ``MIN_EVERY``, or ``eval_every`` where that is denser. ``POINTS`` points leave the
+        pace's doublings (three to ``pace_max``) and a halving within the first tenth of the
+        budget, and the kept model a choice among as many points; closer than ``MIN_EVERY``
+        steps (AdamW's momentum horizon, ``1 / (1 - beta1)``) a point would see the same
+        update direction as the last."""
+        if self.every is not None:
+            return self.every
+        own = max(MIN_EVERY, steps // POINTS)
+        return min(own, eval_every) if eval_every else own
 
     @property
     def staged_from(self) -> float:

@@ -134,10 +134,11 @@ def train_run(spec_source: str | Path, out: str | Path,
     config = opts.enforce_config or spec.enforce
     data = enforcement_data(compiled)  # on the training device: enforcement measures mid-run
     planned = _plan(compiled, contract, data, opts, config)
-    enforcing = (Enforcer(contract, data, planned.levers, config)
+    train_config = _budgeted(spec.train, opts.enforce_budget or 1.0)
+    enforcing = (Enforcer(contract, data, planned.levers, config,
+                          every=config.cadence(train_config.steps, train_config.eval_every))
                  if planned is not None and opts.enforce else None)
     callbacks: list[Callable[[Any], None]] = [enforcing] if enforcing is not None else []
-    train_config = _budgeted(spec.train, opts.enforce_budget or 1.0)
     if enforcing is not None and config.stop == "end" and train_config.parallel == "fsdp":
         raise SpecError("enforce.stop: got 'end' with train.parallel: fsdp, expected "
                         "'first_hold' (keeping the model of an evaluation point is not "

@@ -5,13 +5,15 @@ generator (keep this rank's shard), forward with the objectives' hooks attached,
 objective terms, backward, clip the global gradient norm, AdamW step. Every ``log_every`` steps
 a ``"train"`` line goes to ``metrics.jsonl``; every ``eval_every`` steps (and at the end) an
 ``"eval"`` line, then the callbacks get a ``TrainState`` (they may change objective weights,
-keep state in ``state.extra``, or set ``state.stop``); every ``checkpoint_every`` steps (and at
-the end) a checkpoint is saved. ``resume=True`` restores the latest checkpoint's weights,
-optimizer, RNG states, objective weights and callback state, so the run continues exactly as
-if never interrupted (bitwise on CPU). Under ``torchrun`` the ranks share the work as
-``config.parallel`` says: DDP (``headwise.training.distributed``), or FSDP2 sharding
-(``headwise.training.fsdp``: the model is sharded in place before the optimizer is made, its
-checkpoints are ``headwise.training.sharded_checkpoint``'s, and it is whole again at the end).
+keep state in ``state.extra``, or set ``state.stop``; a callback with an ``every`` attribute
+is called every that many steps and at the end instead, with the last record as metrics);
+every ``checkpoint_every`` steps (and at the end) a checkpoint is saved. ``resume=True``
+restores the latest checkpoint's weights, optimizer, RNG states, objective weights and
+callback state, so the run continues exactly as if never interrupted (bitwise on CPU). Under
+``torchrun`` the ranks share the work as ``config.parallel`` says: DDP
+(``headwise.training.distributed``), or FSDP2 sharding (``headwise.training.fsdp``: the model
+is sharded in place before the optimizer is made, its checkpoints are
+``headwise.training.sharded_checkpoint``'s, and it is whole again at the end).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ LR_SCALE = "lr_scale"
 
 @dataclass
 class TrainState:
-    """What callbacks see at an evaluation point.
+    """What callbacks see at an evaluation point (or at their own cadence: ``every``).
 
     Attributes:
         step: optimiser updates done.
@@ -179,7 +181,8 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
             ``config.json``; ``None`` writes nothing.
         objectives: loss terms (``headwise.control.Objective``: ``name``, ``weight``,
             ``prepare(batch)``, ``hooks()``, ``loss(...)``).
-        callbacks: called with a ``TrainState`` at each evaluation point.
+        callbacks: called with a ``TrainState`` at each evaluation point (one with an
+            ``every`` attribute: every that many steps and at the last, instead).
         optimizer_hooks: called once with the optimizer (e.g. to register step hooks).
         resume: continue from ``latest_checkpoint(out_dir)`` if there is one (a run that a
             callback stopped stays stopped: the resume only re-evaluates and rewrites the
@@ -278,7 +281,7 @@ def _start(model: nn.Module, data: Mixture, eval_data: Mixture, config: TrainCon
     torch.manual_seed(config.seed + ctx.rank)
     writer = RunLog(out_dir, ctx.is_main, config, eval_data, figures)
     return _Run(model, data, eval_data, config, out_dir, objectives,
-                [*callbacks, *writer.callbacks], optimizer, gen, ctx, writer, progress,
+                callbacks, optimizer, gen, ctx, writer, progress,
                 LogWindow.empty(objectives, len(data.names), ctx.device))
 
 
@@ -420,12 +423,18 @@ def _after_step(run: _Run, lr: float, bar: ProgressBar, t0: float) -> None:
         run.metrics = record
     else:
         bar.update(done)
-    if config.eval_every and (done % config.eval_every == 0 or done == config.steps):
+    evaluating = bool(config.eval_every) and (done % config.eval_every == 0
+                                              or done == config.steps)
+    if evaluating:
         run.metrics = {"kind": "eval", "step": done, **_evaluate(run)}
         run.writer.write(run.metrics)
-        run.stopped, run.extra = _call_back(run.callbacks, run.ctx, done, run.model,
-                                            run.metrics, config, run.objectives,
-                                            run.optimizer, run.out_dir, run.extra)
+    due = [cb for cb in run.callbacks if _due(cb, done, config.steps, evaluating)]
+    if due or evaluating:  # the run log's callbacks log what the others decided
+        due += run.writer.callbacks
+    if due:
+        run.stopped, run.extra = _call_back(due, run.ctx, done, run.model, run.metrics, config,
+                                            run.objectives, run.optimizer, run.out_dir,
+                                            run.extra)
         run.model.train()
     last = done == config.steps or run.stopped
     if run.out_dir is not None and config.checkpoint_every and (
@@ -435,6 +444,18 @@ def _after_step(run: _Run, lr: float, bar: ProgressBar, t0: float) -> None:
             raise _diverged(loss_sum, done, lr, run.objectives, run.out_dir)
         _checkpoint(run)
         run.writer.checkpoint(done, run.model)
+
+
+def _due(callback: Callable[[TrainState], None], done: int, steps: int,
+         evaluating: bool) -> bool:
+    """Whether ``callback`` runs after update ``done``: at evaluation points, or, for one with
+    its own cadence (an ``every`` attribute, a positive number of steps), every that many
+    steps and at the last (``headwise.contract.Enforcer``: enforcement measures at its own
+    cadence, whatever the evaluation points')."""
+    every = getattr(callback, "every", None)
+    if every:
+        return done % int(every) == 0 or done == steps
+    return evaluating
 
 
 def _evaluate(run: _Run) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -58,11 +59,13 @@ def test_enforce_turns_a_failing_contract_into_one_that_holds(
     (clause,) = e["clauses"]
     assert clause["index"] == 0 and clause["lever"].startswith("pattern objective (previous")
     assert clause["lever_objectives"] == ["enforce:previous_token[L0.H1][contract[0]]"]
-    assert clause["first_failed_at"] == 20
+    # Enforcement measures at its own cadence: every 10 steps (30 points in the budget, but
+    # not closer than AdamW's momentum horizon), not at the 6 evaluation points (every 20).
+    assert DEFAULTS.cadence(120, 20) == 10 and clause["first_failed_at"] == 10
     # Training ran its whole budget with the constraint kept, and kept the model of the last
-    # evaluation point at which the contract held on the enforcement set with its guard.
+    # enforcement point at which the contract held on the enforcement set with its guard.
     steps = [p["step"] for p in e["history"]]
-    assert steps == list(range(20, 121, 20)) and e["steps"] == 120
+    assert steps == list(range(10, 121, 10)) and e["steps"] == 120
     held = [p["step"] for p in e["history"] if p["passed"]]
     confident = [p["step"] for p in e["history"] if p["confident"]]
     certified = [p["step"] for p in e["history"] if p["certified"]]
@@ -78,13 +81,13 @@ def test_enforce_turns_a_failing_contract_into_one_that_holds(
     assert first["stderr"] > 0 and first["aimed"] == pytest.approx(
         first["violation"] + DEFAULTS.guard * first["stderr"])
     # The multiplier moved on every training batch before it (the clause failed on each) and
-    # then stepped on the aimed violation in the clause's room (0.1), weighed as 20 batches.
-    assert first["multiplier"] > DEFAULTS.eta_batch * 20 * first["aimed"] / 0.1 or \
+    # then stepped on the aimed violation in the clause's room (0.1), weighed as 10 batches.
+    assert first["multiplier"] > DEFAULTS.eta_batch * 10 * first["aimed"] / 0.1 or \
         first["multiplier"] == DEFAULTS.lambda_max
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     early = next(x for x in lines if x["kind"] == "train" and x["step"] == 10)
     assert early["objectives"]["enforce:batch-dual"]["heads"][
-        "enforce:batch-dual/contract[0]"] > 0  # before the first evaluation point
+        "enforce:batch-dual/contract[0]"] > 0  # before the first evaluation point (20)
     report = json.loads((run / "report.json").read_text())
     assert report["enforcement"]["held_at_step"] == e["held_at_step"]
     out = " ".join(capsys.readouterr().out.split())  # rich wraps the table's title
@@ -249,15 +252,15 @@ def _resumes_exactly(spec: Path, run: Path, killed_after: int) -> None:
 
 
 def test_enforcement_resumes_exactly(tmp_path: Path) -> None:
-    """Kill after the checkpoint of the point before the contract first held (simulated):
-    --resume replays the same enforcement."""
+    """Kill after the last checkpoint before the contract first held (simulated), between
+    enforcement points: --resume replays the same enforcement."""
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.replace("seed: 0}", "seed: 0, checkpoint_every: 20}"))
     run = tmp_path / "run"
     assert main(["train", str(spec), "--out", str(run), "--quiet", "--enforce"]) == 0
     held = json.loads((run / "enforcement.json").read_text())["held_at_step"]
     assert held is not None and held > 20
-    _resumes_exactly(spec, run, held - 20)
+    _resumes_exactly(spec, run, (held - 1) // 20 * 20)
 
 
 def test_a_score_clause_on_a_probe_is_enforced_on_batches_drawn_like_that_probe() -> None:
@@ -322,10 +325,12 @@ def test_a_run_whose_multipliers_relaxed_to_zero_still_says_it_was_enforced() ->
 def test_a_clause_its_capped_multiplier_cannot_move_is_held_by_pacing_the_learning_rate(
         tmp_path: Path) -> None:
     """At a tenth of SPEC's learning rate the previous-token lever dominates L0.H1's gradient
-    from the first evaluation point (multiplier at lambda_max) yet moves the head by about the
-    learning rate per step (AdamW): without the pace the clause fails; with the default pace
-    the learning rate doubles at each point at which the capped clause fails, halves where its
-    violation rose at a pace above 1 (and stays below that pace) or the contract holds."""
+    from the first points (multiplier at lambda_max) yet moves the head by about the learning
+    rate per step (AdamW): without the pace the clause fails; with the default pace the
+    learning rate doubles at each point at which the capped clause fails and is behind (at
+    its recent rate it would not reach its aim in half the steps left), halves for good where
+    its violation rose past twice the difference's standard error at a pace above 1, and
+    halves where the contract holds."""
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.replace("lr: 3.0e-3", "lr: 3.0e-4").replace(
         "seed: 0}", "seed: 0, checkpoint_every: 20}"))
@@ -337,32 +342,39 @@ def test_a_clause_its_capped_multiplier_cannot_move_is_held_by_pacing_the_learni
                       json.loads((tmp_path / name / "contract.json").read_text()))
     code, e, verdict = runs["unpaced"]
     assert code == 1 and not verdict["passed"] and e["pace"] == []
-    assert all(p["clauses"]["0"]["multiplier"] == DEFAULTS.lambda_max for p in e["history"])
+    assert all(p["clauses"]["0"]["multiplier"] == DEFAULTS.lambda_max
+               for p in e["history"] if p["step"] >= 20)
     code, e, verdict = runs["paced"]
     assert code == 0 and verdict["clauses"][0]["state"] == "certified"
     paces = [p["pace"] for p in e["history"]]
-    capped = [not p["clauses"]["0"]["passed"]
-              and p["clauses"]["0"]["multiplier"] == DEFAULTS.lambda_max for p in e["history"]]
-    expected, pace, before, ceiling = [], 1.0, None, DEFAULTS.pace_max
-    for point, is_capped in zip(e["history"], capped, strict=True):
-        now = point["clauses"]["0"]["aimed"]
+    expected, pace, ceiling, seen = [], 1.0, DEFAULTS.pace_max, []
+    for point in e["history"]:
+        c = point["clauses"]["0"]
+        now, capped = c["aimed"], not c["passed"] and c["multiplier"] == DEFAULTS.lambda_max
         if point["passed"]:
             pace = max(pace / 2, 1.0)
-        elif is_capped:
-            if pace > 1 and before is not None and now > before:
+        elif capped:
+            before = seen[-1][1] if seen else None
+            if pace > 1 and before is not None and now - before["aimed"] > 2 * math.hypot(
+                    c["stderr"], before["stderr"]):
                 pace = ceiling = max(pace / 2, 1.0)
             else:
-                pace = min(2 * pace, ceiling)
-        before = now
+                step0, first = seen[-2:][0] if seen else (None, None)
+                rate = None if first is None else (first["aimed"] - now) / (point["step"] - step0)
+                left = 120 - point["step"]
+                if rate is None or rate <= 0 or now / rate > left / 2:
+                    pace = min(2 * pace, ceiling)
+        seen.append((point["step"], c))
         expected.append(pace)
     assert paces == expected and max(paces) > 1 and paces[-1] < max(paces)
     # The learning rate logged after each point is the pace times the peak rate (the schedule
     # suspended), and the schedule's own once the pace is back at 1.
     lines = [json.loads(x) for x in (tmp_path / "paced" / "metrics.jsonl").read_text().splitlines()]
     lrs = {x["step"]: x["lr"] for x in lines if x["kind"] == "train"}
-    paced = [(s, p["pace"]) for p in e["history"] for s in lrs
-             if p["pace"] > 1 and p["step"] < s <= p["step"] + 20]
+    points = e["history"]
+    paced = [(s, p["pace"]) for p, after in zip(points, points[1:], strict=False)
+             for s in lrs if p["pace"] > 1 and p["step"] < s <= after["step"]]
     assert paced and all(lrs[s] == pytest.approx(3.0e-4 * pace) for s, pace in paced)
     # The pace is callback state: a run killed while paced resumes at the same rate, exactly.
-    at = next(p["step"] for p in e["history"] if p["pace"] > 1)
+    at = next(p["step"] for p in e["history"] if p["pace"] > 1 and p["step"] % 20 == 0)
     _resumes_exactly(spec, tmp_path / "paced", at)

@@ -239,7 +239,7 @@ def test_a_later_failure_restores_the_model_of_the_last_point_that_held(
     levers = plan(compiled.model, spec.contract, compiled.structure).levers
     enforcer = Canned(spec.contract, enforcement_data(compiled), levers)
     state = SimpleNamespace(step=0, model=model, extra={}, stop=False,
-                            out_dir=tmp_path if on_disk else None, rank=0)
+                            out_dir=tmp_path if on_disk else None, rank=0, config=spec.train)
     snapshots = {}
     for step in (10, 20, 30):  # holds at 10 and 20, fails at 30
         with torch.no_grad():
@@ -296,7 +296,7 @@ def test_a_floor_that_stops_improving_switches_its_circuit_assists_on() -> None:
 
     enforcer = Canned(spec.contract, enforcement_data(compiled), levers, config)
     state = SimpleNamespace(step=0, model=compiled.model, extra={}, stop=False, out_dir=None,
-                            rank=0)
+                            rank=0, config=spec.train)
     weights, task_weights = [], []
     for step in (5, 10, 15, 20, 25):
         state.step = step
@@ -354,7 +354,7 @@ def test_a_failing_floor_backs_off_only_the_levers_that_degrade_its_task() -> No
     assert levers[1].perturbs == {"copy"} and not levers[2].perturbs  # type: ignore[union-attr]
     enforcer = Enforcer(spec.contract, enforcement_data(compiled), levers)
     state = SimpleNamespace(step=20, model=compiled.model, extra={}, stop=False, out_dir=None,
-                            rank=0)
+                            rank=0, config=spec.train)
     lambdas = state.extra.setdefault("enforce", {"history": [], "multipliers": {},
                                                  "chosen": {}, "clauses": {}})["multipliers"]
     lambdas.update({"0": 1.0, "1": 2.0, "2": 4.0})
@@ -422,7 +422,7 @@ def test_a_clause_held_within_its_noise_keeps_its_multiplier_and_is_not_kept(
 
     enforcer = Canned(spec.contract, enforcement_data(compiled), levers, config)
     state = SimpleNamespace(step=0, model=compiled.model, extra={}, stop=False, out_dir=None,
-                            rank=0)
+                            rank=0, config=spec.train)
     state.extra["enforce"] = {"history": [], "multipliers": {"0": 1.0}, "chosen": {},
                               "clauses": {}}
     multipliers = []

@@ -117,7 +117,8 @@ def test_a_new_kind_is_one_entry() -> None:
     lever = planned.levers[1]
     assert lever is not None and lever.objectives[0] in planned.objectives
     enforcer = Enforcer(contract, VerifyData(tasks={"copy": batch}), planned.levers)
-    state = SimpleNamespace(step=5, model=model, extra={}, stop=False, out_dir=None, rank=0)
+    state = SimpleNamespace(step=5, model=model, extra={}, stop=False, out_dir=None, rank=0,
+                            config=SimpleNamespace(steps=10, eval_every=5))
     enforcer(state)  # type: ignore[arg-type]
     record = EnforcementRecord.of(state.extra)
     eta = EnforceConfig().eta  # the failing clause's multiplier steps by eta x its violation

@@ -242,7 +242,7 @@ def test_cli_exit_2_without_tensorboard(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_enforcement_state_is_logged(tmp_path: Path) -> None:
-    """With --enforce, each evaluation point's violations, multipliers and measured values, as
+    """With --enforce, each enforcement point's violations, multipliers and measured values, as
     enforcement.json records them, are in the event file."""
     from headwise.pipeline.run import train_run
 
@@ -253,12 +253,12 @@ def test_enforcement_state_is_logged(tmp_path: Path) -> None:
             "contract:\n  - {name: prev, head: L0.H1, score: previous_token, at_least: 0.99}\n")
     outcome = train_run(spec, tmp_path / "run", RunOptions(enforce=True, progress=False))
     history = json.loads((tmp_path / "run" / "enforcement.json").read_text())["history"]
-    assert outcome.enforcement is not None and len(history) == 2
+    assert outcome.enforcement is not None and len(history) == 4  # every 10 steps
     acc = _read(tmp_path / "run")
     for field in ("violation", "multiplier", "measured"):
         got = _scalars(acc, f"constraints/prev/{field}")  # the clause's name
         want = [(h["step"], h["clauses"]["0"][field]) for h in history]
-        assert [s for s, _ in got] == [s for s, _ in want] == [20, 40], field
+        assert [s for s, _ in got] == [s for s, _ in want] == [10, 20, 30, 40], field
         assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6), field
     assert history[0]["clauses"]["0"]["violation"] > 0  # it failed and the multiplier rose
     assert history[0]["clauses"]["0"]["multiplier"] > 0
