@@ -43,7 +43,10 @@ def run(args: argparse.Namespace) -> int:
     levers = plan(compiled.model, contract, compiled.structure,
                   probes=probe_sampler(spec, compiled.data),
                   config=spec.enforce, data=enforcement_data(compiled)).levers
-    table = Table(title=f"enforcement plan: {args.spec}")
+    every = spec.enforce.cadence(spec.train.steps, spec.train.eval_every)
+    table = Table(title=f"enforcement plan: {args.spec}",
+                  caption=f"under --enforce the contract is measured on the enforcement set "
+                          f"every {every} steps of {spec.train.steps} (enforce.every)")
     for col in ("#", "clause", "kind", "bound", "measured on", "lever", "start weight"):
         table.add_column(col)
     for c in contract:

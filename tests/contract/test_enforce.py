@@ -215,7 +215,11 @@ def test_enforce_refuses_a_clause_without_a_lever_unless_allowed(
     assert [c["lever"] for c in e["clauses"]] == [None, "pattern objective (previous_token, "
                                                         "ce) on L0.H1"]
     assert main(["plan", str(spec)]) == 1
-    assert "1 clause without a lever: contract[0]" in capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
+    assert "1 clause without a lever: contract[0]" in out
+    # where enforcement would measure: every 10 steps (the 20-step budget's own cadence,
+    # no denser than AdamW's momentum horizon; EnforceConfig.cadence)
+    assert "measured on the enforcement set every 10 steps of 20 (enforce.every)" in out
     # --set applies to the spec plan reads, as train's does (here: a contract whose clause a
     # pattern objective moves)
     assert main(["plan", str(spec), "--set",

@@ -321,3 +321,26 @@ def test_signal_before_the_first_step_is_an_interrupt_without_checkpoint(
         train(build_model(CFG, seed=0), _copy(), TrainConfig(steps=20, batch_size=8),
               out_dir=tmp_path, progress=False)
     assert e.value.step == 0 and e.value.checkpoint is None
+
+
+def test_a_callback_with_its_own_cadence_runs_at_it_and_not_at_evaluation_points() -> None:
+    """``every``: called every that many steps and at the last, with the last evaluation
+    record; the others at evaluation points only (the enforcer measures at its own points)."""
+    seen: dict[str, list[tuple[int, Any]]] = {"own": [], "eval": []}
+
+    class Own:
+        every = 4
+
+        def __call__(self, state: TrainState) -> None:
+            seen["own"].append((state.step, state.metrics.get("step")))
+
+    def at_eval(state: TrainState) -> None:
+        seen["eval"].append((state.step, state.metrics["kind"]))
+
+    config = TrainConfig(steps=10, batch_size=8, log_every=5, eval_every=5, eval_batches=1)
+    train(build_model(CFG, seed=0), _copy(), config, callbacks=[Own(), at_eval],
+          progress=False)
+    assert [s for s, _ in seen["own"]] == [4, 8, 10]
+    assert seen["own"][0][1] is None  # nothing logged before step 5
+    assert seen["own"][1][1] == 5 and seen["own"][2][1] == 10  # the last record it had
+    assert seen["eval"] == [(5, "eval"), (10, "eval")]
