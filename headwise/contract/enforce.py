@@ -193,7 +193,7 @@ class Enforcer:
             index = r.clause.index
             lever = self.levers[index]
             assert lever is not None
-            self._apply(lever, lambdas[index], r, record.chosen)
+            self._apply(lever, lambdas[index], r, record.chosen, state.step >= interval)
             if lever.assists:
                 if index not in record.assisted and self._stalled(
                         record.history, index, r, state.step, interval):
@@ -308,12 +308,18 @@ class Enforcer:
         return lam >= self.config.lambda_max or (capped and not lever.loss_terms)
 
     def _apply(self, lever: ClauseLever, lam: float, result: ClauseResult,
-               chosen: dict[int, str]) -> None:
+               chosen: dict[int, str], may_choose: bool) -> None:
+        """Weigh the lever's objectives by its multiplier. An ``any_of`` clause drives one
+        head, the one closest to the role at the first point one evaluation interval into
+        the run (``may_choose``): earlier, the heads' scores are too young to choose by, and
+        the lever waits at weight 0."""
         weight = lam * lever.scale
         if lever.cap is not None:
             weight = min(weight, lever.cap)
         targets = lever.objectives
         if lever.per_head and result.clause.quantifier == "any_of":
+            if result.clause.index not in chosen and not may_choose:
+                return
             pick = chosen.setdefault(result.clause.index,
                                      result.decided_by or next(iter(lever.per_head)))
             targets = lever.per_head.get(pick, targets)
