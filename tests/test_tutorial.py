@@ -353,8 +353,7 @@ def _no_gates(s: Session, what: str) -> tuple[str, ...]:
 def _enforcement(s: Session, key: str) -> tuple[str]:
     record = s.json("runs/enforce-on/enforcement.json")
     if key == "multipliers":
-        values = {c["multiplier"] for c in record["clauses"]}
-        return (f"{values.pop():g}" if len(values) == 1 else str(sorted(values)),)
+        return tuple(f"{c['multiplier']:.2f}" for c in record["clauses"])
     return (str(record[key]),)
 
 
@@ -404,12 +403,15 @@ CLAIMS: dict[str, Claim] = {
     "plain enforce": (r"\((ablating L0\.H0 changes nothing)\)", lambda s: _zero(
         "ablating L0.H0 changes nothing",
         s.json("runs/enforce/contract.json")["clauses"][1]["measured"])),
-    "enforce eval_every": (r"\(`eval_every: (\d+)`\) on the enforcement set",
-                           lambda s: (str(ENFORCE_SPEC.train.eval_every),)),
+    "enforce every": (r"measured every (\d+) steps on the enforcement set",
+                      lambda s: (str(ENFORCE_SPEC.enforce.cadence(
+                          ENFORCE_SPEC.train.steps, ENFORCE_SPEC.train.eval_every)),)),
+    "eval lines": (r"`eval` line \(`eval_every: (\d+)`\)",
+                   lambda s: (str(ENFORCE_SPEC.train.eval_every),)),
     "held from": (r"holds on the enforcement set from step (\d+)",
                   lambda s: _enforcement(s, "held_at_step")),
     "goes on to": (r"training goes on to step (\d+)", lambda s: _enforcement(s, "steps")),
-    "multipliers": (r"each multiplier relaxes to (\d)",
+    "multipliers": (r"the multipliers relax, here to (\d\.\d\d) and (\d\.\d\d),",
                     lambda s: _enforcement(s, "multipliers")),
     "kept": (r"certified on the enforcement set, here step (\d+)",
              lambda s: _enforcement(s, "kept_step")),

@@ -138,8 +138,8 @@ class Enforcer:
         levers: from ``plan`` (``Plan.levers``).
         config: the enforcement settings (``eta``, ``lambda_max``, the dual update; the levers'
             scales were fixed by ``plan``).
-        every: the steps between enforcement points (``EnforceConfig.cadence``; ``train()``
-            calls a callback with ``every`` at that cadence rather than at its evaluation
+        call_every: the steps between enforcement points (``EnforceConfig.cadence``; ``train()``
+            calls a callback with ``call_every`` at that cadence rather than at its evaluation
             points); ``None``: at evaluation points.
     """
 
@@ -148,7 +148,7 @@ class Enforcer:
     levers: dict[int, ClauseLever | None]
     config: EnforceConfig = field(default_factory=EnforceConfig)
     kept: KeptModel = field(default_factory=KeptModel)
-    every: int | None = None
+    call_every: int | None = None
 
     def __call__(self, state: TrainState) -> None:
         record = EnforcementRecord.of(state.extra)

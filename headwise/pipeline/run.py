@@ -136,7 +136,7 @@ def train_run(spec_source: str | Path, out: str | Path,
     planned = _plan(compiled, contract, data, opts, config)
     train_config = _budgeted(spec.train, opts.enforce_budget or 1.0)
     enforcing = (Enforcer(contract, data, planned.levers, config,
-                          every=config.cadence(train_config.steps, train_config.eval_every))
+                          call_every=config.cadence(train_config.steps, train_config.eval_every))
                  if planned is not None and opts.enforce else None)
     callbacks: list[Callable[[Any], None]] = [enforcing] if enforcing is not None else []
     if enforcing is not None and config.stop == "end" and train_config.parallel == "fsdp":

@@ -5,12 +5,12 @@ generator (keep this rank's shard), forward with the objectives' hooks attached,
 objective terms, backward, clip the global gradient norm, AdamW step. Every ``log_every`` steps
 a ``"train"`` line goes to ``metrics.jsonl``; every ``eval_every`` steps (and at the end) an
 ``"eval"`` line, then the callbacks get a ``TrainState`` (they may change objective weights,
-keep state in ``state.extra``, or set ``state.stop``; a callback with an ``every`` attribute
-is called every that many steps and at the end instead, with the last record as metrics);
-every ``checkpoint_every`` steps (and at the end) a checkpoint is saved. ``resume=True``
-restores the latest checkpoint's weights, optimizer, RNG states, objective weights and
-callback state, so the run continues exactly as if never interrupted (bitwise on CPU). Under
-``torchrun`` the ranks share the work as ``config.parallel`` says: DDP
+keep state in ``state.extra``, or set ``state.stop``; a callback with a ``call_every``
+attribute is called every that many steps and at the end instead, with the last record as
+metrics); every ``checkpoint_every`` steps (and at the end) a checkpoint is saved.
+``resume=True`` restores the latest checkpoint's weights, optimizer, RNG states, objective
+weights and callback state, so the run continues exactly as if never interrupted (bitwise on
+CPU). Under ``torchrun`` the ranks share the work as ``config.parallel`` says: DDP
 (``headwise.training.distributed``), or FSDP2 sharding (``headwise.training.fsdp``: the model
 is sharded in place before the optimizer is made, its checkpoints are
 ``headwise.training.sharded_checkpoint``'s, and it is whole again at the end).
@@ -67,7 +67,7 @@ LR_SCALE = "lr_scale"
 
 @dataclass
 class TrainState:
-    """What callbacks see at an evaluation point (or at their own cadence: ``every``).
+    """What callbacks see at an evaluation point (or at their own cadence: ``call_every``).
 
     Attributes:
         step: optimiser updates done.
@@ -182,7 +182,7 @@ def train(model: nn.Module, data: Mixture, config: TrainConfig, *, out_dir: Path
         objectives: loss terms (``headwise.control.Objective``: ``name``, ``weight``,
             ``prepare(batch)``, ``hooks()``, ``loss(...)``).
         callbacks: called with a ``TrainState`` at each evaluation point (one with an
-            ``every`` attribute: every that many steps and at the last, instead).
+            ``call_every`` attribute: every that many steps and at the last, instead).
         optimizer_hooks: called once with the optimizer (e.g. to register step hooks).
         resume: continue from ``latest_checkpoint(out_dir)`` if there is one (a run that a
             callback stopped stays stopped: the resume only re-evaluates and rewrites the
@@ -449,10 +449,10 @@ def _after_step(run: _Run, lr: float, bar: ProgressBar, t0: float) -> None:
 def _due(callback: Callable[[TrainState], None], done: int, steps: int,
          evaluating: bool) -> bool:
     """Whether ``callback`` runs after update ``done``: at evaluation points, or, for one with
-    its own cadence (an ``every`` attribute, a positive number of steps), every that many
+    its own cadence (a ``call_every`` attribute, a positive number of steps), every that many
     steps and at the last (``headwise.contract.Enforcer``: enforcement measures at its own
     cadence, whatever the evaluation points')."""
-    every = getattr(callback, "every", None)
+    every = getattr(callback, "call_every", None)
     if every:
         return done % int(every) == 0 or done == steps
     return evaluating

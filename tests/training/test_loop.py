@@ -324,12 +324,12 @@ def test_signal_before_the_first_step_is_an_interrupt_without_checkpoint(
 
 
 def test_a_callback_with_its_own_cadence_runs_at_it_and_not_at_evaluation_points() -> None:
-    """``every``: called every that many steps and at the last, with the last evaluation
+    """``call_every``: called every that many steps and at the last, with the last evaluation
     record; the others at evaluation points only (the enforcer measures at its own points)."""
     seen: dict[str, list[tuple[int, Any]]] = {"own": [], "eval": []}
 
     class Own:
-        every = 4
+        call_every = 4
 
         def __call__(self, state: TrainState) -> None:
             seen["own"].append((state.step, state.metrics.get("step")))
