@@ -256,6 +256,8 @@ def contract_cases() -> dict[str, dict[str, Any]]:
                                                                "examples": 10**7}}),
         "enforce pace_max below 1": _spec("enforce/pace_max", 0.5),
         "enforce pace_max nan": _raw(yaml.safe_dump(BASE) + "enforce: {pace_max: .nan}\n"),
+        "enforce every 0": _spec("enforce/every", 0),
+        "enforce every a float": _spec("enforce/every", 2.5),
     }
 
 
