@@ -20,9 +20,10 @@ keys padded with ``-inf`` to 16), the evidence for ``softmax_keys``.
 With ``--captures`` it times what read-only captures of patterns cost at longer lengths, one
 GPT-2-shaped ``Attention`` module (H=8, d_model 256; T=64 B=32, T=256 B=8, T=1024 B=2), no-grad
 forward: no hook; one head captured (the fused call with that head's pattern beside it); every
-head captured (the module's one explicit pass, output used); and, for comparison, every head's
-pattern beside a fused call over every head (the alternative the module does not take, built
-from its own ``_fused`` and ``_pattern``).
+head captured (the module's one explicit pass, output used: in causal query blocks from
+T = 128, ``kernels.causal_blocked``); the same with the pass over all T x T scores forced;
+and, for comparison, every head's pattern beside a fused call over every head (the alternative
+the module does not take, built from its own ``_fused`` and ``_pattern``).
 
 Each (situation, path) pair runs ``--reps`` rounds of ``--iters`` calls, the paths alternating
 within a round; figures are medians over rounds, one torch thread, float32.
@@ -148,17 +149,26 @@ def measure_captures(T: int, B: int, reps: int, iters: int,
                 attn.hook_pattern.detach(hook)
         return run
 
+    plan = attn._layer_plan(T, None, None, x.device)
+
     def beside_every_head() -> None:
         q, k, v = (p(x).view(B, T, H, Dh).transpose(1, 2)
                    for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        z = attn._fused(q, k, v, None)
-        attn._pattern(q, k, None, every)
+        z = attn._fused(q, k, v, plan, 1)
+        attn._pattern(q, k, plan, every)
         attn.o_proj(z.transpose(1, 2).reshape(B, T, H * Dh))
+
+    def full_pass() -> None:  # every head captured, the pass over all T x T scores forced
+        attn._blocked_capture = lambda q, plan: False  # type: ignore[method-assign]
+        try:
+            capture(None)()
+        finally:
+            del attn._blocked_capture
 
     now = {"wall": time.perf_counter, "cpu": time.process_time}[clock]
     paths: dict[str, Callable[[], None]] = {
         "no hook": lambda: attn(x), "one head": capture((1,)), "every head": capture(None),
-        "every head beside fused": beside_every_head}
+        "every head, full pass": full_pass, "every head beside fused": beside_every_head}
     out: dict[str, list[float]] = {k: [] for k in paths}
     with torch.no_grad():
         for r in range(reps + 1):
@@ -191,15 +201,17 @@ def main() -> None:
         print(f"captures, no-grad forward of one Attention (H=8, d_model 256), reps={args.reps} "
               f"iters={args.iters} threads=1 torch={torch.__version__} clock={args.clock} "
               f"load average {os.getloadavg()}\n")
-        print("| T, B | no hook (ms) | one head (ms) | every head: explicit pass (ms) "
-              "| every head beside fused (ms) | no hook / one head | beside / explicit |")
-        print("|---|---:|---:|---:|---:|---:|---:|")
+        print("| T, B | no hook (ms) | one head (ms) | every head: the module's pass (ms) "
+              "| every head: full T x T pass (ms) | every head beside fused (ms) "
+              "| one head / no hook | module's / no hook | full / module's |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for T, B in CAPTURE_SHAPES:
             m = measure_captures(T, B, args.reps, args.iters, args.clock)
-            a, o, e, f = (m[k] * 1e3 for k in ("no hook", "one head", "every head",
-                                               "every head beside fused"))
-            print(f"| {T}, {B} | {a:.2f} | {o:.2f} | {e:.2f} | {f:.2f} | {a / o:.3f} "
-                  f"| {f / e:.2f} |", flush=True)
+            a, o, e, full, f = (m[k] * 1e3 for k in (
+                "no hook", "one head", "every head", "every head, full pass",
+                "every head beside fused"))
+            print(f"| {T}, {B} | {a:.2f} | {o:.2f} | {e:.2f} | {full:.2f} | {f:.2f} "
+                  f"| {o / a:.3f} | {e / a:.3f} | {full / e:.2f} |", flush=True)
         return
     if args.softmax:
         print(f"softmax fwd+bwd, (64, 1, T, T), reps={args.reps} iters={args.iters} threads=1 "

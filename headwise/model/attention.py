@@ -17,7 +17,10 @@ The module picks its path itself; a capture costs only what it adds:
   bit-identical to the no-hook forward, and a loss on a captured pattern still trains q and k;
 - hooks on *every* head of the layer (read-only or not): one explicit pass whose pattern gives
   the output (no fused call); outputs equal the fused ones to float rounding (~1e-7), not bit
-  for bit;
+  for bit. On CPU, read-only pattern captures of a causal layer without other masks, at
+  least 128 tokens and without gradient run that pass in blocks of 64 queries
+  (``kernels.causal_blocked``): each block's scores cover only the keys it may attend and stay
+  in cache from the matmul to v, so capturing every pattern costs little beyond writing it;
 - a hook that may write (or reads a gradient) on some heads: those heads are computed
   explicitly and their pattern is on the output's path: q/k/v are gathered once into (fused
   heads, explicit heads) order, the fused kernel runs on the first group only and the explicit
@@ -48,7 +51,13 @@ from torch import Tensor, nn
 
 from headwise.heads import kv_head
 from headwise.model.hook_point import HookPoint
-from headwise.model.kernels import CPU_SOFTMAX_WIDTH, gqa_kv, softmax_keys
+from headwise.model.kernels import (
+    CPU_SOFTMAX_WIDTH,
+    QUERY_BLOCK,
+    causal_blocked,
+    gqa_kv,
+    softmax_keys,
+)
 from headwise.model.mask_plan import MaskPlan, mask_plan
 from headwise.model.positional import Rotary
 
@@ -148,7 +157,13 @@ class Attention(nn.Module):
             if beside:  # captures of some heads: their patterns beside, off the output
                 self._patterns_beside(q, k, plan, explicit)
         elif len(explicit) == H:  # every head: one explicit pass, its output used
-            z = self._explicit(q, *gqa_kv(k, v, self.group, masked=True)[:2], plan, explicit)
+            k, v = gqa_kv(k, v, self.group, masked=True)[:2]
+            if self._blocked_capture(q, plan):
+                z, pattern = causal_blocked(q, k, v, self._causal_bias(T, q),
+                                            1.0 / math.sqrt(Dh))
+                self.hook_pattern(pattern, explicit)  # read-only: nothing comes back
+            else:
+                z = self._explicit(q, k, v, plan, explicit)
         else:
             z = self._split(q, k, v, plan, explicit)
         z = self.hook_z(z.transpose(1, 2))  # (B, T, H, Dh)
@@ -205,6 +220,17 @@ class Attention(nn.Module):
             index = self._head_index(heads, q.device)
             q, k = q.index_select(1, index.heads), k.index_select(1, index.kv_heads)
         self._pattern(q, k, plan, heads)
+
+    def _blocked_capture(self, q: Tensor, plan: MaskPlan) -> bool:
+        """Whether every head's pattern can come from ``causal_blocked``: on CPU, a causal
+        layer with no other mask, sequences of at least two query blocks, read-only pattern
+        hooks and none on the scores, and nothing that differentiates, drops out or autocasts
+        the pattern (the blocks are normalised in place and written into a zeroed buffer)."""
+        return (q.device.type == "cpu" and self.causal and plan.allowed is None
+                and q.shape[2] >= 2 * QUERY_BLOCK
+                and not self.hook_attn_scores.active and not self.hook_pattern.writes
+                and not q.requires_grad and not (self.dropout and self.training)
+                and not torch.is_autocast_enabled("cpu"))
 
     def _split(self, q: Tensor, k: Tensor, v: Tensor, plan: MaskPlan,
                explicit: tuple[int, ...]) -> Tensor:

@@ -7,6 +7,9 @@
   gradients equal the no-hook forward's to float rounding.
 - Captured scores are the masked scaled scores (the softmax is not written over them when they
   are read); a pattern captured without gradient is the softmax of those scores.
+- Every head of a causal layer captured read-only at two query blocks or more, without
+  gradient: the pass runs in blocks of queries over the keys each may attend
+  (``kernels.causal_blocked``); output and pattern equal explicit maths.
 Reference: ``ref_attention.reference_attention`` (per head, per example, from the formulas).
 """
 
@@ -23,7 +26,9 @@ from torch import Tensor
 
 from headwise.hooks import Hook, attach_hooks
 from headwise.model import Attention
+from headwise.model import attention as attention_module
 from headwise.model.attention import EXPLICIT_MAX_KEYS
+from headwise.model.kernels import QUERY_BLOCK, causal_blocked
 
 T = EXPLICIT_MAX_KEYS + 5  # 20: past the short-row rule and the CPU softmax's vector width
 B = 2
@@ -162,3 +167,56 @@ def test_causal_mask_follows_the_length() -> None:
                                    rtol=0)
         if t == T:
             torch.testing.assert_close(out, ref_out, atol=TOL, rtol=0)
+
+
+LONG = 2 * QUERY_BLOCK + 7  # three query blocks, the last one short
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_long_every_head_capture_runs_in_causal_blocks(kind: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """At >= two query blocks a read-only, no-gradient capture of every head of a causal layer
+    runs ``causal_blocked``; its output and pattern equal the formulas, and a capture that
+    needs the full pass (scores read, or padding) does not take it."""
+    H, Hkv, rope = KINDS[kind]
+    attn = make_attention(5 * H, H, Hkv, 5 if not rope else 6, causal=True, rope=rope,
+                          max_seq_len=LONG).eval()
+    x = torch.randn(B, LONG, attn.q_proj.in_features, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        ref_out, _, ref_pattern = reference_attention(
+            attn, x, full_allowed(B, H, LONG, True, None), rope_base=1e4 if rope else None)
+    blocked: list[int] = []
+
+    def spy(*args: Any, **kw: Any) -> tuple[Tensor, Tensor]:
+        blocked.append(args[0].shape[2])
+        return causal_blocked(*args, **kw)
+
+    monkeypatch.setattr(attention_module, "causal_blocked", spy)
+    got: dict[str, Tensor] = {}
+    with torch.no_grad(), attach_hooks(attn, _capture(None, got)):
+        out = attn(x)
+    assert blocked == [LONG]
+    torch.testing.assert_close(out, ref_out, atol=TOL, rtol=0)
+    torch.testing.assert_close(got["hook_pattern"], ref_pattern, atol=TOL, rtol=0)
+    kp = torch.ones(B, LONG, dtype=torch.bool)
+    kp[1, :3] = False
+    with torch.no_grad(), attach_hooks(attn, _capture(None, got, ("hook_attn_scores",
+                                                                  "hook_pattern"))):
+        attn(x)
+        attn(x, plan_for(attn, kp))
+    assert blocked == [LONG]  # neither the scores capture nor the padded one was blocked
+
+
+def test_causal_blocked_equals_the_full_pass() -> None:
+    """Each block's rows see only their own keys; the result is the full pass's softmax and
+    output, and the pattern above the diagonal is exactly zero."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 3, LONG, 8, generator=g) for _ in range(3))
+    bias = torch.full((LONG, LONG), float("-inf")).triu(1)
+    scale = 8 ** -0.5
+    want = torch.softmax(q @ k.transpose(-1, -2) * scale + bias, -1)
+    for block in (QUERY_BLOCK, 16, LONG):
+        z, pattern = causal_blocked(q, k, v, bias, scale, block)
+        torch.testing.assert_close(pattern, want, atol=1e-6, rtol=0)
+        torch.testing.assert_close(z, want @ v, atol=1e-6, rtol=0)
+        assert (pattern[..., bias.isinf()] == 0).all()
