@@ -3,7 +3,7 @@
 Run from the repository root::
 
     .venv/bin/python -m bench.bench_tl_cache                 # sets up the TL venv on first use
-    .venv/bin/python bench/bench_tl_cache.py --rounds 5 --shapes 64x32,256x8,1024x2
+    .venv/bin/python -m bench.bench_tl_cache --rounds 5 --shapes 64x32,256x8,1024x2
 
 TransformerLens is never a headwise dependency: on first use the script creates its own venv,
 ``bench/.cache/tlvenv3`` (git-ignored), and installs ``transformer_lens==3.9.0`` (the last release

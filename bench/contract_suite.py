@@ -152,6 +152,21 @@ def _states(res: dict[str, Any], fresh: bool = False) -> str:
     return "/".join(str(states.count(s)) for s in ("certified", "holds", "fails"))
 
 
+def _why(clause: dict[str, Any]) -> str:
+    """Why an enforced clause is not certified, from its record: a lever at its cap, a clause
+    still failing with its lever acting, or one that holds on a verification set too small to
+    certify it at the measured margin (with the examples it has and would need)."""
+    if clause.get("state") == "fails" or not clause["passed"]:
+        return "fails, lever saturated" if clause.get("saturated") else \
+            "fails with its lever still acting"
+    if "needed" not in clause:  # a record from before the sizes were kept
+        return "holds short of certification"
+    have, need = clause["examples"], clause["needed"]
+    if need is None:
+        return f"holds on its bound ({have} examples; no size certifies this margin)"
+    return f"holds short of certification: {have} examples, about {need} needed"
+
+
 def table(results: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
     """The markdown table and the summary lines."""
     lines = ["| spec | seed | clauses held plain / enforced | enforced: certified / holds / "
@@ -184,11 +199,10 @@ def table(results: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
             if c.get("state", "fails" if not c["passed"] else "holds") != "certified":
                 measured = "-" if c["measured"] is None else fixed(c["measured"])
                 state = c.get("state", "holds" if c["passed"] else "fails")
-                saturated = ", lever saturated" if c.get("saturated") else ""
                 misses.append(f"- {enf['spec']} (seed {enf.get('seed')}) contract[{c['index']}] "
                               f"({c['name']}, {c['threshold']}): {state}, measured {measured}, "
                               f"bound {c.get('bound', '-')}, final multiplier "
-                              f"{(enf['multipliers'] or {}).get(str(c['index']))}{saturated}")
+                              f"{(enf['multipliers'] or {}).get(str(c['index']))}: {_why(c)}")
     lines.append("")
     lines.append(f"Clauses held: plain {plain_held}/{total} ({plain_held / total:.0%}), "
                  f"enforced {held}/{total} ({held / total:.0%}); enforced and certified "

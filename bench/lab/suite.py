@@ -88,6 +88,8 @@ def run_one(spec: Path, enforce: bool, out: Path, config: Any = None, seed: int 
                      "kind": r.clause.kind, "threshold": r.clause.threshold_text(),
                      "measured": r.measured, "passed": r.passed, "state": r.state,
                      "bound": None if r.bound is None else r.bound.text(),
+                     "examples": None if r.bound is None else r.bound.examples,
+                     "needed": None if r.bound is None else r.bound.needed,
                      "saturated": r.clause.index in saturated,
                      "fresh": None if not again else {
                          "measured": again[r.clause.index].measured,
