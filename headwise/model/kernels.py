@@ -1,14 +1,10 @@
-"""Attention's kernel helpers: CPU-friendly softmax over keys, GQA k/v for SDPA, a causal
-attention pass in blocks of queries that also returns its pattern, and the zeroed buffer that
-pattern is written into.
+"""Attention's kernel helpers: CPU-friendly softmax over keys, GQA k/v for SDPA, and a causal
+attention pass in blocks of queries that also returns its pattern.
 
 Used by ``headwise.model.attention``; measured by ``bench/bench_attention_kernel.py``.
 """
 
 from __future__ import annotations
-
-import math
-import mmap
 
 import torch
 import torch.nn.functional as F
@@ -16,9 +12,6 @@ from torch import Tensor
 
 # Below this many keys PyTorch's CPU softmax leaves its vectorised kernel for a scalar loop.
 CPU_SOFTMAX_WIDTH = 16
-
-# A buffer of at least this many bytes comes from a huge-page mapping (``zeros_for_writing``).
-HUGE_PAGE = 2 << 20
 
 # Queries per block of ``causal_blocked``: a (B*H, 64, T) block of scores stays in cache while it
 # is scaled, masked, normalised and multiplied by v (bench/bench_attention_kernel.py --captures).
@@ -83,7 +76,7 @@ def causal_blocked(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float,
     B, H, T, Dh = q.shape
     qf, vf = q.reshape(B * H, T, Dh), v.reshape(B * H, T, Dh)
     kt = k.reshape(B * H, T, Dh).transpose(-1, -2)
-    pattern = zeros_for_writing((B * H, T, T), q)
+    pattern = q.new_zeros(B * H, T, T)
     z = q.new_empty(B * H, T, Dh)
     for q0 in range(0, T, block):
         q1 = min(T, q0 + block)
@@ -92,24 +85,3 @@ def causal_blocked(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float,
         pattern[:, q0:q1, :q1] = scores
         torch.bmm(scores, vf[:, :q1], out=z[:, q0:q1])
     return z.view(B, H, T, Dh), pattern.view(B, H, T, T)
-
-
-def zeros_for_writing(shape: tuple[int, ...], like: Tensor) -> Tensor:
-    """A zeroed tensor of ``like``'s dtype and device, for a large result written once.
-
-    Captured patterns are written into fresh memory, and on CPU the first touch of each
-    4 KiB page (a page fault) costs more than the matmuls that fill it: a (2, 8, 1024, 1024)
-    float32 buffer takes ~28 ms to zero and ~7 ms to fill through 2 MiB pages
-    (bench/bench_attention_kernel.py --captures). On Linux, a CPU buffer of at least 2 MiB is
-    therefore an anonymous mapping advised for transparent huge pages (``MADV_HUGEPAGE``;
-    honoured when ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always`` or
-    ``madvise``), which the kernel hands out already zeroed; the mapping is released with the
-    last tensor viewing it. Anything else is ``torch.zeros``.
-    """
-    nbytes = math.prod(shape) * like.element_size()
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if like.device.type != "cpu" or nbytes < HUGE_PAGE or advice is None:
-        return like.new_zeros(shape)
-    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    buf.madvise(advice)
-    return torch.frombuffer(buf, dtype=like.dtype).view(shape)

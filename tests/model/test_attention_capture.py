@@ -28,7 +28,7 @@ from headwise.hooks import Hook, attach_hooks
 from headwise.model import Attention
 from headwise.model import attention as attention_module
 from headwise.model.attention import EXPLICIT_MAX_KEYS
-from headwise.model.kernels import QUERY_BLOCK, causal_blocked, zeros_for_writing
+from headwise.model.kernels import QUERY_BLOCK, causal_blocked
 
 T = EXPLICIT_MAX_KEYS + 5  # 20: past the short-row rule and the CPU softmax's vector width
 B = 2
@@ -220,17 +220,3 @@ def test_causal_blocked_equals_the_full_pass() -> None:
         torch.testing.assert_close(pattern, want, atol=1e-6, rtol=0)
         torch.testing.assert_close(z, want @ v, atol=1e-6, rtol=0)
         assert (pattern[..., bias.isinf()] == 0).all()
-
-
-@pytest.mark.parametrize("shape", [(3, 5), (4, 512, 512)], ids=["small", "huge_pages"])
-def test_zeros_for_writing_is_a_writable_zeroed_tensor(shape: tuple[int, ...]) -> None:
-    """Small or large (a huge-page mapping on Linux), the buffer is zeroed, contiguous, of the
-    model's dtype, and writable like any tensor; views keep it alive after it is dropped."""
-    like = torch.ones(1, dtype=torch.float32)
-    buf = zeros_for_writing(shape, like)
-    assert buf.shape == shape and buf.dtype == like.dtype and buf.is_contiguous()
-    assert torch.equal(buf, torch.zeros(shape))
-    view = buf[1:2]
-    buf.fill_(2.0)
-    del buf
-    assert (view == 2.0).all()
