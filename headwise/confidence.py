@@ -234,19 +234,16 @@ def examples_for_binomial(rate: float, threshold: float, side: str, confidence: 
                   <= 1.0 - confidence, limit)
 
 
-def examples_for_difference(rate1: float, rate2: float, threshold: float, confidence: float
-                            ) -> int | None:
-    """About how many examples ``N`` shares ``rate1`` and ``rate2`` of ``N`` need for a
-    ``difference_lower`` bound past ``threshold``: each Clopper-Pearson bound's half-width taken
-    as its normal one, ``z sqrt(r (1 - r) / N)`` with ``z`` the ``1 - alpha / 2`` quantile, so
-    ``N = (z (sd1 + sd2) / margin)^2`` (``None``: not past the threshold). A share of 0 or 1
-    has a wider exact bound than that, so this is a floor on what is needed."""
-    margin = rate1 - rate2 - threshold
-    if not margin > 0:
+def examples_for_difference(rate1: float, rate2: float, threshold: float, confidence: float,
+                            limit: int = 1 << 40) -> int | None:
+    """The fewest examples ``N`` at which ``round(rate1 N)`` and ``round(rate2 N)`` successes
+    give a ``difference_lower`` bound at ``threshold`` or past it (the bound certification
+    reads); ``None`` when ``rate1 - rate2`` is not past the threshold or more than ``limit``
+    would be needed."""
+    if not rate1 - rate2 > threshold:
         return None
-    z = NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
-    spread = math.sqrt(rate1 * (1.0 - rate1)) + math.sqrt(rate2 * (1.0 - rate2))
-    return max(1, math.ceil((z * spread / margin) ** 2))
+    return fewest(lambda n: difference_lower(round(rate1 * n), n, round(rate2 * n), n,
+                                             confidence) >= threshold, limit)
 
 
 def fewest(clears: Callable[[int], bool], limit: int = 1 << 40) -> int | None:

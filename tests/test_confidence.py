@@ -21,6 +21,7 @@ from headwise.confidence import (
     difference_lower,
     difference_p,
     examples_for_binomial,
+    examples_for_difference,
     examples_for_location,
     holm,
     location_p,
@@ -119,6 +120,15 @@ def test_examples_needed_closed_forms() -> None:
     assert binomial_lower(round(0.95 * n), n, 0.95) >= 0.9
     assert binomial_lower(round(0.95 * (n - 1)), n - 1, 0.95) < 0.9
     assert examples_for_binomial(0.9, 0.9, "at_least", 0.95) is None
+    # a difference of shares: the fewest N whose exact bound (the one certification reads)
+    # reaches the threshold at the measured rates
+    for r1, r2, t in ((0.4, 0.0, 0.3), (0.6, 0.05, 0.5)):
+        n = examples_for_difference(r1, r2, t, 0.95)
+        assert n is not None
+        assert difference_lower(round(r1 * n), n, round(r2 * n), n, 0.95) >= t
+        assert difference_lower(round(r1 * (n - 1)), n - 1, round(r2 * (n - 1)), n - 1,
+                                0.95) < t
+    assert examples_for_difference(0.35, 0.05, 0.3, 0.95) is None
     # se falls as 1/sqrt(N): margin = q se sqrt(n / N)
     assert examples_for_location(0.01, 0.02, 100, 1.645) == math.ceil(100 * (1.645 * 2) ** 2)
     assert examples_for_location(0.0, 0.02, 100, 1.645) is None
