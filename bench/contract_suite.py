@@ -11,6 +11,8 @@ verifying the contract at evaluation points. ``--set name=value`` sets a field o
 other multiplier is halved before its step) and ``--variant none`` with no back-off at all
 (the multipliers alone), for comparison with the library's rule (only the levers that degrade
 a task whose floor fails back off).
+``--spec-set PATH=VALUE`` overrides a field of every spec as ``headwise train --set`` does
+(``data.verify_examples=2048``: every run verified on a larger set, training unchanged).
 ``--seed 0 1 2 3 4`` trains every spec at each of those ``train.seed`` values; ``--fresh OFFSET``
 verifies each enforced run again on a verification set drawn from ``OFFSET + seed``
 (``headwise verify RUN --fresh``), beside the run's own verdict.
@@ -22,7 +24,7 @@ measuring the contract, then the total share of clauses held and every clause th
 the verification set with ``--enforce``.
 
     python -m bench.contract_suite [--jobs 1] [--only NAME ...] [--json PATH] [--set NAME=VALUE]
-        [--variant halving] [--seed SEED ...] [--fresh OFFSET]
+        [--variant halving] [--seed SEED ...] [--fresh OFFSET] [--spec-set PATH=VALUE]
     python -m bench.contract_suite --merge PART.json ...   # one table from several --json runs
                                                            # (or their .partial.jsonl files)
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -100,7 +103,7 @@ def enforce_config(sets: list[str], variant: str | None = None) -> Any:
 
 def spawn(spec: Path, enforce: bool, tmp: Path, sets: list[str],
           variant: str | None = None, seed: int | None = None,
-          fresh: int | None = None) -> dict[str, Any]:
+          fresh: int | None = None, spec_sets: Sequence[str] = ()) -> dict[str, Any]:
     """``run_one`` in a fresh subprocess (one thread, nothing shared between runs)."""
     out = tmp / f"{spec.stem}-{'enf' if enforce else 'plain'}-{seed}"
     cmd = module_command(__spec__.name, "--worker", spec, out)
@@ -114,6 +117,8 @@ def spawn(spec: Path, enforce: bool, tmp: Path, sets: list[str],
         cmd += ["--variant", variant]
     for item in sets:
         cmd += ["--set", item]
+    for item in spec_sets:
+        cmd += ["--spec-set", item]
     return run_worker(cmd, f"{spec.stem} (enforce={enforce})")
 
 
@@ -222,6 +227,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the raw results here")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="set a field of EnforceConfig (repeatable)")
+    parser.add_argument("--spec-set", action="append", default=[], metavar="PATH=VALUE",
+                        help="override a field of every spec, as `headwise train --set` "
+                             "(repeatable), e.g. data.verify_examples=2048")
     parser.add_argument("--variant", choices=sorted(VARIANTS), default=None,
                         help="enforce with an earlier rule, for comparison")
     parser.add_argument("--seed", type=int, nargs="+", default=[None], metavar="SEED",
@@ -237,7 +245,8 @@ def main() -> None:
     if args.worker:
         seed = args.seed[0]
         print(json.dumps(run_one(Path(args.worker[0]), args.enforce, Path(args.worker[1]),
-                                 enforce_config(args.set, args.variant), seed, args.fresh)))
+                                 enforce_config(args.set, args.variant), seed, args.fresh,
+                                 args.spec_set)))
         return
     if args.merge:
         parts = [pair for f in args.merge for pair in read_pairs(f)]
@@ -255,7 +264,8 @@ def main() -> None:
                 for e in (False, True)]  # interleaved plain / enforced
         done = list(pool.map(lambda job: keep(args.json, spawn(
             job[0], job[1], Path(tmp), args.set, args.variant, job[2],
-            None if args.fresh is None or not job[1] else args.fresh + (job[2] or 0))), jobs))
+            None if args.fresh is None or not job[1] else args.fresh + (job[2] or 0),
+            args.spec_set)), jobs))
     by = {(r["spec"], r["enforce"], r["seed"]): r for r in done}
     results = [(by[(s.stem, False, seed)], by[(s.stem, True, seed)])
                for s in specs for seed in args.seed]

@@ -23,13 +23,14 @@ SUITE = ROOT / "headwise" / "examples" / "suite"  # the suite's specs
 
 
 def run_one(spec: Path, enforce: bool, out: Path, config: Any = None, seed: int | None = None,
-            fresh: int | None = None) -> dict[str, Any]:
+            fresh: int | None = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Train ``spec`` once (in this process) and return what the table needs.
 
     ``config`` is the ``EnforceConfig`` of the enforced run (default: the library's; its
     ``dual`` may be another update rule). ``seed`` replaces ``train.seed`` (``--seed``);
     ``fresh``: the trained model is verified again on a verification set drawn from that
     seed (``headwise verify RUN --fresh SEED``), recorded per clause beside the run's own.
+    ``overrides``: ``--set`` items applied to the spec (``data.verify_examples=2048``).
     """
     import hashlib
 
@@ -52,7 +53,7 @@ def run_one(spec: Path, enforce: bool, out: Path, config: Any = None, seed: int 
     Enforcer.__call__ = timed  # type: ignore[method-assign]  # this worker process only
     start = time.perf_counter()
     outcome = train_run(spec, out, RunOptions(enforce=enforce, overwrite=True, progress=False,
-                                              seed=seed,
+                                              seed=seed, overrides=tuple(overrides) or None,
                                               enforce_config=config or EnforceConfig()))
     wall = time.perf_counter() - start
     compiled = outcome.compiled
