@@ -100,18 +100,30 @@ class Mixture:
                                   f"{' (with its task marker)' if extra else ''} exceeds the "
                                   f"model's max_seq_len={max_seq_len}")
 
-    def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
+    def sample(self, batch_size: int, generator: torch.Generator,
+               held_out: bool = False) -> Batch:
         """Draw a batch of ``batch_size`` examples (B, T) with ``task_ids`` set.
 
         Args:
             batch_size: B (>= 1).
             generator: CPU generator; its state advances deterministically.
+            held_out: draw a held-out set (``Task.held_out``): a file-backed task's examples
+                without replacement, so a task whose split holds fewer examples than its
+                share of ``batch_size`` gives each of them once and the batch is that much
+                smaller.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise field_error("batch_size", batch_size, "an integer >= 1")
         probs = torch.tensor([self.weights[n] for n in self.names], dtype=torch.float64)
         choice = torch.multinomial(probs, batch_size, replacement=True, generator=generator)
-        return self._fill(choice, generator)
+        if held_out:
+            keep = torch.ones_like(choice, dtype=torch.bool)
+            for i, name in enumerate(self.names):
+                total = self.tasks[name].n_examples
+                if total is not None:
+                    keep[(choice == i).nonzero().flatten()[total:]] = False
+            choice = choice[keep]
+        return self._fill(choice, generator, held_out)
 
     def sample_task(self, name: str, batch_size: int, generator: torch.Generator) -> Batch:
         """Draw ``batch_size`` examples of the task ``name`` alone, laid out as ``sample`` lays
@@ -126,8 +138,10 @@ class Mixture:
             raise field_error("batch_size", batch_size, "an integer >= 1")
         return self._fill(torch.full((batch_size,), self.names.index(name)), generator)
 
-    def _fill(self, choice: Tensor, generator: torch.Generator) -> Batch:
-        """The batch whose row ``b`` is an example of task ``choice[b]`` (B,)."""
+    def _fill(self, choice: Tensor, generator: torch.Generator, held_out: bool = False
+              ) -> Batch:
+        """The batch whose row ``b`` is an example of task ``choice[b]`` (B,), drawn by
+        ``Task.held_out`` where ``held_out`` (else ``Task.sample``)."""
         batch_size, T = int(choice.shape[0]), self.seq_len
         tokens = torch.full((batch_size, T), PAD, dtype=torch.long)
         targets = torch.full((batch_size, T), IGNORE, dtype=torch.long)
@@ -137,7 +151,8 @@ class Mixture:
             if rows.numel() == 0:
                 continue
             task = self.tasks[name]
-            part = task.sample(int(rows.numel()), generator)
+            draw = task.held_out if held_out else task.sample
+            part = draw(int(rows.numel()), generator)
             if self.markers is not None:
                 part = insert_marker(part, self.markers[name], task.starts_with_bos)
             t = part.tokens.shape[1]

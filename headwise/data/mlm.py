@@ -110,14 +110,24 @@ class MLMTask(Task):
         """The id that replaces 80% of the chosen positions."""
         return self._mask_id
 
-    def every_example(self, generator: torch.Generator) -> Batch:
-        """Consecutive windows that tile the ids once (a shorter tail is left out), wrapped
-        and masked as ``sample`` does (the masking drawn from ``generator``)."""
-        L = self.seq_len - len(self._wrap[0]) - len(self._wrap[1])
-        return self._masked(torch.arange(0, len(self._ids) - L + 1, L), generator)
+    @property
+    def n_examples(self) -> int:
+        """The consecutive windows that tile the split's ids once (a shorter tail is left
+        out)."""
+        return len(self._ids) // self._content
+
+    def examples_at(self, index: Tensor, generator: torch.Generator) -> Batch:
+        """The tiling windows at ``index``, wrapped and masked as ``sample`` does (the
+        masking drawn from ``generator``)."""
+        return self._masked(index * self._content, generator)
+
+    @property
+    def _content(self) -> int:
+        """The ids of the text in one window (``seq_len`` less the wrapping specials)."""
+        return self.seq_len - len(self._wrap[0]) - len(self._wrap[1])
 
     def sample(self, n: int, generator: torch.Generator) -> Batch:
-        L = self.seq_len - len(self._wrap[0]) - len(self._wrap[1])
+        L = self._content
         starts = torch.randint(0, len(self._ids) - L + 1, (n,), generator=generator)
         return self._masked(starts, generator)
 

@@ -183,9 +183,14 @@ class PairsTask(Task):
         """Number of rows in this split."""
         return int(self._rows.lengths.numel())
 
-    def every_example(self, generator: torch.Generator) -> Batch:
-        """Every row of this split once, in file order."""
-        return self._rows.batch(torch.arange(self.n_rows), self.seq_len)
+    @property
+    def n_examples(self) -> int:
+        """Every row of this split is one example."""
+        return self.n_rows
+
+    def examples_at(self, index: Tensor, generator: torch.Generator) -> Batch:
+        """The split's rows at ``index``."""
+        return self._rows.batch(index, self.seq_len)
 
     def sample(self, n: int, generator: torch.Generator) -> Batch:
         pick = torch.randint(0, self.n_rows, (n,), generator=generator)

@@ -72,16 +72,49 @@ class Task(ABC):
             A ``Batch`` of shape (n, seq_len) with ``task_ids`` all 0.
         """
 
-    def every_example(self, generator: torch.Generator) -> Batch:
-        """Every example of a file-backed task's split once (``split: all``: the whole file,
-        new verification data for ``verify --data``); ``generator`` draws what an example
-        draws (a masked-LM task's masking).
+    @property
+    def n_examples(self) -> int | None:
+        """How many distinct examples a file-backed task's split holds (its rows, or the
+        windows that tile its text once); ``None`` for a generated task, whose draws never
+        run out."""
+        return None
+
+    def examples_at(self, index: Tensor, generator: torch.Generator) -> Batch:
+        """The examples of a file-backed task's split at ``index`` (k,), in that order
+        (``0 <= index < n_examples``); ``generator`` draws what an example draws (a masked-LM
+        task's masking).
 
         Raises:
             ConfigError: a generated task, which has no fixed set of examples.
         """
         raise ConfigError(f"{self.name}: a generated task has no fixed set of examples; "
                           "expected a task read from a file (text, pairs, mlm)")
+
+    def every_example(self, generator: torch.Generator) -> Batch:
+        """Every example of a file-backed task's split once, in file order (``split: all``:
+        the whole file, new verification data for ``verify --data``).
+
+        Raises:
+            ConfigError: a generated task, which has no fixed set of examples.
+        """
+        n = self.n_examples
+        return self.examples_at(torch.arange(0 if n is None else n), generator)
+
+    def held_out(self, n: int, generator: torch.Generator) -> Batch:
+        """``n`` examples for a held-out set (the enforcement or the verification set).
+
+        A generated task draws them independently (``sample``): each is a fresh draw from the
+        task's distribution. A file-backed task takes ``n`` of its split's examples at random
+        *without replacement*, or every one (in a random order) when the split holds fewer:
+        the bounds a verdict states treat a set's examples as independent, and the same row
+        (or overlapping windows of a text) counted twice would be evidence the file does not
+        hold.
+        """
+        total = self.n_examples
+        if total is None:
+            return self.sample(n, generator)
+        pick = torch.randperm(total, generator=generator)[:n]
+        return self.examples_at(pick, generator)
 
 
 def check_causal(task: Task, causal: bool, path: str) -> None:

@@ -76,12 +76,17 @@ class TextTask(Task):
         """Number of ids in this split."""
         return len(self._ids)
 
-    def every_example(self, generator: torch.Generator) -> Batch:
-        """Consecutive windows of ``seq_len + 1`` ids, each starting on the last id of the one
-        before: every id after the first is a target once (a tail shorter than a window is
-        left out)."""
-        starts = torch.arange(0, len(self._ids) - self.seq_len, self.seq_len)  # (n,)
-        window = self._ids[starts[:, None] + torch.arange(self.seq_len + 1)]  # (n, T+1)
+    @property
+    def n_examples(self) -> int:
+        """The consecutive windows of ``seq_len + 1`` ids that tile the split, each starting
+        on the last id of the one before: every id after the first is a target once (a tail
+        shorter than a window is left out)."""
+        return (len(self._ids) - 1) // self.seq_len
+
+    def examples_at(self, index: Tensor, generator: torch.Generator) -> Batch:
+        """The tiling windows at ``index``."""
+        starts = index * self.seq_len  # (k,)
+        window = self._ids[starts[:, None] + torch.arange(self.seq_len + 1)]  # (k, T+1)
         return make_batch(window[:, :-1].contiguous(), window[:, 1:].contiguous())
 
     def sample(self, n: int, generator: torch.Generator) -> Batch:

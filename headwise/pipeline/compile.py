@@ -171,7 +171,7 @@ def compile_spec(spec: Spec, weights: str | Path | None = None) -> Compiled:
         raise SpecError(f"heads: cannot install the levers on this model: {e}") from None
     data, eval_data = _data(spec)
     gen = torch.Generator().manual_seed(spec.data.eval_seed)
-    eval_batch = eval_data.sample(spec.data.eval_examples, gen)
+    eval_batch = eval_data.sample(spec.data.eval_examples, gen, held_out=True)
     out = Compiled(spec, model, data, eval_data, eval_batch, gates=gates)
     out.objectives.extend(gate_objectives)
     _objectives(spec, out)

@@ -13,7 +13,10 @@
 Each set is one batch per task and the probes score clauses read (``default``: the mixture;
 each task's name: its part of it; ``repeated`` and the declared probes:
 ``headwise.pipeline.spec_probes``), drawn on the CPU and placed on the model's device, with the
-starting model ``preserve`` clauses compare with (captured by ``compile_spec``).
+starting model ``preserve`` clauses compare with (captured by ``compile_spec``). A file-backed
+task's part of either set holds each example of its split at most once (``Task.held_out``:
+drawn without replacement; the whole split, and a smaller set, when the split holds fewer
+than the task's share), as the bounds a verdict states assume of its examples.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ def verification_data(compiled: Compiled, seed: int | None = None) -> VerifyData
     spec = compiled.spec
     seed = spec.data.verify_seed if seed is None else seed
     gen = torch.Generator().manual_seed(seed)
-    batch = held_out_mixture(spec, "verify").sample(spec.data.verify_examples, gen)
+    batch = held_out_mixture(spec, "verify").sample(spec.data.verify_examples, gen,
+                                                      held_out=True)
     return _on_device(compiled, _sets(batch, compiled, seed))
 
 

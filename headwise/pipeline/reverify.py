@@ -5,7 +5,8 @@ file-backed tasks (``--data TASK=FILE``).
 ``--fresh SEED`` draws the verification set like the run's own (``data.verify_examples``
 examples, the declared probes) from ``SEED`` instead of ``data.verify_seed``: built-in
 generators and probes are drawn anew; a file-backed task's examples are drawn again from its
-``verify`` split, the same rows (``notes`` say so). ``--data TASK=FILE`` reads ``FILE`` whole as
+``verify`` split, without replacement: other rows of the same split where it holds more than
+the set takes, else the same rows (``notes`` say so). ``--data TASK=FILE`` reads ``FILE`` whole as
 ``TASK``'s verification examples (every row, or consecutive windows of a text, once; the spec's
 task settings, a task marker if the run has them): they replace ``TASK``'s examples in the task's
 own set, in its probe and in the ``default`` mixture; every other task keeps the run's own (or
@@ -112,7 +113,7 @@ def fresh_notes(spec: Spec, read: set[str]) -> list[str]:
     """What a fresh seed cannot renew: file-backed tasks (not read from ``--data``), whose rows
     are their ``verify`` split's again."""
     return [f"note: {t.name} reads a file: --fresh draws its examples again from the same "
-            f"verify split's rows (new rows: --data {t.name}=FILE)"
+            f"verify split (new rows: --data {t.name}=FILE)"
             for t in spec.data.tasks if TASKS[t.task].splits and t.name not in read]
 
 
