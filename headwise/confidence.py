@@ -246,6 +246,29 @@ def examples_for_difference(rate1: float, rate2: float, threshold: float, confid
                                              confidence) >= threshold, limit)
 
 
+def share_examples_if_perfect(side: str, threshold: float, level: float,
+                              limit: int = 1 << 40) -> int | None:
+    """The fewest examples at which a share measured at its best (every example on the
+    favourable side: ``n`` of ``n`` for ``at_least``, none for ``at_most``) is certified at
+    p-value ``level``: ``threshold ** N <= level`` (or ``(1 - threshold) ** N``) in closed
+    form; ``None`` when no share can clear the threshold (``at_least 1``, ``at_most 0``)."""
+    if side == "at_most":
+        return share_examples_if_perfect("at_least", 1.0 - threshold, level, limit)
+    if threshold >= 1.0:
+        return None
+    return fewest(lambda n: binomial_p(n, n, max(threshold, 0.0), "at_least") <= level, limit)
+
+
+def difference_examples_if_perfect(threshold: float, level: float,
+                                   limit: int = 1 << 40) -> int | None:
+    """The fewest examples at which a difference of shares measured at its best (every
+    example in the first share, none in the second) is certified at p-value ``level``
+    (``difference_p``); ``None`` when no difference can clear ``threshold`` (``>= 1``)."""
+    if threshold >= 1.0:
+        return None
+    return fewest(lambda n: difference_p(n, n, 0, n, threshold) <= level, limit)
+
+
 def fewest(clears: Callable[[int], bool], limit: int = 1 << 40) -> int | None:
     """The smallest ``N >= 1`` with ``clears(N)``, for a ``clears`` that stays true once true
     (a bound at fixed rates tightens as ``N`` grows, up to rounding): doubling, then

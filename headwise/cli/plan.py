@@ -12,6 +12,7 @@ from headwise.cli.output import console
 
 if TYPE_CHECKING:
     from headwise.pipeline.compile import Compiled
+    from headwise.runspec import Spec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
     every = spec.enforce.cadence(spec.train.steps, spec.train.eval_every)
     table = Table(title=f"enforcement plan: {args.spec}",
                   caption=f"under --enforce the contract is measured on the enforcement set "
-                          f"every {every} steps of {spec.train.steps} (enforce.every)")
+                          f"({spec.data.eval_examples} examples) every {every} steps of "
+                          f"{spec.train.steps} (enforce.every); the verdict on the "
+                          f"verification set ({_verify_size(spec)})")
     for col in ("#", "clause", "kind", "bound", "measured on", "lever", "start weight"):
         table.add_column(col)
     for c in contract:
@@ -67,6 +70,17 @@ def run(args: argparse.Namespace) -> int:
                   f"{', '.join(unmoved)} (train --enforce refuses them unless "
                   "--allow-unenforced)")
     return 1 if unmoved else 0
+
+
+def _verify_size(spec: Spec) -> str:
+    """The verification set's size, and the size at which a model meeting every clause at its
+    best would be certified whole (``Contract.verification_examples``)."""
+    need = spec.contract.verification_examples({t.name: t.weight for t in spec.data.tasks})
+    size = f"{spec.data.verify_examples} examples"
+    if not need:
+        return size
+    return (f"{size}; a model meeting every clause at its best is certified family-wise from "
+            f"{need}")
 
 
 def _circuits_table(compiled: Compiled) -> Table:

@@ -14,7 +14,7 @@ each head drawn on its own, so the model trains with each head alone missing, as
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import nn
@@ -22,7 +22,7 @@ from torch import nn
 from headwise.analysis.importance import ablation_importance
 from headwise.analysis.importance_matrix import ci_stderr
 from headwise.contract import fields
-from headwise.contract.certify import ablation_bound
+from headwise.contract.certify import ablation_bound, any_of_heads, examples_if_perfect
 from headwise.contract.clause import (
     METRICS,
     MODES,
@@ -48,6 +48,13 @@ _PARTS = {"others": (StochasticAblation, "ablate {} on {} examples"),
 def drop_range(metric: str) -> tuple[float, float]:
     """The range of a drop in ``metric``: [-1, 1] for accuracies, unbounded for the loss."""
     return (-1.0, 1.0) if metric in UNIT_METRICS else (-math.inf, math.inf)
+
+
+def drop_examples(clause: Clause, level: float) -> dict[str, int]:
+    """``ClauseKind.examples_if_perfect`` of a clause on its task's accuracy or exact drop."""
+    n = (examples_if_perfect(clause, level, drop=True)
+         if clause.metric in UNIT_METRICS else None)
+    return {} if n is None or clause.task is None else {clause.task: n}
 
 
 class AblationKind(ClauseKind):
@@ -114,6 +121,10 @@ class AblationKind(ClauseKind):
     def bound(self, result: ClauseResult, model: nn.Module, data: VerifyData,
               confidence: float) -> Bound:
         return ablation_bound(result, model, data, confidence)
+
+    def examples_if_perfect(self, clause: Clause, level: float,
+                            tasks: Sequence[str]) -> dict[str, int]:
+        return drop_examples(clause, level / any_of_heads(clause))
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         task_ids = [list(ctx.task_names).index(clause.task or "")]

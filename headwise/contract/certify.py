@@ -75,6 +75,7 @@ from headwise.confidence import (
     binomial_upper,
     bootstrap_t,
     bootstrap_t_side,
+    difference_examples_if_perfect,
     difference_lower,
     difference_p,
     examples_for_binomial,
@@ -82,6 +83,7 @@ from headwise.confidence import (
     examples_for_location,
     fewest,
     location_p,
+    share_examples_if_perfect,
     t_cdf,
     t_quantile,
 )
@@ -256,7 +258,7 @@ def paired_drop_bound(result: ClauseResult, units: Sequence[Paired],
     per head of an ``all_of`` / ``any_of`` clause): ``(clean, intervened, count)``, each (n,)
     float64 in ``example_stats``' layout."""
     c = result.clause
-    conf = 1.0 - (1.0 - confidence) / _heads(c)
+    conf = 1.0 - (1.0 - confidence) / any_of_heads(c)
     parts = [_drop_sides(c.metric, u, _thresholds(c), conf) for u in units]
     n = int((units[0][2] > 0).sum())
     if any(p is None for p in parts):
@@ -481,7 +483,7 @@ def _combine(result: ClauseResult, units: list[list[_Side]], confidence: float, 
     threshold (p-value: the largest); ``any_of`` the best head's (p-value: ``m`` times the
     smallest head's, Bonferroni; its sides were bounded at ``1 - (1 - c) / m``)."""
     c = result.clause
-    m = _heads(c) if len(units) > 1 else 1
+    m = any_of_heads(c) if len(units) > 1 else 1
     if m > 1:
         best = min(range(len(units)), key=lambda i: max(s.p for s in units[i]))
         sides = units[best]
@@ -506,7 +508,7 @@ def _combine(result: ClauseResult, units: list[list[_Side]], confidence: float, 
                  p_value=p, examples=n, needed=needed, note=how)
 
 
-def _heads(c: Clause) -> int:
+def any_of_heads(c: Clause) -> int:
     """How many heads an ``any_of`` clause chose among (its Bonferroni factor), else 1."""
     return len(c.heads) if c.quantifier == "any_of" else 1
 
@@ -517,7 +519,7 @@ def _location(result: ClauseResult, confidence: float, se: float | None, df: flo
     c, value = result.clause, float(result.measured or 0.0)
     if se is None or math.isnan(se):
         return Bound("none", confidence, examples=n, note="no standard error was measured")
-    m = _heads(c)
+    m = any_of_heads(c)
     q = t_quantile(1.0 - (1.0 - confidence) / m, df)
     sides = []
     for side, t in _thresholds(c):
@@ -535,6 +537,28 @@ def _location(result: ClauseResult, confidence: float, se: float | None, df: flo
 def _finite(bound: float) -> float | None:
     """A bound, or ``None`` where the resamples leave it unbounded (JSON has no infinity)."""
     return bound if math.isfinite(bound) else None
+
+
+def examples_if_perfect(clause: Clause, level: float, drop: bool,
+                        sides: Sequence[tuple[str, float]] | None = None) -> int | None:
+    """The fewest examples at which ``clause``'s bound is past every one of its ``sides``
+    (default: its thresholds) at p-value ``level`` when measured at its best attainable value,
+    by the bound the clause gets (module docstring): a share (``drop=False``: every example
+    right for a floor, none for a cap) or an accuracy drop (every example harmed for a floor
+    ``>= 0``, none for a cap ``> 0``; helped, or not, for the other two). ``None`` when no
+    measurement could clear a side."""
+    sizes = [(_drop_examples_if_perfect(side, t, level) if drop
+              else share_examples_if_perfect(side, t, level))
+             for side, t in (_thresholds(clause) if sides is None else sides)]
+    return None if not sizes or None in sizes else max(n for n in sizes if n is not None)
+
+
+def _drop_examples_if_perfect(side: str, t: float, level: float) -> int | None:
+    if side == "at_most" and t > 0:  # the share harmed's upper bound, none harmed
+        return share_examples_if_perfect("at_most", t, level)
+    if side == "at_least" and t < 0:  # the share helped's upper bound, none helped
+        return share_examples_if_perfect("at_most", -t, level)
+    return difference_examples_if_perfect(t if side == "at_least" else -t, level)
 
 
 def _thresholds(c: Clause) -> list[tuple[str, float]]:

@@ -21,7 +21,7 @@ mattering, as strict interchange intervention training trains its non-circuit no
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import nn
@@ -29,7 +29,7 @@ from torch import nn
 from headwise.analysis.circuit import circuit_edges, faithfulness
 from headwise.analysis.importance_matrix import ci_stderr
 from headwise.contract import fields
-from headwise.contract.ablation import drop_range
+from headwise.contract.ablation import drop_examples, drop_range
 from headwise.contract.certify import circuit_bound
 from headwise.contract.clause import METRICS, Clause, holds, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
@@ -129,6 +129,12 @@ class CircuitKind(ClauseKind):
     def bound(self, result: ClauseResult, model: nn.Module, data: VerifyData,
               confidence: float) -> Bound:
         return circuit_bound(result, model, data, confidence)
+
+    def examples_if_perfect(self, clause: Clause, level: float,
+                            tasks: Sequence[str]) -> dict[str, int]:
+        """The outside drop's size (a drop); a share kept is bounded through the empty
+        circuit's drop as well, which the clause alone does not set."""
+        return {} if clause.at_most is None else drop_examples(clause, level)
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         inside = circuit_edges(ctx.model, [str(x) for x in clause.edges], clause.path)

@@ -11,7 +11,7 @@ measures and enforces clauses of that kind: everything reaches the kind through
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -145,6 +145,23 @@ class Contract:
 
     def __getitem__(self, i: int) -> Clause:
         return self.clauses[i]
+
+    def verification_examples(self, shares: Mapping[str, float]) -> int:
+        """The fewest verification examples at which a model meeting every clause at its best
+        attainable value would be certified whole at the family-wise level: each clause's
+        size (``ClauseKind.examples_if_perfect``) at Holm's strictest level ``(1 -
+        confidence) / m`` for ``m`` clauses, divided by its task's share of the mixture
+        (``shares``: task -> weight, normalised). 0 when no clause sets a size. The data
+        section's default ``verify_examples`` is at least this (docs/spec.md)."""
+        if not self.clauses:
+            return 0
+        total = sum(shares.values())
+        level = (1.0 - self.confidence) / len(self.clauses)
+        need = 0
+        for c in self.clauses:
+            for task, n in c.entry.examples_if_perfect(c, level, self.tasks).items():
+                need = max(need, math.ceil(n * total / shares[task]))
+        return need
 
     @property
     def named_heads(self) -> frozenset[Head]:

@@ -19,7 +19,7 @@ from torch import nn
 from headwise.analysis.importance import ablation_importance
 from headwise.contract import fields
 from headwise.contract.ablation import ablation_lever, clean_needed, refuse_gated_drop
-from headwise.contract.certify import exclusive_bound
+from headwise.contract.certify import examples_if_perfect, exclusive_bound
 from headwise.contract.clause import METRICS, MODES, UNIT_METRICS, Clause, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.lever import ClauseLever, PlanContext
@@ -128,6 +128,21 @@ class ExclusiveKind(ClauseKind):
     def bound(self, result: ClauseResult, model: nn.Module, data: VerifyData,
               confidence: float) -> Bound:
         return exclusive_bound(result, model, data, confidence)
+
+    def examples_if_perfect(self, clause: Clause, level: float,
+                            tasks: Sequence[str]) -> dict[str, int]:
+        """Each task's drop on its side: the listed tasks' floor, the others' cap."""
+        if clause.metric not in UNIT_METRICS:
+            return {}
+        assert clause.at_least is not None and clause.at_most is not None
+        out = {}
+        for task in tasks:
+            side = (("at_least", clause.at_least) if task in clause.tasks
+                    else ("at_most", clause.at_most))
+            n = examples_if_perfect(clause, level, drop=True, sides=[side])
+            if n is not None:
+                out[task] = n
+        return out
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         task_names = list(ctx.task_names)

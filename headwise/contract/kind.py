@@ -135,6 +135,15 @@ class ClauseKind(ABC):
 
         return unbounded(result, confidence)
 
+    def examples_if_perfect(self, clause: Clause, level: float,
+                            tasks: Sequence[str]) -> dict[str, int]:
+        """Per task (of ``tasks``, the spec's), the fewest of its verification examples at
+        which the clause, measured at its best attainable value, is certified at p-value
+        ``level`` (``Contract.verification_examples`` sizes the verification set by it).
+        Empty where the clause alone sets no size: a loss, a role score or a distance is
+        bounded by the spread the model shows, unknown before it is measured."""
+        return {}
+
     def guards_task(self, clause: Clause) -> bool:
         """Whether the clause bounds a task's own performance (a task floor)."""
         return False

@@ -26,7 +26,7 @@ ablated (``headwise.control.path_levers``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -35,7 +35,7 @@ from torch import nn
 from headwise.analysis.circuit import edge_drop
 from headwise.analysis.importance_matrix import ci_stderr
 from headwise.contract import fields
-from headwise.contract.ablation import drop_range
+from headwise.contract.ablation import drop_examples, drop_range
 from headwise.contract.certify import path_bound
 from headwise.contract.clause import (
     METRICS,
@@ -166,6 +166,10 @@ class PathKind(ClauseKind):
     def bound(self, result: ClauseResult, model: nn.Module, data: VerifyData,
               confidence: float) -> Bound:
         return path_bound(result, model, data, confidence)
+
+    def examples_if_perfect(self, clause: Clause, level: float,
+                            tasks: Sequence[str]) -> dict[str, int]:
+        return drop_examples(clause, level)
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         return path_lever(ctx, clause)

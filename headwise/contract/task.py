@@ -13,7 +13,7 @@ fails and has stopped improving.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from torch import nn
@@ -21,7 +21,7 @@ from torch import nn
 from headwise.analysis.importance import task_metric_ci
 from headwise.analysis.importance_matrix import ci_stderr
 from headwise.contract import fields, path, score
-from headwise.contract.certify import task_clause_bound
+from headwise.contract.certify import examples_if_perfect, task_clause_bound
 from headwise.contract.clause import METRICS, UNIT_METRICS, Clause, holds, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.lever import ClauseLever, LeverKind, PlanContext
@@ -81,6 +81,12 @@ class TaskKind(ClauseKind):
     def bound(self, result: ClauseResult, model: nn.Module, data: VerifyData,
               confidence: float) -> Bound:
         return task_clause_bound(result, model, data, confidence)
+
+    def examples_if_perfect(self, clause: Clause, level: float,
+                            tasks: Sequence[str]) -> dict[str, int]:
+        n = (examples_if_perfect(clause, level, drop=False)
+             if clause.metric in UNIT_METRICS else None)
+        return {} if n is None or clause.task is None else {clause.task: n}
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
         floor = (clause.at_least is not None if clause.metric != "loss"

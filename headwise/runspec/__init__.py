@@ -92,6 +92,10 @@ def spec_from_dict(data: dict, base: Path | None = None, text: str = "") -> Spec
     contract = replace(parse_contract(clauses, config.n_layers, config.n_heads, tasks,
                                       probe_names(dataspec, probes), config=config),
                        confidence=confidence)
+    if "verify_examples" not in data["data"]:
+        dataspec = replace(dataspec, verify_examples=max(
+            dataspec.verify_examples,
+            contract.verification_examples({t.name: t.weight for t in dataspec.tasks})))
     return Spec(model, dataspec, train, contract, heads, gates, adapters, ffn, probes,
                 parse_enforce(data.get("enforce")), text=text)
 

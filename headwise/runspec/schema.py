@@ -71,7 +71,8 @@ class DataSpec:
     """The training mixture and the two held-out sets: the *enforcement* set
     (``eval_examples`` examples drawn with the seed ``eval_seed``; file-backed tasks: their
     ``eval`` split), which enforcement's multipliers, stop and kept evaluation point read, and
-    the *verification* set (``verify_examples`` examples, by default as many, drawn with
+    the *verification* set (``verify_examples`` examples, by default as many or the contract's
+    ``Contract.verification_examples`` where that is more, drawn with
     ``verify_seed``; file-backed tasks: their ``verify`` split), read once at the end for the
     reported verdict. Probes are drawn
     from seeds after each set's seed. ``markers``: each task's marker token id

@@ -219,7 +219,9 @@ def test_enforce_refuses_a_clause_without_a_lever_unless_allowed(
     assert "1 clause without a lever: contract[0]" in out
     # where enforcement would measure: every 10 steps (the 20-step budget's own cadence,
     # no denser than AdamW's momentum horizon; EnforceConfig.cadence)
-    assert "measured on the enforcement set every 10 steps of 20 (enforce.every)" in out
+    assert ("measured on the enforcement set (128 examples) every 10 steps of 20 "
+            "(enforce.every)") in out
+    assert "the verdict on the verification set (128 examples" in out
     # --set applies to the spec plan reads, as train's does (here: a contract whose clause a
     # pattern objective moves)
     assert main(["plan", str(spec), "--set",
