@@ -401,6 +401,7 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
     """
     holds = {r.clause.index: r.passed for r in final.results}
     history = record.history
+    at = next((p for p in reversed(history) if p.step == kept_step), None)
     clauses = []
     for index, track in sorted(record.clauses.items()):
         best = track.best or {}
@@ -412,11 +413,10 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
             saturated = last is not None and last.saturated
             item.update(best_value=best.get("value"), best_step=best.get("step"),
                         saturated=saturated,
-                        advice=_advice(track, saturated, history, index))
+                        advice=_advice(track, saturated, at, index))
         clauses.append(item)
     acted = any(c.multiplier for p in history  # a lever weighted at some point
                 for c in p.clauses.values())
-    at = next((p for p in reversed(history) if p.step == kept_step), None)
     enforcement_set = None if at is None else {
         "step": at.step, "passed": at.passed, "confident": at.confident,
         "certified": at.certified,
@@ -435,14 +435,16 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
             "clauses": clauses, "history": [p.to_dict() for p in history]}
 
 
-def _advice(track: ClauseTrack, saturated: bool, history: list[EvalPoint],
+def _advice(track: ClauseTrack, saturated: bool, kept: EvalPoint | None,
             index: int) -> str:
-    """What would help a clause that fails at the end, in words."""
+    """What would help a clause that fails on the verification set, in words: where the kept
+    model held it on the enforcement set, the two sets disagree; else its lever's state says.
+    (A clause that held only at an earlier point, before the task was learned for one, is no
+    disagreement between the sets.)"""
     if track.lever is None:
         return ("no lever moves it: change the spec (a structural mask, a gate or an "
                 "objective on the head), or drop the clause")
-    held = any(p.clauses[index].passed for p in history if index in p.clauses)
-    if held:
+    if kept is not None and index in kept.clauses and kept.clauses[index].passed:
         return ("it held on the enforcement set but not on the verification set: raise "
                 "enforce.confidence, or hold out more data (data.eval_examples, a corpus "
                 "task's eval_fraction) so both sets measure it closer")

@@ -384,3 +384,31 @@ def test_a_clause_its_capped_multiplier_cannot_move_is_held_by_pacing_the_learni
     # The pace is callback state: a run killed while paced resumes at the same rate, exactly.
     at = next(p["step"] for p in e["history"] if p["pace"] > 1 and p["step"] % 20 == 0)
     _resumes_exactly(spec, tmp_path / "paced", at)
+
+
+def test_advice_reads_the_kept_point_not_an_early_vacuous_hold() -> None:
+    """A clause that held only at the first point (a drop cap, before the task was learned)
+    and fails at the kept step with its lever saturated: the sets do not disagree, its lever
+    is at its limit. Held at the kept step and failing on the verification set: they do."""
+    from headwise.contract import ClauseResult, EnforcementRecord, parse_contract
+    from headwise.contract.enforce import summary
+    from headwise.contract.record import ClauseTrack, EvalPoint, PointValues
+    from headwise.contract.results import ContractResult
+
+    (clause,) = parse_contract([{"ablate": "L0.H0", "task": "copy", "drop_at_most": 0.05}],
+                               1, 2, ["copy"])
+    final = ContractResult([ClauseResult(clause, False, 0.8, clause.threshold_text(), "x")])
+
+    def point(step: int, passed: bool, saturated: bool) -> EvalPoint:
+        return EvalPoint(step, passed, passed, {0: PointValues(
+            0.0 if passed else 0.8, 0.01, -0.05 if passed else 0.75, 0.0, 16.0, passed,
+            saturated)})
+    track = ClauseTrack(0, "cap", "ablate L0.H0", ["lever"], [])
+    record = EnforcementRecord([point(10, True, False), point(300, False, True)], {0: 16.0},
+                               clauses={0: track})
+    (item,) = summary(record, final, 300, 300)["clauses"]
+    assert item["saturated"] and item["advice"].startswith("its lever saturated")
+    record.history = [point(10, False, False), point(300, True, False)]
+    (item,) = summary(record, final, 300, 300)["clauses"]
+    assert item["advice"].startswith("it held on the enforcement set but not on the "
+                                     "verification set")
