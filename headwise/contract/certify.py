@@ -50,6 +50,10 @@ test: its p-value is the larger side's). An ``all_of`` clause needs every head's
 (intersection-union); an ``any_of`` clause is decided by its best head, chosen on the same
 data, so each head is bounded at ``1 - (1 - c) / m`` for ``m`` heads (Bonferroni). Score
 clauses measure the deciding head's standard error only and take it for every head.
+
+``examples_if_perfect`` inverts the same bounds before any run: the examples at which a clause
+measured at its best attainable value would be certified, which sizes the verification set
+(``Contract.verification_examples``).
 """
 
 from __future__ import annotations
