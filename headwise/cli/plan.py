@@ -11,6 +11,7 @@ from headwise.cli.options import add_override_arguments, add_subcommand
 from headwise.cli.output import console
 
 if TYPE_CHECKING:
+    from headwise.contract.lever import ClauseLever
     from headwise.pipeline.compile import Compiled
     from headwise.runspec import Spec
 
@@ -56,8 +57,7 @@ def run(args: argparse.Namespace) -> int:
         lever = levers[c.index]
         table.add_row(str(c.index), c.label, c.kind, c.threshold_text(),
                       c.measured_on(), "(no lever)" if lever is None else lever.description,
-                      "-" if lever is None else "0 (multiplier x scale "
-                      f"{lever.scale:g}{'' if lever.cap is None else f', cap {lever.cap:g}'})")
+                      "-" if lever is None else _start_weight(lever))
     out = console()
     out.print(table)
     out.print(_circuits_table(compiled))
@@ -70,6 +70,14 @@ def run(args: argparse.Namespace) -> int:
                   f"{', '.join(unmoved)} (train --enforce refuses them unless "
                   "--allow-unenforced)")
     return 1 if unmoved else 0
+
+
+def _start_weight(lever: ClauseLever) -> str:
+    """The lever's weight at step 0 and how its multiplier moves it."""
+    if lever.cap is not None and lever.start >= lever.cap:
+        return f"{lever.start:g}, fixed"
+    cap = "" if lever.cap is None else f", cap {lever.cap:g}"
+    return f"{lever.start:g} (multiplier x scale {lever.scale:g}{cap})"
 
 
 def _verify_size(spec: Spec) -> str:

@@ -15,7 +15,12 @@ the embeddings and the logits belong to the circuit. Measured on the task's held
 Lever (either bound): every edge outside the circuit stochastically ablated together on the
 task's training examples, in the clause's ``mode`` (``headwise.control.path_levers``), so the
 model learns to do the task through the circuit alone: faithfulness rises and the outside stops
-mattering, as strict interchange intervention training trains its non-circuit nodes.
+mattering, as strict interchange intervention training trains its non-circuit nodes. It acts
+from the first step at a fixed share (``ClauseLever.start``), not from the first violation:
+on every example for ``outside_drop_at_most`` (the clause's own condition), on ``p_max`` of
+them for ``keeps_at_least`` (the others train the whole model). Switched on once the model has
+learned the task through other heads, the circuit stays at chance for about a hundred steps
+(docs/benchmarks.md, "circuit_strict_outside").
 """
 
 from __future__ import annotations
@@ -145,9 +150,17 @@ class CircuitKind(ClauseKind):
         obj = ctx.add(StochasticPathAblation(
             ctx.model, outside, [list(ctx.task_names).index(task)], mode=clause.mode or "mean",
             pool=ctx.task_sampler(task)), f"enforce:circuit-outside[{clause.path}]")
+        # From the first step: a model that has learned the task through other heads first
+        # learns it through the circuit only after a long plateau (docs/benchmarks.md,
+        # "circuit_strict_outside"). The strict part ablates the outside on every example, the
+        # clause's own condition; faithfulness on p_max of them, so the rest train the model.
+        share = 1.0 if clause.at_most is not None else ctx.config.p_max
+        obj.weight = share
+        where = (f"every {task} example" if share >= 1.0
+                 else f"a share {share:g} of the {task} examples")
         return ClauseLever(LeverKind.ABLATION, f"ablate the {len(outside)} edges outside the "
-                           f"circuit on {task} examples", [obj],
-                           scale=ctx.config.ablation_scale, cap=ctx.config.p_max,
+                           f"circuit on {where} from step 0", [obj],
+                           scale=ctx.config.ablation_scale, cap=share, start=share,
                            perturbs=frozenset({task}))
 
 

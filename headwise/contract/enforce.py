@@ -304,7 +304,7 @@ class Enforcer:
         ablation probability at its cap."""
         if lever is None or lam is None:
             return False
-        capped = lever.cap is not None and lam * lever.scale >= lever.cap
+        capped = lever.cap is not None and max(lam * lever.scale, lever.start) >= lever.cap
         return lam >= self.config.lambda_max or (capped and not lever.loss_terms)
 
     def _apply(self, lever: ClauseLever, lam: float, result: ClauseResult,
@@ -316,6 +316,7 @@ class Enforcer:
         weight = lam * lever.scale
         if lever.cap is not None:
             weight = min(weight, lever.cap)
+        weight = max(weight, lever.start)
         targets = lever.objectives
         if lever.per_head and result.clause.quantifier == "any_of":
             if result.clause.index not in chosen and not may_choose:

@@ -302,7 +302,11 @@ class ClauseLever:
     fails (``Enforcer.dual_step``). ``unit``: set by ``plan`` for a lever whose objectives
     measure its clause on every training batch (``batch_values``): the room the clause's bound
     leaves in its range (``room``), in which its violations are read; its multiplier then also
-    moves between evaluation points (``headwise.contract.between``).
+    moves between evaluation points (``headwise.contract.between``). ``start``: the weight the
+    lever holds from the first step whatever its multiplier (its objectives are created at
+    it), for a lever that decides which route the model learns and must act before the model
+    commits to another one (a circuit's outside ablated: docs/contracts.md, "Circuit
+    clauses"); 0: the multiplier alone weighs it.
     """
 
     kind: LeverKind
@@ -316,6 +320,7 @@ class ClauseLever:
     assists: list[Objective] = field(default_factory=list)
     perturbs: frozenset[str] = frozenset()
     unit: float | None = None
+    start: float = 0.0
 
 
 @dataclass

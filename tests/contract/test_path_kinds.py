@@ -198,7 +198,8 @@ def test_a_path_and_a_circuit_that_a_plain_run_fails_hold_under_enforce(tmp_path
     assert all(c["passed"] for c in enforced)  # on the verification set
     levers = json.loads((tmp_path / "enforced" / "enforcement.json").read_text())["clauses"]
     assert levers[0]["lever"].startswith("ablate the other 2 edges into logits on copy")
-    assert levers[1]["lever"] == "ablate the 4 edges outside the circuit on copy examples"
+    assert levers[1]["lever"] == ("ablate the 4 edges outside the circuit on every copy "
+                                  "example from step 0")
 
 
 def test_a_path_clause_on_a_sharded_run_is_refused_before_training(tmp_path: Path) -> None:
@@ -213,3 +214,32 @@ def test_a_path_clause_on_a_sharded_run_is_refused_before_training(tmp_path: Pat
                                         r"whole model's weights"):
         train_run(spec, tmp_path / "run", RunOptions(progress=False))
     assert not (tmp_path / "run").exists()
+
+
+def test_a_circuits_lever_acts_from_the_first_step_at_a_fixed_share() -> None:
+    """A circuit's outside is ablated from step 0, not from the first violation (a model that
+    learned the task through other heads first stays at chance through the circuit for about a
+    hundred steps): on every example for the strict part, on ``p_max`` of them for
+    faithfulness; the multiplier moves neither."""
+    from headwise.contract.enforce import Enforcer
+
+    spec = load_spec(yaml.safe_dump({
+        **ENFORCED, "contract": [
+            {"circuit": ["L0.H1"], "task": "copy", "outside_drop_at_most": 0.05},
+            {"circuit": ["L0.H0"], "task": "copy", "keeps_at_least": 0.9}]}))
+    compiled = compile_spec(spec)
+    levers = plan(compiled.model, spec.contract, compiled.structure).levers
+    strict, kept = levers[0], levers[1]
+    assert strict is not None and kept is not None
+    assert (strict.start, strict.cap) == (1.0, 1.0)
+    assert (kept.start, kept.cap) == (spec.enforce.p_max, spec.enforce.p_max)
+    assert [o.weight for o in strict.objectives] == [1.0]  # before any evaluation point
+    assert [o.weight for o in kept.objectives] == [spec.enforce.p_max]
+    assert strict.description == ("ablate the 4 edges outside the circuit on every copy "
+                                  "example from step 0")
+    enforcer = Enforcer.__new__(Enforcer)
+    enforcer.config = spec.enforce
+    for lam in (0.0, 16.0):  # neither a relaxed nor a saturated multiplier moves it
+        enforcer._apply(kept, lam, None, {}, True)  # type: ignore[arg-type]
+        assert [o.weight for o in kept.objectives] == [spec.enforce.p_max]
+    assert enforcer._saturated(kept, 0.0)  # at its limit from the start
