@@ -250,8 +250,9 @@ def share_examples_if_perfect(side: str, threshold: float, level: float,
                               limit: int = 1 << 40) -> int | None:
     """The fewest examples at which a share measured at its best (every example on the
     favourable side: ``n`` of ``n`` for ``at_least``, none for ``at_most``) is certified at
-    p-value ``level``: ``threshold ** N <= level`` (or ``(1 - threshold) ** N``) in closed
-    form; ``None`` when no share can clear the threshold (``at_least 1``, ``at_most 0``)."""
+    p-value ``level``: the smallest ``N`` with ``threshold ** N <= level`` (or ``(1 -
+    threshold) ** N``), found on ``binomial_p`` as certification computes it; ``None`` when no
+    share can clear the threshold (``at_least 1``, ``at_most 0``)."""
     if side == "at_most":
         return share_examples_if_perfect("at_least", 1.0 - threshold, level, limit)
     if threshold >= 1.0:

@@ -83,7 +83,7 @@ def _start_weight(lever: ClauseLever) -> str:
 def _verify_size(spec: Spec) -> str:
     """The verification set's size, and the size at which a model meeting every clause at its
     best would be certified whole (``Contract.verification_examples``)."""
-    need = spec.contract.verification_examples({t.name: t.weight for t in spec.data.tasks})
+    need = spec.contract.verification_examples(spec.data.weights)
     size = f"{spec.data.verify_examples} examples"
     if not need:
         return size

@@ -554,7 +554,8 @@ def examples_if_perfect(clause: Clause, level: float, drop: bool,
     sizes = [(_drop_examples_if_perfect(side, t, level) if drop
               else share_examples_if_perfect(side, t, level))
              for side, t in (_thresholds(clause) if sides is None else sides)]
-    return None if not sizes or None in sizes else max(n for n in sizes if n is not None)
+    known = [n for n in sizes if n is not None]
+    return max(known) if known and len(known) == len(sizes) else None
 
 
 def _drop_examples_if_perfect(side: str, t: float, level: float) -> int | None:

@@ -155,7 +155,6 @@ class CircuitKind(ClauseKind):
         # "circuit_strict_outside"). The strict part ablates the outside on every example, the
         # clause's own condition; faithfulness on p_max of them, so the rest train the model.
         share = 1.0 if clause.at_most is not None else ctx.config.p_max
-        obj.weight = share
         where = (f"every {task} example" if share >= 1.0
                  else f"a share {share:g} of the {task} examples")
         return ClauseLever(LeverKind.ABLATION, f"ablate the {len(outside)} edges outside the "

@@ -105,6 +105,10 @@ def plan(model: nn.Module, contract: Contract, structure: RunStructure, *,
     if data is not None:
         _refuse_impossible(ctx, contract)
     levers = {c.index: c.entry.lever(ctx, c) for c in contract}
+    for lever in levers.values():  # a lever that acts from the first step (ClauseLever.start)
+        if lever is not None and lever.start:
+            for obj in lever.objectives:
+                obj.weight = lever.start
     batch = [t for c in contract if (t := tracked(c, levers[c.index], ctx.config)) is not None]
     for t in batch:
         t.lever.unit = t.unit

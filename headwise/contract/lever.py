@@ -303,10 +303,10 @@ class ClauseLever:
     measure its clause on every training batch (``batch_values``): the room the clause's bound
     leaves in its range (``room``), in which its violations are read; its multiplier then also
     moves between evaluation points (``headwise.contract.between``). ``start``: the weight the
-    lever holds from the first step whatever its multiplier (its objectives are created at
+    lever holds from the first step whatever its multiplier (``plan`` sets its objectives to
     it), for a lever that decides which route the model learns and must act before the model
     commits to another one (a circuit's outside ablated: docs/contracts.md, "Circuit
-    clauses"); 0: the multiplier alone weighs it.
+    clause"); 0: the multiplier alone weighs it.
     """
 
     kind: LeverKind

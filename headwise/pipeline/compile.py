@@ -288,7 +288,7 @@ def held_out_mixture(spec: Spec, split: str) -> Mixture:
             tasks[t.name] = build_task(t.task, kwargs, f"data.tasks.{t.name}")
         except HeadwiseError as e:
             raise SpecError(str(e)) from None
-    weights = {t.name: t.weight for t in spec.data.tasks}
+    weights = spec.data.weights
     markers = (dict(zip(spec.data.names, spec.data.markers, strict=True))
                if spec.data.markers else None)
     return Mixture(tasks, weights, markers)

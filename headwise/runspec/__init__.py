@@ -95,7 +95,7 @@ def spec_from_dict(data: dict, base: Path | None = None, text: str = "") -> Spec
     if "verify_examples" not in data["data"]:
         dataspec = replace(dataspec, verify_examples=max(
             dataspec.verify_examples,
-            contract.verification_examples({t.name: t.weight for t in dataspec.tasks})))
+            contract.verification_examples(dataspec.weights)))
     return Spec(model, dataspec, train, contract, heads, gates, adapters, ffn, probes,
                 parse_enforce(data.get("enforce")), text=text)
 

@@ -91,6 +91,11 @@ class DataSpec:
         return tuple(t.name for t in self.tasks)
 
     @property
+    def weights(self) -> dict[str, float]:
+        """Each task's mixture weight (unnormalised), by name."""
+        return {t.name: t.weight for t in self.tasks}
+
+    @property
     def seq_len(self) -> int:
         """The longest training sequence (that of a mixed batch, task marker included)."""
         return max(t.seq_len for t in self.tasks) + bool(self.markers)

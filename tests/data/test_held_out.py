@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 import headwise as hw
-from headwise.data import CopyTask, Mixture, MLMTask, PairsTask, TextTask
+from headwise.data import IGNORE, CopyTask, Mixture, MLMTask, PairsTask, TextTask
 from headwise.pipeline import compile_spec
 from headwise.pipeline.heldout import verification_data
 
@@ -59,16 +59,24 @@ def test_text_held_out_windows_are_tiles_that_never_overlap(tmp_path: Path) -> N
 
 
 def test_mlm_held_out_windows_are_tiles(tmp_path: Path) -> None:
+    """Byte ids, no wrapping specials: window ``k`` is bytes ``20k .. 20k + 19`` of the file,
+    read back through the masking (a masked position's target is its original id)."""
     path = tmp_path / "corpus.txt"
     path.write_text("the quick brown fox jumps over the lazy dog. " * 4)  # 180 bytes
+    raw = torch.tensor(list(path.read_bytes()))
     task = MLMTask(path=str(path), seq_len=20, split="all")
     assert task.n_examples == 9
-    index = torch.tensor([4, 0, 7])
-    got = task.examples_at(index, torch.Generator().manual_seed(0))
-    want = task.every_example(torch.Generator().manual_seed(0))  # masking drawn alike per row
-    assert got.tokens.shape == (3, 20) and want.tokens.shape == (9, 20)
+
+    def originals(batch: hw.Batch) -> torch.Tensor:
+        return torch.where(batch.targets != IGNORE, batch.targets, batch.tokens)
+
+    got = task.examples_at(torch.tensor([4, 0, 7]), torch.Generator().manual_seed(0))
+    for row, k in zip(originals(got), (4, 0, 7), strict=True):
+        assert torch.equal(row, raw[20 * k:20 * k + 20])
     whole = task.held_out(50, torch.Generator().manual_seed(0))
     assert whole.tokens.shape[0] == 9  # every tile once
+    assert sorted(map(tuple, originals(whole).tolist())) == sorted(
+        tuple(raw[20 * k:20 * k + 20].tolist()) for k in range(9))
 
 
 def test_a_generated_task_draws_its_held_out_set_as_before() -> None:
