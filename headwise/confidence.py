@@ -214,11 +214,11 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 def examples_for_location(margin: float, stderr: float, n: int, quantile: float) -> int | None:
     """Examples a normal or t bound needs to clear its threshold at the measured ``margin`` and
     spread: the standard error falls as ``1 / sqrt(N)``, so ``N = ceil(n (quantile stderr /
-    margin)^2)`` (``None`` without a positive margin and standard error, or a finite
-    quantile)."""
+    margin)^2)`` (fewer than ``n`` for a bound already past it; ``None`` without a positive
+    margin and standard error, or a finite quantile)."""
     if not (margin > 0 and stderr > 0 and n > 0 and math.isfinite(quantile)):
         return None
-    return max(n, math.ceil(n * (quantile * stderr / margin) ** 2))
+    return max(1, math.ceil(n * (quantile * stderr / margin) ** 2))
 
 
 def examples_for_binomial(rate: float, threshold: float, side: str, confidence: float,

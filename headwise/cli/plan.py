@@ -81,10 +81,16 @@ def _start_weight(lever: ClauseLever) -> str:
 
 
 def _verify_size(spec: Spec) -> str:
-    """The verification set's size, and the size at which a model meeting every clause at its
+    """The verification set's size (what an enforced run may grow it to,
+    ``headwise.contract.evidence``), and the size at which a model meeting every clause at its
     best would be certified whole (``Contract.verification_examples``)."""
+    from headwise.contract.evidence import GROWTH
+
     need = spec.contract.verification_examples(spec.data.weights)
     size = f"{spec.data.verify_examples} examples"
+    if not spec.data.verify_given:
+        size += (f" (up to {GROWTH * spec.data.verify_examples} where the kept model's "
+                 "margins on the enforcement set ask for more)")
     if not need:
         return size
     return (f"{size}; a model meeting every clause at its best is certified family-wise from "

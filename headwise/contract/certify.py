@@ -502,10 +502,9 @@ def _combine(result: ClauseResult, units: list[list[_Side]], confidence: float, 
     lows = [s.bound for s in sides if s.side == "at_least"]
     highs = [s.bound for s in sides if s.side == "at_most"]
     needed = None
-    if result.passed and p > 1.0 - confidence:
-        each = [s.needed() for s in sides if s.p > (1.0 - confidence) / m]
-        needed = max((x for x in each if x is not None), default=None)
-        needed = None if None in each else needed
+    if result.passed:
+        each = [s.needed() for s in sides]
+        needed = None if None in each else max(x for x in each if x is not None)
     return Bound(method, confidence,
                  lower=_finite(max(low, min(lows))) if lows else None,
                  upper=_finite(min(high, max(highs))) if highs else None,

@@ -107,9 +107,11 @@ class Bound:
             sides': both must hold); ``None`` without a bound. The clause is certified when it
             is at most ``1 - confidence``, exactly when every bound is past its threshold.
         examples: the examples (or sequences) the bound rests on.
-        needed: for a clause that holds but is not certified, about how many examples would
-            certify it at the measured margin and spread (``None``: not computable, e.g. a
-            margin of 0).
+        needed: for a clause that holds, about how many examples would certify it at the
+            measured margin and spread (fewer than ``examples`` when it is certified; ``None``:
+            a clause that fails, or not computable, e.g. a margin of 0). An enforced run sizes
+            its verification set from these numbers on the enforcement set
+            (``headwise.contract.evidence``).
         note: how the bound was formed, in words.
     """
 

@@ -19,7 +19,7 @@ from headwise.pipeline.run_tokenizer import stored_tokenizer, with_stored_tokeni
 from headwise.runspec import spec_from_dict
 from headwise.runspec.yaml_io import parse_yaml, read_spec_text
 from headwise.training.device import place, resolve_device
-from headwise.training.manifest import MANIFEST, seal, verify_manifest
+from headwise.training.manifest import MANIFEST, check_sealed, seal, verify_manifest
 
 
 def load_compiled(run: str | Path, spec_source: str | Path | None = None,
@@ -91,8 +91,9 @@ def verify_run(spec_source: str | Path, run: str | Path,
     compiled = load_compiled(run, spec_source, device)
     if not compiled.spec.contract:
         raise SpecError("contract: missing; expected a list of clauses to verify")
-    verdict = verify(compiled.model, compiled.spec.contract, verification_data(compiled))
     run = Path(run)
+    verdict = verify(compiled.model, compiled.spec.contract,
+                     verification_data(compiled, examples=verdict_examples(run, compiled)))
     text = compiled.spec.text.encode()
     name = ("contract.json" if (run / "spec.yaml").read_bytes() == text
             else f"contract.{hashlib.sha256(text).hexdigest()[:12]}.json")
@@ -100,3 +101,19 @@ def verify_run(spec_source: str | Path, run: str | Path,
         write_json(run / name, verdict.to_dict())
         seal(run, [name])
     return verdict, run / name
+
+
+def verdict_examples(run: Path, compiled: Compiled) -> int | None:
+    """How many examples the run's own verdict drew (``run.json``: an enforced run may draw
+    more than its spec's ``data.verify_examples``, ``headwise.contract.evidence``), so that
+    verifying the run again with its own spec measures the same set; ``None`` (the spec's
+    size) for another spec or a run that did not record it.
+
+    Raises:
+        CheckpointError: ``run.json`` differs from the run's manifest.
+    """
+    if compiled.spec.text.encode() != (run / "spec.yaml").read_bytes():
+        return None
+    check_sealed(run, ["run.json"])
+    examples = read_run_info(run).get("verify_examples")
+    return examples if isinstance(examples, int) else None

@@ -44,15 +44,17 @@ def enforcement_data(compiled: Compiled) -> VerifyData:
                                       compiled.spec.data.eval_seed))
 
 
-def verification_data(compiled: Compiled, seed: int | None = None) -> VerifyData:
-    """The verification set: ``data.verify_examples`` examples of the ``verify`` split drawn
-    from ``data.verify_seed`` (or ``seed``: a fresh set, ``verify --fresh``), and probes from
-    the seeds after it."""
+def verification_data(compiled: Compiled, seed: int | None = None,
+                      examples: int | None = None) -> VerifyData:
+    """The verification set: ``data.verify_examples`` examples (or ``examples``: the size an
+    enforced run drew for its verdict, ``headwise.contract.evidence``) of the ``verify`` split
+    drawn from ``data.verify_seed`` (or ``seed``: a fresh set, ``verify --fresh``), and probes
+    from the seeds after it."""
     spec = compiled.spec
     seed = spec.data.verify_seed if seed is None else seed
     gen = torch.Generator().manual_seed(seed)
-    batch = held_out_mixture(spec, "verify").sample(spec.data.verify_examples, gen,
-                                                      held_out=True)
+    n = spec.data.verify_examples if examples is None else examples
+    batch = held_out_mixture(spec, "verify").sample(n, gen, held_out=True)
     return _on_device(compiled, _sets(batch, compiled, seed))
 
 

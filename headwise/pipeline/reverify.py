@@ -2,8 +2,8 @@
 verification set (``headwise verify SPEC --run RUN --fresh SEED``) or on new rows of its
 file-backed tasks (``--data TASK=FILE``).
 
-``--fresh SEED`` draws the verification set like the run's own (``data.verify_examples``
-examples, the declared probes) from ``SEED`` instead of ``data.verify_seed``: built-in
+``--fresh SEED`` draws the verification set like the run's own (as many examples as its
+verdict drew, the declared probes) from ``SEED`` instead of ``data.verify_seed``: built-in
 generators and probes are drawn anew; a file-backed task's examples are drawn again from its
 ``verify`` split, without replacement: other rows of the same split where it holds more than
 the set takes, else the same rows (``notes`` say so). ``--data TASK=FILE`` reads ``FILE`` whole as
@@ -35,7 +35,7 @@ from headwise.data.markers import insert_marker
 from headwise.errors import CheckpointError, HeadwiseError, SpecError
 from headwise.jsonfile import read_json_object
 from headwise.pipeline.compile import Compiled
-from headwise.pipeline.finished import load_compiled
+from headwise.pipeline.finished import load_compiled, verdict_examples
 from headwise.pipeline.heldout import verification_data
 from headwise.pipeline.run_dir import write_json
 from headwise.runspec import Spec
@@ -71,7 +71,7 @@ def reverify_run(spec_source: str | Path, run: str | Path, seed: int | None = No
         raise SpecError("contract: missing; expected a list of clauses to verify")
     if seed is not None:
         check_fresh_seed(spec, seed)
-    data = verification_data(compiled, seed)
+    data = verification_data(compiled, seed, verdict_examples(Path(run), compiled))
     read = {name: Path(path) for name, path in files}
     if read:
         data = with_files(compiled, data, read)

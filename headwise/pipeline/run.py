@@ -35,6 +35,7 @@ from headwise.contract import (
     verify,
 )
 from headwise.contract.clause_watch import ClauseWatch
+from headwise.contract.evidence import GROWTH, pilot_examples
 from headwise.errors import SpecError
 from headwise.forecast.clauses import load_clause_forecasters
 from headwise.forecast.roles import Forecaster, load_forecaster
@@ -166,11 +167,13 @@ def train_run(spec_source: str | Path, out: str | Path,
             step = enforcing.restore_kept(compiled.model, out, record, result.step)
             if main and step != result.step:  # the run's weights are the kept model's
                 save_weights(compiled.model, out / "model.safetensors")
-        verdict = _verify_trained(compiled, contract)
+        examples = _verification_size(compiled, contract, enforcing is not None)
+        verdict = _verify_trained(compiled, contract, examples)
         enforcement = (summary(record, verdict, result.step, step)
                        if enforcing is not None and verdict is not None else None)
         if main:
-            write_json(out / "run.json", {**info, "step": step, "trained_steps": result.step})
+            write_json(out / "run.json", {**info, "step": step, "trained_steps": result.step,
+                                          "verify_examples": examples})
             write_outcome(out, verdict, enforcement)
     return RunOutcome(out, compiled, result, verdict, enforcement)
 
@@ -290,14 +293,27 @@ def _clauses_held(extra: dict[str, Any]) -> str | None:
     return f"contract {sum(c.passed for c in clauses)}/{len(clauses)} held"
 
 
-def _verify_trained(compiled: Compiled, contract: Contract) -> ContractResult | None:
-    """The trained model's verdict on the verification set, read here once, after training
-    (``None`` without a contract), measured on the CPU."""
-    if not contract:
-        return None
+def _verification_size(compiled: Compiled, contract: Contract, enforced: bool) -> int:
+    """How many examples the verdict's verification set draws: the spec's size, or for an
+    enforced run whose spec leaves it to headwise, the size the kept model's measurement on
+    the enforcement set asks for (``headwise.contract.evidence``), measured on the CPU."""
+    spec = compiled.spec
     if model_device(compiled.model).type != "cpu":  # verification and reports run on CPU
         compiled.model.to("cpu")
-    return verify(compiled.model, contract, verification_data(compiled))
+    if not (contract and enforced and not spec.data.verify_given):
+        return spec.data.verify_examples
+    pilot = verify(compiled.model, contract, enforcement_data(compiled))
+    return pilot_examples(pilot, spec.data.verify_examples,
+                          int(compiled.eval_batch.tokens.shape[0]), spec.data.names)
+
+
+def _verify_trained(compiled: Compiled, contract: Contract,
+                    examples: int) -> ContractResult | None:
+    """The trained model's verdict on a verification set of ``examples`` examples, read here
+    once, after training (``None`` without a contract)."""
+    if not contract:
+        return None
+    return verify(compiled.model, contract, verification_data(compiled, examples=examples))
 
 
 def check_steps(steps: int) -> int:
@@ -332,7 +348,8 @@ def check_training_memory(spec: Spec) -> None:
     """
     config, train_config = spec.model.config, spec.train
     seq = max(spec.data.seq_len, 1)
-    examples = (max(spec.data.eval_examples, spec.data.verify_examples)
+    verify_at_most = spec.data.verify_examples * (1 if spec.data.verify_given else GROWTH)
+    examples = (max(spec.data.eval_examples, verify_at_most)
                 + train_config.eval_batches * train_config.batch_size)
     check_memory(f"train.batch_size={train_config.batch_size} with sequences of {seq} tokens "
                  f"on this model (training step and {examples} evaluation examples)",

@@ -32,7 +32,7 @@ from headwise.hooks.graph import Edge
 from headwise.jsonfile import read_json_object
 from headwise.patterns import DEFAULT_WINDOW
 from headwise.pipeline.compile import Compiled
-from headwise.pipeline.finished import load_compiled
+from headwise.pipeline.finished import load_compiled, verdict_examples
 from headwise.pipeline.heldout import verification_data
 from headwise.pipeline.loaded_run import MAX_CONTRACT_BYTES
 from headwise.pipeline.reverify import fresh_verdicts
@@ -183,7 +183,8 @@ def report_existing_run(run_dir: str | Path, heads: str | None = None,
     if spec.contract:
         verdict = _sealed_verdict(run_dir, compiled)
         if verdict is None:
-            verdict = verify(compiled.model, spec.contract, verification_data(compiled))
+            verdict = verify(compiled.model, spec.contract, verification_data(
+                compiled, examples=verdict_examples(run_dir, compiled)))
     enforcement = None
     if (run_dir / "enforcement.json").exists():
         check_sealed(run_dir, ["enforcement.json"])

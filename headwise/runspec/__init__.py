@@ -92,7 +92,9 @@ def spec_from_dict(data: dict, base: Path | None = None, text: str = "") -> Spec
     contract = replace(parse_contract(clauses, config.n_layers, config.n_heads, tasks,
                                       probe_names(dataspec, probes), config=config),
                        confidence=confidence)
-    if "verify_examples" not in data["data"]:
+    if "verify_examples" in data["data"]:
+        dataspec = replace(dataspec, verify_given=True)
+    else:
         dataspec = replace(dataspec, verify_examples=max(
             dataspec.verify_examples,
             contract.verification_examples(dataspec.weights)))

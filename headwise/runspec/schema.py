@@ -74,7 +74,8 @@ class DataSpec:
     the *verification* set (``verify_examples`` examples, by default as many or the contract's
     ``Contract.verification_examples`` where that is more, drawn with
     ``verify_seed``; file-backed tasks: their ``verify`` split), read once at the end for the
-    reported verdict. Probes are drawn
+    reported verdict; ``verify_given``: the spec set ``verify_examples`` itself (else an
+    enforced run may draw more, ``headwise.contract.evidence``). Probes are drawn
     from seeds after each set's seed. ``markers``: each task's marker token id
     (``data.task_tokens``), or empty when examples carry no task marker."""
 
@@ -84,6 +85,7 @@ class DataSpec:
     markers: tuple[int, ...] = ()
     verify_seed: int = 12345 + VERIFY_SEED_OFFSET
     verify_examples: int = 512
+    verify_given: bool = False
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -87,7 +87,7 @@ def test_every_example_right_is_certified_from_log_alpha_over_log_threshold_exam
         assert r.bound.method == "clopper-pearson"
         assert r.bound.lower == pytest.approx(0.05 ** (1 / n))
         assert r.state == state
-    assert r.bound.needed is None  # certified: nothing more needed
+    assert r.bound.needed == need  # certified: the fewest examples that would certify it
 
 
 def test_token_accuracy_over_several_positions_uses_the_effective_sample_size() -> None:

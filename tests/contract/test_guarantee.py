@@ -46,11 +46,11 @@ def test_the_verification_set_is_read_once_after_training(
         trained.append(True)
         return out
 
-    def read(compiled: object) -> object:
+    def read(compiled: object, *args: object, **kwargs: object) -> object:
         if not trained:
             raise AssertionError("the verification set was read before training ended")
         reads.append(compiled)
-        return real_read(compiled)  # type: ignore[arg-type]
+        return real_read(compiled, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(run_module, "train", train)
     monkeypatch.setattr(run_module, "verification_data", read)
