@@ -54,12 +54,14 @@ def check_run_info(info: Any, where: str) -> dict[str, Any]:
             or not isinstance(info.get("enforce", False), bool) or not ok("spec_dir", (str,))
             or not ok("enforce_budget", (int, float)) or not ok("allow_unenforced", (bool,))
             or not ok("steps", (int,)) or not ok("step", (int,)) or not ok("trained_steps", (int,))
-            or not ok("verify_examples", (int,))
+            or not ok("verify_examples", (int,)) or info.get("verify_examples", 1) is None
+            or info.get("verify_examples", 1) < 1
             or not ok("set", (list,))
             or not all(isinstance(s, str) for s in info.get("set") or ())):
         raise CheckpointError(f"{where}: expected a {RUN_FORMAT!r} object with 'enforce' "
                               "(true/false), 'spec_dir' (a path or null) and the run's flags "
-                              "('enforce_budget', 'allow_unenforced', 'steps', 'set')")
+                              "('enforce_budget', 'allow_unenforced', 'steps', 'set'; "
+                              "'verify_examples' a positive integer)")
     return info
 
 

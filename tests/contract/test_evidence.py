@@ -16,8 +16,10 @@ from headwise.confidence import binomial_p, examples_for_binomial
 from headwise.contract import ClauseResult, ContractResult, parse_contract, verify
 from headwise.contract.evidence import GROWTH, pilot_examples, powered
 from headwise.contract.results import Bound
+from headwise.errors import CheckpointError
 from headwise.pipeline.finished import load_compiled
 from headwise.pipeline.heldout import enforcement_data
+from headwise.pipeline.resume import RUN_FORMAT, check_run_info
 
 ALPHA = 0.05
 
@@ -137,3 +139,11 @@ def test_a_size_the_spec_sets_is_kept_and_plain_runs_are_not_sized(tmp_path: Pat
         size = json.loads((run / "run.json").read_text())["verify_examples"]
         assert size == load_compiled(run).spec.data.verify_examples, name
 
+
+
+@pytest.mark.parametrize("value", [0, -3, None, "512", True, 2.5])
+def test_a_run_json_size_that_is_not_a_positive_integer_is_refused(value: object) -> None:
+    info = {"format": RUN_FORMAT, "enforce": True, "spec_dir": None, "verify_examples": value}
+    with pytest.raises(CheckpointError, match="'verify_examples' a positive integer"):
+        check_run_info(info, "run.json")
+    assert check_run_info({**info, "verify_examples": 640}, "run.json")["verify_examples"] == 640
