@@ -54,8 +54,7 @@ def check_run_info(info: Any, where: str) -> dict[str, Any]:
             or not isinstance(info.get("enforce", False), bool) or not ok("spec_dir", (str,))
             or not ok("enforce_budget", (int, float)) or not ok("allow_unenforced", (bool,))
             or not ok("steps", (int,)) or not ok("step", (int,)) or not ok("trained_steps", (int,))
-            or not ok("verify_examples", (int,)) or info.get("verify_examples", 1) is None
-            or info.get("verify_examples", 1) < 1
+            or not _positive(info.get("verify_examples", 1))
             or not ok("set", (list,))
             or not all(isinstance(s, str) for s in info.get("set") or ())):
         raise CheckpointError(f"{where}: expected a {RUN_FORMAT!r} object with 'enforce' "
@@ -63,6 +62,11 @@ def check_run_info(info: Any, where: str) -> dict[str, Any]:
                               "('enforce_budget', 'allow_unenforced', 'steps', 'set'; "
                               "'verify_examples' a positive integer)")
     return info
+
+
+def _positive(value: Any) -> bool:
+    """Whether ``value`` is an integer >= 1 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def read_run_info(run: Path) -> dict[str, Any]:

@@ -167,8 +167,7 @@ def train_run(spec_source: str | Path, out: str | Path,
             step = enforcing.restore_kept(compiled.model, out, record, result.step)
             if main and step != result.step:  # the run's weights are the kept model's
                 save_weights(compiled.model, out / "model.safetensors")
-        examples = _verification_size(compiled, contract, enforcing is not None)
-        verdict = _verify_trained(compiled, contract, examples)
+        verdict, examples = _verify_trained(compiled, contract, enforcing is not None)
         enforcement = (summary(record, verdict, result.step, step)
                        if enforcing is not None and verdict is not None else None)
         if main:
@@ -293,27 +292,24 @@ def _clauses_held(extra: dict[str, Any]) -> str | None:
     return f"contract {sum(c.passed for c in clauses)}/{len(clauses)} held"
 
 
-def _verification_size(compiled: Compiled, contract: Contract, enforced: bool) -> int:
-    """How many examples the verdict's verification set draws: the spec's size, or for an
-    enforced run whose spec leaves it to headwise, the size the kept model's measurement on
-    the enforcement set asks for (``headwise.contract.evidence``), measured on the CPU."""
+def _verify_trained(compiled: Compiled, contract: Contract,
+                    enforced: bool) -> tuple[ContractResult | None, int]:
+    """The trained model's verdict on the verification set, read here once, after training
+    (``None`` without a contract), measured on the CPU, and the set's size: the spec's, or for
+    an enforced run whose spec leaves it to headwise, the size the kept model's measurement on
+    the enforcement set asks for (``headwise.contract.evidence``)."""
     spec = compiled.spec
+    examples = spec.data.verify_examples
+    if not contract:
+        return None, examples
     if model_device(compiled.model).type != "cpu":  # verification and reports run on CPU
         compiled.model.to("cpu")
-    if not (contract and enforced and not spec.data.verify_given):
-        return spec.data.verify_examples
-    pilot = verify(compiled.model, contract, enforcement_data(compiled))
-    return pilot_examples(pilot, spec.data.verify_examples,
-                          int(compiled.eval_batch.tokens.shape[0]), spec.data.names)
-
-
-def _verify_trained(compiled: Compiled, contract: Contract,
-                    examples: int) -> ContractResult | None:
-    """The trained model's verdict on a verification set of ``examples`` examples, read here
-    once, after training (``None`` without a contract)."""
-    if not contract:
-        return None
-    return verify(compiled.model, contract, verification_data(compiled, examples=examples))
+    if enforced and not spec.data.verify_given:
+        pilot = verify(compiled.model, contract, enforcement_data(compiled))
+        examples = pilot_examples(pilot, examples, int(compiled.eval_batch.tokens.shape[0]),
+                                  spec.data.names)
+    return verify(compiled.model, contract,
+                  verification_data(compiled, examples=examples)), examples
 
 
 def check_steps(steps: int) -> int:

@@ -71,7 +71,8 @@ def _two_stage(rng: torch.Generator, t: float, base: int, pilot_n: int,
     the pilot's examples are counted again, not drawn apart)."""
     k0 = int(torch.binomial(torch.tensor(float(pilot_n)), torch.tensor(t), generator=rng))
     needed = examples_for_binomial(k0 / pilot_n, t, "at_least", 1 - ALPHA)
-    n = base if needed is None else max(base, min(GROWTH * base, powered(needed, ALPHA)))
+    pilot = ContractResult([_result(FLOOR, needed, examples=pilot_n, passed=needed is not None)])
+    n = pilot_examples(pilot, base, pilot_n, ["copy", "sort"])
     if reuse:  # test the pilot first, and on failing, again with more examples added to it
         if binomial_p(k0, pilot_n, t, "at_least") <= ALPHA:
             return True
