@@ -157,13 +157,23 @@ def _states(res: dict[str, Any], fresh: bool = False) -> str:
     return "/".join(str(states.count(s)) for s in ("certified", "holds", "fails"))
 
 
-def _why(clause: dict[str, Any]) -> str:
+def _why(clause: dict[str, Any], plain: dict[str, Any] | None) -> str:
     """Why an enforced clause is not certified, from its record: a lever at its cap, a clause
     still failing with its lever acting, or one that holds on a verification set too small to
-    certify it at the measured margin (with the examples it has and would need)."""
+    certify it at the measured margin (with the examples it has and would need). A failing
+    clause is set beside the plain run's measure of it at the same seed (``plain``): one the
+    plain run fails too is a task or head that does not learn plainly at that seed; one it
+    holds is lost to enforcement (traded against another clause's lever)."""
     if clause.get("state") == "fails" or not clause["passed"]:
-        return "fails, lever saturated" if clause.get("saturated") else \
+        why = "fails, lever saturated" if clause.get("saturated") else \
             "fails with its lever still acting"
+        if plain is None or plain["measured"] is None:
+            return why
+        measured = fixed(plain["measured"])
+        return why + (f"; the plain run holds it ({measured}): lost to enforcement"
+                      if plain["passed"] else
+                      f"; the plain run fails it too ({measured}): "
+                      "not learned plainly at this seed")
     if "needed" not in clause:  # a record from before the sizes were kept
         return "holds short of certification"
     have, need = clause["examples"], clause["needed"]
@@ -200,6 +210,7 @@ def table(results: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
             f"{_tasks(plain)} | {_tasks(enf)} | "
             f"{plain['wall_s']:.1f} / {enf['wall_s']:.1f} | {share:.1%} "
             f"({enf['evaluations']} evals) |")
+        plain_clauses = {c["index"]: c for c in plain["clauses"]}
         for c in enf["clauses"]:
             if c.get("state", "fails" if not c["passed"] else "holds") != "certified":
                 measured = "-" if c["measured"] is None else fixed(c["measured"])
@@ -207,7 +218,8 @@ def table(results: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
                 misses.append(f"- {enf['spec']} (seed {enf.get('seed')}) contract[{c['index']}] "
                               f"({c['name']}, {c['threshold']}): {state}, measured {measured}, "
                               f"bound {c.get('bound', '-')}, final multiplier "
-                              f"{(enf['multipliers'] or {}).get(str(c['index']))}: {_why(c)}")
+                              f"{(enf['multipliers'] or {}).get(str(c['index']))}: "
+                              f"{_why(c, plain_clauses.get(c['index']))}")
     lines.append("")
     lines.append(f"Clauses held: plain {plain_held}/{total} ({plain_held / total:.0%}), "
                  f"enforced {held}/{total} ({held / total:.0%}); enforced and certified "
