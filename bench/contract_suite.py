@@ -20,8 +20,9 @@ Prints a markdown table: clauses held plain / enforced on the verification set, 
 clause's state there (certified / holds / fails, and on the fresh set), and enforced on
 the enforcement set at the kept step, steps trained and the step kept, the tasks' accuracy and
 exact match on the verification set, wall times, the share of the enforced run's time spent
-measuring the contract, then the total share of clauses held and every clause that fails on
-the verification set with ``--enforce``.
+measuring the contract, then the total share of clauses held and every clause not certified
+on the verification set with ``--enforce``, with why (a failing one beside the plain run's
+measure of it at the same seed: not learned plainly either, or lost to enforcement).
 
     python -m bench.contract_suite [--jobs 1] [--only NAME ...] [--json PATH] [--set NAME=VALUE]
         [--variant halving] [--seed SEED ...] [--fresh OFFSET] [--spec-set PATH=VALUE]
@@ -161,19 +162,21 @@ def _why(clause: dict[str, Any], plain: dict[str, Any] | None) -> str:
     """Why an enforced clause is not certified, from its record: a lever at its cap, a clause
     still failing with its lever acting, or one that holds on a verification set too small to
     certify it at the measured margin (with the examples it has and would need). A failing
-    clause is set beside the plain run's measure of it at the same seed (``plain``): one the
-    plain run fails too is a task or head that does not learn plainly at that seed; one it
-    holds is lost to enforcement (traded against another clause's lever)."""
+    clause is set beside the plain run's measure of it at the same seed (``plain``): a task
+    floor the plain run fails too is a task that does not learn plainly at that seed; a
+    clause the plain run holds is lost to enforcement (traded against another clause's
+    lever)."""
     if clause.get("state") == "fails" or not clause["passed"]:
         why = "fails, lever saturated" if clause.get("saturated") else \
             "fails with its lever still acting"
         if plain is None or plain["measured"] is None:
             return why
         measured = fixed(plain["measured"])
-        return why + (f"; the plain run holds it ({measured}): lost to enforcement"
-                      if plain["passed"] else
-                      f"; the plain run fails it too ({measured}): "
-                      "not learned plainly at this seed")
+        if plain["passed"]:
+            return why + f"; the plain run holds it ({measured}): lost to enforcement"
+        return why + f"; the plain run fails it too ({measured})" + (
+            ": the task does not learn plainly at this seed" if clause.get("kind") == "task"
+            else "")
     if "needed" not in clause:  # a record from before the sizes were kept
         return "holds short of certification"
     have, need = clause["examples"], clause["needed"]

@@ -10,9 +10,9 @@ from bench.contract_suite import table
 
 
 def _run(enforce: bool, measured: float, passed: bool, state: str) -> dict[str, Any]:
-    clause = {"index": 0, "name": "sums right", "threshold": ">= 0.9", "measured": measured,
-              "passed": passed, "state": state, "saturated": enforce, "bound": ">= 0.1",
-              "fresh": None}
+    clause = {"index": 0, "name": "sums right", "kind": "task", "threshold": ">= 0.9",
+              "measured": measured, "passed": passed, "state": state, "saturated": enforce,
+              "bound": ">= 0.1", "fresh": None}
     return {"spec": "s", "seed": 2, "held": int(passed), "n_clauses": 1, "clauses": [clause],
             "verify_s": 1.0, "wall_s": 2.0, "held_enforcement_set": passed, "kept_step": 400,
             "steps": 400, "max_steps": 400, "tasks": {}, "evaluations": 31,
@@ -23,7 +23,7 @@ def test_a_floor_the_plain_run_fails_too_is_not_learned_at_that_seed() -> None:
     text = table([(_run(False, 0.145, False, "fails"), _run(True, 0.156, False, "fails"))])
     assert ("contract[0] (sums right, >= 0.9): fails, measured 0.156, bound >= 0.1, final "
             "multiplier 16.0: fails, lever saturated; the plain run fails it too (0.145): "
-            "not learned plainly at this seed") in text
+            "the task does not learn plainly at this seed") in text
 
 
 def test_a_floor_the_plain_run_holds_is_lost_to_enforcement() -> None:
