@@ -3,11 +3,11 @@
 At evaluation points the enforcer measures every clause on the enforcement set; with evaluation
 every 50 steps that is six dual steps in a 300-step run, and nothing constrains the steps before
 the first. Some levers measure their clause on every training batch anyway (``batch_values``):
-a score clause's pattern objective sees its heads' patterns (their role score on the batch), a
-preserve clause's distillation sees the trained and the starting model's outputs (the cosine or
-the KL on the batch; for a role drift, every free head's role scores). For those clauses
-(``tracked``) ``BatchDual``, an objective run after the levers in every training step, takes a
-dual step per batch::
+a score clause's pattern objective or row-wise bound sees its heads' patterns (their role score
+on the batch), a preserve clause's distillation sees the trained and the starting model's
+outputs (the cosine or the KL on the batch; for a role drift, every free head's role
+scores). For those clauses (``tracked``) ``BatchDual``, an objective run after the levers in
+every training step, takes a dual step per batch::
 
     lambda_c <- clip(lambda_c + eta_batch * v_c / u_c, 0, lambda_max)
 

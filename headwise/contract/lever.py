@@ -140,13 +140,13 @@ class EnforceConfig:
             ``ProjectedAscent``). Set by code only: a spec's ``enforce:`` keeps the default.
         eta_batch: the dual step per training step, per unit of violation in the clause's
             own units (``ClauseLever.unit``: the room its bound leaves), for a clause whose
-            lever measures it on every training batch (a score clause's pattern objective,
-            a preserve clause's distillation: ``headwise.contract.between``). Its multiplier
-            steps on each batch's value, and at an evaluation point on the enforcement set's,
-            weighed as the batches since the last one. 0.1 = ``1 - beta1`` of AdamW's
-            default: a clause one room short moves its multiplier by 1 (its lever as strong as
-            the task's loss) in the ten steps AdamW's momentum averages over. 0: only at
-            evaluation points, by ``eta``.
+            lever measures it on every training batch (a score clause's pattern objective or
+            row-wise bound, a preserve clause's distillation: ``headwise.contract.between``).
+            Its multiplier steps on each batch's value, and at an evaluation point on the
+            enforcement set's, weighed as the batches since the last one. 0.1 = ``1 -
+            beta1`` of AdamW's default: a clause one room short moves its multiplier by 1 (its
+            lever as strong as the task's loss) in the ten steps AdamW's momentum averages
+            over. 0: only at evaluation points, by ``eta``.
         pace_max: the largest factor enforcement may put on the run's peak learning rate.
             AdamW moves a parameter by about the learning rate per step however large the
             loss's weight, so a multiplier at ``lambda_max`` cannot move a clause faster; at

@@ -117,16 +117,27 @@ class _PatternCapture:
 
 class _OnCapturedPatterns(Objective):
     """An objective on the patterns its ``_capture`` takes in the forward: the capture's hooks
-    (read-only, restricted to the objective's heads), cleared at the step's reset."""
+    (read-only, restricted to the objective's heads), cleared at the step's reset. Its loss
+    keeps each head's score on the batch (``_scores``) for ``batch_values``."""
 
     _capture: _PatternCapture
+    _scores: Tensor | None = None
 
     def hooks(self) -> list[Hook]:
         """Hooks on ``hook_pattern`` restricted to the supervised heads."""
         return self._capture.hooks()
 
+    def batch_values(self) -> Tensor | None:
+        """Each head's score on the last batch (h,), detached: the mean over the rows where
+        the head attends of its attention mass on the target's keys (for a role: its role
+        score on that batch); ``None`` before a loss or after the step's ``reset``. A
+        contract's enforcement steps its clause's multiplier on it
+        (``headwise.contract.between``)."""
+        return self._scores
+
     def reset(self) -> None:
         self._capture.clear()
+        self._scores = None
 
 
 class _ShapeMemo:
@@ -264,7 +275,6 @@ class PatternObjective(_OnCapturedPatterns):
         # heads at once.
         self._fixed_matrix = isinstance(target, Tensor)
         self._memo = _ShapeMemo()
-        self._scores: Tensor | None = None
 
     def loss(self, tokens: Tensor, attention_mask: Tensor | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -277,16 +287,6 @@ class PatternObjective(_OnCapturedPatterns):
         on_target = (P.detach() * (Q[:, None] > 0).to(P.dtype)).sum(-1)  # (B, h, T)
         self._scores = masked_means(on_target, valid, (0, 2))  # (h,)
         return self.weight * per_head.mean(), _head_logs(self.name, self._capture, per_head)
-
-    def batch_values(self) -> Tensor | None:
-        """Each head's score on the last batch (h,), detached: the mean over valid rows of
-        the attention mass on the target's keys (for a role: its role score on that batch);
-        ``None`` before a loss or after the step's ``reset``."""
-        return self._scores
-
-    def reset(self) -> None:
-        super().reset()
-        self._scores = None
 
     def _target(self, tokens: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """``Q`` (B, T, T) and the rows (B, T) where it is defined on a real query."""
@@ -351,8 +351,8 @@ class RoleBound(_OnCapturedPatterns):
             [torch.relu(score - self.max)] if self.max is not None else [])
         hinge = parts[0] if len(parts) == 1 else parts[0] + parts[1]  # (B, h, T)
         loss = masked_means(hinge, valid, (0, 2)).mean()
-        mean_score = masked_means(score.detach(), valid, (0, 2))  # (h,)
-        return self.weight * loss, _head_logs(self.name, self._capture, mean_score)
+        self._scores = masked_means(score.detach(), valid, (0, 2))  # (h,)
+        return self.weight * loss, _head_logs(self.name, self._capture, self._scores)
 
 
 class EntropyBound(RoleBound):

@@ -99,6 +99,29 @@ def test_a_batch_steps_a_score_clause_by_its_role_score_on_that_batch() -> None:
     assert levers[0].objectives[0].weight / levers[0].scale > lam[0]
 
 
+def test_a_batch_steps_a_bound_clause_by_its_role_score_on_that_batch() -> None:
+    """A clause whose lever is a row-wise bound (an upper bound on a role, a bound on the
+    entropy) steps on the batch's value too: the worst head's role score, measured here by
+    ``role_scores`` on the same rows."""
+    model, contract, planned = _planned([
+        {"all_of": "L1.H0-1", "score": "first_token", "at_most": 0.1},
+        {"head": "L0.H2", "score": "entropy", "at_most": 0.2}])
+    levers = planned.levers  # type: ignore[attr-defined]
+    assert [levers[i].kind.value for i in (0, 1)] == ["bound", "bound"]
+    assert [levers[i].unit for i in (0, 1)] == pytest.approx([0.1, 0.2])
+    batch = _batch()
+    with torch.no_grad():
+        table = role_scores(model, batch.tokens, batch.attention_mask,
+                            heads=["L1.H0", "L1.H1", "L0.H2"], roles=["first_token", "entropy"])
+    worst_first = max(table.get("L1.H0", "first_token"), table.get("L1.H1", "first_token"))
+    entropy = table.get("L0.H2", "entropy")
+    assert worst_first > 0.1 and entropy > 0.2
+    _step(model, planned, batch)
+    lam = [levers[i].objectives[0].weight / levers[i].scale for i in (0, 1)]
+    assert lam[0] == pytest.approx(ETA * (worst_first - 0.1) / 0.1, rel=1e-5)
+    assert lam[1] == pytest.approx(ETA * (entropy - 0.2) / 0.2, rel=1e-5)
+
+
 def test_an_evaluation_forward_measures_and_moves_nothing() -> None:
     model, _, planned = _planned([{"head": "L0.H1", "score": "previous_token",
                                    "at_least": 0.9}])
