@@ -128,10 +128,11 @@ class _OnCapturedPatterns(Objective):
         return self._capture.hooks()
 
     def batch_values(self) -> Tensor | None:
-        """Each head's score on the last batch (h,), detached: the mean over the rows where
-        the head attends of its attention mass on the target's keys (for a role: its role
-        score on that batch); ``None`` before a loss or after the step's ``reset``. A
-        contract's enforcement steps its clause's multiplier on it
+        """Each head's score on the last batch (h,), detached: the mean, over the rows where
+        the head attends, of its per-row score (a pattern target's: the mass on the target's
+        keys; a role bound's: the role's row score, e.g. the normalised entropy), so for a
+        role its role score on that batch; ``None`` before a loss or after the step's
+        ``reset``. A contract's enforcement steps its clause's multiplier on it
         (``headwise.contract.between``)."""
         return self._scores
 

@@ -9,8 +9,9 @@ from typing import Any
 from bench.contract_suite import table
 
 
-def _run(enforce: bool, measured: float, passed: bool, state: str) -> dict[str, Any]:
-    clause = {"index": 0, "name": "sums right", "kind": "task", "threshold": ">= 0.9",
+def _run(enforce: bool, measured: float, passed: bool, state: str,
+         kind: str = "task") -> dict[str, Any]:
+    clause = {"index": 0, "name": "sums right", "kind": kind, "threshold": ">= 0.9",
               "measured": measured, "passed": passed, "state": state, "saturated": enforce,
               "bound": ">= 0.1", "fresh": None}
     return {"spec": "s", "seed": 2, "held": int(passed), "n_clauses": 1, "clauses": [clause],
@@ -30,3 +31,9 @@ def test_a_floor_the_plain_run_holds_is_lost_to_enforcement() -> None:
     text = table([(_run(False, 1.0, True, "holds"), _run(True, 0.152, False, "fails"))])
     assert "the plain run holds it (1.000): lost to enforcement" in text
     assert "plain 1/1 (100%), enforced 0/1 (0%); enforced and certified 0/1 (0%)" in text
+
+
+def test_a_head_clause_the_plain_run_fails_too_is_not_called_a_task() -> None:
+    text = table([(_run(False, 0.3, False, "fails", "score"),
+                   _run(True, 0.31, False, "fails", "score"))])
+    assert text.rstrip().endswith("fails, lever saturated; the plain run fails it too (0.300)")
