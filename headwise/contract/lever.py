@@ -381,21 +381,33 @@ class PlanContext:
         return obj
 
     def on_probe(self, obj: Any, name: str, clause: Any) -> Any:
-        """``obj`` trained on batches drawn like the clause's probe (none, ``default`` or a
-        task's name: on the training batches, which are drawn like the held-out task data).
+        """``obj`` trained on batches drawn like the clause's probe: none or ``default``, on
+        the training batches; a task's name, on that task's rows of them (``on_task``);
+        another probe, on batches its generator draws (``OnProbeData``).
 
         Raises:
             ValueError: the clause reads a probe and no ``probes`` sampler was given.
         """
         obj.name = name
         probe = clause.on
-        if probe is None or probe == "default" or probe in self.task_names:
+        if probe is None or probe == "default":
             return obj
+        if probe in self.task_names:
+            return self.on_task(obj, probe)
         if self.probes is None:
             raise ValueError(f"plan: {clause.path} is measured on probe {probe!r}; pass "
                              "probes= (headwise.pipeline.heldout.probe_sampler)")
         sample = self.probes
         return OnProbeData(self.model, obj, lambda n, seed: sample(probe, n, seed))
+
+    def on_task(self, obj: Any, task: str) -> Any:
+        """``obj`` (a pattern lever) trained on ``task``'s rows of each training batch only,
+        as its clause is measured on that task's examples: a lever for one task's clause or
+        circuit leaves the other tasks' attention to them. In a run of that one task, every
+        row is the task's and nothing is restricted."""
+        if len(self.task_names) > 1:
+            obj.task_id = list(self.task_names).index(task)
+        return obj
 
     def task_sampler(self, task: str) -> Callable[[int, int], Batch] | None:
         """``fn(n, seed)``: ``n`` training examples of ``task`` (``None`` without a sampler):

@@ -216,7 +216,8 @@ def path_lever(ctx: PlanContext, clause: Clause) -> ClauseLever:
         lever.objectives.append(obj)
     if clause.at_least is not None:
         implied = implied_roles(ctx, edge, task)
-        lever.assists = [ctx.add(PatternObjective(ctx.model, ctx.heads(h), role, kind="ce"),
+        lever.assists = [ctx.add(ctx.on_task(PatternObjective(ctx.model, ctx.heads(h), role,
+                                                              kind="ce"), task),
                                  f"enforce:assist:{role}[{h}][{clause.path}]")
                          for role, h in implied]
         if implied:

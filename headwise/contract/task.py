@@ -99,8 +99,9 @@ class TaskKind(ClauseKind):
         lever = ClauseLever(LeverKind.TASK_WEIGHT, f"extra loss weight on {clause.task}", [obj])
         assists = _assists(ctx, clause)
         if assists:
-            lever.assists = [ctx.add(PatternObjective(ctx.model, ctx.heads(h), role,
-                                                      kind="ce"),
+            lever.assists = [ctx.add(ctx.on_task(PatternObjective(ctx.model, ctx.heads(h),
+                                                                  role, kind="ce"),
+                                                 clause.task),
                                      f"enforce:assist:{role}[{h}][{clause.path}]")
                              for role, h in assists]
             lever.description += ("; if it stops improving, the task's circuit: "

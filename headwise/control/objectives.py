@@ -118,10 +118,27 @@ class _PatternCapture:
 class _OnCapturedPatterns(Objective):
     """An objective on the patterns its ``_capture`` takes in the forward: the capture's hooks
     (read-only, restricted to the objective's heads), cleared at the step's reset. Its loss
-    keeps each head's score on the batch (``_scores``) for ``batch_values``."""
+    keeps each head's score on the batch (``_scores``) for ``batch_values``.
+
+    ``task_id``: when set, the loss reads only the rows of the batch whose task is that one
+    (``prepare`` takes them from ``Batch.task_ids``, on the device): a contract lever for a
+    clause measured on one task's examples (``PlanContext.on_task``). ``None``: every row.
+    """
 
     _capture: _PatternCapture
     _scores: Tensor | None = None
+    task_id: int | None = None
+    _task_rows: Tensor | None = None
+
+    def prepare(self, batch: Any, step: int = 0) -> None:
+        """Keep the rows of ``task_id``'s examples (B,) for the loss (nothing without one)."""
+        self._task_rows = None if self.task_id is None else batch.task_ids == self.task_id
+
+    def _rows(self, rows: Tensor) -> Tensor:
+        """The defined rows (B, T) restricted to ``task_id``'s examples."""
+        if self._task_rows is None:
+            return rows
+        return rows & self._task_rows.to(rows.device)[:, None]
 
     def hooks(self) -> list[Hook]:
         """Hooks on ``hook_pattern`` restricted to the supervised heads."""
@@ -131,14 +148,22 @@ class _OnCapturedPatterns(Objective):
         """Each head's score on the last batch (h,), detached: the mean, over the rows where
         the head attends, of its per-row score (a pattern target's: the mass on the target's
         keys; a role bound's: the role's row score, e.g. the normalised entropy), so for a
-        role its role score on that batch; ``None`` before a loss or after the step's
-        ``reset``. A contract's enforcement steps its clause's multiplier on it
-        (``headwise.contract.between``)."""
+        role its role score on that batch; NaN for a head with no such row (nothing
+        measured); ``None`` before a loss or after the step's ``reset``. A contract's
+        enforcement steps its clause's multiplier on it (``headwise.contract.between``)."""
         return self._scores
 
     def reset(self) -> None:
         self._capture.clear()
         self._scores = None
+        self._task_rows = None
+
+
+def _row_means(values: Tensor, valid: Tensor) -> Tensor:
+    """Per head (h,): the mean of ``values`` (B, h, T) over the ``valid`` rows; NaN for a head
+    with none (no host read)."""
+    mean = masked_means(values, valid, (0, 2))
+    return torch.where(valid.any(2).any(0), mean, torch.full_like(mean, float("nan")))
 
 
 class _ShapeMemo:
@@ -282,11 +307,11 @@ class PatternObjective(_OnCapturedPatterns):
         """``weight * mean_heads(loss_head)`` and ``{"pattern/L0.H0": loss_head, ...}``."""
         Q, rows = self._target(tokens, attention_mask)  # (B, T, T), (B, T)
         P = self._capture.patterns()  # (B, h, T, T)
-        valid = rows[:, None] & (P.detach().sum(-1) > 0.5)  # (B, h, T): the head attends
+        valid = self._rows(rows)[:, None] & (P.detach().sum(-1) > 0.5)  # (B, h, T): attends
         per_head = masked_means(row_loss(P, Q[:, None].to(P.dtype), self.kind), valid,
                                 (0, 2))  # (h,)
         on_target = (P.detach() * (Q[:, None] > 0).to(P.dtype)).sum(-1)  # (B, h, T)
-        self._scores = masked_means(on_target, valid, (0, 2))  # (h,)
+        self._scores = _row_means(on_target, valid)  # (h,)
         return self.weight * per_head.mean(), _head_logs(self.name, self._capture, per_head)
 
     def _target(self, tokens: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -346,14 +371,15 @@ class RoleBound(_OnCapturedPatterns):
         static = attention_mask is None and self.role in _POSITION_ONLY
         target = self._memo.get(tokens, make) if static else make()
         P = self._capture.patterns()  # (B, h, T, T)
-        valid = target.rows[:, None] & (P.detach().sum(-1) > 0.5)  # (B, h, T)
+        valid = self._rows(target.rows)[:, None] & (P.detach().sum(-1) > 0.5)  # (B, h, T)
         score = row_scores(P, target)  # (B, h, T)
         parts = ([torch.relu(self.min - score)] if self.min is not None else []) + (
             [torch.relu(score - self.max)] if self.max is not None else [])
         hinge = parts[0] if len(parts) == 1 else parts[0] + parts[1]  # (B, h, T)
         loss = masked_means(hinge, valid, (0, 2)).mean()
-        self._scores = masked_means(score.detach(), valid, (0, 2))  # (h,)
-        return self.weight * loss, _head_logs(self.name, self._capture, self._scores)
+        self._scores = _row_means(score.detach(), valid)  # (h,)
+        logs = masked_means(score.detach(), valid, (0, 2))  # 0 for a head with no row
+        return self.weight * loss, _head_logs(self.name, self._capture, logs)
 
 
 class EntropyBound(RoleBound):

@@ -310,6 +310,37 @@ contract:
     assert all(any(torch.equal(r, p) for p in pool.tokens) for r in rows.tokens)
 
 
+def test_levers_for_one_task_of_a_mixture_train_on_that_tasks_rows() -> None:
+    """A score clause measured ``on`` a task and a floor's circuit assists act on that task's
+    rows of the training batches (their objectives' ``task_id``); the plan says so. In a run
+    of one task nothing is restricted."""
+    spec = load_spec("""
+model: {n_layers: 2, n_heads: 2, d_model: 16, vocab_size: 40, max_seq_len: 12}
+data: {tasks: {copy: {length: 4}, kv_retrieval: {}}}
+train: {eval_every: 5, batch_size: 8}
+contract:
+  - {head: L0.H0, score: previous_token, at_least: 0.8, "on": copy}
+  - {task: kv_retrieval, metric: accuracy, at_least: 0.9}
+""")
+    compiled = compile_spec(spec)
+    names = list(compiled.structure.task_names)
+    levers = plan(compiled.model, spec.contract, compiled.structure).levers
+    score, floor = levers[0], levers[1]
+    assert score is not None and floor is not None and floor.assists
+    assert [o.task_id for o in score.objectives] == [names.index("copy")]  # type: ignore[attr-defined]
+    assert score.description.endswith("on copy's rows")
+    assert {o.task_id for o in floor.assists} == {names.index("kv_retrieval")}  # type: ignore[attr-defined]
+    one = load_spec("""
+model: {n_layers: 2, n_heads: 2, d_model: 16, vocab_size: 12, max_seq_len: 12}
+data: {tasks: {copy: {length: 4}}}
+contract:
+  - {head: L0.H0, score: previous_token, at_least: 0.8, "on": copy}
+""")
+    compiled = compile_spec(one)
+    (obj,) = plan(compiled.model, one.contract, compiled.structure).levers[0].objectives  # type: ignore[union-attr]
+    assert obj.task_id is None  # type: ignore[attr-defined]
+
+
 def test_a_run_whose_multipliers_relaxed_to_zero_still_says_it_was_enforced() -> None:
     """Multipliers relax to 0 once their clauses hold with margin; ``enforced`` reads the
     history, not the final multipliers."""

@@ -241,6 +241,43 @@ def test_bad_objective_input_raises_naming_it() -> None:
         obj.loss(torch.randint(0, 23, (1, 4)))
 
 
+@pytest.mark.parametrize("make_obj", [
+    lambda m: PatternObjective(m, "L1.H1-3", "previous_token", kind="ce"),
+    lambda m: RoleBound(m, "L1.H1-3", "previous_token", max=0.1),
+])
+def test_a_lever_for_one_task_reads_only_that_tasks_rows(make_obj) -> None:  # type: ignore[no-untyped-def]
+    """With ``task_id`` set, the loss, its gradient and the batch's scores are those of the
+    same objective run on that task's rows alone; a batch without them measures nothing."""
+    from headwise.data import Batch
+
+    model = make()
+    with torch.no_grad():  # sharpen the patterns so that the losses and scores differ by row
+        model.blocks[1].attn.q_proj.weight.mul_(20.0)
+    tokens = torch.randint(0, 23, (6, 10))
+    task_ids = torch.tensor([0, 1, 0, 1, 1, 0])
+    mixed = make_obj(model)
+    mixed.task_id = 1
+    mixed.prepare(Batch(tokens, torch.full_like(tokens, -100), None, task_ids))
+    term, _ = run(model, mixed, tokens)
+    (grad,) = torch.autograd.grad(term, [model.blocks[1].attn.q_proj.weight])
+    scores = mixed.batch_values()
+
+    alone = make_obj(model)
+    mine = tokens[task_ids == 1]
+    ref, _ = run(model, alone, mine)
+    (ref_grad,) = torch.autograd.grad(ref, [model.blocks[1].attn.q_proj.weight])
+    assert float(term.detach()) == pytest.approx(float(ref.detach()), rel=1e-5)
+    assert float(ref.detach()) > 0
+    assert torch.allclose(grad, ref_grad, rtol=1e-4, atol=1e-7)
+    assert torch.allclose(scores, alone.batch_values(), atol=1e-6)
+    everything, _ = run(model, make_obj(model), tokens)  # the whole batch differs
+    assert float(everything.detach()) != pytest.approx(float(ref.detach()), rel=1e-3)
+
+    mixed.prepare(Batch(tokens, torch.full_like(tokens, -100), None, torch.zeros(6).long()))
+    term, _ = run(model, mixed, tokens)
+    assert float(term.detach()) == 0.0 and bool(mixed.batch_values().isnan().all())
+
+
 def test_every_objective_follows_the_protocol() -> None:
     from headwise.control import LearnedGates
 
