@@ -401,10 +401,10 @@ class PlanContext:
         return OnProbeData(self.model, obj, lambda n, seed: sample(probe, n, seed))
 
     def on_task(self, obj: Any, task: str) -> Any:
-        """``obj`` (a pattern lever) trained on ``task``'s rows of each training batch only,
-        as its clause is measured on that task's examples: a lever for one task's clause or
-        circuit leaves the other tasks' attention to them. In a run of that one task, every
-        row is the task's and nothing is restricted."""
+        """``obj`` (a pattern or distillation lever) trained on ``task``'s rows of each
+        training batch only, as its clause is measured on that task's examples: a lever for
+        one task's clause or circuit leaves the other tasks' rows alone. In a run of that one
+        task every row is the task's, and nothing is restricted."""
         if len(self.task_names) > 1:
             obj.task_id = list(self.task_names).index(task)
         return obj

@@ -207,9 +207,7 @@ class PreserveKind(ClauseKind):
             heads = names(free) if len(free) <= 4 else f"the {len(free)} heads no clause names"
             return ClauseLever(LeverKind.DISTILL, f"attention-pattern KL to the starting model "
                                f"on {heads}{where}", [obj], scale=_scale(2.0 * room * room))
-        tasks = list(ctx.task_names)
-        task_id = tasks.index(clause.on) if clause.on in tasks else None
-        distill = Distill(model, base, spec.lever, task_id)
+        distill = Distill(model, base, spec.lever, None)  # on_probe sets a task's rows
         distill.measured = measured
         obj = ctx.add(ctx.on_probe(distill, name, clause), name)
         unit = room if clause.metric != "loss_increase" else 1.0

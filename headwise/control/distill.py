@@ -10,7 +10,7 @@ The distances (one definition, read by the levers here and by the clauses' measu
   bidirectional encoder (``pooled``), of the embeddings mean-pooled over the real tokens as
   sentence-transformers pools them, per sequence;
 - ``pattern_kl_sums``: ``KL(base row || trained row)`` of attention patterns, per head and
-  real query row.
+  real query row (of the clause's task's rows, where it names a task).
 
 The levers (``headwise.control.Objective`` loss terms, weighted by a clause's multiplier):
 
@@ -278,7 +278,8 @@ class Distill(_ToBase):
 
 class PatternDistill(_ToBase):
     """``weight x`` the mean ``KL(base row || trained row)`` of ``heads``' attention patterns
-    over real query rows (the lever of a role-drift bound; see the module docstring).
+    over real query rows, those of task ``task_id`` only where it is set (the lever of a
+    role-drift bound; see the module docstring; ``PlanContext.on_task`` sets it).
 
     Args:
         model: a headwise Transformer being trained.
@@ -328,7 +329,8 @@ class PatternDistill(_ToBase):
             raise RuntimeError(f"{self.name}: run the forward inside "
                                "`with model.hooks(*lever.hooks())` first")
         ref = self.base.forward(batch.tokens, **self._kwargs(batch))[1]
-        rows = real_tokens(batch.tokens, batch.attention_mask)
+        task_id = None if isinstance(batch, _ProbeBatch) else self.task_id
+        rows = scored(batch, task_id, False)
         total = torch.zeros((), device=tokens.device)
         count = torch.zeros((), device=tokens.device)
         starts = {}
@@ -342,7 +344,8 @@ class PatternDistill(_ToBase):
             self._estimate = role_drift(
                 torch.cat([starts[l] for l in self._want], 1).detach(),
                 torch.cat([trained[l] for l in self._want], 1).detach(),
-                batch.tokens, batch.attention_mask, self.causal)[None]
+                batch.tokens, batch.attention_mask if task_id is None else rows.long(),
+                self.causal)[None]  # another task's rows: no real token, no defined row
         d = total / count.clamp_min(1.0)
         return self._term(d), {f"{self.name}/pattern_kl": d.detach()}
 

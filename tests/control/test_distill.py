@@ -131,18 +131,40 @@ def test_the_cosine_lever_pools_an_encoders_states_over_the_attention_mask() -> 
     assert float(term.detach()) == pytest.approx(1.0 - sum(cos) / 6, rel=1e-5)
 
 
-def test_the_pattern_lever_is_the_mean_row_kl_of_the_heads_to_the_start() -> None:
+@pytest.mark.parametrize("task_id", [None, 1])
+def test_the_pattern_lever_is_the_mean_row_kl_of_the_heads_to_the_start(
+        task_id: int | None) -> None:
+    """Over every real query row, or over one task's rows where ``task_id`` is set (its
+    role-drift estimate too: that of the same heads on those rows alone)."""
+    from headwise.control.distill import role_drift
+
     model, batch = make(dropout=0.0), _batch()
     start, base = _moved(model, 0.3)
-    term = _step(model, PatternDistill(model, base, "L0.H1,L1.H0,L1.H3", weight=1.0), batch)
+    lever = PatternDistill(model, base, "L0.H1,L1.H0,L1.H3", weight=1.0)
+    lever.task_id, lever.measured = task_id, True
+    model.train()
+    lever.prepare(batch, 0)
+    with model.hooks(*lever.hooks()):
+        model(batch.tokens, attention_mask=batch.attention_mask, task_ids=batch.task_ids)
+    term, _ = lever.loss(batch.tokens, batch.attention_mask)
+    estimate = lever.batch_values()
     names = ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
     mask = batch.attention_mask
+    assert mask is not None
     _, c0 = start.run_with_cache(batch.tokens, names=names, attention_mask=mask)
     _, c1 = model.run_with_cache(batch.tokens, names=names, attention_mask=mask)
+    mine = [b for b in range(6) if task_id is None or int(batch.task_ids[b]) == task_id]
+    heads = ((0, 1), (1, 0), (1, 3))
+    pick = torch.tensor(mine)
+    drift = role_drift(
+        torch.cat([c0[names[l]][:, [h]] for l, h in heads], 1)[pick],
+        torch.cat([c1[names[l]][:, [h]] for l, h in heads], 1)[pick],
+        batch.tokens[pick], mask[pick], causal=True)
+    assert estimate is not None and float(estimate) == pytest.approx(float(drift), abs=1e-6)
     rows = []
-    for layer, head in ((0, 1), (1, 0), (1, 3)):
+    for layer, head in heads:
         name = names[layer]
-        for b in range(6):
+        for b in mine:
             for i in range(int(mask[b].sum())):
                 p, q = c0[name][b, head, i].double(), c1[name][b, head, i].double()
                 keep = p > 0
