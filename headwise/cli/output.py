@@ -114,10 +114,8 @@ def enforcement_table(summary: dict[str, Any]) -> Table:
              "enforcement set")
     paced = summary.get("pace") or []
     if paced:
-        title += "; learning rate " + ", ".join(
-            (f"x {p['pace']:g}" if p["pace"] > 1 else
-             "at its peak" if p.get("held") else "on its schedule")
-            + f" from step {p['step']}" for p in paced)
+        title += "; learning rate x " + ", ".join(
+            f"{p['pace']:g} from step {p['step']}" for p in paced)
     table = Table(title=title)
     for col in ("#", "clause", "lever", "multiplier", "first failed", "held from"):
         table.add_column(col)

@@ -209,10 +209,8 @@ class Enforcer:
         confident = all(v <= 0.0 for v in aimed.values())
         certified = result.passed and self._certified(state, result)
         pace = self._pace(state, record, result, lambdas, aimed, failing)
-        held = pace > 1.0 or bool(failing)  # a failing floor: the peak rate, not the decay
-        state.extra[LR_SCALE] = pace if held else None
-        point = EvalPoint(state.step, result.passed, confident, certified=certified, pace=pace,
-                          held=held)
+        state.extra[LR_SCALE] = pace
+        point = EvalPoint(state.step, result.passed, confident, certified=certified, pace=pace)
         for r in result.results:
             index = r.clause.index
             lever = self.levers.get(index)
@@ -278,9 +276,7 @@ class Enforcer:
         was above 1 (too fast a rate overshoots; a smaller rise is the measurement's noise).
         It halves, down to 1, when the whole contract holds and while a task floor fails
         (``failing``: a task that has not learned is not helped by a faster rate; levers back
-        off where they conflict with a failing floor). While a floor fails the rate is held at
-        the pace times the peak all the same (``update``): a decaying rate would slow the task
-        most near the end of the budget, where a floor that is still learning needs it.
+        off where they conflict with a failing floor).
         """
         pace = record.history[-1].pace if record.history else 1.0
         if result.passed or failing:
@@ -430,11 +426,11 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
         "step": at.step, "passed": at.passed, "confident": at.confident,
         "certified": at.certified,
         "measured": {str(i): c.measured for i, c in at.clauses.items()}}
-    paced, rate = [], (1.0, False)
-    for p in history:  # where the factor on the learning rate, or its hold, changed
-        if (p.pace, p.held) != rate:
-            paced.append({"step": p.step, "pace": p.pace, "held": p.held})
-            rate = (p.pace, p.held)
+    paced, pace = [], 1.0
+    for p in history:  # where the factor on the learning rate changed
+        if p.pace != pace:
+            paced.append({"step": p.step, "pace": p.pace})
+            pace = p.pace
     return {"enforced": acted, "evaluations": len(history), "pace": paced,
             "held_at_step": record.held_at, "kept_step": kept_step,
             "kept_as": record.kept_as if at is not None and at.passed else None,

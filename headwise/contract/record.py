@@ -56,9 +56,7 @@ class EvalPoint:
     past its guard (``confident``), each clause's values by index, and whether the contract
     was certified there (every clause's confidence bound past its threshold at the contract's
     family-wise level; measured only where it held), and the pace after it (the factor on the
-    learning rate, ``EnforceConfig.pace_max``) and whether the rate is held at the pace times
-    the peak (``held``: a pace above 1, or a task floor failing there) rather than on the
-    schedule."""
+    learning rate, ``EnforceConfig.pace_max``)."""
 
     step: int
     passed: bool
@@ -66,19 +64,17 @@ class EvalPoint:
     clauses: dict[int, PointValues] = field(default_factory=dict)
     certified: bool = False
     pace: float = 1.0  # the factor on the learning rate from this point on
-    held: bool = False  # the rate held at pace x peak, the schedule suspended
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "passed": self.passed, "confident": self.confident,
-                "certified": self.certified, "pace": self.pace, "held": self.held,
+                "certified": self.certified, "pace": self.pace,
                 "clauses": {str(i): v.to_dict() for i, v in self.clauses.items()}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EvalPoint:
         return cls(d["step"], d["passed"], d.get("confident", False),
                    {int(k): PointValues.from_dict(v) for k, v in d["clauses"].items()},
-                   d.get("certified", False), float(d.get("pace", 1.0)),
-                   bool(d.get("held", float(d.get("pace", 1.0)) > 1.0)))
+                   d.get("certified", False), float(d.get("pace", 1.0)))
 
 
 @dataclass

@@ -79,10 +79,9 @@ class TrainState:
         out_dir: the run directory or ``None``.
         rank: this process's data-parallel rank (callbacks' decisions come from rank 0).
         extra: JSON-serialisable callback state, saved in checkpoints and restored on resume.
-            Its entry ``LR_SCALE`` (``"lr_scale"``), when a callback sets it to a number,
-            makes the learning rate that factor times the peak rate ``config.lr`` from the
-            next step on, in place of the schedule (enforcement's pace, or the peak held at 1);
-            absent or ``None``, the schedule's own rate.
+            Its entry ``LR_SCALE`` (``"lr_scale"``), when a callback sets it above 1, makes
+            the learning rate that factor times the peak rate ``config.lr`` from the next step
+            on, in place of the schedule (enforcement's pace); at 1 the schedule resumes.
         stop: set to True to end training after this point.
     """
 
@@ -385,8 +384,8 @@ def _step(run: _Run, step_model: Callable[..., Tensor], step: int, hooks: list[A
           params: list[Tensor]) -> float:
     """One optimisation step on the next batch; returns its learning rate."""
     config, ctx = run.config, run.ctx
-    scale = run.extra.get(LR_SCALE)
-    lr = config.lr_at(step) if scale is None else config.lr * float(scale)
+    scale = float(run.extra.get(LR_SCALE, 1.0))
+    lr = config.lr * scale if scale > 1.0 else config.lr_at(step)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
     batch = ctx.shard(run.data.sample(config.batch_size, run.gen))
