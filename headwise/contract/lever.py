@@ -405,9 +405,13 @@ class PlanContext:
         training batch only, as its clause is measured on that task's examples: a lever for
         one task's clause or circuit leaves the other tasks' rows alone. In a run of that one
         task every row is the task's, and nothing is restricted."""
-        if len(self.task_names) > 1:
+        if self._restricts(task):
             obj.task_id = list(self.task_names).index(task)
         return obj
+
+    def _restricts(self, task: str | None) -> bool:
+        """Whether a lever for ``task`` reads only some rows: the run has other tasks too."""
+        return task in self.task_names and len(self.task_names) > 1
 
     def task_sampler(self, task: str) -> Callable[[int, int], Batch] | None:
         """``fn(n, seed)``: ``n`` training examples of ``task`` (``None`` without a sampler):
@@ -421,6 +425,13 @@ class PlanContext:
         """Whether the clause's lever trains on probe-like batches (see ``on_probe``)."""
         return not (clause.on is None or clause.on == "default"
                     or clause.on in self.task_names)
+
+    def data_words(self, clause: Any) -> str:
+        """What ``on_probe`` trains the clause's lever on, for its description: `` on
+        P-like batches``, `` on T's rows``, or nothing for the training batches."""
+        if self.reads_probe(clause):
+            return f" on {clause.on}-like batches"
+        return f" on {clause.on}'s rows" if self._restricts(clause.on) else ""
 
 def names(heads: Any) -> str:
     """``L0.H1,L1.H2``."""

@@ -189,7 +189,7 @@ class PreserveKind(ClauseKind):
         if base is None:
             raise ValueError(f"plan: {clause.path} compares with the starting model, which was "
                              "not captured; call contract.prepare(model) before training")
-        where = f" on {clause.on}-like batches" if ctx.reads_probe(clause) else ""
+        where = ctx.data_words(clause)
         name = f"enforce:preserve:{clause.metric}[{clause.path}]"
         spec = METRICS[clause.metric]
         bound = clause.at_least if clause.at_least is not None else clause.at_most

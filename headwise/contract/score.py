@@ -138,9 +138,7 @@ class ScoreKind(ClauseKind):
         if role is None:
             return None
         model, tag = ctx.model, f"[{clause.path}]"
-        where = (f" on {clause.on}-like batches" if ctx.reads_probe(clause)
-                 else f" on {clause.on}'s rows" if clause.on in ctx.task_names
-                 and len(ctx.task_names) > 1 else "")
+        where = ctx.data_words(clause)
         if clause.at_least is not None and role in TARGET_ROLES:
             lever = ClauseLever(LeverKind.PATTERN, f"pattern objective ({role}, ce) on "
                                 f"{names(heads)}{where}")

@@ -191,6 +191,11 @@ class _ToBase(Objective):
         batch, self._batch = self._batch, None
         return batch if batch is not None else _ProbeBatch(tokens, attention_mask)
 
+    def _task_of(self, batch: Any) -> int | None:
+        """The task whose rows the lever reads on ``batch``: ``task_id`` on a training batch,
+        none on a probe-like one (every row is the probe's)."""
+        return None if isinstance(batch, _ProbeBatch) else self.task_id
+
     def _term(self, distance: Tensor) -> Tensor:
         """``weight x distance``; a detached 0 at weight 0 (measured only)."""
         if self.weight <= 0.0:
@@ -257,7 +262,7 @@ class Distill(_ToBase):
                                "`with model.hooks(*lever.hooks())` first")
         if self.weight <= 0.0:  # measured only: no graph through the distance
             value = value.detach()
-        task_id = None if isinstance(batch, _ProbeBatch) else self.task_id
+        task_id = self._task_of(batch)
         kw = self._kwargs(batch)
         if self.metric == "kl":
             valid = scored(batch, task_id, True)
@@ -329,7 +334,7 @@ class PatternDistill(_ToBase):
             raise RuntimeError(f"{self.name}: run the forward inside "
                                "`with model.hooks(*lever.hooks())` first")
         ref = self.base.forward(batch.tokens, **self._kwargs(batch))[1]
-        task_id = None if isinstance(batch, _ProbeBatch) else self.task_id
+        task_id = self._task_of(batch)
         rows = scored(batch, task_id, False)
         total = torch.zeros((), device=tokens.device)
         count = torch.zeros((), device=tokens.device)

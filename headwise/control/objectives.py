@@ -378,7 +378,7 @@ class RoleBound(_OnCapturedPatterns):
         hinge = parts[0] if len(parts) == 1 else parts[0] + parts[1]  # (B, h, T)
         loss = masked_means(hinge, valid, (0, 2)).mean()
         self._scores = _row_means(score.detach(), valid)  # (h,)
-        logs = masked_means(score.detach(), valid, (0, 2))  # 0 for a head with no row
+        logs = self._scores.nan_to_num(0.0)  # a head with no row logs 0
         return self.weight * loss, _head_logs(self.name, self._capture, logs)
 
 
