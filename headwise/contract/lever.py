@@ -14,9 +14,11 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any, Protocol
 
+import torch
 from torch import nn
 
 from headwise.control.objectives import Objective
@@ -357,10 +359,26 @@ class PlanContext:
         items = [heads] if isinstance(heads, Head) else list(heads)
         return HeadSet(items, self.n_layers, self.n_heads)
 
-    @property
-    def masked(self) -> set[Head]:
-        """Heads whose pattern a structural mask fixes."""
-        return set(self.masks)
+    @cached_property
+    def fixed(self) -> frozenset[Head]:
+        """Heads whose pattern a structural mask fixes: it leaves every query at most one key
+        (with causality), so no weight moves where the head attends and a lever on its pattern
+        has nothing to drive. A mask that leaves several keys (``causal``, ``local``,
+        ``block_diagonal``, a matrix) only narrows the pattern: such a head keeps its levers,
+        and ``check_possible`` refuses a bound the mask puts out of reach."""
+        if not self.masks:
+            return frozenset()
+        model: Any = self.model
+        T = int(model.config.max_seq_len)
+        device = next(model.parameters()).device
+        keys = {}
+        for layer in sorted({h.layer for h in self.masks}):
+            allowed = model.blocks[layer].attn.head_mask(T, None, device)  # (H|1, T, T)
+            if bool(model.config.causal):
+                allowed = allowed & torch.ones(T, T, dtype=torch.bool, device=device).tril()
+            keys[layer] = allowed.sum(-1).amax(-1)  # the most keys any query has, per head
+        return frozenset(h for h in self.masks
+                         if int(keys[h.layer][h.head if keys[h.layer].numel() > 1 else 0]) <= 1)
 
     @property
     def masks(self) -> Mapping[Head, str]:

@@ -29,7 +29,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
 from torch import nn
 
 from headwise.analysis.circuit import edge_drop
@@ -241,7 +240,7 @@ def implied_roles(ctx: PlanContext, edge: Edge, task: str) -> list[tuple[str, He
     ends = (Head(edge.sender.layer, edge.sender.head),
             Head(edge.receiver.layer, edge.receiver.head))
     return [(role, h) for role, h in zip(K_COMPOSITION, ends, strict=True)
-            if h not in ctx.masked and _free_for(ctx, h, role)]
+            if h not in ctx.fixed and _free_for(ctx, h, role)]
 
 
 def _free_for(ctx: PlanContext, head: Head, role: str) -> bool:
@@ -250,25 +249,14 @@ def _free_for(ctx: PlanContext, head: Head, role: str) -> bool:
 
 
 def _fixed_patterns(ctx: PlanContext, edge: Edge) -> Head | None:
-    """A receiver head of a query or key edge whose structural mask leaves every query at most
-    one key (with causality), so that input cannot move its pattern; ``None`` otherwise. A key
-    edge reaches every query head of its kv group: each must be so fixed."""
-    if edge.via not in ("q", "k") or edge.receiver.kind != "head" or not ctx.masks:
+    """A receiver head of a query or key edge whose structural mask fixes its pattern
+    (``PlanContext.fixed``), so that input cannot move it; ``None`` otherwise. A key edge
+    reaches every query head of its kv group: each must be so fixed."""
+    if edge.via not in ("q", "k") or edge.receiver.kind != "head":
         return None
-    model: Any = ctx.model
-    shape = model_shape(ctx.model)
-    span = shape.group if edge.via == "k" else 1
+    span = model_shape(ctx.model).group if edge.via == "k" else 1
     heads = [Head(edge.receiver.layer, edge.receiver.head + j) for j in range(span)]
-    if not all(h in ctx.masks for h in heads):
-        return None
-    attn = model.blocks[edge.receiver.layer].attn
-    T = int(model.config.max_seq_len)
-    allowed = attn.head_mask(T, None, next(model.parameters()).device)  # (H|1, T, T)
-    if bool(model.config.causal):
-        allowed = allowed & torch.ones(T, T, dtype=torch.bool, device=allowed.device).tril()
-    per_head = allowed.sum(-1).amax(-1)  # (H|1,)
-    fixed = [h for h in heads if int(per_head[h.head if per_head.numel() > 1 else 0]) <= 1]
-    return fixed[0] if len(fixed) == len(heads) else None
+    return heads[0] if all(h in ctx.fixed for h in heads) else None
 
 
 KIND = PathKind()

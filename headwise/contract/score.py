@@ -130,7 +130,7 @@ class ScoreKind(ClauseKind):
         return grouped_bound(result, data, confidence, on_task=False)
 
     def lever(self, ctx: PlanContext, clause: Clause) -> ClauseLever | None:
-        heads = [h for h in clause.heads if h not in ctx.masked]
+        heads = [h for h in clause.heads if h not in ctx.fixed]
         if not heads:  # a structural mask fixes every head's pattern: nothing to drive
             return ClauseLever(LeverKind.STRUCTURAL,
                                f"structural mask on {names(clause.heads)} (fixed)")

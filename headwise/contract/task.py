@@ -130,7 +130,7 @@ def _assists(ctx: PlanContext, clause: Clause) -> list[tuple[str, Head]]:
     for role, layer in circuit:
         if layer >= ctx.n_layers:
             return []
-        heads = [Head(layer, h) for h in range(ctx.n_heads) if Head(layer, h) not in ctx.masked]
+        heads = [Head(layer, h) for h in range(ctx.n_heads) if Head(layer, h) not in ctx.fixed]
         on_path = [h for h in heads if (role, h) in implied]
         free = [h for h in heads if h not in ctx.named]
         asked = [h for h in heads if h in ctx.named and _asks_only(ctx.contract, h, role)]

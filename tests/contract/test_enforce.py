@@ -156,6 +156,31 @@ def test_multipliers_follow_dual_ascent_and_a_failing_floor_backs_no_lever_off()
     assert last["pace"] == state.extra["lr_scale"] == 2.0
 
 
+def test_only_a_mask_that_fixes_the_pattern_stands_in_for_a_lever(tmp_path: Path) -> None:
+    """A structural mask that leaves each query one key fixes the head's pattern (no lever);
+    one that leaves several only narrows it, and the head keeps its pattern objective, which
+    then moves the score inside the mask: a clause a plain run fails holds enforced."""
+    body = SPEC.replace("contract:", "heads:\n  L0.H0: {mask: self_only}\n"
+                        "  L0.H1: {mask: {local: {window: 3}}}\ncontract:")
+    spec = load_spec(body.replace("contract:\n", "contract:\n  - {head: L0.H0, score: self, "
+                                  "at_least: 0.9}\n"))
+    compiled = compile_spec(spec)
+    planned = plan(compiled.model, spec.contract, compiled.structure)
+    fixed, narrowed = planned.levers[0], planned.levers[1]
+    assert fixed is not None and fixed.kind == LeverKind.STRUCTURAL and not fixed.objectives
+    assert narrowed is not None and narrowed.kind == LeverKind.PATTERN
+    (objective,) = narrowed.objectives
+    assert isinstance(objective, PatternObjective) and [str(h) for h in objective.heads] == [
+        "L0.H1"]
+    path = tmp_path / "spec.yaml"
+    path.write_text(body)
+    for name, flags, code in (("plain", [], 1), ("enforced", ["--enforce"], 0)):
+        assert main(["train", str(path), "--out", str(tmp_path / name), "--quiet",
+                     *flags]) == code
+        (clause,) = json.loads((tmp_path / name / "contract.json").read_text())["clauses"]
+        assert (clause["measured"] >= 0.9) == (code == 0), (name, clause["measured"])
+
+
 def test_plan_gives_every_clause_kind_its_lever() -> None:
     spec = load_spec("""
 model: {n_layers: 2, n_heads: 4, d_model: 16, vocab_size: 24, max_seq_len: 12}
