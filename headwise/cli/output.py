@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 
 
 def console() -> Console:
-    """The console the CLI prints to (plain text, 120+ columns, when not a terminal)."""
-    width = max(shutil.get_terminal_size((120, 40)).columns, 120)
+    """The console the CLI prints to: as wide as the terminal (``COLUMNS`` where set), 120
+    columns when the output is not a terminal; tables wider split into column groups."""
+    width = shutil.get_terminal_size((120, 40)).columns
     return Console(highlight=False, width=width)
 
 

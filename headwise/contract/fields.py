@@ -3,19 +3,12 @@
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from headwise.errors import SelectorError, SpecError, show
+from headwise.errors import SelectorError, SpecError, did_you_mean, show
 from headwise.heads import HeadSet
-
-
-def suggest(word: str, options: Sequence[str]) -> str:
-    """``; did you mean 'x'?`` for the closest option, or nothing."""
-    close = difflib.get_close_matches(word, list(options), n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def check_keys(path: str, raw: dict[str, Any], kind: str, allowed: Iterable[str],
@@ -25,10 +18,10 @@ def check_keys(path: str, raw: dict[str, Any], kind: str, allowed: Iterable[str]
     for key in raw:
         if key not in allowed:
             if key in every_key:
-                raise SpecError(f"{path}.{key}: not allowed in a {kind} clause; allowed keys: "
+                raise SpecError(f"{path}.{key}: not allowed in a {kind} clause; expected one of "
                                 f"{allowed}")
-            raise SpecError(f"{path}: unknown key {key!r}{suggest(str(key), allowed)} "
-                            f"(allowed keys: {allowed})")
+            raise SpecError(f"{path}.{key}: unknown key{did_you_mean(key, allowed)}; "
+                            f"expected one of {allowed}")
 
 
 def number(path: str, raw: dict[str, Any], key: str) -> float | None:
@@ -48,7 +41,7 @@ def choice(path: str, raw: dict[str, Any], key: str, options: Sequence[str],
         return default
     v = raw[key]
     if not isinstance(v, str) or v not in options:
-        hint = suggest(v, options) if isinstance(v, str) else ""
+        hint = did_you_mean(v, options)
         raise SpecError(f"{path}.{key}: got {show(v, 60)}, expected one of {list(options)}"
                         f"{hint}")
     return v
@@ -111,7 +104,7 @@ def task(path: str, key: str, value: Any, tasks: Sequence[str]) -> str:
     if value is None:
         raise SpecError(f"{path}.{key}: missing; expected one of the tasks {list(tasks)}")
     if not isinstance(value, str) or value not in tasks:
-        hint = suggest(value, tasks) if isinstance(value, str) else ""
+        hint = did_you_mean(value, tasks)
         raise SpecError(f"{path}.{key}: got {show(value, 60)}, expected one of the tasks "
                         f"{list(tasks)}{hint}")
     return value

@@ -17,7 +17,7 @@ from headwise.contract import fields
 from headwise.contract.clause import Clause, Contract
 from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.kinds import EVERY_KEY, KINDS
-from headwise.errors import SpecError
+from headwise.errors import SpecError, did_you_mean
 from headwise.validate import fail, mapping
 
 EXAMPLE = "{head: L0.H0, score: previous_token, at_least: 0.9}"
@@ -77,7 +77,8 @@ def kind_of(path: str, raw: dict[str, Any],
     unknown = [k for k in raw if k not in every]
     if unknown:
         k = unknown[0]
-        raise SpecError(f"{path}: unknown key {k!r}{fields.suggest(k, every)}")
+        raise SpecError(f"{path}.{k}: unknown key{did_you_mean(k, every)}; expected one of "
+                        f"{sorted(every)}")
     raise SpecError(f"{path}: cannot tell the clause kind; expected a 'score' clause, an "
                     "'ablate' clause, a 'task' clause, 'exclusive: true', a 'path', a "
                     "'circuit' or a 'preserve' clause")

@@ -42,7 +42,8 @@ def _c(clauses: list[dict]) -> Contract:
      r"^contract\[1\]: contradicts contract\[0\]: a copy exact drop >= 0\.5 needs"),
     ([{"head": "L0.H0", "score": "previous_token", "at_least": 0.5},
       {"ablate": "L1.H1", "task": "copy", "metric": "accuracy", "drop_atleast": 0.3}],
-     r"^contract\[1\]: unknown key 'drop_atleast'; did you mean 'drop_at_least'\?"),
+     r"^contract\[1\]\.drop_atleast: unknown key \(did you mean 'drop_at_least'\?\); "
+     r"expected one of \["),
     ([{"head": "L0.H0", "score": "previous_tokn", "at_least": 0.9}],
      r"^contract\[0\]\.score: got 'previous_tokn'.*did you mean 'previous_token'"),
     ([{"head": "L0.H9", "score": "previous_token", "at_least": 0.9}],
