@@ -163,19 +163,23 @@ def _why(clause: dict[str, Any], plain: dict[str, Any] | None) -> str:
     still failing with its lever acting, or one that holds on a verification set too small to
     certify it at the measured margin (with the examples it has and would need). A failing
     clause is set beside the plain run's measure of it at the same seed (``plain``): a task
-    floor the plain run fails too is a task that does not learn plainly at that seed; a
+    floor the plain run fails too is a task that does not reach it plainly at that seed; a
     clause the plain run holds is lost to enforcement (traded against another clause's
-    lever)."""
+    lever). A clause whose task learned nothing from its input at all (``task_learned``:
+    no better than answering each position with its most common target) says so."""
     if clause.get("state") == "fails" or not clause["passed"]:
         why = "fails, lever saturated" if clause.get("saturated") else \
             "fails with its lever still acting"
+        if clause.get("task_learned") is False:
+            why = "fails: its task did not learn (no better than input-blind answers)"
         if plain is None or plain["measured"] is None:
             return why
         measured = fixed(plain["measured"])
         if plain["passed"]:
             return why + f"; the plain run holds it ({measured}): lost to enforcement"
         return why + f"; the plain run fails it too ({measured})" + (
-            ": the task does not learn plainly at this seed" if clause.get("kind") == "task"
+            ": the task does not reach its floor plainly at this seed"
+            if clause.get("kind") == "task"
             else "")
     if "needed" not in clause:  # a record from before the sizes were kept
         return "holds short of certification"

@@ -36,7 +36,7 @@ def run_one(spec: Path, enforce: bool, out: Path, config: Any = None, seed: int 
 
     import torch
 
-    from headwise.contract import EnforceConfig, Enforcer
+    from headwise.contract import EnforceConfig, Enforcer, task_learned
     from headwise.pipeline import RunOptions, held_out_mixture, train_run
     from headwise.pipeline.reverify import reverify_run
     from headwise.training import evaluate
@@ -67,6 +67,7 @@ def run_one(spec: Path, enforce: bool, out: Path, config: Any = None, seed: int 
     again = {} if fresh is None else {
         r.clause.index: r for r in reverify_run(spec, out, fresh)[0].results}
     saturated = {c["index"] for c in enforcement.get("clauses") or [] if c.get("saturated")}
+    unlearned = {r.clause.task for r in verdict.results if task_learned(r) is False}
     # evaluation points at which a clause failed with its multiplier at the cap
     capped_failing = [p["step"] for p in enforcement.get("history") or []
                       if any(not c["passed"] and c["saturated"] for c in p["clauses"].values())]
@@ -92,6 +93,8 @@ def run_one(spec: Path, enforce: bool, out: Path, config: Any = None, seed: int 
                      "examples": None if r.bound is None else r.bound.examples,
                      "needed": None if r.bound is None else r.bound.needed,
                      "saturated": r.clause.index in saturated,
+                     "task_learned": None if r.clause.task is None
+                     else r.clause.task not in unlearned,
                      "fresh": None if not again else {
                          "measured": again[r.clause.index].measured,
                          "state": again[r.clause.index].state}}

@@ -53,6 +53,7 @@ from typing import Any
 
 from torch import nn
 
+from headwise.contract import task
 from headwise.contract.between import BatchDual, held_multiplier, tracked, weigh_in_units
 from headwise.contract.certify import certify
 from headwise.contract.clause import Clause, Contract
@@ -69,6 +70,7 @@ from headwise.contract.record import ENTRY, ClauseTrack, EnforcementRecord, Eval
 from headwise.contract.results import ClauseResult, ContractResult, VerifyData
 from headwise.contract.verify import verify
 from headwise.control.objective import Objective
+from headwise.render.numbers import fixed
 from headwise.training import LR_SCALE, TrainState
 
 
@@ -405,6 +407,8 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
     relax to 0 once their clauses hold with margin, so the final ones do not say).
     """
     holds = {r.clause.index: r.passed for r in final.results}
+    unlearned = _unlearned(final)
+    task_of = {r.clause.index: r.clause.task for r in final.results}
     history = record.history
     at = next((p for p in reversed(history) if p.step == kept_step), None)
     clauses = []
@@ -418,7 +422,8 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
             saturated = last is not None and last.saturated
             item.update(best_value=best.get("value"), best_step=best.get("step"),
                         saturated=saturated,
-                        advice=_advice(track, saturated, at, index))
+                        advice=unlearned.get(task_of.get(index) or "")
+                        or _advice(track, saturated, at, index))
         clauses.append(item)
     acted = any(c.multiplier for p in history  # a lever weighted at some point
                 for c in p.clauses.values())
@@ -440,12 +445,30 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
             "clauses": clauses, "history": [p.to_dict() for p in history]}
 
 
+def _unlearned(final: ContractResult) -> dict[str, str]:
+    """Per task a task clause shows has learned nothing from its input (``task.task_learned``):
+    the words that say so, naming that clause and the input-blind answers' value; every
+    failing clause on that task waits on it."""
+    out: dict[str, str] = {}
+    for r in final.results:
+        task_name = r.clause.task or ""
+        if task_name not in out and r.measured is not None and task.task_learned(r) is False:
+            out[task_name] = (
+                f"{task_name} did not learn: its {r.clause.metric} ({r.clause.path}, "
+                f"{fixed(r.measured)}) is no better than always answering each position "
+                f"with its most common target ({fixed(r.details['input_blind'])}). No lever "
+                "teaches a task that has not started: another train.seed or train.lr, or a "
+                "larger model")
+    return out
+
+
 def _advice(track: ClauseTrack, saturated: bool, kept: EvalPoint | None,
             index: int) -> str:
     """What would help a clause that fails on the verification set, in words: where the kept
     model held it on the enforcement set, the two sets disagree; else its lever's state says.
     (A clause that held only at an earlier point, before the task was learned for one, is no
-    disagreement between the sets.)"""
+    disagreement between the sets.) A clause on a task that learned nothing from its input
+    is told so instead (``_unlearned``)."""
     if track.lever is None:
         return ("no lever moves it: change the spec (a structural mask, a gate or an "
                 "objective on the head), or drop the clause")

@@ -16,7 +16,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from headwise.analysis.importance import task_metric_ci
 from headwise.analysis.importance_matrix import ci_stderr
@@ -28,6 +29,7 @@ from headwise.contract.lever import ClauseLever, LeverKind, PlanContext
 from headwise.contract.results import Bound, ClauseResult, VerifyData
 from headwise.control.objectives import PatternObjective
 from headwise.control.task_levers import TaskLossWeight
+from headwise.data import IGNORE
 from headwise.errors import SpecError
 from headwise.heads import Head, HeadSet
 
@@ -72,7 +74,10 @@ class TaskKind(ClauseKind):
         value, low, high = task_metric_ci(model, batch, clause.metric, n_boot=data.n_boot)
         return ClauseResult(clause, holds(value, clause.at_least, clause.at_most),
                             number_or_none(value), clause.threshold_text(), "the model",
-                            ci=(low, high), details={"examples": int(batch.tokens.shape[0])},
+                            ci=(low, high),
+                            details={"examples": int(batch.tokens.shape[0]),
+                                     "input_blind": number_or_none(
+                                         input_blind(batch.targets, clause.metric))},
                             stderr=number_or_none(ci_stderr(low, high)))
 
     def guards_task(self, clause: Clause) -> bool:
@@ -138,6 +143,49 @@ def _assists(ctx: PlanContext, clause: Clause) -> list[tuple[str, Head]]:
             return []
         out.append((role, (on_path + free + asked)[0]))
     return out
+
+
+def input_blind(targets: Tensor, metric: str) -> float:
+    """``metric`` of the best answers that ignore the input, on these examples: at each
+    position, always its most common target (for ``loss``, the targets' own distribution
+    there: their entropy). ``targets`` (B, T) long, ``IGNORE`` where nothing is scored; token-
+    weighted like ``accuracy`` and ``loss``, per example for ``exact``. A model no better than
+    this has learned nothing from its input (``task_learned``)."""
+    scored = targets != IGNORE
+    total = int(scored.sum())
+    if total == 0:
+        return math.nan
+    hits, nats = 0, 0.0
+    blind = torch.full(targets.shape[1:], IGNORE, dtype=torch.long)
+    for col in range(targets.shape[1]):
+        values = targets[scored[:, col], col].cpu()
+        if values.numel() == 0:
+            continue
+        counts = torch.bincount(values).double()
+        seen = counts[counts > 0]
+        hits += int(seen.max())
+        nats -= float((seen * torch.log(seen / values.numel())).sum())
+        blind[col] = int(counts.argmax())
+    if metric == "accuracy":
+        return hits / total
+    if metric == "loss":
+        return nats / total
+    rows = scored.any(1).cpu()
+    right = ((targets.cpu() == blind[None]) | ~scored.cpu()).all(1)
+    return float(right[rows].double().mean())
+
+
+def task_learned(result: ClauseResult) -> bool | None:
+    """Whether a task clause's task shows it learned something from its input: its measure's
+    95% interval lies past what the input-blind answers get (``input_blind``; for ``loss``,
+    below it). ``None`` for another kind of clause or without an interval."""
+    clause, blind = result.clause, result.details.get("input_blind")
+    if clause.entry is not KIND or blind is None or result.ci is None:
+        return None
+    low, high = result.ci
+    if math.isnan(low) or math.isnan(high):
+        return None
+    return high < blind if clause.metric == "loss" else low > blind
 
 
 def _asks_only(contract: Iterable[Clause], head: Head, role: str) -> bool:

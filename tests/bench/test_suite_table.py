@@ -10,21 +10,28 @@ from bench.contract_suite import table
 
 
 def _run(enforce: bool, measured: float, passed: bool, state: str,
-         kind: str = "task") -> dict[str, Any]:
+         kind: str = "task", learned: bool | None = True) -> dict[str, Any]:
     clause = {"index": 0, "name": "sums right", "kind": kind, "threshold": ">= 0.9",
               "measured": measured, "passed": passed, "state": state, "saturated": enforce,
-              "bound": ">= 0.1", "fresh": None}
+              "bound": ">= 0.1", "fresh": None, "task_learned": learned}
     return {"spec": "s", "seed": 2, "held": int(passed), "n_clauses": 1, "clauses": [clause],
             "verify_s": 1.0, "wall_s": 2.0, "held_enforcement_set": passed, "kept_step": 400,
             "steps": 400, "max_steps": 400, "tasks": {}, "evaluations": 31,
             "multipliers": {"0": 16.0} if enforce else None}
 
 
-def test_a_floor_the_plain_run_fails_too_is_not_learned_at_that_seed() -> None:
-    text = table([(_run(False, 0.145, False, "fails"), _run(True, 0.156, False, "fails"))])
-    assert ("contract[0] (sums right, >= 0.9): fails, measured 0.156, bound >= 0.1, final "
-            "multiplier 16.0: fails, lever saturated; the plain run fails it too (0.145): "
-            "the task does not learn plainly at this seed") in text
+def test_a_floor_the_plain_run_fails_too_is_not_reached_at_that_seed() -> None:
+    text = table([(_run(False, 0.745, False, "fails"), _run(True, 0.856, False, "fails"))])
+    assert ("contract[0] (sums right, >= 0.9): fails, measured 0.856, bound >= 0.1, final "
+            "multiplier 16.0: fails, lever saturated; the plain run fails it too (0.745): "
+            "the task does not reach its floor plainly at this seed") in text
+
+
+def test_a_task_that_learned_nothing_from_its_input_is_named_so() -> None:
+    text = table([(_run(False, 0.145, False, "fails", learned=False),
+                   _run(True, 0.156, False, "fails", learned=False))])
+    assert ("multiplier 16.0: fails: its task did not learn (no better than input-blind "
+            "answers); the plain run fails it too (0.145)") in text
 
 
 def test_a_floor_the_plain_run_holds_is_lost_to_enforcement() -> None:
