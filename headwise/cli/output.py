@@ -171,6 +171,8 @@ def write_report_after(out: Console, outcome: RunOutcome) -> None:
 def print_outcome(out: Console, outcome: RunOutcome, report: bool = True) -> None:
     """Summary after ``headwise train`` / ``headwise demo``: printed as soon as the verdict is
     measured, before the report (``report``: whether one follows)."""
+    from headwise.contract.task import did_not_learn
+
     run = outcome.run_dir
     metrics = outcome.train.metrics
     out.print(f"trained {outcome.train.step} steps; eval-batch accuracy: {task_line(metrics)}")
@@ -183,8 +185,10 @@ def print_outcome(out: Console, outcome: RunOutcome, report: bool = True) -> Non
     if outcome.contract is not None:
         out.print("the verdict, on the verification set (never read during training):")
         out.print(outcome.contract.to_rich_table())
-        for line in failing_lines(outcome.enforcement or {"clauses": []}):
-            out.print(line)
+        lines = (failing_lines(outcome.enforcement) if outcome.enforcement is not None
+                 else list(did_not_learn(outcome.contract.results).values()))
+        for line in lines:
+            out.print(line, markup=False)
         for line in outcome.contract.evidence():
             out.print(line, markup=False)
         verdict = "HOLDS" if outcome.contract.passed else "FAILS"

@@ -36,6 +36,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Verify and print one row per clause."""
+    from headwise.contract.task import did_not_learn
     from headwise.pipeline.finished import verify_run
     from headwise.pipeline.reverify import reverify_run
 
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         verdict, written, notes = reverify_run(Path(args.spec), args.run, args.fresh,
                                                [_task_file(x) for x in args.data], args.device)
     out.print(verdict.to_rich_table())
-    for line in [*verdict.evidence(), *notes]:
+    for line in [*did_not_learn(verdict.results).values(), *verdict.evidence(), *notes]:
         out.print(line, markup=False)
     if args.fresh is not None or args.data:
         out.print(f"note: verified on new data ({written.name}); the run's own contract.json "

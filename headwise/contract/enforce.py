@@ -70,7 +70,6 @@ from headwise.contract.record import ENTRY, ClauseTrack, EnforcementRecord, Eval
 from headwise.contract.results import ClauseResult, ContractResult, VerifyData
 from headwise.contract.verify import verify
 from headwise.control.objective import Objective
-from headwise.render.numbers import fixed
 from headwise.training import LR_SCALE, TrainState
 
 
@@ -407,7 +406,7 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
     relax to 0 once their clauses hold with margin, so the final ones do not say).
     """
     holds = {r.clause.index: r.passed for r in final.results}
-    unlearned = _unlearned(final)
+    unlearned = task.did_not_learn(final.results)
     task_of = {r.clause.index: r.clause.task for r in final.results}
     history = record.history
     at = next((p for p in reversed(history) if p.step == kept_step), None)
@@ -445,30 +444,13 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
             "clauses": clauses, "history": [p.to_dict() for p in history]}
 
 
-def _unlearned(final: ContractResult) -> dict[str, str]:
-    """Per task a task clause shows has learned nothing from its input (``task.task_learned``):
-    the words that say so, naming that clause and the input-blind answers' value; every
-    failing clause on that task waits on it."""
-    out: dict[str, str] = {}
-    for r in final.results:
-        task_name = r.clause.task or ""
-        if task_name not in out and r.measured is not None and task.task_learned(r) is False:
-            out[task_name] = (
-                f"{task_name} did not learn: its {r.clause.metric} ({r.clause.path}, "
-                f"{fixed(r.measured)}) is no better than always answering each position "
-                f"with its most common target ({fixed(r.details['input_blind'])}). No lever "
-                "teaches a task that has not started: another train.seed or train.lr, or a "
-                "larger model")
-    return out
-
-
 def _advice(track: ClauseTrack, saturated: bool, kept: EvalPoint | None,
             index: int) -> str:
     """What would help a clause that fails on the verification set, in words: where the kept
     model held it on the enforcement set, the two sets disagree; else its lever's state says.
     (A clause that held only at an earlier point, before the task was learned for one, is no
     disagreement between the sets.) A clause on a task that learned nothing from its input
-    is told so instead (``_unlearned``)."""
+    is told so instead (``task.did_not_learn``)."""
     if track.lever is None:
         return ("no lever moves it: change the spec (a structural mask, a gate or an "
                 "objective on the head), or drop the clause")

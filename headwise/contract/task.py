@@ -32,6 +32,7 @@ from headwise.control.task_levers import TaskLossWeight
 from headwise.data import IGNORE
 from headwise.errors import SpecError
 from headwise.heads import Head, HeadSet
+from headwise.render.numbers import fixed
 
 
 class TaskKind(ClauseKind):
@@ -186,6 +187,22 @@ def task_learned(result: ClauseResult) -> bool | None:
     if math.isnan(low) or math.isnan(high):
         return None
     return high < blind if clause.metric == "loss" else low > blind
+
+
+def did_not_learn(results: Iterable[ClauseResult]) -> dict[str, str]:
+    """Per task that a task clause among ``results`` shows has learned nothing from its input
+    (``task_learned``): the words that say so, naming that clause and the input-blind answers'
+    value. Every failing clause on that task waits on it, whatever its lever."""
+    out: dict[str, str] = {}
+    for r in results:
+        name = r.clause.task or ""
+        if name not in out and r.measured is not None and task_learned(r) is False:
+            out[name] = (f"{name} did not learn: its {r.clause.metric} ({r.clause.path}, "
+                         f"{fixed(r.measured)}) is no better than always answering each "
+                         f"position with its most common target "
+                         f"({fixed(r.details['input_blind'])}). No lever teaches a task that "
+                         "has not started: another train.seed or train.lr, or a larger model")
+    return out
 
 
 def _asks_only(contract: Iterable[Clause], head: Head, role: str) -> bool:

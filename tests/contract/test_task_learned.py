@@ -65,3 +65,14 @@ def test_a_failing_clause_on_a_task_that_never_started_says_so(tmp_path: Path,
     else:
         assert len(advice) == 2
         assert all(a.startswith("copy did not learn: its exact") for a in advice)
+
+
+def test_a_plain_run_and_verify_name_a_task_that_never_started(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("STEPS", "1"))
+    run = tmp_path / "run"
+    assert main(["train", str(spec), "--out", str(run), "--quiet", "--no-report"]) == 1
+    assert main(["verify", str(spec), "--run", str(run)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.count("copy did not learn: its exact (contract[0], ") == 2
