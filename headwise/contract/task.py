@@ -201,7 +201,8 @@ def did_not_learn(results: Iterable[ClauseResult]) -> dict[str, str]:
                          f"{fixed(r.measured)}) is no better than always answering each "
                          f"position with its most common target "
                          f"({fixed(r.details['input_blind'])}). No lever teaches a task that "
-                         "has not started: another train.seed or train.lr, or a larger model")
+                         "has not started: another train.seed or train.lr, or a larger model "
+                         "(where a plain run learns it, another clause's lever is in its way)")
     return out
 
 
