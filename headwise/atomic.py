@@ -257,17 +257,19 @@ def check_output_dir(path: str | Path, option: str, *, overwrite: bool,
                 source).resolve():
             raise ConfigError(f"{option}: {target} is the directory being read; expected "
                               "another directory")
-    outer = work_in(target.absolute().parent)
-    if outer in (RUN, CHECKPOINT):
-        raise ConfigError(f"{option}: {target} is inside {outer} ({target.parent}); expected "
-                          "a directory outside it")
-    found = _work(target) if kind == "a directory" else None
+    normal = Path(os.path.abspath(target))  # ``..`` resolved as the system will create it
+    found = _work(normal) if normal.is_dir() else None
+    if found is not None and found[0] not in replaces:
+        raise ConfigError(f"{option}: {target} holds {found[0]} ({found[1]}); expected "
+                          "another directory (this command never replaces it)")
+    for above in normal.parents:  # at any depth: a run's checkpoints/ hold checkpoints
+        outer = work_in(above)
+        if outer in (RUN, CHECKPOINT):
+            raise ConfigError(f"{option}: {target} is inside {outer} ({above}); expected a "
+                              "directory outside it")
     if found is None:
         return None
     work, marker = found
-    if work not in replaces:
-        raise ConfigError(f"{option}: {target} holds {work} ({marker}); expected another "
-                          "directory (this command never replaces it)")
     if not overwrite:
         raise ConfigError(f"{option}: {target} holds {work} ({marker}); pass "
                           f"{overwrite_switch(option)} to replace it, or choose another "
@@ -361,16 +363,19 @@ def hold_lock(directory: Path, what: str = "this run") -> Iterator[None]:
         finally:
             _HELD[key] = (fd, _HELD[key][1] - 1)
         return
+    fresh = not os.path.lexists(directory / LOCK_FILE)
     fd = _acquire(directory / LOCK_FILE, what)
     _HELD[key] = (fd, 1)
     try:
         yield
     finally:
         del _HELD[key]
-        if created and [p.name for p in directory.iterdir()] == [LOCK_FILE]:
-            with contextlib.suppress(OSError):  # a refused writer leaves no directory behind
+        with contextlib.suppress(OSError):  # a refused writer leaves nothing behind
+            if created and [p.name for p in directory.iterdir()] == [LOCK_FILE]:
                 (directory / LOCK_FILE).unlink()
                 directory.rmdir()
+            elif fresh and work_in(directory) is None:  # a user's directory, no work in it
+                (directory / LOCK_FILE).unlink()
         os.close(fd)  # releases the flock; the file otherwise stays
 
 

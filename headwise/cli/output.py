@@ -171,7 +171,7 @@ def write_report_after(out: Console, outcome: RunOutcome) -> None:
 def print_outcome(out: Console, outcome: RunOutcome, report: bool = True) -> None:
     """Summary after ``headwise train`` / ``headwise demo``: printed as soon as the verdict is
     measured, before the report (``report``: whether one follows)."""
-    from headwise.contract.task import did_not_learn
+    from headwise.contract import did_not_learn
 
     run = outcome.run_dir
     metrics = outcome.train.metrics

@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Verify and print one row per clause."""
-    from headwise.contract.task import did_not_learn
+    from headwise.contract import did_not_learn
     from headwise.pipeline.finished import verify_run
     from headwise.pipeline.reverify import reverify_run
 

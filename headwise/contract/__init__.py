@@ -28,7 +28,7 @@ from headwise.contract.lever import (
 from headwise.contract.parse import parse_contract
 from headwise.contract.record import EnforcementRecord
 from headwise.contract.results import ClauseResult, ContractResult, VerifyData
-from headwise.contract.task import task_learned
+from headwise.contract.task import did_not_learn, task_learned
 from headwise.contract.verify import verify
 
 __all__ = [
@@ -36,5 +36,6 @@ __all__ = [
     "ClauseLever", "ClauseResult", "Contract", "ContractResult", "DualContext", "DualUpdate",
     "EnforceConfig", "EnforcementRecord", "Enforcer", "ForecastWatch", "LeverKind", "Plan",
     "ProbeSampler", "ProjectedAscent", "RunStructure", "VerifyData", "check_possible",
-    "forecast_clauses", "margin", "parse_contract", "plan", "summary", "task_learned", "verify",
+    "did_not_learn", "forecast_clauses", "margin", "parse_contract", "plan", "summary",
+    "task_learned", "verify",
 ]

@@ -18,8 +18,10 @@ from headwise.pipeline.run_dir import write_json
 from headwise.pipeline.run_tokenizer import stored_tokenizer, with_stored_tokenizer
 from headwise.runspec import spec_from_dict
 from headwise.runspec.yaml_io import parse_yaml, read_spec_text
+from headwise.training import list_checkpoints
 from headwise.training.device import place, resolve_device
 from headwise.training.manifest import MANIFEST, check_sealed, seal, verify_manifest
+from headwise.training.safetensors_io import sha256_file
 
 
 def load_compiled(run: str | Path, spec_source: str | Path | None = None,
@@ -101,6 +103,48 @@ def verify_run(spec_source: str | Path, run: str | Path,
         write_json(run / name, verdict.to_dict())
         seal(run, [name])
     return verdict, run / name
+
+
+def checkpoint_seals(run: Path) -> dict[str, str]:
+    """What a finished run's ``run.json`` records of its checkpoints (entry ``checkpoints``):
+    each one's name and the sha256 of its ``manifest.json``, which lists its files'."""
+    return {p.name: sha256_file(p / MANIFEST) for _, p in list_checkpoints(run)
+            if (p / MANIFEST).is_file()}
+
+
+def run_checkpoints(run: Path) -> list[tuple[int, Path]]:
+    """The run's checkpoints, as ``list_checkpoints``, for a command that reads them: none may
+    be a link (nor ``checkpoints/``), and a run whose sealed ``run.json`` records its
+    checkpoints (``checkpoint_seals``) reads only those, unchanged. A checkpoint it deleted is
+    just absent (that forges nothing).
+
+    Raises:
+        CheckpointError: a link; a checkpoint ``run.json`` does not list (added or renamed
+            after the run finished, or written by a resume since) or whose manifest differs
+            from the recorded digest (replaced); ``run.json`` not matching the run's manifest.
+    """
+    root = run / "checkpoints"
+    links = [root] if root.is_symlink() else [p for p in root.iterdir() if p.is_symlink()] \
+        if root.is_dir() else []
+    if links:
+        raise CheckpointError(f"{links[0]}: is a symbolic link; expected the run's own "
+                              "checkpoints")
+    found = list_checkpoints(run)
+    if (run / MANIFEST).exists():
+        check_sealed(run, ["run.json"])
+    seals = read_run_info(run).get("checkpoints")
+    if seals is None:  # an unfinished run, or one finished before runs recorded them
+        return found
+    for _, path in found:
+        if path.name not in seals:
+            raise CheckpointError(f"{path}: not listed in {run / 'run.json'}; expected a "
+                                  "checkpoint of the finished run (it was added or renamed "
+                                  "afterwards, or a resume wrote it since)")
+        if sha256_file(path / MANIFEST) != seals[path.name]:
+            raise CheckpointError(f"{path / MANIFEST}: differs from the digest "
+                                  f"{run / 'run.json'} records for it; expected the run's own "
+                                  "checkpoint (it was replaced afterwards)")
+    return found
 
 
 def verdict_examples(run: Path, compiled: Compiled) -> int | None:

@@ -25,6 +25,7 @@ from headwise.jsonfile import read_json_object
 from headwise.pipeline.options import SHAPING, RunOptions
 from headwise.runspec import Spec
 from headwise.training import clean_checkpoints, list_checkpoints
+from headwise.training.manifest import MANIFEST, check_sealed
 
 RUN_FORMAT = "headwise-run/1"
 RUN_ENTRY = "run"  # the checkpoints' callback-state entry holding run.json's content
@@ -56,11 +57,15 @@ def check_run_info(info: Any, where: str) -> dict[str, Any]:
             or not ok("steps", (int,)) or not ok("step", (int,)) or not ok("trained_steps", (int,))
             or not _positive(info.get("verify_examples", 1))
             or not ok("set", (list,))
-            or not all(isinstance(s, str) for s in info.get("set") or ())):
+            or not all(isinstance(s, str) for s in info.get("set") or ())
+            or not ok("checkpoints", (dict,))
+            or not all(isinstance(k, str) and isinstance(v, str)
+                       for k, v in (info.get("checkpoints") or {}).items())):
         raise CheckpointError(f"{where}: expected a {RUN_FORMAT!r} object with 'enforce' "
                               "(true/false), 'spec_dir' (a path or null) and the run's flags "
                               "('enforce_budget', 'allow_unenforced', 'steps', 'set'; "
-                              "'verify_examples' a positive integer)")
+                              "'verify_examples' a positive integer; 'checkpoints' names "
+                              "and digests)")
     return info
 
 
@@ -95,19 +100,51 @@ def recorded_info(out: Path) -> dict[str, Any]:
     """
     if not (out / "spec.yaml").is_file():
         raise SpecError(f"{out}: no run to resume (no spec.yaml); start one without --resume")
-    if (out / "run.json").is_file():
-        return read_run_info(out)
+    if (out / MANIFEST).exists():  # a finished run: its spec and record are sealed
+        check_sealed(out, ["spec.yaml", "run.json"])
+    links = [p for p in (out / "checkpoints").iterdir() if p.is_symlink()] \
+        if (out / "checkpoints").is_dir() else []
+    if links:
+        raise SpecError(f"{links[0]}: is a symbolic link; expected the run's own checkpoints "
+                        "(a resume never continues another run's)")
     clean_checkpoints(out)
     found = list_checkpoints(out)
-    if not found:
-        return {}  # check_resume refuses: nothing to resume from
-    path = found[-1][1] / "trainer.json"
-    extra = read_json_object(path, CheckpointError).get("extra")
-    if not isinstance(extra, dict) or RUN_ENTRY not in extra:
-        raise SpecError(f"{out / 'run.json'}: missing, and {path} does not record the run's "
-                        "flags (--enforce, --steps, ...); expected run.json back, or start "
-                        "again with --overwrite")
-    return check_run_info(extra[RUN_ENTRY], f"{path} (entry extra.{RUN_ENTRY})")
+    kept = None
+    if found:
+        path = found[-1][1] / "trainer.json"
+        extra = read_json_object(path, CheckpointError).get("extra")
+        if isinstance(extra, dict) and RUN_ENTRY in extra:
+            kept = check_run_info(extra[RUN_ENTRY], f"{path} (entry extra.{RUN_ENTRY})")
+    if not (out / "run.json").is_file():
+        if not found:
+            return {}  # check_resume refuses: nothing to resume from
+        if kept is None:
+            raise SpecError(f"{out / 'run.json'}: missing, and {path} does not record the "
+                            "run's flags (--enforce, --steps, ...); expected run.json back, or "
+                            "start again with --overwrite")
+        return kept
+    info = read_run_info(out)
+    if kept is not None:
+        _same_flags(recorded_options(info), recorded_options(kept), out / "run.json", path)
+    return info
+
+
+def _same_flags(run: RunOptions, checkpoint: RunOptions, record: Path, path: Path) -> None:
+    """Refuse a ``run.json`` whose shaping flags differ from those the latest checkpoint
+    trained with (its ``--steps`` may be larger: a resume that extends the run rewrites
+    ``run.json`` before its next checkpoint).
+
+    Raises:
+        SpecError: naming ``record``, the flag and the checkpoint.
+    """
+    for name in SHAPING:
+        mine, theirs = getattr(run, name), getattr(checkpoint, name)
+        if mine == theirs or (name == "steps" and None not in (mine, theirs)
+                              and mine >= theirs):
+            continue
+        raise SpecError(f"{record}: records {name} {mine!r}, but {path} trained with "
+                        f"{theirs!r}; expected the run's own record (edited after the run?), "
+                        "or start again with --overwrite")
 
 
 def recorded_options(info: dict[str, Any]) -> RunOptions:

@@ -41,6 +41,7 @@ from headwise.forecast.clauses import load_clause_forecasters
 from headwise.forecast.roles import Forecaster, load_forecaster
 from headwise.memory import check_memory, training_bytes
 from headwise.pipeline.compile import Compiled, compile_spec
+from headwise.pipeline.finished import checkpoint_seals
 from headwise.pipeline.heldout import enforcement_data, probe_sampler, verification_data
 from headwise.pipeline.options import RunOptions
 from headwise.pipeline.resume import (
@@ -172,7 +173,8 @@ def train_run(spec_source: str | Path, out: str | Path,
                        if enforcing is not None and verdict is not None else None)
         if main:
             write_json(out / "run.json", {**info, "step": step, "trained_steps": result.step,
-                                          "verify_examples": examples})
+                                          "verify_examples": examples,
+                                          "checkpoints": checkpoint_seals(out)})
             write_outcome(out, verdict, enforcement)
     return RunOutcome(out, compiled, result, verdict, enforcement)
 

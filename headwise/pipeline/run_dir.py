@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from headwise.atomic import linked_entries, remove_entries, write_bytes_atomic
+from headwise.atomic import RUN, linked_entries, remove_entries, work_in, write_bytes_atomic
 from headwise.contract import ContractResult
 from headwise.contract.kept import KEPT
 from headwise.errors import SpecError
@@ -51,15 +51,9 @@ MODEL_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors")
 SEALED_FILES = ("metrics.jsonl", "contract.json", "enforcement.json", *TOKENIZER_FILES)
 
 def holds_work(out: Path) -> bool:
-    """Whether ``out`` holds something a new run must not silently replace.
-
-    A directory with ``run.json`` but neither weights nor a checkpoint is what a run
-    interrupted during set-up leaves: no work, so it may be trained into again.
-    """
-    if not any((out / name).exists() for name in (*RUN_FILES, "checkpoints")):
-        return False
-    if not (out / "run.json").is_file():
-        return True
+    """Whether ``out``, a run directory (``work_in``), holds work a new run must not silently
+    replace. One with ``run.json`` but neither weights nor a checkpoint is what a run
+    interrupted during set-up leaves: no work, so it may be trained into again."""
     return (out / "model.safetensors").exists() or bool(list_checkpoints(out))
 
 
@@ -84,15 +78,22 @@ def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
             raise SpecError(f"{out / linked[0]}: is a symbolic link; expected the run's own "
                             "files (a resume never continues another run's)")
         return check_resume(out, spec)
-    if holds_work(out) and not overwrite:
+    if work_in(out) != RUN:  # nothing here is a run's: --overwrite replaces none of it
+        clash = next((n for n in own if os.path.lexists(out / n)), None)
+        if clash is not None:
+            raise SpecError(f"{out / clash}: exists and belongs to no run; expected a new or "
+                            "empty --out, or one without the files a run writes (--overwrite "
+                            "replaces a run, never other files)")
+    elif holds_work(out) and not overwrite:
         raise SpecError(f"{out}: already holds a run; pass --resume to continue it, "
                         "--overwrite to replace it, or choose another --out")
     remove_entries(out, own,  # links unlinked, never followed
                    directories=("checkpoints",))
     try:
         out.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(out / "spec.yaml", spec.text.encode())
+        # run.json first: a directory left with it alone is an interrupted run's (no work)
         write_json(out / "run.json", run_info(flags or RunOptions().filled(), spec, spec_dir))
+        write_bytes_atomic(out / "spec.yaml", spec.text.encode())
         store_tokenizer(out, spec)  # the run reads its own copies from now on
         store_data(out, spec)
     except OSError as e:

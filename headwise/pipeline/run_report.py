@@ -32,7 +32,7 @@ from headwise.hooks.graph import Edge
 from headwise.jsonfile import read_json_object
 from headwise.patterns import DEFAULT_WINDOW
 from headwise.pipeline.compile import Compiled
-from headwise.pipeline.finished import load_compiled, verdict_examples
+from headwise.pipeline.finished import load_compiled, run_checkpoints, verdict_examples
 from headwise.pipeline.heldout import verification_data
 from headwise.pipeline.loaded_run import MAX_CONTRACT_BYTES
 from headwise.pipeline.reverify import fresh_verdicts
@@ -54,7 +54,7 @@ from headwise.report.viewer import (
     AttentionViewer,
     attention_viewer,
 )
-from headwise.training import list_checkpoints, load_weights
+from headwise.training import load_weights
 from headwise.training.manifest import check_sealed, seal
 
 # Structural masks that impose a role (the mask is the role's support, headwise.patterns).
@@ -269,7 +269,7 @@ def run_trajectory(run_dir: Path, compiled: Compiled, final: RoleTable | None = 
     """
     from headwise.training.sharded_checkpoint import load_checkpoint_weights  # torch.distributed
 
-    ckpts = list_checkpoints(run_dir)
+    ckpts = run_checkpoints(Path(run_dir))
     if not ckpts:
         return None
     recorded = recorded_role_tables(ckpts[-1][1])

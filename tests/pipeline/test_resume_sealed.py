@@ -1,0 +1,85 @@
+"""--resume reads only the run's own record: a finished run's sealed spec and run.json, flags
+that agree with what its checkpoints trained with, and checkpoints that are not links."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from headwise.cli import main
+
+SPEC = """
+model: {n_layers: 1, n_heads: 2, d_model: 16, vocab_size: 12, max_seq_len: 10}
+data: {tasks: {copy: {length: 4}}, eval_examples: 16}
+train: {steps: 4, batch_size: 8, eval_every: 2, checkpoint_every: 2}
+"""
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("resume")
+    spec = root / "spec.yaml"
+    spec.write_text(SPEC)
+    run = root / "run"
+    assert main(["train", str(spec), "--out", str(run), "--quiet", "--no-report"]) in (0, 1)
+    return spec, run
+
+
+def _refused(spec: Path, run: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    before = {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")}
+    assert main(["train", str(spec), "--out", str(run), "--resume", "--steps", "6",
+                 "--quiet", "--no-report"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")} == before
+    return line
+
+
+def test_an_edited_spec_of_a_finished_run_is_refused(
+        finished: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec, run = finished
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, symlinks=True)
+    edited = (copy / "spec.yaml").read_text().replace("length: 4", "length: 3")
+    (copy / "spec.yaml").write_text(edited)
+    (tmp_path / "edited.yaml").write_text(edited)  # the same edit given on the command line
+    line = _refused(tmp_path / "edited.yaml", copy, capsys)
+    assert f"{copy / 'spec.yaml'}: contents do not match the sha256 recorded" in line
+
+
+@pytest.mark.parametrize("finished_run", [True, False])
+def test_run_json_flags_must_be_those_the_checkpoints_trained_with(
+        finished: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        finished_run: bool) -> None:
+    spec, run = finished
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, symlinks=True)
+    info = json.loads((copy / "run.json").read_text())
+    (copy / "run.json").write_text(json.dumps({**info, "enforce": True,
+                                               "allow_unenforced": True}))
+    if not finished_run:
+        (copy / "manifest.json").unlink()
+    line = _refused(spec, copy, capsys)
+    assert line.startswith(f"headwise train: error: {copy / 'run.json'}")
+    assert ("sha256" in line) if finished_run else (
+        "records enforce True, but" in line and "trained with False" in line)
+
+
+def test_a_linked_checkpoint_is_refused(finished: tuple[Path, Path], tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    spec, run = finished
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, symlinks=True)
+    last = sorted((copy / "checkpoints").iterdir())[-1]
+    shutil.move(last, tmp_path / "elsewhere")
+    last.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    line = _refused(spec, copy, capsys)
+    assert f"{last}: is a symbolic link" in line
