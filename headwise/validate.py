@@ -19,6 +19,9 @@ T = TypeVar("T")
 # Integers in specs are sizes, counts, steps and seeds: anything past 2**53 is a typo or an
 # attack (and past float precision).
 MAX_INT = 2**53
+# Seeds seed ``torch.Generator.manual_seed`` (64 bits); below 2**63, the draws after a seed
+# (``seed + k``) fit it too.
+MAX_SEED = 2**63
 
 
 def fail(path: str, value: object, expected: str) -> SpecError:
@@ -91,6 +94,14 @@ def integer(value: object, path: str, minimum: int | None = None,
         raise fail(path, value, f"an integer{bounds} of magnitude <= 2**53")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         raise fail(path, value, f"an integer{bounds}")
+    return value
+
+
+def seed(value: object, path: str) -> int:
+    """A seed: an int (not a bool) in [0, ``MAX_SEED``), the one rule of every seed given on
+    the command line (``--seed``, ``verify --fresh``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_SEED:
+        raise fail(path, value, "an integer in [0, 2^63)")
     return value
 
 

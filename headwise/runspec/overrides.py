@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+import headwise.validate as check
 from headwise.errors import SpecError, show
 from headwise.runspec import Spec, spec_from_dict
 from headwise.runspec.yaml_io import MAX_BYTES, MAX_DEPTH, parse_value, parse_yaml, read_spec_text
@@ -29,14 +30,12 @@ def overrides_of(sets: Sequence[str] | None, seed: int | None) -> tuple[str, ...
     """The ``--set`` items with ``--seed N`` as ``train.seed=N`` last (it wins).
 
     Raises:
-        SpecError: a ``--seed`` that is not an integer >= 0.
+        SpecError: a ``--seed`` that is not an integer in [0, 2^63) (``validate.seed``).
     """
     items = tuple(sets or ())
     if seed is None:
         return items
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise SpecError(f"--seed: got {show(seed)}, expected an integer in [0, 2^63)")
-    return (*items, f"train.seed={seed}")
+    return (*items, f"train.seed={check.seed(seed, '--seed')}")
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
