@@ -10,6 +10,12 @@ position's logits:
   restricted to the ``top_k`` most likely tokens, or else to the smallest set whose
   probability exceeds ``top_p`` (``sample_logits``); ``temperature=0`` is greedy.
 
+A temperature is 0 or a finite number >= ``MIN_TEMPERATURE`` (1e-4: logits up to 1e34 stay
+finite in float32 once divided by it; a smaller one is greedy in all but name), and the logits
+divided by it must stay finite in the model's dtype (float16 logits of 10 overflow at 1e-4):
+``ValueError`` naming ``temperature`` otherwise, never a NaN probability. ``top_k`` is at most
+the vocabulary.
+
 Generation stops for a sequence at a stop token (``eos_token_id``: one id or a list, default the
 tokenizer's EOS token) when ``stop_at_eos``; a finished sequence is padded with the first stop
 token until every sequence has finished or ``max_new_tokens`` were added. The model runs in eval
@@ -18,6 +24,7 @@ mode (no dropout) and without gradients; its mode is restored afterwards.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +35,7 @@ from headwise.errors import field_error
 from headwise.model.eval_mode import eval_mode
 
 RETURN_TYPES = ("input", "str", "tokens")
+MIN_TEMPERATURE = 1e-4  # "1e-4" in messages
 
 
 def sample_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None,
@@ -36,7 +44,8 @@ def sample_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
                   generator: torch.Generator | None = None) -> Tensor:
     """One token per row of ``logits`` (B, V), as TransformerLens's ``utils.sample_logits``.
 
-    ``temperature == 0`` is the argmax. Otherwise the logits are divided by ``temperature``,
+    ``temperature == 0`` is the argmax. Otherwise the logits are divided by ``temperature``
+    (a finite number >= ``MIN_TEMPERATURE`` that leaves them finite: see the module),
     lowered by ``freq_penalty`` times each token's count in ``tokens`` (B, T), restricted to the
     ``top_k`` largest (ties with the k-th kept) or else to the smallest prefix of the sorted
     tokens whose probability exceeds ``top_p`` (the most likely token always kept), and a
@@ -44,10 +53,19 @@ def sample_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
 
     Returns:
         (B,) long token ids.
+
+    Raises:
+        ValueError: a temperature outside that rule.
     """
     if temperature == 0.0:
         return logits.argmax(dim=-1)
-    logits = logits / temperature
+    _check_temperature(temperature)
+    scaled = logits / temperature
+    if bool((torch.isfinite(logits) & ~torch.isfinite(scaled)).any()):
+        raise ValueError(f"temperature: got {temperature!r}, but logits / temperature overflow "
+                         f"{str(logits.dtype).removeprefix('torch.')}; expected a larger "
+                         "temperature")
+    logits = scaled
     if freq_penalty > 0 and tokens is not None:
         counts = torch.stack([torch.bincount(row, minlength=logits.shape[-1]) for row in tokens])
         logits = logits - freq_penalty * counts[:, : logits.shape[-1]]
@@ -98,7 +116,7 @@ def generate(model: nn.Module, input: str | Sequence[str] | Tensor = "",
     if config is None or not config.causal:
         raise ValueError("model: generate continues text left to right; expected a causal "
                          "model (config.causal = true)")
-    _check(max_new_tokens, return_type, top_k, top_p, temperature)
+    _check(max_new_tokens, return_type, top_k, top_p, temperature, config.vocab_size)
     tokens, bos = _prompt_ids(model, input, prepend_bos)
     if tokens.shape[1] + max_new_tokens > config.max_seq_len:
         raise ValueError(f"max_new_tokens: got {max_new_tokens}, but the prompt has "
@@ -129,7 +147,7 @@ def generate(model: nn.Module, input: str | Sequence[str] | Tensor = "",
 
 
 def _check(max_new_tokens: int, return_type: str, top_k: int | None, top_p: float | None,
-           temperature: float) -> None:
+           temperature: float, vocab_size: int) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
             or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens: got {max_new_tokens!r}, expected an integer >= 0")
@@ -137,12 +155,20 @@ def _check(max_new_tokens: int, return_type: str, top_k: int | None, top_p: floa
         raise ValueError(f"return_type: got {return_type!r}, expected 'input', 'str' or "
                          "'tokens'")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
-                              or top_k < 1):
-        raise ValueError(f"top_k: got {top_k!r}, expected an integer >= 1")
+                              or not 1 <= top_k <= vocab_size):
+        raise ValueError(f"top_k: got {top_k!r}, expected an integer in [1, {vocab_size}] (the "
+                         "vocabulary)")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p: got {top_p!r}, expected a probability in (0, 1]")
-    if temperature < 0:
-        raise ValueError(f"temperature: got {temperature!r}, expected a number >= 0")
+    if temperature != 0:
+        _check_temperature(temperature)
+
+
+def _check_temperature(temperature: float) -> None:
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+            or not math.isfinite(temperature) or temperature < MIN_TEMPERATURE):
+        raise ValueError(f"temperature: got {temperature!r}, expected 0 (greedy) or a finite "
+                         "number >= 1e-4")
 
 
 def _prompt_ids(model: Any, input: str | Sequence[str] | Tensor,

@@ -62,12 +62,30 @@ def test_a_stop_token_ends_the_text(byte_run: Path, capsys: pytest.CaptureFixtur
     (["--max-new-tokens", "40"], "--max-new-tokens: got 40"),
     (["--stop", "ab"], "--stop: string"),
     (["--top-k", "3"], "--top-k/--top-p: expected them with --sample"),
+    (["--sample", "--seed", str(2**64)], f"--seed: got {2**64}, expected an integer in [0, 2^63)"),
+    (["--sample", "--seed", "-1"], "--seed: got -1, expected an integer in [0, 2^63)"),
+    (["--sample", "--temperature", "nan"], "--temperature: got nan, expected 0 (greedy) or a "
+                                           "finite number >= 1e-4"),
+    (["--sample", "--temperature", "inf"], "--temperature: got inf"),
+    (["--sample", "--temperature", "1e-300"], "--temperature: got 1e-300"),
+    (["--sample", "--top-k", "9" * 20], f"--top-k: got {'9' * 20}, expected an integer in "
+                                       "[1, 256]"),
+    (["--sample", "--top-k", "257"], "--top-k: got 257, expected an integer in [1, 256]"),
+    (["--prompt", "a\udcffb"], "--prompt: character 2 is not UTF-8 (byte 0xff)"),
+    (["--stop", "\udcff"], "--stop: character 1 is not UTF-8 (byte 0xff)"),
 ])
 def test_bad_options_are_one_line(byte_run: Path, capsys: pytest.CaptureFixture[str],
                                   argv: list[str], message: str) -> None:
     code, out, err = cli(capsys, "generate", str(byte_run), "--prompt", "the q", *argv)
     assert code == 2 and out == ""
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_smallest_temperature_samples(byte_run: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = cli(capsys, "generate", str(byte_run), "--prompt", "the q", "--sample",
+                         "--temperature", "1e-4", "--top-k", "256", "--max-new-tokens", "3")
+    assert code == 0 and out.startswith("the q"), err
 
 
 def test_help_names_the_options(capsys: pytest.CaptureFixture[str]) -> None:

@@ -104,12 +104,27 @@ def test_text_in_text_out_with_a_byte_tokenizer() -> None:
 @pytest.mark.parametrize("kwargs, field", [
     ({"max_new_tokens": 20}, "max_new_tokens"), ({"top_k": 0}, "top_k"),
     ({"top_p": 1.5}, "top_p"), ({"return_type": "text"}, "return_type"),
-    ({"eos_token_id": V}, "eos_token_id"),
+    ({"eos_token_id": V}, "eos_token_id"), ({"top_k": V + 1}, "top_k"),
+    ({"top_k": 10**20}, "top_k"), ({"temperature": float("nan")}, "temperature"),
+    ({"temperature": float("inf")}, "temperature"), ({"temperature": 1e-300}, "temperature"),
+    ({"temperature": -1.0}, "temperature"),
 ])
 def test_bad_options_name_the_field(kwargs: dict, field: str) -> None:
     model = _random(GPT2)
     with pytest.raises(ValueError, match=f"^{field}: "):
         generate(model, torch.tensor([[1, 2]]), **{"max_new_tokens": 3, **kwargs})
+
+
+def test_a_temperature_whose_logits_overflow_is_refused() -> None:
+    """float16 logits of 10 divided by 1e-4 (the smallest temperature) overflow: a temperature
+    error, never a probability of NaN."""
+    logits = torch.tensor([[10.0, 1.0, -3.0]], dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"^temperature: got 0\.0001, but logits / "
+                                         "temperature overflow float16"):
+        sample_logits(logits, temperature=1e-4)
+    assert int(sample_logits(logits.float(), temperature=1e-4)) == 0
+    with pytest.raises(ValueError, match="^temperature: got nan"):
+        sample_logits(logits, temperature=float("nan"))
 
 
 def test_a_bidirectional_model_is_refused() -> None:
