@@ -23,13 +23,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("spec", help="the YAML spec whose contract to check")
     p.add_argument("--run", required=True, metavar="RUN", help="the run directory")
     p.add_argument("--fresh", type=int, default=None, metavar="SEED",
-                   help="verify on a new verification set drawn from SEED (built-in "
-                        "generators and probes drawn anew), written beside the run's verdict "
-                        "as RUN/contract.fresh-SEED.json; the report shows it")
+                   help="verify on a new verification set drawn from SEED (an integer in "
+                        "[0, 2^63) away from the run's own seeds; built-in generators and "
+                        "probes drawn anew), written beside the run's verdict as "
+                        "RUN/contract.fresh-SEED.json; the report shows it")
     p.add_argument("--data", action="append", default=[], metavar="TASK=FILE",
                    help="verify with FILE read whole as TASK's verification examples (new rows "
-                        "for a task read from a file; repeatable), written beside the run's "
-                        "verdict as RUN/contract.data-HASH.json; the report shows it")
+                        "for a task read from a file; repeatable, once per task), written "
+                        "beside the run's verdict as RUN/contract.data-HASH.json; the report "
+                        "shows it")
     add_require_argument(p)
     add_device_argument(p, "cpu", "cpu")
 

@@ -27,12 +27,13 @@ from typing import Any
 
 import torch
 
+import headwise.validate as check
 from headwise.atomic import hold_lock
 from headwise.contract import ContractResult, VerifyData, verify
 from headwise.data import IGNORE, PAD, TASKS, Batch, build_task
 from headwise.data.corpus import WHOLE
 from headwise.data.markers import insert_marker
-from headwise.errors import CheckpointError, HeadwiseError, SpecError
+from headwise.errors import CheckpointError, HeadwiseError, SpecError, show
 from headwise.jsonfile import read_json_object
 from headwise.pipeline.compile import Compiled
 from headwise.pipeline.finished import load_compiled, verdict_examples
@@ -57,14 +58,22 @@ def reverify_run(spec_source: str | Path, run: str | Path, seed: int | None = No
         The verdict, the file it was written to, and what the new set could not renew.
 
     Raises:
-        SpecError: neither a seed nor a file; a seed that would draw the run's own held-out
-            sets (naming ``--fresh``); a ``--data`` task that is not a file-backed task of the
-            spec, or a file it cannot read; the spec has no contract, or is invalid.
+        SpecError: neither a seed nor a file; a seed outside [0, 2^63) or one that would
+            draw the run's own held-out sets (naming ``--fresh``); a ``--data`` task given
+            twice, not a file-backed task of the spec, or a file it cannot read; the spec has
+            no contract, or is invalid.
         CheckpointError: the run's weights do not fit the spec's model.
         StorageError: another process is writing the run.
     """
     if seed is None and not files:
         raise SpecError("--fresh/--data: got neither, expected a seed or TASK=FILE")
+    if seed is not None:
+        check.seed(seed, "--fresh")
+    names = [name for name, _ in files]
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise SpecError(f"--data: got task {show(twice, 80)} twice, expected each task once "
+                        "(TASK=FILE reads one file per task)")
     compiled = load_compiled(run, spec_source, device)
     spec = compiled.spec
     if not spec.contract:
@@ -99,12 +108,14 @@ def check_fresh_seed(spec: Spec, seed: int) -> None:
     verification set's.
 
     Raises:
-        SpecError: naming ``--fresh``, the seed and the run's seeds.
+        SpecError: naming ``--fresh``: a seed outside [0, 2^63) (``validate.seed``), or
+            the seed and the run's seeds.
     """
+    check.seed(seed, "--fresh")
     data = spec.data
-    if seed < 0 or any(abs(seed - s) < MAX_PROBES + 2 for s in (data.eval_seed,
+    if any(abs(seed - s) < MAX_PROBES + 2 for s in (data.eval_seed,
                                                                 data.verify_seed)):
-        raise SpecError(f"--fresh: got {seed}, expected a seed >= 0 at least {MAX_PROBES + 2} "
+        raise SpecError(f"--fresh: got {seed}, expected a seed at least {MAX_PROBES + 2} "
                         f"away from data.eval_seed={data.eval_seed} and data.verify_seed="
                         f"{data.verify_seed} (a fresh set shares no draw with the run's own)")
 

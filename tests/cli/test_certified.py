@@ -165,6 +165,9 @@ def test_data_reads_a_file_tasks_new_rows_whole(tmp_path: Path,
                          (["--data", f"nope={tmp_path / 'new.jsonl'}"],
                           "--data: got task 'nope', expected one of the spec's tasks read "
                           "from a file ['qa']"),
-                         (["--data", f"qa={tmp_path / 'missing.jsonl'}"], "missing.jsonl")):
+                         (["--data", f"qa={tmp_path / 'missing.jsonl'}"], "missing.jsonl"),
+                         (["--data", f"qa={tmp_path / 'new.jsonl'}", "--data",
+                           f"qa={tmp_path / 'qa.jsonl'}"],  # never only the last one
+                          "--data: got task 'qa' twice, expected each task once")):
         code, _, err = cli(capsys, "verify", str(tmp_path / "spec.yaml"), "--run", str(run), *bad)
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1
