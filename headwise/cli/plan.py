@@ -26,17 +26,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("spec", help="the YAML spec (reference: docs/spec.md)")
     add_override_arguments(p)
     p.add_argument("--pilot", type=int, default=None, metavar="N",
-                   help="also train N plain steps in memory and show which clauses and task "
+                   help="also train N plain steps in memory (1 <= N <= 10^9; at most the "
+                        "spec's train.steps are trained) and show which clauses and task "
                         "floors move (measured on the enforcement set)")
 
 
 def run(args: argparse.Namespace) -> int:
+    import headwise.validate as check
     from headwise.contract import plan
     from headwise.pipeline import compile_spec
     from headwise.pipeline.heldout import enforcement_data, probe_sampler
+    from headwise.pipeline.run import MAX_STEPS
     from headwise.runspec import SpecError
     from headwise.runspec.overrides import load_spec_with, overrides_of
 
+    if args.pilot is not None:  # before the spec is compiled, and named as given
+        check.integer(args.pilot, "--pilot", 1, MAX_STEPS)
     spec = load_spec_with(args.spec, overrides_of(args.set, args.seed))
     if not spec.contract:
         raise SpecError("contract: missing; expected a list of clauses to plan for")
