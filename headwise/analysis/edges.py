@@ -46,6 +46,9 @@ from headwise.model.eval_mode import eval_mode
 from headwise.model.hook_point import Hook
 
 METHODS = ("eap", "eap-ig")
+# EAP-IG's interpolation steps, at most: one forward+backward each; published uses take 5 to
+# 50, and 1000 is already 200 times the default of 5 (more is a typo, not a finer estimate).
+MAX_IG_STEPS = 1000
 
 
 @dataclass
@@ -95,19 +98,19 @@ def edge_attribution(model: nn.Module, batch: Any, metric: Metric = "loss",
         batch: a ``Batch`` or (B, T) tokens (then ``metric`` must be a function).
         metric: ``loss`` or a differentiable ``fn(logits (B, T, V)) -> scalar``.
         method: ``eap`` (one forward+backward) or ``eap-ig`` (``steps`` of them).
-        steps: interpolation steps of EAP-IG (ignored by EAP).
+        steps: interpolation steps of EAP-IG, 1 to ``MAX_IG_STEPS`` (ignored by EAP).
         source, mode: the ablation's source as in ``path_patch`` (corrupted batch; else
             ``mean``, the default, or ``zero``).
 
     Raises:
-        ValueError: an unknown method, ``steps`` < 1, a metric without a gradient
-            (``accuracy``, ``exact``), or a bad source / mode.
+        ValueError: an unknown method, ``steps`` outside [1, ``MAX_IG_STEPS``], a metric
+            without a gradient (``accuracy``, ``exact``), or a bad source / mode.
     """
     if method not in METHODS:
         raise ValueError(f"method: got {method!r}, expected one of {list(METHODS)}")
     if method == "eap-ig" and (isinstance(steps, bool) or not isinstance(steps, int)
-                               or steps < 1):
-        raise ValueError(f"steps: got {steps!r}, expected an integer >= 1")
+                               or not 1 <= steps <= MAX_IG_STEPS):
+        raise ValueError(f"steps: got {steps!r}, expected an integer in [1, {MAX_IG_STEPS}]")
     if isinstance(metric, str) and metric != "loss":
         raise ValueError(f"metric: got {metric!r}, expected 'loss' or a differentiable function "
                          "of the logits (accuracy and exact have no gradient)")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import headwise.validate as check
 from headwise.atomic import check_output_file
 from headwise.cli.options import add_device_argument, add_run_argument, add_subcommand
 from headwise.cli.output import console
@@ -41,7 +42,9 @@ def register(subparsers: Any) -> None:
                         "position over the examples (default), or zero")
     p.add_argument("--method", choices=("eap", "eap-ig"), default="eap",
                    help="edge attribution: eap (one forward+backward, default) or eap-ig")
-    p.add_argument("--steps", type=int, default=5, help="EAP-IG interpolation steps (default 5)")
+    p.add_argument("--steps", type=int, default=5, metavar="N",
+                   help="EAP-IG interpolation steps, one forward+backward each: 1 to 1000 "
+                        "(default 5)")
     p.add_argument("--clauses", metavar="PATH", help="also write the clauses (YAML) here")
     p.add_argument("--figure", metavar="PATH", help="write the circuit's figure (PNG) here")
     p.add_argument("--json", metavar="PATH", help="write every edge's attribution, the "
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from headwise.analysis.circuit import discover_circuit
-    from headwise.analysis.edges import agreement
+    from headwise.analysis.edges import MAX_IG_STEPS, agreement
     from headwise.analysis.paths import PathPatcher, exact_effects
     from headwise.cli.output import write_file
     from headwise.pipeline.finished import load_compiled
@@ -62,8 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 < args.faithfulness <= 1:
         raise SpecError(f"--faithfulness: got {args.faithfulness}, expected a number in (0, 1]")
-    if args.steps < 1:
-        raise SpecError(f"--steps: got {args.steps}, expected an integer >= 1")
+    check.integer(args.steps, "--steps", 1, MAX_IG_STEPS)
     outputs = {o: check_output_file(getattr(args, o), f"--{o}")
              for o in ("clauses", "figure", "json")}
     compiled = load_compiled(args.run, device=args.device)

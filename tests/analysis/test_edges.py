@@ -63,6 +63,8 @@ def test_eap_ig_with_one_step_is_eap_and_bad_arguments_are_refused() -> None:
         edge_attribution(model, batch, method="acdc")
     with pytest.raises(ValueError, match="steps"):
         edge_attribution(model, batch, method="eap-ig", steps=0)
+    with pytest.raises(ValueError, match=r"^steps: got 1001, expected an integer in \[1, 1000\]"):
+        edge_attribution(model, batch, method="eap-ig", steps=1001)  # MAX_IG_STEPS + 1
     assert not any(p.grad is not None for p in model.parameters())
 
 
