@@ -103,7 +103,8 @@ def _value(key: str, raw: str) -> Any:
     bounds on nesting, aliases and integers)."""
     if not raw.strip():
         return None
-    return parse_value(raw, f"--set {show(key, 80)[1:-1]}")
+    name = f"--set {show(key, 80)[1:-1]}"
+    return parse_value(raw, name, name)  # fields inside the value: "--set KEY[0]", "--set KEY.k"
 
 
 def _assign(data: dict[str, Any], key: str, value: Any) -> None:

@@ -5,6 +5,10 @@
   booleans; ``yes``, ``no``, ``on``, ``off`` stay strings, as keys and as values (YAML 1.1 would
   turn the clause key ``on:`` into ``True``).
 - ``3e-4`` (no dot) is a float, as people expect (YAML 1.1 reads it as a string).
+- Numbers are decimal: YAML 1.1's other integer and float forms, which read as something else
+  than they look (``010`` is 8, octal; ``1:00`` is 60, base 60) or than YAML 1.2 reads
+  (``0x4``, ``0b100``, ``3_0``, ``1_000.5``), are refused naming their field
+  (``decimal_only``); quoted, they are text.
 - Bounded: the text is at most ``MAX_BYTES``; before any value is built, the node graph is
   walked with aliases expanded, and more than ``MAX_ALIASES`` alias uses, ``MAX_NODES`` expanded
   nodes or ``MAX_DEPTH`` levels of nesting are refused, so an alias bomb or a 20000-deep list
@@ -28,6 +32,10 @@ MAX_NODES = 100_000
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 30
 _BOOL = "tag:yaml.org,2002:bool"
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_DECIMAL = {_INT: re.compile(r"[-+]?(?:0|[1-9][0-9]*)"),
+            _FLOAT: re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+                               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)")}
 
 
 class SpecLoader(yaml.SafeLoader):
@@ -76,6 +84,27 @@ SpecLoader.add_implicit_resolver(
 )
 
 
+def decimal_only(node: yaml.Node, field: str) -> None:
+    """Refuse a number YAML 1.1 reads in a form other than decimal: octal (``010`` is 8),
+    hexadecimal (``0x4``), binary (``0b100``), base 60 (``1:00`` is 60) or with digit
+    separators (``3_0``, ``1_000.5``). Decimal integers (``10``, ``-3``) and floats
+    (``3.0e-3``, ``1e-3``, ``.5``, ``.inf``) pass.
+
+    Raises:
+        SpecError: naming ``field``, the form, and that a decimal number was expected.
+    """
+    pattern = _DECIMAL.get(node.tag) if isinstance(node, yaml.ScalarNode) else None
+    if pattern is None or pattern.fullmatch(node.value):
+        return
+    text = str(node.value)
+    low = text.lower().lstrip("+-")
+    kind = ("base-60 (sexagesimal)" if ":" in text else "digit-separated" if "_" in text
+            else "hexadecimal" if low.startswith("0x") else "binary" if low.startswith("0b")
+            else "octal" if low.startswith("0") else "non-decimal")
+    raise SpecError(f"{field}: got {_printable(text, 40)}, a YAML 1.1 {kind} number; expected "
+                    "a decimal number (e.g. 10, -3, 0.5, 1e-3), or quoted text")
+
+
 def read_spec_text(source: str | Path) -> tuple[str, str]:
     """The YAML text of a spec and a name for messages.
 
@@ -102,17 +131,19 @@ def read_spec_text(source: str | Path) -> tuple[str, str]:
     return source, "<spec>"
 
 
-def check_bounds(root: yaml.Node, name: str) -> None:
+def check_bounds(root: yaml.Node, name: str, prefix: str = "") -> None:
     """Walk the composed node graph (aliases expanded) and refuse what is too big to build.
 
-    Also refuses duplicate scalar keys, naming the field path.
+    Also refuses duplicate scalar keys and numbers that are not decimal (``decimal_only``),
+    naming the field path (below ``prefix``, the root's: a ``--set`` value's name).
 
     Raises:
-        SpecError: too many alias uses, expanded nodes or levels, or a duplicate key.
+        SpecError: too many alias uses, expanded nodes or levels, a duplicate key, or a
+            number in a YAML 1.1 form other than decimal.
     """
     seen: set[int] = set()
     aliases = nodes = 0
-    stack: list[tuple[yaml.Node, str, int]] = [(root, "", 1)]
+    stack: list[tuple[yaml.Node, str, int]] = [(root, prefix, 1)]
     while stack:
         node, path, depth = stack.pop()
         nodes += 1
@@ -128,7 +159,9 @@ def check_bounds(root: yaml.Node, name: str) -> None:
         if depth > MAX_DEPTH:
             raise SpecError(f"{(path or name)[:120]}: nested more than {MAX_DEPTH} levels deep; "
                             "expected a flatter spec")
-        if isinstance(node, yaml.SequenceNode):
+        if isinstance(node, yaml.ScalarNode):
+            decimal_only(node, show(path, 120)[1:-1] if path else name)
+        elif isinstance(node, yaml.SequenceNode):
             stack.extend((child, f"{path}[{i}]", depth + 1)
                          for i, child in enumerate(node.value))
         elif isinstance(node, yaml.MappingNode):
@@ -174,8 +207,9 @@ def _printable(text: str, limit: int) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
 
 
-def parse_value(text: str, name: str) -> Any:
-    """Parse one YAML document (a spec, or a ``--set`` value) with the same bounds.
+def parse_value(text: str, name: str, prefix: str = "") -> Any:
+    """Parse one YAML document (a spec, or a ``--set`` value) with the same bounds; field
+    paths in messages start with ``prefix`` (``check_bounds``).
 
     Raises:
         SpecError: invalid YAML (with line and column), a document over the bounds, or a
@@ -188,7 +222,7 @@ def parse_value(text: str, name: str) -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
-        check_bounds(node, name)
+        check_bounds(node, name, prefix)
         return loader.construct_document(node)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark

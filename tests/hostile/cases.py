@@ -51,6 +51,11 @@ def _raw(text: str) -> dict[str, Any]:
     return _train(text)
 
 
+def _decimal(text: str, expect: str) -> dict[str, Any]:
+    """A spec refused for a number that is not decimal; the line names the field."""
+    return {**_raw(text), "expect": f"{expect}, a YAML 1.1 "}
+
+
 def _bomb(levels: int, width: int) -> str:
     lines = ["a0: &a0 [" + ", ".join(["x"] * width) + "]"]
     for i in range(1, levels):
@@ -91,6 +96,19 @@ def yaml_cases() -> dict[str, dict[str, Any]]:
         "yaml duplicate nested key": _raw(base.replace("  steps: 2\n", "  steps: 2\n  steps: 3\n")),
         "yaml yes as boolean": _spec("model/causal", "yes"),
         "yaml on as boolean": _raw(base.replace("n_layers: 2", "n_layers: 2\n  causal: on")),
+        # YAML 1.1 numbers that are not decimal: 010 is 8, 1:00 is 60 (never read silently)
+        "yaml octal integer": _decimal(base.replace("length: 3", "length: 010"),
+                                       "data.tasks.copy.length: got 010"),
+        "yaml sexagesimal integer": _decimal(base.replace("steps: 2", "steps: 1:00"),
+                                             "train.steps: got 1:00"),
+        "yaml hexadecimal integer": _decimal(base.replace("steps: 2", "steps: 0x4"),
+                                             "train.steps: got 0x4"),
+        "yaml binary integer": _decimal(base.replace("batch_size: 4", "batch_size: 0b100"),
+                                        "train.batch_size: got 0b100"),
+        "yaml digit-separated integer": _decimal(base.replace("d_ff: 12", "d_ff: 1_2"),
+                                                 "model.d_ff: got 1_2"),
+        "yaml digit-separated float": _decimal(base.replace("steps: 2", "steps: 2\n  lr: 3_0.0e-4"),
+                                               "train.lr: got 3_0.0e-4"),
         "yaml empty": _raw(""),
     }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -36,6 +37,36 @@ def test_a_boolean_field_given_yes_says_expected_true_or_false(word: str) -> Non
 
 def test_numbers_as_people_write_them() -> None:
     assert parse_yaml("a: 3e-4\nb: 1.5e3\nc: 12\n", "t") == {"a": 3e-4, "b": 1500.0, "c": 12}
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("10", 10), ("-3", -3), ("+5", 5), ("0", 0), ("3.0e-3", 3.0e-3), ("1e-3", 1e-3),
+    (".5", 0.5), ("1.", 1.0), ("-2.5", -2.5), ("'010'", "010"), ('"1:00"', "1:00")])
+def test_decimal_numbers_and_quoted_text_load(text: str, value: object) -> None:
+    assert parse_yaml(f"a: {text}\n", "t") == {"a": value}
+
+
+@pytest.mark.parametrize(("text", "kind"), [
+    ("010", "octal"), ("1:00", "base-60"), ("0x4", "hexadecimal"), ("0b100", "binary"),
+    ("3_0", "digit-separated"), ("1_000.5", "digit-separated"), ("1:30.5", "base-60"),
+    ("-0x1F", "hexadecimal"), ("!!int '010'", "octal")])
+def test_yaml_11_number_forms_are_refused_naming_the_field(text: str, kind: str) -> None:
+    """YAML 1.1 reads ``010`` as 8 and ``1:00`` as 60: refused, never read silently."""
+    shown = text.split("'")[1] if "'" in text else text
+    with pytest.raises(SpecError, match=rf"^train\.steps: got {re.escape(shown)}, a YAML 1\.1 "
+                                        rf"{kind}.* expected a decimal number"):
+        parse_yaml(f"train:\n  steps: {text}\n", "t")
+    with pytest.raises(SpecError, match=r"^contract\[0\]\.at_least: got"):
+        parse_yaml(f"contract:\n  - {{at_least: {text}}}\n", "t")
+
+
+def test_a_yaml_11_number_in_a_set_value_names_the_option() -> None:
+    from headwise.runspec.overrides import apply_overrides
+
+    with pytest.raises(SpecError, match=r"^--set train\.steps: got 010, a YAML 1\.1 octal"):
+        apply_overrides({"train": {}}, ["train.steps=010"])
+    with pytest.raises(SpecError, match=r"^--set train\.betas\[1\]: got 0\.9_99"):
+        apply_overrides({"train": {}}, ["train.betas=[0.9, 0.9_99]"])
 
 
 def test_duplicate_keys_name_the_field_path() -> None:
