@@ -313,7 +313,34 @@ def cli_cases() -> dict[str, dict[str, Any]]:
         "explain 10^6 token ids": {"argv": ["explain", "$HOSTILE_RUN", "--head", "L0.H0",
                                             "--input", " ".join(["1"] * 10**6)]},
         "demo out is a file": {"argv": ["demo", "--out", "spec.yaml"], "setup": ok},
+        **option_cases(),
         **forecaster_cases(),
+    }
+
+
+def option_cases() -> dict[str, dict[str, Any]]:
+    """Options out of range, or given twice, each refused naming the option itself."""
+    ok = [["write", "spec.yaml", yaml.safe_dump(BASE)]]
+    run = [*ok, ["copytree", "$HOSTILE_RUN", "run"]]
+    verify = ["verify", "spec.yaml", "--run", "run"]
+    return {
+        "set octal integer": {"argv": ["train", "spec.yaml", "--out", "r", "--quiet", "--set",
+                                       "train.steps=010"], "setup": ok,
+                              "expect": "--set train.steps: got 010, a YAML 1.1 octal"},
+        "generate seed 2^64": {"argv": ["generate", "$HOSTILE_RUN", "--prompt", "ab", "--sample",
+                                        "--seed", str(2**64)],
+                               "expect": f"--seed: got {2**64}, expected an integer in [0, 2^63)"},
+        "verify fresh 2^64": {"argv": [*verify, "--fresh", str(2**64)], "setup": run,
+                              "expect": f"--fresh: got {2**64}, expected an integer in [0, 2^63)"},
+        "verify data task twice": {"argv": [*verify, "--data", "copy=a.jsonl", "--data",
+                                            "copy=b.jsonl"], "setup": run,
+                                   "expect": "--data: got task 'copy' twice"},
+        "plan pilot 0": {"argv": ["plan", "spec.yaml", "--pilot", "0"], "setup": ok,
+                         "expect": "--pilot: got 0, expected an integer in [1, "},
+        "circuit eap-ig steps 1001": {"argv": ["circuit", "$HOSTILE_RUN", "--task", "copy",
+                                               "--method", "eap-ig", "--steps", "1001"],
+                                      "expect": "--steps: got 1001, expected an integer in "
+                                                "[1, 1000]"},
     }
 
 
