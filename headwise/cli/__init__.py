@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from headwise.atomic import MAX_NAME_BYTES
 from headwise.errors import HeadwiseError, TrainingDiverged
 from headwise.training.interrupt import Interrupted
 
@@ -94,6 +95,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"headwise {args.command}: interrupted", file=sys.stderr)
         return 130
     except OSError as e:  # a writer without its own message: still one line naming the file
+        if e.errno == errno.ENAMETOOLONG:  # any path given, read or written
+            path = " ".join(str(e.filename or "a path").split())[:600]
+            return _refuse(f"headwise {args.command}: error: {path}: a path or name longer "
+                           f"than this system allows; expected names of at most "
+                           f"{MAX_NAME_BYTES} bytes")
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
             raise
         print(f"headwise {args.command}: error: {e.filename or 'a file'}: cannot write "

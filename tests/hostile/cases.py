@@ -341,6 +341,11 @@ def option_cases() -> dict[str, dict[str, Any]]:
                                                "--method", "eap-ig", "--steps", "1001"],
                                       "expect": "--steps: got 1001, expected an integer in "
                                                 "[1, 1000]"},
+        **{f"{argv[0]} a 300-byte name": {"argv": argv, "setup": ok,
+                                           "expect": "longer than this system allows"}
+           for argv in (["analyze", "a" * 300], ["report", "a" * 300],
+                        ["plan", "a" * 300 + ".yaml"],
+                        ["verify", "spec.yaml", "--run", "a" * 300])},
     }
 
 
