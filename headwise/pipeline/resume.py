@@ -15,6 +15,7 @@ prints, not what it learns (exact equality needs the same device).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 from pathlib import Path
@@ -37,7 +38,8 @@ def run_info(options: RunOptions, spec: Spec, spec_dir: Path | None) -> dict[str
             "spec_dir": str(spec_dir.resolve()) if spec_dir is not None else None,
             "enforce_budget": options.enforce_budget,
             "allow_unenforced": options.allow_unenforced,
-            "steps": spec.train.steps, "set": list(options.overrides or ())}
+            "steps": spec.train.steps, "set": list(options.overrides or ()),
+            "spec_sha256": hashlib.sha256(spec.text.encode()).hexdigest()}
 
 
 def check_run_info(info: Any, where: str) -> dict[str, Any]:
@@ -58,7 +60,7 @@ def check_run_info(info: Any, where: str) -> dict[str, Any]:
             or not _positive(info.get("verify_examples", 1))
             or not ok("set", (list,))
             or not all(isinstance(s, str) for s in info.get("set") or ())
-            or not ok("checkpoints", (dict,))
+            or not ok("checkpoints", (dict,)) or not ok("spec_sha256", (str,))
             or not all(isinstance(k, str) and isinstance(v, str)
                        for k, v in (info.get("checkpoints") or {}).items())):
         raise CheckpointError(f"{where}: expected a {RUN_FORMAT!r} object with 'enforce' "
@@ -94,9 +96,11 @@ def recorded_info(out: Path) -> dict[str, Any]:
     """The run's ``run.json``, or when it is lost the copy in the latest checkpoint.
 
     Raises:
-        SpecError: no ``spec.yaml`` (no run), or ``run.json`` lost and no checkpoint records
-            the run's flags.
-        CheckpointError: a malformed ``run.json`` or checkpoint record.
+        SpecError: no ``spec.yaml`` (no run), ``run.json`` lost and no checkpoint records the
+            run's flags, a ``spec.yaml`` other than the one the latest checkpoint trained on,
+            ``run.json`` flags other than its, or a checkpoint that is a link.
+        CheckpointError: a malformed ``run.json`` or checkpoint record; a finished run's
+            ``spec.yaml`` or ``run.json`` not matching its manifest.
     """
     if not (out / "spec.yaml").is_file():
         raise SpecError(f"{out}: no run to resume (no spec.yaml); start one without --resume")
@@ -115,6 +119,12 @@ def recorded_info(out: Path) -> dict[str, Any]:
         extra = read_json_object(path, CheckpointError).get("extra")
         if isinstance(extra, dict) and RUN_ENTRY in extra:
             kept = check_run_info(extra[RUN_ENTRY], f"{path} (entry extra.{RUN_ENTRY})")
+    trained = None if kept is None else kept.get("spec_sha256")  # what the checkpoints read
+    if trained is not None and hashlib.sha256(
+            (out / "spec.yaml").read_bytes()).hexdigest() != trained:
+        raise SpecError(f"{out / 'spec.yaml'}: differs from the spec {path} trained on; "
+                        "expected the run's own spec (edited after the run started?), or "
+                        "start again with --overwrite")
     if not (out / "run.json").is_file():
         if not found:
             return {}  # check_resume refuses: nothing to resume from

@@ -55,6 +55,21 @@ def test_an_edited_spec_of_a_finished_run_is_refused(
     assert f"{copy / 'spec.yaml'}: contents do not match the sha256 recorded" in line
 
 
+def test_an_edited_spec_of_an_unfinished_run_is_refused_by_its_checkpoints_record(
+        finished: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No manifest seals an unfinished run's spec.yaml; its checkpoints record the spec's
+    sha256 they trained on."""
+    _, run = finished
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, symlinks=True)
+    (copy / "manifest.json").unlink()
+    edited = (copy / "spec.yaml").read_text().replace("length: 4", "length: 3")
+    (copy / "spec.yaml").write_text(edited)
+    (tmp_path / "edited.yaml").write_text(edited)
+    line = _refused(tmp_path / "edited.yaml", copy, capsys)
+    assert f"{copy / 'spec.yaml'}: differs from the spec" in line and "trained on" in line
+
+
 @pytest.mark.parametrize("finished_run", [True, False])
 def test_run_json_flags_must_be_those_the_checkpoints_trained_with(
         finished: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
