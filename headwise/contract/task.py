@@ -152,6 +152,7 @@ def input_blind(targets: Tensor, metric: str) -> float:
     there: their entropy). ``targets`` (B, T) long, ``IGNORE`` where nothing is scored; token-
     weighted like ``accuracy`` and ``loss``, per example for ``exact``. A model no better than
     this has learned nothing from its input (``task_learned``)."""
+    targets = targets.cpu()  # one copy: the counts below are host-side
     scored = targets != IGNORE
     total = int(scored.sum())
     if total == 0:
@@ -159,7 +160,7 @@ def input_blind(targets: Tensor, metric: str) -> float:
     hits, nats = 0, 0.0
     blind = torch.full(targets.shape[1:], IGNORE, dtype=torch.long)
     for col in range(targets.shape[1]):
-        values = targets[scored[:, col], col].cpu()
+        values = targets[scored[:, col], col]
         if values.numel() == 0:
             continue
         counts = torch.bincount(values).double()
@@ -171,9 +172,8 @@ def input_blind(targets: Tensor, metric: str) -> float:
         return hits / total
     if metric == "loss":
         return nats / total
-    rows = scored.any(1).cpu()
-    right = ((targets.cpu() == blind[None]) | ~scored.cpu()).all(1)
-    return float(right[rows].double().mean())
+    right = ((targets == blind[None]) | ~scored).all(1)
+    return float(right[scored.any(1)].double().mean())
 
 
 def task_learned(result: ClauseResult) -> bool | None:

@@ -18,7 +18,7 @@ from headwise.pipeline.run_dir import write_json
 from headwise.pipeline.run_tokenizer import stored_tokenizer, with_stored_tokenizer
 from headwise.runspec import spec_from_dict
 from headwise.runspec.yaml_io import parse_yaml, read_spec_text
-from headwise.training import list_checkpoints
+from headwise.training import linked_checkpoints, list_checkpoints
 from headwise.training.device import place, resolve_device
 from headwise.training.manifest import MANIFEST, check_sealed, seal, verify_manifest
 from headwise.training.safetensors_io import sha256_file
@@ -123,9 +123,7 @@ def run_checkpoints(run: Path) -> list[tuple[int, Path]]:
             after the run finished, or written by a resume since) or whose manifest differs
             from the recorded digest (replaced); ``run.json`` not matching the run's manifest.
     """
-    root = run / "checkpoints"
-    links = [root] if root.is_symlink() else [p for p in root.iterdir() if p.is_symlink()] \
-        if root.is_dir() else []
+    links = linked_checkpoints(run)
     if links:
         raise CheckpointError(f"{links[0]}: is a symbolic link; expected the run's own "
                               "checkpoints")

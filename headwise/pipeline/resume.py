@@ -25,7 +25,7 @@ from headwise.errors import CheckpointError, SpecError
 from headwise.jsonfile import read_json_object
 from headwise.pipeline.options import SHAPING, RunOptions
 from headwise.runspec import Spec
-from headwise.training import clean_checkpoints, list_checkpoints
+from headwise.training import clean_checkpoints, linked_checkpoints, list_checkpoints
 from headwise.training.manifest import MANIFEST, check_sealed
 
 RUN_FORMAT = "headwise-run/1"
@@ -106,8 +106,7 @@ def recorded_info(out: Path) -> dict[str, Any]:
         raise SpecError(f"{out}: no run to resume (no spec.yaml); start one without --resume")
     if (out / MANIFEST).exists():  # a finished run: its spec and record are sealed
         check_sealed(out, ["spec.yaml", "run.json"])
-    links = [p for p in (out / "checkpoints").iterdir() if p.is_symlink()] \
-        if (out / "checkpoints").is_dir() else []
+    links = linked_checkpoints(out)
     if links:
         raise SpecError(f"{links[0]}: is a symbolic link; expected the run's own checkpoints "
                         "(a resume never continues another run's)")

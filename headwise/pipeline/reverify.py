@@ -104,17 +104,15 @@ def reverify_run(spec_source: str | Path, run: str | Path, seed: int | None = No
 
 
 def check_fresh_seed(spec: Spec, seed: int) -> None:
-    """Refuse a seed whose draws (``seed + k``, ``k < MAX_PROBES + 2``) meet the enforcement or
+    """Refuse a seed (already one ``validate.seed`` allows: ``reverify_run`` checks it before
+    the run loads) whose draws (``seed + k``, ``k < MAX_PROBES + 2``) meet the enforcement or
     verification set's.
 
     Raises:
-        SpecError: naming ``--fresh``: a seed outside [0, 2^63) (``validate.seed``), or
-            the seed and the run's seeds.
+        SpecError: naming ``--fresh``, the seed and the run's seeds.
     """
-    check.seed(seed, "--fresh")
     data = spec.data
-    if any(abs(seed - s) < MAX_PROBES + 2 for s in (data.eval_seed,
-                                                                data.verify_seed)):
+    if any(abs(seed - s) < MAX_PROBES + 2 for s in (data.eval_seed, data.verify_seed)):
         raise SpecError(f"--fresh: got {seed}, expected a seed at least {MAX_PROBES + 2} "
                         f"away from data.eval_seed={data.eval_seed} and data.verify_seed="
                         f"{data.verify_seed} (a fresh set shares no draw with the run's own)")

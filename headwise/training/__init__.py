@@ -5,6 +5,7 @@ from headwise.training.checkpoint import (
     checkpoint_dir,
     clean_checkpoints,
     latest_checkpoint,
+    linked_checkpoints,
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
@@ -18,7 +19,7 @@ from headwise.training.safetensors_io import load_weights, save_weights
 
 __all__ = [
     "EVAL_SEED_OFFSET", "LR_SCALE", "CheckpointInfo", "TrainConfig", "TrainResult", "TrainState",
-    "checkpoint_dir", "clean_checkpoints", "evaluate", "latest_checkpoint", "list_checkpoints",
-    "load_checkpoint", "load_weights", "make_optimizer", "resolve_device", "save_checkpoint",
-    "save_weights", "task_loss", "train",
+    "checkpoint_dir", "clean_checkpoints", "evaluate", "latest_checkpoint",
+    "linked_checkpoints", "list_checkpoints", "load_checkpoint", "load_weights", "make_optimizer",
+    "resolve_device", "save_checkpoint", "save_weights", "task_loss", "train",
 ]

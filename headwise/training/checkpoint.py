@@ -101,6 +101,15 @@ def list_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def linked_checkpoints(out_dir: Path) -> list[Path]:
+    """``out_dir/checkpoints`` when it is a symbolic link, else the links inside it: what a
+    command that reads a run's checkpoints refuses (another run's, reached through a link)."""
+    root = Path(out_dir) / "checkpoints"
+    if root.is_symlink():
+        return [root]
+    return sorted(p for p in root.iterdir() if p.is_symlink()) if root.is_dir() else []
+
+
 def latest_checkpoint(out_dir: Path) -> Path | None:
     """The directory of the highest-step complete checkpoint, or ``None``."""
     found = list_checkpoints(out_dir)

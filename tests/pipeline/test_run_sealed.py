@@ -1,5 +1,8 @@
-"""--resume reads only the run's own record: a finished run's sealed spec and run.json, flags
-that agree with what its checkpoints trained with, and checkpoints that are not links."""
+"""A finished run is read only as it was sealed. Its manifest seals spec.yaml and run.json,
+and run.json records each checkpoint's manifest digest. --resume reads only the run's own
+record: the sealed files, the spec and flags its checkpoints trained with, checkpoints that are
+not links. The commands that read checkpoints (report, analyze --forecast) refuse one that was
+added, renamed, replaced by another run's or linked, naming it."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import pytest
 import torch
 
 from headwise.cli import main
+from headwise.training.safetensors_io import sha256_file
 
 SPEC = """
 model: {n_layers: 1, n_heads: 2, d_model: 16, vocab_size: 12, max_seq_len: 10}
@@ -24,14 +28,26 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
+def _train(spec: Path, out: Path, seed: str) -> Path:
+    assert main(["train", str(spec), "--out", str(out), "--seed", seed, "--quiet",
+                 "--no-report"]) in (0, 1)
+    return out
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("resume")
+    """The spec and a finished run of it (checkpoints at steps 2 and 4)."""
+    root = tmp_path_factory.mktemp("sealed")
     spec = root / "spec.yaml"
     spec.write_text(SPEC)
-    run = root / "run"
-    assert main(["train", str(spec), "--out", str(run), "--quiet", "--no-report"]) in (0, 1)
-    return spec, run
+    return spec, _train(spec, root / "run", "0")
+
+
+@pytest.fixture(scope="module")
+def other(finished: tuple[Path, Path]) -> Path:
+    """Another run of the same spec (another seed): its checkpoints are not the first's."""
+    spec, run = finished
+    return _train(spec, run.parent / "other", "5")
 
 
 def _refused(spec: Path, run: Path, capsys: pytest.CaptureFixture[str]) -> str:
@@ -98,3 +114,45 @@ def test_a_linked_checkpoint_is_refused(finished: tuple[Path, Path], tmp_path: P
     last.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     line = _refused(spec, copy, capsys)
     assert f"{last}: is a symbolic link" in line
+
+
+def test_run_json_records_every_checkpoint_manifest(finished: tuple[Path, Path]) -> None:
+    _, a = finished
+    seals = json.loads((a / "run.json").read_text())["checkpoints"]
+    assert seals == {p.name: sha256_file(p / "manifest.json")
+                     for p in sorted((a / "checkpoints").iterdir())}
+    assert sorted(seals) == ["step_0000002", "step_0000004"]
+    assert main(["report", str(a)]) == 0
+
+
+def _foreign(a: Path, b: Path) -> None:
+    shutil.rmtree(a / "checkpoints" / "step_0000002")
+    shutil.copytree(b / "checkpoints" / "step_0000002", a / "checkpoints" / "step_0000002")
+
+
+def _renamed(a: Path, b: Path) -> None:
+    shutil.copytree(a / "checkpoints" / "step_0000004", a / "checkpoints" / "step_0000003")
+
+
+def _linked(a: Path, b: Path) -> None:
+    shutil.rmtree(a / "checkpoints")
+    (a / "checkpoints").symlink_to(b / "checkpoints", target_is_directory=True)
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    (_foreign, "step_0000002/manifest.json: differs from the digest"),
+    (_renamed, "step_0000003: not listed in"),
+    (_linked, "checkpoints: is a symbolic link")])
+@pytest.mark.parametrize("command", [["report"], ["analyze", "--forecast"]])
+def test_a_checkpoint_the_run_did_not_write_is_refused(
+        finished: tuple[Path, Path], other: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], change: object, says: str,
+        command: list[str]) -> None:
+    (_, a), b = finished, other
+    copy = tmp_path / "a"
+    shutil.copytree(a, copy, symlinks=True)
+    change(copy, b)  # type: ignore[operator]
+    capsys.readouterr()
+    assert main([command[0], str(copy), *command[1:]]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert says in line and str(copy) in line
