@@ -138,8 +138,8 @@ def run_checkpoints(run: Path) -> list[tuple[int, Path]]:
             raise CheckpointError(f"{path}: not listed in {run / 'run.json'}; expected a "
                                   "checkpoint of the finished run (it was added or renamed "
                                   "afterwards, or a resume wrote it since)")
-        if sha256_file(path / MANIFEST) != seals[path.name]:
-            raise CheckpointError(f"{path / MANIFEST}: differs from the digest "
+        if not (path / MANIFEST).is_file() or sha256_file(path / MANIFEST) != seals[path.name]:
+            raise CheckpointError(f"{path / MANIFEST}: missing, or differs from the digest "
                                   f"{run / 'run.json'} records for it; expected the run's own "
                                   "checkpoint (it was replaced afterwards)")
     return found

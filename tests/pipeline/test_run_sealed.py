@@ -134,14 +134,19 @@ def _renamed(a: Path, b: Path) -> None:
     shutil.copytree(a / "checkpoints" / "step_0000004", a / "checkpoints" / "step_0000003")
 
 
+def _unsealed(a: Path, b: Path) -> None:
+    (a / "checkpoints" / "step_0000004" / "manifest.json").unlink()
+
+
 def _linked(a: Path, b: Path) -> None:
     shutil.rmtree(a / "checkpoints")
     (a / "checkpoints").symlink_to(b / "checkpoints", target_is_directory=True)
 
 
 @pytest.mark.parametrize(("change", "says"), [
-    (_foreign, "step_0000002/manifest.json: differs from the digest"),
+    (_foreign, "step_0000002/manifest.json: missing, or differs from the digest"),
     (_renamed, "step_0000003: not listed in"),
+    (_unsealed, "step_0000004/manifest.json: missing, or differs from the digest"),
     (_linked, "checkpoints: is a symbolic link")])
 @pytest.mark.parametrize("command", [["report"], ["analyze", "--forecast"]])
 def test_a_checkpoint_the_run_did_not_write_is_refused(
