@@ -241,13 +241,20 @@ def check_output_dir(path: str | Path, option: str, *, overwrite: bool,
         The kind of work ``path`` holds (``None``: none, or missing).
 
     Raises:
-        ConfigError: ``path`` is a link, a file or device, one of ``sources``, inside a run or a
-            checkpoint, holds work of another kind, or holds work without ``overwrite``.
+        ConfigError: ``path`` is a link, a file or device, goes up (``..``) from a directory
+            that does not exist, is one of ``sources``, is inside a run or a checkpoint, holds
+            work of another kind, or holds work without ``overwrite``.
     """
     target = check_path_text(path, option)
     kind = _special(target) or ("a file" if target.exists() else None)
     if kind is not None and kind != "a directory":
         raise ConfigError(f"{option}: {target} is {kind}; expected a directory")
+    parts = target.parts
+    for i, part in enumerate(parts):  # creating a/b/.. would make the missing b first
+        if part == ".." and i and not Path(*parts[:i]).is_dir():
+            raise ConfigError(f"{option}: {target} goes up from {Path(*parts[:i])}, which is "
+                              "not a directory; expected a path whose '..' follows an existing "
+                              "directory")
     blocked = next((p for p in target.absolute().parents if os.path.lexists(p)), None)
     if blocked is not None and not blocked.is_dir():
         raise ConfigError(f"{option}: cannot create {target}: {blocked} is a file; expected "

@@ -545,6 +545,8 @@ def output_cases() -> dict[str, dict[str, Any]]:
         "train out is a checkpoint": train_out(ckpt, run, extra=("--overwrite",)),
         "train out is an HF model": train_out("hf", *hf, extra=("--overwrite",)),
         "train out inside a run": train_out("run/checkpoints", run, extra=("--overwrite",)),
+        "train out up from a missing directory in a run": train_out(
+            "run/nope/..", run, extra=("--overwrite",)),
         "train resume through a symlinked checkpoints": {
             "argv": ["train", "spec.yaml", "--out", "run", "--resume", "--quiet"],
             "setup": [ok, ["copytree", "$HOSTILE_RUN", "other"], run,

@@ -1,6 +1,6 @@
 """A run replaces only a run: the user's files in an --out that holds no run are never deleted
 or replaced (not by --overwrite, not by demo), and no run is written inside another run at
-any depth."""
+any depth, not even an empty directory on the way to a refusal."""
 
 from __future__ import annotations
 
@@ -60,4 +60,11 @@ def test_no_run_is_written_inside_a_run_at_any_depth(
         assert main(["train", str(spec), "--out", str(inner), "--quiet", "--no-report"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"is inside a headwise run ({run})" in err[0], err
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+    # A path that goes up from a missing directory would create it inside the run first.
+    for extra in ([], ["--overwrite"]):
+        up = f"{run}/nope/.."
+        assert main(["train", str(spec), "--out", up, "--quiet", "--no-report", *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"goes up from {run}/nope, which is not a directory" in err[0]
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
