@@ -25,6 +25,7 @@ mode (no dropout) and without gradients; its mode is restored afterwards.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -193,13 +194,30 @@ def _prompt_ids(model: Any, input: str | Sequence[str] | Tensor,
 
 def _stop_ids(model: Any, eos_token_id: int | Sequence[int] | None) -> list[int]:
     if eos_token_id is not None:
-        ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        ids = _ids(eos_token_id)
         vocab = model.config.vocab_size
-        if not ids or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab
-                          for i in ids):
+        if not ids or any(not 0 <= i < vocab for i in ids):
             raise ValueError(f"eos_token_id: got {eos_token_id!r}, expected token ids in "
                              f"[0, {vocab})")
         return ids
     tokenizer = getattr(model, "tokenizer", None)
     eos = tokenizer.token_id(tokenizer.eos_token) if tokenizer is not None else None
     return [] if eos is None else [eos]
+
+
+def _ids(eos_token_id: Any) -> list[int]:
+    """The ids of ``eos_token_id``: one integer (a Python, NumPy or 0-d tensor one, as
+    TransformerLens takes) or a sequence of them; ``[]`` for anything else (refused)."""
+    if isinstance(eos_token_id, bool):
+        return []
+    try:
+        return [operator.index(eos_token_id)]
+    except TypeError:
+        pass
+    try:
+        items = list(eos_token_id)
+        if any(isinstance(i, bool) for i in items):
+            return []
+        return [operator.index(i) for i in items]
+    except TypeError:
+        return []

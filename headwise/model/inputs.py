@@ -106,6 +106,7 @@ def check_shapes(tokens: Tensor, attention_mask: Tensor | None,
         raise ValueError(f"tokens: expected a (B, T) long tensor, got {got}")
     if tokens.is_meta:  # no data: the forward would compute on nothing and return garbage
         raise ValueError("tokens: got a tensor on the meta device, expected token ids with data")
+    check_mask_type(attention_mask)
     if attention_mask is not None and attention_mask.shape != tokens.shape:
         raise ValueError(f"attention_mask: expected shape {tuple(tokens.shape)} like tokens, "
                          f"got {tuple(attention_mask.shape)}")
@@ -124,3 +125,18 @@ def check_shapes(tokens: Tensor, attention_mask: Tensor | None,
         raise ValueError(f"token_type_ids: expected an integer tensor of shape "
                          f"{tuple(tokens.shape)} like tokens, got "
                          f"{tuple(token_type_ids.shape)} {token_type_ids.dtype}")
+
+
+def check_mask_type(attention_mask: object) -> None:
+    """Refuse an ``attention_mask`` that is not a tensor, with one line. The forward's second
+    positional argument is the mask, where TransformerLens's is ``return_type``: ``model(tokens,
+    "loss")`` lands here.
+
+    Raises:
+        ValueError: naming the argument and what was given.
+    """
+    if attention_mask is not None and not isinstance(attention_mask, Tensor):
+        raise ValueError(f"attention_mask: got {type(attention_mask).__name__} "
+                         f"{attention_mask!r:.40}, expected a (B, T) tensor or None (the second "
+                         "positional argument is the mask: return_type and the other "
+                         "TransformerLens options are keyword arguments)")

@@ -23,7 +23,13 @@ from headwise.model.cache import ActivationCache, run_with_cache
 from headwise.model.factored import FactoredMatrix
 from headwise.model.hook_point import Hook, HookPoint, attach_hooks, name_hook_points
 from headwise.model.hook_runs import add_hook, reset_hooks, run_with_hooks
-from headwise.model.inputs import check_host_ids, check_shapes, check_tokens, gate_tasks
+from headwise.model.inputs import (
+    check_host_ids,
+    check_mask_type,
+    check_shapes,
+    check_tokens,
+    gate_tasks,
+)
 from headwise.model.lm_loss import lm_cross_entropy_loss
 from headwise.model.mask_plan import mask_plan
 from headwise.model.tokenizer import ModelTokenizer, str_tokens_of
@@ -166,9 +172,14 @@ class Transformer(nn.Module):
             loss_per_token: the loss as (B, T - 1) instead of its mean.
             stop_at_layer: return the residual stream before this block (see ``hidden``).
 
+        Unlike TransformerLens's, the second positional argument is ``attention_mask``: pass
+        ``return_type`` and the other options by keyword (a string there is refused).
+
         Raises:
-            ValueError: another ``return_type``, or a loss of a bidirectional model.
+            ValueError: another ``return_type``, a loss of a bidirectional model, or an
+                ``attention_mask`` that is not a tensor.
         """
+        check_mask_type(attention_mask)
         if isinstance(tokens, (str, list)):
             tokens, attention_mask = self._encode(tokens, attention_mask)
         if return_type not in RETURN_TYPES:

@@ -3,6 +3,7 @@ exported GPT-2-shaped model, and ``sample_logits`` against TransformerLens's def
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -71,6 +72,24 @@ def test_stop_tokens_end_a_sequence_and_pad_it() -> None:
     assert out.shape[1] == 3 + 8  # row 0 never stops
     stopped = generate(model, prompt[1:], max_new_tokens=8, do_sample=False, eos_token_id=stop)
     assert stopped.tolist() == [free[1, :4].tolist()]  # type: ignore[union-attr]  # ends early
+
+
+@pytest.mark.parametrize("form", [torch.tensor, np.int64, lambda i: [torch.tensor(i)]])
+def test_a_stop_token_given_as_a_tensor_or_numpy_integer_stops(form) -> None:
+    """TransformerLens takes ``eos_token_id=tokens[0, -1]`` (a 0-d tensor): it stops there as
+    the integer does, i.e. where the argmax loop first produces it."""
+    model = _random(GPT2)
+    prompt = torch.tensor([[21, 2, 11]])
+    free = _argmax_loop(model, prompt, 8)
+    stop = int(free[0, 3])
+    out = generate(model, prompt, max_new_tokens=8, do_sample=False, eos_token_id=form(stop))
+    assert out.tolist() == [free[0, :4].tolist()]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("bad", [torch.tensor(1.0), "2", [True], torch.tensor([[1, 2]]).float()])
+def test_a_stop_token_that_is_no_id_is_named(bad) -> None:
+    with pytest.raises(ValueError, match="^eos_token_id: "):
+        generate(_random(GPT2), torch.tensor([[1, 2]]), max_new_tokens=2, eos_token_id=bad)
 
 
 def test_sampling_follows_tl_definitions() -> None:

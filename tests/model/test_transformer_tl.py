@@ -50,6 +50,18 @@ def test_loss_is_the_next_token_cross_entropy() -> None:
                                per[keep].mean())
 
 
+@pytest.mark.parametrize("args", [("loss",), ("logits", True)])
+def test_return_type_given_in_transformerlens_position_is_one_error_line(args: tuple) -> None:
+    """TransformerLens's ``model(tokens, "loss")``: here the second positional argument is the
+    attention mask, so a string there is named, never an AttributeError from deep inside."""
+    model, tokens = _model(), _tokens()
+    with pytest.raises(ValueError, match="^attention_mask: got str 'l.*keyword arguments"):
+        model(tokens, *args)
+    model.tokenizer = ByteTokenizer()
+    with pytest.raises(ValueError, match="^attention_mask: got str"):
+        model("ab", *args)
+
+
 def test_return_type_is_checked_and_a_bidirectional_model_has_no_loss() -> None:
     with pytest.raises(ValueError, match="return_type: got 'probs'"):
         _model()(_tokens(), return_type="probs")
