@@ -99,13 +99,14 @@ def activation(hf: dict[str, Any], name: str, default: str) -> Activation:
 
 
 def refuse(hf: dict[str, Any], name: str, allowed: object = None) -> None:
-    """Raise if ``hf[name]`` is set to something other than ``allowed`` (or a falsy value).
+    """Raise if ``hf[name]`` is set to something other than ``allowed`` (with no ``allowed``,
+    ``false`` also means the feature is off).
 
     Raises:
         CheckpointError: naming the field, its value, and that headwise lacks the feature.
     """
     value = hf.get(name)
-    if value is None or value == allowed or value is False:
+    if value is None or value == allowed or (allowed is None and value is False):
         return
     raise CheckpointError(
         f"config.json {name}: got {value!r}, expected {allowed!r} or unset "

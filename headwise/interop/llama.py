@@ -22,6 +22,11 @@ from headwise.interop.hf_config import expect, expect_decoder, refuse, refuse_co
 
 def _rope_base(hf: dict[str, Any]) -> float:
     """``rope_theta`` from transformers 4 (top level) or 5 (``rope_parameters``)."""
+    # transformers 5 still reads a legacy ``rope_scaling`` next to ``rope_parameters``.
+    scaling = hf.get("rope_scaling")
+    if not (isinstance(scaling, dict)
+            and scaling.get("rope_type", scaling.get("type")) == "default"):
+        refuse(hf, "rope_scaling")
     params = hf.get("rope_parameters")
     if isinstance(params, dict):
         rope_type = params.get("rope_type", params.get("type", "default"))
@@ -32,7 +37,6 @@ def _rope_base(hf: dict[str, Any]) -> float:
             )
         if "rope_theta" in params:
             return float(params["rope_theta"])
-    refuse(hf, "rope_scaling")
     return float(hf.get("rope_theta", 10000.0))
 
 

@@ -128,6 +128,7 @@ def test_unknown_architecture_lists_supported(hf_model_dir, tmp_path):
     ("bert", "position_embedding_type", "relative_key"),
     ("bert", "is_decoder", True),
     ("gpt2", "scale_attn_by_inverse_layer_idx", True),
+    ("gpt2", "scale_attn_weights", False),  # HF then skips the 1/sqrt(d_head) scale
     ("gpt2", "activation_function", "mish"),
     ("gpt2", "n_layer", None),
 ])
@@ -151,6 +152,21 @@ def test_scaled_rope_parameters_refused(hf_model_dir, tmp_path):
     (alt / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match=r"rope_parameters\.rope_type: got 'llama3'"):
         load_hf(alt)
+
+
+def test_legacy_rope_scaling_beside_rope_parameters_refused(hf_model_dir, tmp_path):
+    """transformers 5 reads a legacy rope_scaling even where rope_parameters is plain RoPE."""
+    _, path = hf_model_dir("llama-gqa")
+    alt = _copy(path, tmp_path / "m")
+    cfg = json.loads((alt / "config.json").read_text())
+    assert cfg["rope_parameters"]["rope_type"] == "default"
+    cfg["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+    (alt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"config\.json rope_scaling: got"):
+        load_hf(alt)
+    cfg["rope_scaling"] = {"rope_type": "default"}  # plain RoPE spelled out: still loads
+    (alt / "config.json").write_text(json.dumps(cfg))
+    load_hf(alt)
 
 
 class _Evil:
