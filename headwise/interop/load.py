@@ -161,6 +161,9 @@ def load_hf(path: str | Path, *, strict: bool = True, dtype: torch.dtype = torch
         if config.positional == "learned":
             raise CheckpointError(f"max_seq_len: got {max_seq_len}, but learned positions fix "
                                   f"it at {config.max_seq_len}; leave it unset")
+        if max_seq_len > config.max_seq_len:  # past a sliding window HF's numbers differ
+            raise CheckpointError(f"max_seq_len: got {max_seq_len}, expected at most the "
+                                  f"checkpoint's {config.max_seq_len} (it only lowers the limit)")
         config = config.replace(max_seq_len=max_seq_len)
     hf_state = read_state_dict(path)
     state = convert_state_dict(converter, config, hf_state, source=str(path), strict=strict,

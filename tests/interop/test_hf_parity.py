@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from headwise.errors import CheckpointError
 from headwise.interop import load_hf, load_pooler
 
 FAMILIES = ["gpt2", "gpt2-untied-relu", "llama-gqa", "qwen2", "mistral", "bert"]
@@ -103,6 +104,11 @@ def test_gqa_config_and_head_mapping(hf_model_dir, family):
 def test_mistral_sliding_window_becomes_max_seq_len(hf_model_dir):
     _, path = hf_model_dir("mistral")
     assert load_hf(path).config.max_seq_len == 32
+    assert load_hf(path, max_seq_len=8).config.max_seq_len == 8
+    # Raising it past the window would attend where HF's sliding window does not.
+    with pytest.raises(CheckpointError, match=r"max_seq_len: got 64, expected at most "
+                                              r"the checkpoint's 32"):
+        load_hf(path, max_seq_len=64)
 
 
 def test_qwen2_has_qkv_bias_only(hf_model_dir):
