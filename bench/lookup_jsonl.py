@@ -95,7 +95,7 @@ def row(label: str, r: dict[str, Any]) -> str:
     clause = r["clauses"][0]
     assisted = ", ".join(str(s) for s in r.get("assists_from", {}).values()) or "-"
     return (f"| {label} | {r['tasks']['lookup']['accuracy']:.3f} | {clause['measured']:.3f} "
-            f"({'holds' if clause['passed'] else 'fails'}) | {r['steps']} | {r['kept_step']} | "
+            f"({clause['state']}) | {r['steps']} | {r['kept_step']} | "
             f"{assisted} | {r['wall_s']:.0f} |")
 
 
