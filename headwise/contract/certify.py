@@ -49,7 +49,8 @@ A clause bounded on both sides needs both bounds past their thresholds (an inter
 test: its p-value is the larger side's). An ``all_of`` clause needs every head's bounds past
 (intersection-union); an ``any_of`` clause is decided by its best head, chosen on the same
 data, so each head is bounded at ``1 - (1 - c) / m`` for ``m`` heads (Bonferroni). Score
-clauses measure the deciding head's standard error only and take it for every head.
+clauses bound the deciding head on its standard error, except ``all_of``: every head on its
+own (``ClauseResult.details["stderr_per_head"]``), intersection-union.
 
 ``examples_if_perfect`` inverts the same bounds before any run: the examples at which a clause
 measured at its best attainable value would be certified, which sizes the verification set
@@ -452,10 +453,21 @@ def grouped_bound(result: ClauseResult, data: VerifyData, confidence: float,
     else:
         n = int(data.probe(data.probe_name(c.on, c.path), c.path)[0].shape[0])
     groups = min(STDERR_GROUPS, n)
+    how = f"grouped ratio standard error over {groups} groups of sequences"
+    each = result.details.get("stderr_per_head")
+    if c.quantifier == "all_of" and isinstance(each, dict):
+        # every head's own bound past the threshold (intersection-union): the worst-measured
+        # head's standard error says nothing of a better-measured head measured less precisely
+        pairs = [(result.per_head.get(h), each.get(h)) for h in map(str, c.heads)]
+        known = [(float(v), float(se)) for v, se in pairs
+                 if v is not None and se is not None and not math.isnan(se)]
+        if groups < 2 or len(known) < len(pairs):
+            return Bound("none", confidence, examples=n, note="no standard error was measured")
+        units = [_location_sides(c, v, se, groups - 1.0, n, confidence) for v, se in known]
+        return _combine(result, units, confidence, n, "student-t", how)
     if groups < 2 or result.stderr is None or math.isnan(result.stderr):
         return Bound("none", confidence, examples=n, note="no standard error was measured")
-    return _location(result, confidence, result.stderr, groups - 1.0, n, "student-t",
-                     f"grouped ratio standard error over {groups} groups of sequences")
+    return _location(result, confidence, result.stderr, groups - 1.0, n, "student-t", how)
 
 
 def unbounded(result: ClauseResult, confidence: float, what: str | None = None) -> Bound:
@@ -523,6 +535,15 @@ def _location(result: ClauseResult, confidence: float, se: float | None, df: flo
     if se is None or math.isnan(se):
         return Bound("none", confidence, examples=n, note="no standard error was measured")
     m = any_of_heads(c)
+    return _combine(result, [_location_sides(c, value, se, df, n, confidence)], confidence, n,
+                    method, how + (f"; Bonferroni over {m} heads" if m > 1 else ""))
+
+
+def _location_sides(c: Clause, value: float, se: float, df: float, n: int,
+                    confidence: float) -> list[_Side]:
+    """The sides ``value -+ q se`` of ``c``'s thresholds, ``q`` at ``1 - (1 - c) / m`` for an
+    ``any_of`` clause of ``m`` heads (its p-values ``m`` times the one-sided ones)."""
+    m = any_of_heads(c)
     q = t_quantile(1.0 - (1.0 - confidence) / m, df)
     sides = []
     for side, t in _thresholds(c):
@@ -533,8 +554,7 @@ def _location(result: ClauseResult, confidence: float, se: float | None, df: flo
 
         sides.append(_Side(side, value - q * se if side == "at_least" else value + q * se,
                            min(1.0, m * location_p(margin, se, df)), needed))
-    return _combine(result, [sides], confidence, n, method,
-                    how + (f"; Bonferroni over {m} heads" if m > 1 else ""))
+    return sides
 
 
 def _finite(bound: float) -> float | None:

@@ -181,9 +181,13 @@ def reachable(model: nn.Module, head: Head, target: RoleTarget,
 def _result(c: Clause, table: RoleTable, probe: str) -> ClauseResult:
     values = {str(h): table.get(h, c.score or "") for h in c.heads}
     passed, head, value = decide(c, values)
+    details: dict[str, Any] = {"probe": probe}
+    if c.quantifier == "all_of":  # every head is bounded on its own standard error
+        details["stderr_per_head"] = {str(h): number_or_none(table.error(h, c.score or ""))
+                                      for h in c.heads}
     return ClauseResult(c, passed, number_or_none(value), c.threshold_text(), head,
                         {h: number_or_none(v) for h, v in values.items()},
-                        details={"probe": probe},
+                        details=details,
                         stderr=None if head is None else number_or_none(
                             table.error(head, c.score or "")))
 
