@@ -13,7 +13,11 @@ For a bound at confidence ``c`` (``alpha = 1 - c``):
   ``Beta(k + 1, n - k)`` (1 when ``k = n``); ``P(Bin(n, p) >= k) = I_p(k, n - k + 1)``, so the
   lower bound is the ``p`` at which seeing ``k`` or more has chance ``alpha``;
 - normal / Student-t, a value ``v`` with standard error ``s``: ``v -+ q s`` with ``q`` the
-  ``c`` quantile of ``N(0, 1)`` or of ``t`` with ``df`` degrees of freedom.
+  ``c`` quantile of ``N(0, 1)`` or of ``t`` with ``df`` degrees of freedom; for a mean of
+  ``n`` units with skewness ``gamma``, ``q`` moved by Hall's (1992) transformation
+  (``skewed_t``), which removes the ``gamma / sqrt(n)`` error a symmetric bound makes on a
+  skewed mean (a mean of values near 1 with a few far below certified a false floor in 8% of
+  simulated probes at 5%);
 
 - a difference of two shares ``p1 - p2`` (a drop: the share of examples an ablation harms less
   the share it helps): the lower bound ``L1 - U2``, each a Clopper-Pearson bound at ``1 -
@@ -194,6 +198,42 @@ def location_p(margin: float, stderr: float, df: float = math.inf) -> float:
     if stderr > 0:
         return 1.0 - t_cdf(margin / stderr, df)
     return 0.0 if margin > 0 else 1.0 if margin < 0 else 0.5
+
+
+def skew_term(skew: float | None, units: int) -> float:
+    """Hall's skewness term ``c = gamma / (6 sqrt(n))`` of a studentised mean of ``n`` units
+    whose values have skewness ``gamma`` (0 where it is unknown): the first-order error of a
+    symmetric t bound on a skewed mean (``skewed_t``)."""
+    if skew is None or not math.isfinite(skew) or units < 3:
+        return 0.0
+    return skew / (6.0 * math.sqrt(units))
+
+
+def skewed_t(x: float, c: float) -> float:
+    """Hall's (1992) monotone transformation ``g(x) = x + c (2 x^2 + 1) + 4/3 c^2 x^3`` of a
+    studentised mean ``T``: its Edgeworth expansion ``P(T <= x) = Phi(x + c (2 x^2 + 1)) +
+    O(1/n)`` makes ``g(T)`` symmetric to second order, and the cubic term keeps ``g``
+    increasing (``g'(x) = (1 + 2 c x)^2``). ``c = 0``: the identity."""
+    if c == 0.0:
+        return x
+    return ((1.0 + 2.0 * c * x) ** 3 - 1.0) / (6.0 * c) + c
+
+
+def skewed_t_inverse(y: float, c: float) -> float:
+    """The ``x`` with ``skewed_t(x, c) = y``."""
+    if c == 0.0:
+        return y
+    w = 6.0 * c * (y - c) + 1.0
+    return (math.copysign(abs(w) ** (1.0 / 3.0), w) - 1.0) / (2.0 * c)
+
+
+def skewed_location_p(margin: float, stderr: float, df: float, c: float) -> float:
+    """``location_p`` of a studentised mean with skewness term ``c`` (``skew_term``), for a
+    value ``margin`` past a lower bound's threshold; for an upper bound's, pass ``-c``
+    (mirroring the value mirrors its skewness). ``c = 0``: ``location_p``."""
+    if c == 0.0 or not stderr > 0:
+        return location_p(margin, stderr, df)
+    return 1.0 - t_cdf(skewed_t(margin / stderr, c), df)
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

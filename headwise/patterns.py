@@ -204,19 +204,22 @@ def row_scores(patterns: Tensor, target: RoleTarget) -> Tensor:
     return value * target.rows[:, None].to(value.dtype)
 
 
-def score_sums(patterns: Tensor, target: RoleTarget) -> tuple[Tensor, Tensor]:
-    """Per head, the sum of row scores over defined rows and the number of such rows: (h,), (h,).
+def score_sums(patterns: Tensor, target: RoleTarget,
+               per_row: bool = False) -> tuple[Tensor, Tensor]:
+    """Per head, the sum of row scores over defined rows and the number of such rows: (h,), (h,)
+    (``per_row``: per sequence, (B, h) each).
 
     Pooling these over batches and dividing gives the role score; 0/0 (no defined row) is NaN.
     """
-    num = row_scores(patterns, target).sum((0, 2))  # (h,)
-    den = target.rows.sum().to(num.dtype).expand_as(num)
-    return num, den
+    num = row_scores(patterns, target).sum(2)  # (B, h)
+    den = target.rows.sum(-1).to(num.dtype)[:, None].expand_as(num)
+    return (num, den) if per_row else (num.sum(0), den.sum(0))
 
 
 def similarity_sums(patterns: Tensor, weights: Tensor, allowed: Tensor,
-                    real: Tensor) -> tuple[Tensor, Tensor]:
-    """``1 - TV(A[q], W[q])`` summed over rows, and the row count, for any target ``W``.
+                    real: Tensor, per_row: bool = False) -> tuple[Tensor, Tensor]:
+    """``1 - TV(A[q], W[q])`` summed over rows, and the row count, for any target ``W``: (h,)
+    each (``per_row``: per sequence, (B, h)).
 
     ``W`` (B|1, T, T) non-negative is renormalised over allowed keys; rows where it has no mass
     or where the head attends nowhere (a structural mask left no allowed key) are skipped.
@@ -228,14 +231,17 @@ def similarity_sums(patterns: Tensor, weights: Tensor, allowed: Tensor,
     attends = patterns.sum(-1) > 0.5  # (B, h, T)
     valid = rows[:, None] & attends
     overlap = torch.minimum(patterns, t[:, None]).sum(-1)  # (B, h, T)
-    num = (overlap * valid).sum((0, 2))
-    return num, valid.sum((0, 2)).to(num.dtype)
+    num = (overlap * valid).sum(2)
+    den = valid.sum(2).to(num.dtype)
+    return (num, den) if per_row else (num.sum(0), den.sum(0))
 
 
 def target_similarity_sums(patterns: Tensor, target: Tensor, tokens: Tensor,
-                           attention_mask: Tensor | None, causal: bool) -> tuple[Tensor, Tensor]:
+                           attention_mask: Tensor | None, causal: bool,
+                           per_row: bool = False) -> tuple[Tensor, Tensor]:
     """``similarity_sums`` (``1 - TV``) of patterns (B, h, T, T) against a (T, T) or
-    (B|1, T, T) ``target``, over the keys the model allows on ``tokens`` (B, T).
+    (B|1, T, T) ``target``, over the keys the model allows on ``tokens`` (B, T) (``per_row``:
+    per sequence).
 
     The one definition behind ``target_similarity`` and the report's expected-vs-observed.
 
@@ -250,4 +256,4 @@ def target_similarity_sums(patterns: Tensor, target: Tensor, tokens: Tensor,
         raise ValueError(f"target: got shape {tuple(target.shape)}, expected (T, T) or "
                          f"(B, T, T) with T={T}, B={B}")
     return similarity_sums(patterns, target, allowed_keys(tokens, attention_mask, causal),
-                           real_tokens(tokens, attention_mask))
+                           real_tokens(tokens, attention_mask), per_row)

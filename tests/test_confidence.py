@@ -8,7 +8,7 @@ from statistics import NormalDist
 import pytest
 import torch
 
-from headwise.analysis.importance_matrix import ratio_stderr
+from headwise.analysis.importance_matrix import ratio_skewness, ratio_stderr
 from headwise.confidence import (
     BOOTSTRAP_T,
     beta_quantile,
@@ -25,6 +25,10 @@ from headwise.confidence import (
     examples_for_location,
     holm,
     location_p,
+    skew_term,
+    skewed_location_p,
+    skewed_t,
+    skewed_t_inverse,
     t_cdf,
     t_quantile,
 )
@@ -240,3 +244,48 @@ def test_holm_keeps_the_family_wise_error_at_most_alpha() -> None:
         wrong += any(a <= ALPHA for a, f, t in zip(adjusted, floors, truth.tolist(),
                                                    strict=True) if t <= f)
     assert _at_most_alpha(wrong / draws, draws)
+
+
+@pytest.mark.parametrize("c", [-0.2, -0.03, 0.0, 0.05, 0.3])
+def test_halls_transformation_closed_form_monotone_and_inverted(c: float) -> None:
+    xs = [x / 4 for x in range(-20, 21)]
+    for x in xs:  # g(x) = x + c (2 x^2 + 1) + 4/3 c^2 x^3
+        assert skewed_t(x, c) == pytest.approx(x + c * (2 * x * x + 1) + 4 / 3 * c * c * x ** 3,
+                                               abs=1e-12)
+        assert skewed_t_inverse(skewed_t(x, c), c) == pytest.approx(x, abs=1e-9)
+    values = [skewed_t(x, c) for x in xs]
+    assert all(a <= b for a, b in zip(values, values[1:], strict=False))  # g' = (1 + 2cx)^2
+
+
+def test_the_skew_term_and_its_absence() -> None:
+    assert skew_term(1.2, 64) == pytest.approx(1.2 / (6 * 8))
+    assert skew_term(None, 64) == skew_term(math.nan, 64) == skew_term(1.0, 2) == 0.0
+
+
+@pytest.mark.parametrize("c", [-0.1, 0.0, 0.08])
+def test_the_skewed_bound_and_its_p_value_agree(c: float) -> None:
+    """A lower bound ``value - g^-1(q) se`` at level 1 - alpha lies on its threshold exactly
+    when the p-value there is alpha; with c = 0 both are the Student-t ones."""
+    value, se, df, alpha = 0.8, 0.02, 15.0, 0.05
+    q = t_quantile(1 - alpha, df)
+    bound = value - skewed_t_inverse(q, c) * se
+    assert skewed_location_p(value - bound, se, df, c) == pytest.approx(alpha, abs=1e-9)
+    if c == 0.0:
+        assert bound == pytest.approx(value - q * se)
+        assert skewed_location_p(0.03, se, df, c) == location_p(0.03, se, df)
+    # A left-skewed mean (c < 0: a few sequences far below) is bounded further down.
+    assert (bound < value - q * se) == (c < 0)
+
+
+def test_ratio_skewness_is_the_sample_skewness_of_the_linearised_values() -> None:
+    num = torch.tensor([1.0, 4.0, 2.0, 9.0, 3.0], dtype=torch.float64)
+    den = torch.tensor([1.0, 2.0, 1.0, 3.0, 2.0], dtype=torch.float64)
+    u = num - num.sum() / den.sum() * den  # mean 0
+    expected = float((u ** 3).mean() / (u ** 2).mean() ** 1.5)
+    assert ratio_skewness(num, den) == pytest.approx(expected, abs=1e-12)
+    ones = torch.ones(5, dtype=torch.float64)  # equal denominators: the values' own skewness
+    d = num - num.mean()
+    assert ratio_skewness(num, ones) == pytest.approx(float((d ** 3).mean()
+                                                            / (d ** 2).mean() ** 1.5))
+    assert math.isnan(ratio_skewness(num[:2], den[:2]))  # fewer than three units
+    assert math.isnan(ratio_skewness(2 * den, den))  # no spread

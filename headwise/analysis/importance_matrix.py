@@ -73,6 +73,22 @@ def ratio_stderr(num: Tensor, den: Tensor) -> float:
     return float(((num - ratio * den).square().sum() * g / (g - 1)).sqrt() / total)
 
 
+def ratio_skewness(num: Tensor, den: Tensor) -> float:
+    """Sample skewness of the units' linearised values ``num_i - R den_i`` (``R`` the ratio
+    ``sum(num) / sum(den)``, so their mean is 0): ``m3 / m2^1.5``, the skew a t bound on the
+    ratio corrects for (``headwise.confidence.skewed_t``); NaN with fewer than three units,
+    no denominator, or no spread."""
+    num, den = num.double().flatten(), den.double().flatten()
+    total = float(den.sum())
+    if num.numel() < 3 or total <= 0:
+        return math.nan
+    u = num - num.sum() / total * den
+    m2 = float(u.square().mean())
+    if not m2 > 0:
+        return math.nan
+    return float(u.pow(3).mean()) / m2 ** 1.5
+
+
 def ci_stderr(low: float, high: float, confidence: float = 0.95) -> float:
     """The standard error a two-sided normal interval ``[low, high]`` at ``confidence`` implies
     (a bootstrap percentile interval read the same way); NaN for an undefined interval."""

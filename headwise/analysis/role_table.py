@@ -47,21 +47,26 @@ class RoleTable:
         info: how the scores were obtained (probe sampling, window, period, ...), JSON-ready.
         stderr: (n_heads, n_roles) standard errors of the scores over groups of probe
             sequences (``role_scores``), NaN where unknown; ``None``: all unknown.
+        skew: (n_heads, n_roles) skewnesses of the probe sequences' linearised values
+            (``ratio_skewness``), which a score's bound corrects for; NaN where unknown;
+            ``None``: all unknown.
     """
 
     def __init__(self, heads: Sequence[Head], roles: Sequence[str], values: Tensor,
-                 info: dict[str, Any] | None = None, stderr: Tensor | None = None) -> None:
+                 info: dict[str, Any] | None = None, stderr: Tensor | None = None,
+                 skew: Tensor | None = None) -> None:
         if values.shape != (len(heads), len(roles)):
             raise ValueError(f"values: got shape {tuple(values.shape)}, expected "
                              f"({len(heads)}, {len(roles)}) for heads x roles")
-        if stderr is not None and stderr.shape != values.shape:
-            raise ValueError(f"stderr: got shape {tuple(stderr.shape)}, expected "
-                             f"{tuple(values.shape)} like values")
+        for name, extra in (("stderr", stderr), ("skew", skew)):
+            if extra is not None and extra.shape != values.shape:
+                raise ValueError(f"{name}: got shape {tuple(extra.shape)}, expected "
+                                 f"{tuple(values.shape)} like values")
         self.heads = list(heads)
         self.roles = list(roles)
         self.values = values.detach().double().cpu()
-        self.stderr = (torch.full_like(self.values, math.nan) if stderr is None
-                       else stderr.detach().double().cpu())
+        self.stderr, self.skew = (torch.full_like(self.values, math.nan) if x is None
+                                  else x.detach().double().cpu() for x in (stderr, skew))
         self.info = dict(info or {})
         self._row = {h: i for i, h in enumerate(self.heads)}
         self._col = {r: j for j, r in enumerate(self.roles)}
@@ -83,6 +88,11 @@ class RoleTable:
         """One score's standard error (NaN where unknown); ``KeyError`` as ``get``."""
         self.get(head, role)
         return float(self.stderr[self._row[_head(head)], self._col[role]])
+
+    def skewness(self, head: Head | str, role: str) -> float:
+        """One score's skewness (NaN where unknown); ``KeyError`` as ``get``."""
+        self.get(head, role)
+        return float(self.skew[self._row[_head(head)], self._col[role]])
 
     def column(self, role: str) -> dict[Head, float]:
         """``{head: score}`` for one role."""

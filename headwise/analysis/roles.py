@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.analysis.importance_matrix import STDERR_GROUPS, ratio_stderr
+from headwise.analysis.importance_matrix import STDERR_GROUPS, ratio_skewness, ratio_stderr
 from headwise.analysis.ov import copying_eigen_ratios, ov_top1
 from headwise.analysis.role_table import RoleTable
 from headwise.heads import Head, HeadSet, select_heads
@@ -46,6 +46,7 @@ ROLES = (*ROLE_NAMES, "copying", "previous_token_tl", "duplicate_token_tl", "ind
 PATTERN_ROLES = tuple(r for r in ROLES if r not in ("copying", "copying_eig"))
 Target = Tensor | Callable[[Tensor], Tensor]
 Sums = dict[str, tuple[Tensor, Tensor]]  # role -> (numerator (h,), denominator (h,))
+# (``role_sums(per_row=True)``: (B, h) each, one row per sequence)
 
 
 def scores_from_patterns(patterns: Tensor, tokens: Tensor, attention_mask: Tensor | None = None,
@@ -75,8 +76,10 @@ def scores_from_patterns(patterns: Tensor, tokens: Tensor, attention_mask: Tenso
 def role_sums(patterns: Tensor, tokens: Tensor, attention_mask: Tensor | None = None,
               roles: Sequence[str] | None = None, causal: bool = True,
               window: int = DEFAULT_WINDOW, copy_top1: Tensor | None = None,
-              target: Tensor | None = None) -> Sums:
-    """Numerators and denominators of ``scores_from_patterns`` (so batches can be pooled)."""
+              target: Tensor | None = None, per_row: bool = False) -> Sums:
+    """Numerators and denominators of ``scores_from_patterns`` (so batches can be pooled);
+    ``per_row``: each sequence's own, (B, h) each (the units of a score's standard error and
+    skewness)."""
     B, h, T, _ = patterns.shape
     if tokens.shape != (B, T):
         raise ValueError(f"tokens: got shape {tuple(tokens.shape)}, expected {(B, T)} to match "
@@ -90,7 +93,8 @@ def role_sums(patterns: Tensor, tokens: Tensor, attention_mask: Tensor | None = 
         sums = _SUMS.get(role)
         if sums is None:
             raise ValueError(f"roles: got {role!r}, expected one of {list(ROLES)} or 'target'")
-        out[role] = sums(data)
+        num, den = sums(data)  # (B, h) each
+        out[role] = (num, den) if per_row else (num.sum(0), den.sum(0))
     return out
 
 
@@ -112,21 +116,22 @@ class _Data:
 
 
 def _pattern_role(role: str) -> Callable[[_Data], tuple[Tensor, Tensor]]:
-    """Sums of a role defined in ``headwise.patterns``: mass on its target."""
+    """Per-sequence sums of a role defined in ``headwise.patterns``: mass on its target."""
     def sums(d: _Data) -> tuple[Tensor, Tensor]:
-        return score_sums(d.patterns, role_target(role, d.tokens, d.mask, d.causal, d.window))
+        return score_sums(d.patterns, role_target(role, d.tokens, d.mask, d.causal, d.window),
+                          per_row=True)
     return sums
 
 
 def _tl(d: _Data, detection: Tensor) -> tuple[Tensor, Tensor]:
-    """TransformerLens "mul": per sequence ``sum(A * D) / sum(A)``, summed over sequences.
+    """TransformerLens "mul": per sequence ``sum(A * D) / sum(A)``, each sequence counting 1.
 
     ``A`` is restricted to pairs of real tokens, causal or not (as TransformerLens does).
     """
     keep = allowed_keys(d.tokens, d.mask, causal=False)[:, None]  # (B, 1, T, T)
     a = d.patterns * keep.to(d.patterns.dtype)
     num = (a * detection[:, None].to(a.dtype)).sum((-1, -2)) / a.sum((-1, -2)).clamp_min(1e-12)
-    return num.sum(0), torch.full_like(num[0], float(d.patterns.shape[0]))
+    return num, torch.ones_like(num)
 
 
 def _tl_duplicate(tokens: Tensor) -> Tensor:
@@ -156,18 +161,20 @@ def _copying(d: _Data) -> tuple[Tensor, Tensor]:
     real = d.real
     copies = d.copy_top1.to(d.patterns.device)[:, d.tokens].permute(1, 0, 2)  # (B, h, T) keys
     mass = (d.patterns * copies[:, :, None, :].to(d.patterns.dtype)).sum(-1)  # (B, h, T)
-    num = (mass * real[:, None]).sum((0, 2))
-    return num, real.sum().to(num.dtype).expand_as(num)
+    num = (mass * real[:, None]).sum(2)  # (B, h)
+    return num, real.sum(-1).to(num.dtype)[:, None].expand_as(num)
 
 
 def _target(d: _Data) -> tuple[Tensor, Tensor]:
     """``1 - TV`` to a given target pattern (``headwise.patterns.target_similarity_sums``)."""
     if d.target is None:
         raise ValueError("target: the target role needs a target pattern")
-    return target_similarity_sums(d.patterns, d.target, d.tokens, d.mask, d.causal)
+    return target_similarity_sums(d.patterns, d.target, d.tokens, d.mask, d.causal,
+                                  per_row=True)
 
 
-# role -> its (numerator, denominator) sums; the pattern roles come from headwise.patterns.
+# role -> its per-sequence (numerator, denominator) sums, (B, h) each; the pattern roles come
+# from headwise.patterns.
 _SUMS: dict[str, Callable[[_Data], tuple[Tensor, Tensor]]] = {
     **{role: _pattern_role(role) for role in ROLE_NAMES},
     "previous_token_tl": _previous_token_tl,
@@ -209,16 +216,16 @@ def _patterns(m: Any, tokens: Tensor, mask: Tensor | None, hs: HeadSet,
 def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: HeadSet,
           roles: list[str], batch_size: int, window: int,
           target: Target | None,
-          forward_kwargs: dict[str, Any]) -> dict[Head, dict[str, tuple[float, float]]]:
-    """``{head: {role: (score, standard error)}}``: each score pooled exactly over the probe;
-    its standard error the ratio estimator's over ``STDERR_GROUPS`` contiguous groups of
-    sequences (``ratio_stderr``; NaN with one group, and for ``copying_eig``)."""
+          forward_kwargs: dict[str, Any]) -> dict[Head, dict[str, _Score]]:
+    """``{head: {role: (score, standard error, skewness)}}``: each score pooled exactly over the
+    probe; its standard error the ratio estimator's over ``STDERR_GROUPS`` contiguous groups of
+    sequences (``ratio_stderr``; NaN with one group, and for ``copying_eig``), its skewness
+    that of the sequences' own linearised values (``ratio_skewness``)."""
     pattern_roles = [r for r in roles if r != "copying_eig"]
     tables = ({h: ov_top1(model, h, tokens) for h in hs} if "copying" in pattern_roles else {})
-    acc: dict[Head, dict[str, Tensor]] = {}  # (groups, 2): each group's numerator, denominator
+    acc: dict[Head, dict[str, Tensor]] = {}  # (sequences, 2): each one's numerator, denominator
     n_seq = tokens.shape[0]
     n_groups = max(1, min(STDERR_GROUPS, n_seq))
-    group_of = torch.arange(n_seq) * n_groups // n_seq  # contiguous groups of sequences
     for start in range(0, n_seq, batch_size):
         tok = tokens[start:start + batch_size]
         mask = None if attention_mask is None else attention_mask[start:start + batch_size]
@@ -227,15 +234,16 @@ def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: H
             tgt = tgt[start:start + batch_size]
         kwargs = {k: (v[start:start + batch_size] if isinstance(v, Tensor) else v)
                   for k, v in forward_kwargs.items()}
-        _add(model, tok, mask, kwargs, tgt, group_of[start:start + tok.shape[0]], n_groups,
+        _add(model, tok, mask, kwargs, tgt, torch.arange(start, start + tok.shape[0]), n_seq,
              hs, pattern_roles, window, tables, acc)
-    return _finish(model, acc, hs, roles)
+    group_of = torch.arange(n_seq) * n_groups // n_seq  # contiguous groups of sequences
+    return _finish(model, acc, hs, roles, group_of, n_groups)
 
 
 def _add(model: nn.Module, tok: Tensor, mask: Tensor | None, kwargs: dict[str, Any],
-         tgt: Any, groups: Tensor, n_groups: int, hs: HeadSet, pattern_roles: list[str],
+         tgt: Any, units: Tensor, n_units: int, hs: HeadSet, pattern_roles: list[str],
          window: int, tables: dict[Head, Tensor], acc: dict[Head, dict[str, Tensor]]) -> None:
-    """Add one batch's role sums to ``acc``, row ``r`` into group ``groups[r]``."""
+    """Add one batch's per-sequence role sums to ``acc``, row ``r`` into unit ``units[r]``."""
     m: Any = model  # nn.Module.__getattr__ hides the Transformer's attributes from mypy
     cfg = m.config
     with torch.no_grad():
@@ -245,41 +253,45 @@ def _add(model: nn.Module, tok: Tensor, mask: Tensor | None, kwargs: dict[str, A
         wanted = hs.in_layer(layer)
         idx = [present.index(h) for h in wanted]
         copy = (torch.stack([tables[Head(layer, h)] for h in wanted]) if tables else None)
-        for g in groups.unique().tolist():
-            rows = (groups == g).nonzero()[:, 0]
-            lo, hi = int(rows[0]), int(rows[-1]) + 1
-            sel: Any = slice(lo, hi) if hi - lo == rows.numel() else rows  # interleaved: rows
-            part_tok, part_mask = tok[sel], None if mask is None else mask[sel]
-            part = tgt[sel] if isinstance(tgt, Tensor) and tgt.dim() == 3 \
-                and tgt.shape[0] == tok.shape[0] else tgt
-            sums = role_sums(pat[sel][:, idx].double(), part_tok, part_mask, pattern_roles,
-                             cfg.causal, window, copy, part)
-            for i, h in enumerate(wanted):
-                slot = acc.setdefault(Head(layer, h), {})
-                for r, (num, den) in sums.items():
-                    table = slot.setdefault(r, num.new_zeros(n_groups, 2))
-                    table[g] += torch.stack([num[i], den[i]])  # on the device: no host read
+        sums = role_sums(pat[:, idx].double(), tok, mask, pattern_roles, cfg.causal, window,
+                         copy, tgt, per_row=True)
+        at = units.to(pat.device)
+        for i, h in enumerate(wanted):
+            slot = acc.setdefault(Head(layer, h), {})
+            for r, (num, den) in sums.items():
+                table = slot.setdefault(r, num.new_zeros(n_units, 2))
+                table.index_add_(0, at, torch.stack([num[:, i], den[:, i]], 1))  # no host read
+
+
+_Score = tuple[float, float, float]  # (score, standard error, skewness)
 
 
 def _finish(model: nn.Module, acc: dict[Head, dict[str, Tensor]], hs: HeadSet,
-            roles: list[str]) -> dict[Head, dict[str, tuple[float, float]]]:
-    out: dict[Head, dict[str, tuple[float, float]]] = {}
+            roles: list[str], group_of: Tensor, n_groups: int) -> dict[Head, dict[str, _Score]]:
+    """Each head's scores from its units' sums (``acc``): the standard error over the units
+    pooled into ``n_groups`` groups (unit ``u`` into ``group_of[u]``), the skewness over the
+    units themselves."""
+    out: dict[Head, dict[str, _Score]] = {}
     eig = copying_eigen_ratios(model, hs) if "copying_eig" in roles else {}
     for head in hs:
-        vals = {r: (float(v[:, 0].sum() / v[:, 1].sum()), ratio_stderr(v[:, 0], v[:, 1]))
-                for r, v in acc.get(head, {}).items()}
+        vals: dict[str, _Score] = {}
+        for r, v in acc.get(head, {}).items():
+            v = v.cpu()
+            g = torch.zeros(n_groups, 2, dtype=v.dtype).index_add_(0, group_of, v)
+            vals[r] = (float(v[:, 0].sum() / v[:, 1].sum()), ratio_stderr(g[:, 0], g[:, 1]),
+                       ratio_skewness(v[:, 0], v[:, 1]))
         if head in eig:
-            vals["copying_eig"] = (eig[head], math.nan)
+            vals["copying_eig"] = (eig[head], math.nan, math.nan)
         out[head] = vals
     return out
 
 
-def _table(hs: HeadSet, roles: list[str], scores: dict[Head, dict[str, tuple[float, float]]],
+def _table(hs: HeadSet, roles: list[str], scores: dict[Head, dict[str, _Score]],
            info: dict[str, Any]) -> RoleTable:
-    values, stderr = (torch.tensor([[scores[h][r][i] for r in roles] for h in hs],
-                                   dtype=torch.float64).reshape(len(hs), len(roles))
-                      for i in (0, 1))
-    return RoleTable(list(hs), roles, values, info, stderr)
+    values, stderr, skew = (torch.tensor([[scores[h][r][i] for r in roles] for h in hs],
+                                         dtype=torch.float64).reshape(len(hs), len(roles))
+                            for i in (0, 1, 2))
+    return RoleTable(list(hs), roles, values, info, stderr, skew)
 
 
 @in_eval_mode
@@ -294,7 +306,7 @@ def role_scores_stream(model: nn.Module, chunks: Iterable[tuple[Tensor, Tensor |
     Scores are pooled exactly over every chunk (the same sums as ``role_scores`` on all the
     sequences, in another order); standard errors are over ``STDERR_GROUPS`` groups of
     sequences dealt by position (sequence ``k`` in group ``k mod STDERR_GROUPS``), so neither
-    depends on the order of the chunks.
+    depends on the order of the chunks; skewnesses are those groups' (``ratio_skewness``).
 
     Raises:
         ValueError: unknown roles, or an empty stream.
@@ -309,13 +321,14 @@ def role_scores_stream(model: nn.Module, chunks: Iterable[tuple[Tensor, Tensor |
         tables = ({h: ov_top1(model, h, tokens) for h in hs} if "copying" in pattern_roles
                   else {})  # entries read are those of this chunk's tokens, as on the whole
         _add(model, tokens, mask, {}, None, index.cpu() % STDERR_GROUPS, STDERR_GROUPS, hs,
-             pattern_roles, window, tables, acc)
+             pattern_roles, window, tables, acc)  # units: the groups themselves
         seen += tokens.shape[0]
         tokens_seen += int(mask.sum()) if mask is not None else tokens.numel()
         length = max(length, tokens.shape[1])
     if not seen:
         raise ValueError("chunks: got none, expected at least one sequence")
-    return _table(hs, roles, _finish(model, acc, hs, roles),
+    return _table(hs, roles, _finish(model, acc, hs, roles, torch.arange(STDERR_GROUPS),
+                                     STDERR_GROUPS),
                   {"n_sequences": seen, "seq_len": length, "tokens": tokens_seen,
                    "window": window})
 

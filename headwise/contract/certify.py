@@ -50,7 +50,9 @@ test: its p-value is the larger side's). An ``all_of`` clause needs every head's
 (intersection-union); an ``any_of`` clause is decided by its best head, chosen on the same
 data, so each head is bounded at ``1 - (1 - c) / m`` for ``m`` heads (Bonferroni). Score
 clauses bound the deciding head on its standard error, except ``all_of``: every head on its
-own (``ClauseResult.details["stderr_per_head"]``), intersection-union.
+own (``ClauseResult.details["spread_per_head"]``), intersection-union. A grouped ratio's
+bound is moved by the skewness of its sequences (``details["skew"]``; Hall's transformation,
+``headwise.confidence.skewed_t``).
 
 ``examples_if_perfect`` inverts the same bounds before any run: the examples at which a clause
 measured at its best attainable value would be certified, which sizes the verification set
@@ -87,8 +89,10 @@ from headwise.confidence import (
     examples_for_difference,
     examples_for_location,
     fewest,
-    location_p,
     share_examples_if_perfect,
+    skew_term,
+    skewed_location_p,
+    skewed_t_inverse,
     t_cdf,
     t_quantile,
 )
@@ -454,20 +458,29 @@ def grouped_bound(result: ClauseResult, data: VerifyData, confidence: float,
         n = int(data.probe(data.probe_name(c.on, c.path), c.path)[0].shape[0])
     groups = min(STDERR_GROUPS, n)
     how = f"grouped ratio standard error over {groups} groups of sequences"
-    each = result.details.get("stderr_per_head")
+    each = result.details.get("spread_per_head")
     if c.quantifier == "all_of" and isinstance(each, dict):
         # every head's own bound past the threshold (intersection-union): the worst-measured
         # head's standard error says nothing of a better-measured head measured less precisely
-        pairs = [(result.per_head.get(h), each.get(h)) for h in map(str, c.heads)]
-        known = [(float(v), float(se)) for v, se in pairs
-                 if v is not None and se is not None and not math.isnan(se)]
-        if groups < 2 or len(known) < len(pairs):
+        spreads = [(result.per_head.get(h), each.get(h) or {}) for h in map(str, c.heads)]
+        known = [(float(v), float(s["stderr"]), s.get("skew")) for v, s in spreads
+                 if v is not None and s.get("stderr") is not None
+                 and not math.isnan(s["stderr"])]
+        if groups < 2 or len(known) < len(spreads):
             return Bound("none", confidence, examples=n, note="no standard error was measured")
-        units = [_location_sides(c, v, se, groups - 1.0, n, confidence) for v, se in known]
-        return _combine(result, units, confidence, n, "student-t", how)
+        units = [_location_sides(c, v, se, groups - 1.0, n, confidence, skew)
+                 for v, se, skew in known]
+        skewed = any(skew is not None for _, _, skew in known)
+        return _combine(result, units, confidence, n, "student-t",
+                        how + (_SKEWED if skewed else ""))
     if groups < 2 or result.stderr is None or math.isnan(result.stderr):
         return Bound("none", confidence, examples=n, note="no standard error was measured")
-    return _location(result, confidence, result.stderr, groups - 1.0, n, "student-t", how)
+    skew = result.details.get("skew")
+    return _location(result, confidence, result.stderr, groups - 1.0, n, "student-t",
+                     how + (_SKEWED if skew is not None else ""), skew)
+
+
+_SKEWED = "; moved by the sequences' skewness (Hall's transformation)"
 
 
 def unbounded(result: ClauseResult, confidence: float, what: str | None = None) -> Bound:
@@ -529,31 +542,38 @@ def any_of_heads(c: Clause) -> int:
 
 
 def _location(result: ClauseResult, confidence: float, se: float | None, df: float, n: int,
-              method: str, how: str) -> Bound:
-    """``value -+ q se`` with ``q`` the normal (``df = inf``) or t quantile."""
+              method: str, how: str, skew: float | None = None) -> Bound:
+    """``value -+ q se`` with ``q`` the normal (``df = inf``) or t quantile (corrected for the
+    skewness ``skew`` of ``n`` units where given: ``_location_sides``)."""
     c, value = result.clause, float(result.measured or 0.0)
     if se is None or math.isnan(se):
         return Bound("none", confidence, examples=n, note="no standard error was measured")
     m = any_of_heads(c)
-    return _combine(result, [_location_sides(c, value, se, df, n, confidence)], confidence, n,
-                    method, how + (f"; Bonferroni over {m} heads" if m > 1 else ""))
+    return _combine(result, [_location_sides(c, value, se, df, n, confidence, skew)],
+                    confidence, n, method,
+                    how + (f"; Bonferroni over {m} heads" if m > 1 else ""))
 
 
 def _location_sides(c: Clause, value: float, se: float, df: float, n: int,
-                    confidence: float) -> list[_Side]:
+                    confidence: float, skew: float | None = None) -> list[_Side]:
     """The sides ``value -+ q se`` of ``c``'s thresholds, ``q`` at ``1 - (1 - c) / m`` for an
-    ``any_of`` clause of ``m`` heads (its p-values ``m`` times the one-sided ones)."""
+    ``any_of`` clause of ``m`` heads (its p-values ``m`` times the one-sided ones), moved by
+    Hall's transformation for a mean of ``n`` units of skewness ``skew`` (``None``: none
+    known; ``headwise.confidence.skewed_t``)."""
     m = any_of_heads(c)
     q = t_quantile(1.0 - (1.0 - confidence) / m, df)
+    term = skew_term(skew, n)
     sides = []
     for side, t in _thresholds(c):
         margin = value - t if side == "at_least" else t - value
+        toward = term if side == "at_least" else -term  # an upper bound mirrors the skew
 
         def needed(margin: float = margin) -> int | None:
             return examples_for_location(margin, se, n, q)
 
-        sides.append(_Side(side, value - q * se if side == "at_least" else value + q * se,
-                           min(1.0, m * location_p(margin, se, df)), needed))
+        reach = skewed_t_inverse(q, toward) * se
+        sides.append(_Side(side, value - reach if side == "at_least" else value + reach,
+                           min(1.0, m * skewed_location_p(margin, se, df, toward)), needed))
     return sides
 
 

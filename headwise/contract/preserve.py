@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from headwise.analysis.importance import example_stats
-from headwise.analysis.importance_matrix import STDERR_GROUPS, ratio_stderr
+from headwise.analysis.importance_matrix import STDERR_GROUPS, ratio_skewness, ratio_stderr
 from headwise.analysis.role_table import RoleTable
 from headwise.analysis.roles import role_scores
 from headwise.contract import fields
@@ -50,7 +50,7 @@ from headwise.errors import SpecError
 from headwise.heads import Head, HeadSet
 from headwise.patterns import ROLE_NAMES, real_tokens
 
-Pair = tuple["Tensor | float", "Tensor | float"]  # a group's (distance summed, count)
+Pair = tuple["Tensor | float", "Tensor | float"]  # rows' (distance summed, count)
 Sums = Callable[[Tensor, Tensor, "_Rows", slice, bool], Pair]
 
 
@@ -152,10 +152,11 @@ class PreserveKind(ClauseKind):
             return _role_drift(model, base, clause, data)
         probe, batch = _rows(clause, data)
         with torch.no_grad():
-            value, stderr = _distance(model, base, metric, batch, self.chunk_elements)
+            value, stderr, skew = _distance(model, base, metric, batch, self.chunk_elements)
         return ClauseResult(clause, holds(value, clause.at_least, clause.at_most),
                             number_or_none(value), clause.threshold_text(), "the model",
-                            details={"probe": probe, "examples": int(batch.tokens.shape[0])},
+                            details={"probe": probe, "examples": int(batch.tokens.shape[0]),
+                                     "skew": number_or_none(skew)},
                             stderr=number_or_none(stderr))
 
     def check_together(self, clauses: Sequence[Clause]) -> None:
@@ -280,10 +281,11 @@ def _rows(clause: Clause, data: VerifyData) -> tuple[str, _Rows]:
 
 
 def _distance(model: nn.Module, base: BaseReference, metric: PreserveMetric,
-              rows: _Rows, chunk_elements: int) -> tuple[float, float]:
+              rows: _Rows, chunk_elements: int) -> tuple[float, float, float]:
     """``metric``'s distance of ``model`` to ``base`` on ``rows``, pooled exactly over
-    memory-sized chunks of rows (each forwarded once), and its standard error over
-    ``STDERR_GROUPS`` contiguous groups of rows (``ratio_stderr``)."""
+    memory-sized chunks of rows (each forwarded once); its standard error over
+    ``STDERR_GROUPS`` contiguous groups of rows (``ratio_stderr``) and the skewness of the
+    rows' own linearised values (``ratio_skewness``), which its bound corrects for."""
     m: Any = model
     assert metric.sums is not None
     pooled = metric.reads_hidden and not m.config.causal
@@ -291,24 +293,26 @@ def _distance(model: nn.Module, base: BaseReference, metric: PreserveMetric,
                                       else m.config.vocab_size)
     n = rows.tokens.shape[0]
     size = max(1, chunk_elements // per_row)
-    n_groups = max(1, min(STDERR_GROUPS, n))
-    group_of = torch.arange(n) * n_groups // n  # contiguous groups of rows
-    sums = torch.zeros(n_groups, 2, dtype=torch.float64)  # per group: the distance summed, count
-    for first, part in zip(range(0, n, size), rows.chunks(size), strict=True):
+    each: list[Tensor] = []  # per row: the distance summed over its positions, their count
+    for part in rows.chunks(size):
         kw = {"attention_mask": part.attention_mask, "task_ids": part.task_ids}
         with base.model() as b:
             ref = b.hidden(part.tokens, **kw) if metric.reads_hidden else b(part.tokens, **kw)
         out = m.hidden(part.tokens, **kw) if metric.reads_hidden else model(part.tokens, **kw)
-        groups = group_of[first:first + part.tokens.shape[0]]
-        for g in groups.unique().tolist():
-            at = (groups == g).nonzero()[:, 0]
-            rows_g = slice(int(at[0]), int(at[-1]) + 1)
-            s, c = metric.sums(ref[rows_g], out[rows_g], part, rows_g, pooled)
-            sums[g] += torch.tensor((float(s), float(c)), dtype=torch.float64)
+        for i in range(part.tokens.shape[0]):
+            row = slice(i, i + 1)
+            each.append(torch.stack([torch.as_tensor(x, dtype=torch.float64, device=ref.device)
+                                     for x in metric.sums(ref[row], out[row], part, row,
+                                                          pooled)]))
+    sums = torch.stack(each).double().cpu()  # (n, 2): read to the host once
     num, den = sums.unbind(1)
     if float(den.sum()) == 0:
-        return math.nan, math.nan
-    return float(num.sum() / den.sum()), ratio_stderr(num, den)
+        return math.nan, math.nan, math.nan
+    n_groups = max(1, min(STDERR_GROUPS, n))
+    group_of = torch.arange(n) * n_groups // n  # contiguous groups of rows
+    grouped = torch.zeros(n_groups, 2, dtype=torch.float64).index_add_(0, group_of, sums)
+    return (float(num.sum() / den.sum()), ratio_stderr(grouped[:, 0], grouped[:, 1]),
+            ratio_skewness(num, den))
 
 
 def _cosine_sums(ref: Tensor, out: Tensor, part: _Rows, g: slice, pooled: bool) -> Pair:

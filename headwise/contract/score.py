@@ -181,10 +181,14 @@ def reachable(model: nn.Module, head: Head, target: RoleTarget,
 def _result(c: Clause, table: RoleTable, probe: str) -> ClauseResult:
     values = {str(h): table.get(h, c.score or "") for h in c.heads}
     passed, head, value = decide(c, values)
+    score = c.score or ""
     details: dict[str, Any] = {"probe": probe}
-    if c.quantifier == "all_of":  # every head is bounded on its own standard error
-        details["stderr_per_head"] = {str(h): number_or_none(table.error(h, c.score or ""))
-                                      for h in c.heads}
+    if head is not None:  # the deciding head's sequences' skewness, which its bound corrects for
+        details["skew"] = number_or_none(table.skewness(head, score))
+    if c.quantifier == "all_of":  # every head is bounded on its own spread
+        details["spread_per_head"] = {
+            str(h): {"stderr": number_or_none(table.error(h, score)),
+                     "skew": number_or_none(table.skewness(h, score))} for h in c.heads}
     return ClauseResult(c, passed, number_or_none(value), c.threshold_text(), head,
                         {h: number_or_none(v) for h, v in values.items()},
                         details=details,

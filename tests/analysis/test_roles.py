@@ -12,7 +12,12 @@ import torch
 from headwise import Head, Hook, ModelConfig, build_model
 from headwise.analysis.probe_inputs import induction_probe
 from headwise.analysis.role_table import RoleTable
-from headwise.analysis.roles import role_scores, scores_from_patterns, target_similarity
+from headwise.analysis.roles import (
+    role_scores,
+    role_sums,
+    scores_from_patterns,
+    target_similarity,
+)
 
 
 def _diag(T: int, offset: int) -> torch.Tensor:
@@ -327,3 +332,36 @@ def test_role_score_standard_error_is_the_spread_of_its_groups() -> None:
             assert expected > 0 and table.error(head, role) == pytest.approx(expected, rel=1e-6)
     one = role_scores(model, tokens[:1], heads="L0.H0", roles=["previous_token"])
     assert math.isnan(one.error("L0.H0", "previous_token"))  # one sequence: no spread to read
+
+
+def test_role_score_skewness_is_that_of_its_sequences_scored_alone() -> None:
+    """With every sequence defining as many rows, the ratio's linearised values are each
+    sequence's own score less the pooled one (times its rows): their skewness is the sample
+    skewness ``m3 / m2^1.5`` of the sequences' scores, each sequence scored alone."""
+    model = _model(positional="learned")
+    tokens = induction_probe(40, 24, 7, torch.Generator().manual_seed(4))
+    table = role_scores(model, tokens, heads="L0.*", batch_size=5)
+    for role in ("previous_token", "induction"):
+        for h in range(3):
+            head = Head(0, h)
+            alone = torch.tensor([role_scores(model, t[None], heads="L0.*").get(head, role)
+                                  for t in tokens], dtype=torch.float64)
+            dev = alone - alone.mean()
+            expected = float(dev.pow(3).mean() / dev.square().mean() ** 1.5)
+            assert table.skewness(head, role) == pytest.approx(expected, abs=1e-4)  # fp32 runs
+
+
+@pytest.mark.parametrize("role", ["previous_token", "induction", "self", "uniform", "entropy",
+                                  "previous_token_tl", "induction_tl", "duplicate_token_tl",
+                                  "copying"])
+def test_per_row_role_sums_add_up_to_the_pooled_ones(role: str) -> None:
+    g = torch.Generator().manual_seed(5)
+    patterns = torch.rand(6, 3, 9, 9, generator=g, dtype=torch.float64).tril()
+    patterns = patterns / patterns.sum(-1, keepdim=True)
+    tokens = torch.randint(0, 5, (6, 9), generator=g)
+    copy = torch.rand(3, 5, generator=g) > 0.5
+    pooled = role_sums(patterns, tokens, roles=[role], copy_top1=copy)[role]
+    rows = role_sums(patterns, tokens, roles=[role], copy_top1=copy, per_row=True)[role]
+    assert rows[0].shape == rows[1].shape == (6, 3)
+    for a, b in zip(rows, pooled, strict=True):
+        assert torch.allclose(a.sum(0), b, rtol=1e-12, atol=1e-12)
