@@ -213,6 +213,12 @@ def _patterns(m: Any, tokens: Tensor, mask: Tensor | None, hs: HeadSet,
     return got
 
 
+_Score = tuple[float, float, float]  # (score, standard error, skewness)
+ROWS_AT_ONCE = 16
+"""Sequences whose role sums are computed together: the float64 copies of their patterns stay
+in cache (64 at once took twice as long on a 2-core Xeon: docs/benchmarks.md)."""
+
+
 def _scan(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, hs: HeadSet,
           roles: list[str], batch_size: int, window: int,
           target: Target | None,
@@ -253,17 +259,19 @@ def _add(model: nn.Module, tok: Tensor, mask: Tensor | None, kwargs: dict[str, A
         wanted = hs.in_layer(layer)
         idx = [present.index(h) for h in wanted]
         copy = (torch.stack([tables[Head(layer, h)] for h in wanted]) if tables else None)
-        sums = role_sums(pat[:, idx].double(), tok, mask, pattern_roles, cfg.causal, window,
-                         copy, tgt, per_row=True)
-        at = units.to(pat.device)
-        for i, h in enumerate(wanted):
-            slot = acc.setdefault(Head(layer, h), {})
-            for r, (num, den) in sums.items():
-                table = slot.setdefault(r, num.new_zeros(n_units, 2))
-                table.index_add_(0, at, torch.stack([num[:, i], den[:, i]], 1))  # no host read
-
-
-_Score = tuple[float, float, float]  # (score, standard error, skewness)
+        for lo in range(0, tok.shape[0], ROWS_AT_ONCE):
+            rows = slice(lo, lo + ROWS_AT_ONCE)
+            part = tgt[rows] if isinstance(tgt, Tensor) and tgt.dim() == 3 \
+                and tgt.shape[0] == tok.shape[0] else tgt
+            sums = role_sums(pat[rows][:, idx].double(), tok[rows],
+                             None if mask is None else mask[rows], pattern_roles, cfg.causal,
+                             window, copy, part, per_row=True)
+            at = units[rows].to(pat.device)
+            for i, h in enumerate(wanted):
+                slot = acc.setdefault(Head(layer, h), {})
+                for r, (num, den) in sums.items():
+                    table = slot.setdefault(r, num.new_zeros(n_units, 2))
+                    table.index_add_(0, at, torch.stack([num[:, i], den[:, i]], 1))  # on device
 
 
 def _finish(model: nn.Module, acc: dict[Head, dict[str, Tensor]], hs: HeadSet,
