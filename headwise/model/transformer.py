@@ -179,8 +179,8 @@ class Transformer(nn.Module):
             ValueError: another ``return_type``, a loss of a bidirectional model, or an
                 ``attention_mask`` that is not a tensor.
         """
-        check_mask_type(attention_mask)
-        if isinstance(tokens, (str, list)):
+        if isinstance(tokens, (str, list)):  # ids are checked by ``check_shapes``, once
+            check_mask_type(attention_mask)
             tokens, attention_mask = self._encode(tokens, attention_mask)
         if return_type not in RETURN_TYPES:
             raise ValueError(f"return_type: got {return_type!r}, expected 'logits', 'loss', "

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from headwise.cli import main
 
@@ -16,11 +15,6 @@ model: {n_layers: 1, n_heads: 2, d_model: 16, vocab_size: 12, max_seq_len: 10}
 data: {tasks: {copy: {length: 4}}, eval_examples: 16}
 train: {steps: 2, batch_size: 8, eval_every: 2, checkpoint_every: 2}
 """
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
 
 
 @pytest.mark.parametrize("command", [["train", "SPEC", "--overwrite", "--no-report"],

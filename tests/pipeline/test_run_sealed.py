@@ -11,7 +11,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from headwise.cli import main
 from headwise.training.safetensors_io import sha256_file
@@ -21,11 +20,6 @@ model: {n_layers: 1, n_heads: 2, d_model: 16, vocab_size: 12, max_seq_len: 10}
 data: {tasks: {copy: {length: 4}}, eval_examples: 16}
 train: {steps: 4, batch_size: 8, eval_every: 2, checkpoint_every: 2}
 """
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
 
 
 def _train(spec: Path, out: Path, seed: str) -> Path:
