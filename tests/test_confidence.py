@@ -277,15 +277,40 @@ def test_the_skewed_bound_and_its_p_value_agree(c: float) -> None:
     assert (bound < value - q * se) == (c < 0)
 
 
-def test_ratio_skewness_is_the_sample_skewness_of_the_linearised_values() -> None:
+def _sample_skewness(num: torch.Tensor, den: torch.Tensor) -> float:
+    u = num - num.sum() / den.sum() * den  # mean 0
+    return float((u ** 3).mean() / (u ** 2).mean() ** 1.5)
+
+
+def test_ratio_skewness_is_the_jackknifed_skewness_of_the_linearised_values() -> None:
+    """``n g - (n - 1) mean_i g_(i)``, each ``g_(i)`` recomputed from scratch with unit ``i``
+    left out (its ratio too): the closed form the library evaluates from power sums."""
     num = torch.tensor([1.0, 4.0, 2.0, 9.0, 3.0], dtype=torch.float64)
     den = torch.tensor([1.0, 2.0, 1.0, 3.0, 2.0], dtype=torch.float64)
-    u = num - num.sum() / den.sum() * den  # mean 0
-    expected = float((u ** 3).mean() / (u ** 2).mean() ** 1.5)
+    n = num.numel()
+    left_out = [_sample_skewness(torch.cat([num[:i], num[i + 1:]]),
+                                 torch.cat([den[:i], den[i + 1:]])) for i in range(n)]
+    expected = n * _sample_skewness(num, den) - (n - 1) * sum(left_out) / n
     assert ratio_skewness(num, den) == pytest.approx(expected, abs=1e-12)
-    ones = torch.ones(5, dtype=torch.float64)  # equal denominators: the values' own skewness
-    d = num - num.mean()
-    assert ratio_skewness(num, ones) == pytest.approx(float((d ** 3).mean()
-                                                            / (d ** 2).mean() ** 1.5))
+    three = (num[:3], den[:3])  # too few units to leave one out: the sample skewness
+    assert ratio_skewness(*three) == pytest.approx(_sample_skewness(*three), abs=1e-12)
     assert math.isnan(ratio_skewness(num[:2], den[:2]))  # fewer than three units
     assert math.isnan(ratio_skewness(2 * den, den))  # no spread
+    flat = torch.tensor([1.0, 1.0, 1.0, 5.0], dtype=torch.float64)  # a unit's absence: no spread
+    ones = torch.ones(4, dtype=torch.float64)
+    assert ratio_skewness(flat, ones) == pytest.approx(_sample_skewness(flat, ones), abs=1e-12)
+
+
+def test_jackknifed_skewness_is_nearer_a_known_skewness() -> None:
+    """Exponential values have skewness exactly 2. Over 4000 samples of 64 the sample
+    skewness averages 1.69 (biased low); the jackknife removes most of that bias (measured:
+    1.91), at least half of it here."""
+    g = torch.Generator().manual_seed(40)
+    x = -torch.rand(4000, 64, generator=g, dtype=torch.float64).log()  # Exp(1)
+    ones = torch.ones(64, dtype=torch.float64)
+    plain = sum(_sample_skewness(row, ones) for row in x) / len(x)
+    jack = sum(ratio_skewness(row, ones) for row in x) / len(x)
+    assert plain < jack < 2.0 + (2.0 - plain)
+    assert abs(jack - 2.0) < 0.5 * abs(plain - 2.0)
+
+

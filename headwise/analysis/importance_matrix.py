@@ -74,10 +74,18 @@ def ratio_stderr(num: Tensor, den: Tensor) -> float:
 
 
 def ratio_skewness(num: Tensor, den: Tensor) -> float:
-    """Sample skewness of the units' linearised values ``num_i - R den_i`` (``R`` the ratio
-    ``sum(num) / sum(den)``, so their mean is 0): ``m3 / m2^1.5``, the skew a t bound on the
-    ratio corrects for (``headwise.confidence.skewed_t``); NaN with fewer than three units,
-    no denominator, or no spread."""
+    """Skewness of the units' linearised values ``u_i = num_i - R den_i`` (``R`` the ratio
+    ``sum(num) / sum(den)``, so their mean is 0): the skew a t bound on the ratio corrects for
+    (``headwise.confidence.skewed_t``). NaN with fewer than three units, no denominator, or no
+    spread.
+
+    The sample skewness ``m3 / m2^1.5`` underestimates a skewed population's: 64 sequences of
+    skewness 2.8 measure 2.0 on average, and a bound corrected by too little certifies false
+    clauses too often. From four units on, it is corrected by the jackknife (Efron and
+    Tibshirani 1993, ch. 10): ``n g - (n - 1) mean_i g_(i)``, ``g_(i)`` the skewness with unit
+    ``i`` left out (its ratio recomputed too: ``_left_out_skewness``), which removes the
+    estimate's ``O(1/n)`` bias; where a unit's absence leaves no spread or no denominator, the
+    sample skewness is returned as it is."""
     num, den = num.double().flatten(), den.double().flatten()
     total = float(den.sum())
     if num.numel() < 3 or total <= 0:
@@ -86,7 +94,34 @@ def ratio_skewness(num: Tensor, den: Tensor) -> float:
     m2 = float(u.square().mean())
     if not m2 > 0:
         return math.nan
-    return float(u.pow(3).mean()) / m2 ** 1.5
+    g = float(u.pow(3).mean()) / m2 ** 1.5
+    left_out = _left_out_skewness(u, den, total)
+    if left_out is None:
+        return g
+    n = u.numel()
+    return n * g - (n - 1) * float(left_out.mean())
+
+
+def _left_out_skewness(u: Tensor, den: Tensor, total: float) -> Tensor | None:
+    """``g_(i)`` for every unit ``i`` at once, from power sums: leaving unit ``i`` out moves the
+    ratio by ``delta_i = -u_i / (total - den_i)``, so the others' linearised values are
+    ``u_j - delta_i den_j``, whose mean is again 0; their second and third moments expand in
+    ``delta_i`` over sums of ``u^a den^b`` less unit ``i``'s own term. ``None`` with fewer
+    than four units, or where a unit's absence leaves no denominator or no spread."""
+    n = u.numel()
+    rest = total - den
+    if n < 4 or not bool((rest > 0).all()):
+        return None
+    d = -u / rest
+    own = u - d * den  # unit i's linearised value at the others' ratio
+    m2 = ((u.square().sum() - 2 * d * (u * den).sum() + d.square() * den.square().sum())
+          - own.square()) / (n - 1)
+    m3 = ((u.pow(3).sum() - 3 * d * (u.square() * den).sum()
+           + 3 * d.square() * (u * den.square()).sum() - d.pow(3) * den.pow(3).sum())
+          - own.pow(3)) / (n - 1)
+    if not bool((m2 > 0).all()):
+        return None
+    return m3 / m2.pow(1.5)
 
 
 def ci_stderr(low: float, high: float, confidence: float = 0.95) -> float:

@@ -51,8 +51,8 @@ test: its p-value is the larger side's). An ``all_of`` clause needs every head's
 data, so each head is bounded at ``1 - (1 - c) / m`` for ``m`` heads (Bonferroni). Score
 clauses bound the deciding head on its standard error, except ``all_of``: every head on its
 own (``ClauseResult.details["spread_per_head"]``), intersection-union. A grouped ratio's
-bound is moved by the skewness of its sequences (``details["skew"]``; Hall's transformation,
-``headwise.confidence.skewed_t``).
+bound is moved by the (jackknifed) skewness of its sequences (``details["skew"]``; Hall's
+transformation, ``headwise.confidence.skewed_t``).
 
 ``examples_if_perfect`` inverts the same bounds before any run: the examples at which a clause
 measured at its best attainable value would be certified, which sizes the verification set

@@ -334,10 +334,16 @@ def test_role_score_standard_error_is_the_spread_of_its_groups() -> None:
     assert math.isnan(one.error("L0.H0", "previous_token"))  # one sequence: no spread to read
 
 
+def _skewness(x: torch.Tensor) -> float:
+    dev = x - x.mean()
+    return float(dev.pow(3).mean() / dev.square().mean() ** 1.5)
+
+
 def test_role_score_skewness_is_that_of_its_sequences_scored_alone() -> None:
     """With every sequence defining as many rows, the ratio's linearised values are each
-    sequence's own score less the pooled one (times its rows): their skewness is the sample
-    skewness ``m3 / m2^1.5`` of the sequences' scores, each sequence scored alone."""
+    sequence's own score less the pooled one (times its rows): their skewness is that of the
+    sequences' scores, each sequence scored alone, jackknifed (``n g - (n - 1) mean_i g_(i)``,
+    ``g`` the sample skewness ``m3 / m2^1.5`` and ``g_(i)`` that without sequence ``i``)."""
     model = _model(positional="learned")
     tokens = induction_probe(40, 24, 7, torch.Generator().manual_seed(4))
     table = role_scores(model, tokens, heads="L0.*", batch_size=5)
@@ -346,8 +352,9 @@ def test_role_score_skewness_is_that_of_its_sequences_scored_alone() -> None:
             head = Head(0, h)
             alone = torch.tensor([role_scores(model, t[None], heads="L0.*").get(head, role)
                                   for t in tokens], dtype=torch.float64)
-            dev = alone - alone.mean()
-            expected = float(dev.pow(3).mean() / dev.square().mean() ** 1.5)
+            n = alone.numel()
+            left_out = sum(_skewness(torch.cat([alone[:i], alone[i + 1:]])) for i in range(n))
+            expected = n * _skewness(alone) - (n - 1) * left_out / n
             assert table.skewness(head, role) == pytest.approx(expected, abs=1e-4)  # fp32 runs
 
 
