@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from headwise.pipeline.run_export import export_run
 
     out = export_run(args.run, args.hf, tokenizer=args.tokenizer, overwrite=args.overwrite,
-                     peft=args.peft, names=("--hf", "--peft"))
+                     peft=args.peft, names=("--hf", "--peft", "--tokenizer"))
     config = json.loads((out / "config.json").read_text(encoding="utf-8"))
     auto = "AutoModel" if config["model_type"] == "bert" else "AutoModelForCausalLM"
     tokenizer = [n for n in TOKENIZER_FILES if (Path(out) / n).is_file()]

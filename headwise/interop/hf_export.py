@@ -119,7 +119,8 @@ def check_exportable(model: nn.Module) -> ModelConfig:
 
 
 def export_hf(model: nn.Module, out: str | Path, *, tokenizer: str | Path | None = None,
-              overwrite: bool = False, peft: str | Path | None = None) -> Path:
+              overwrite: bool = False, peft: str | Path | None = None,
+              names: tuple[str, str, str] = ("out", "peft", "tokenizer")) -> Path:
     """Write ``model`` (a headwise ``Transformer``) as an HF directory.
 
     Args:
@@ -132,6 +133,8 @@ def export_hf(model: nn.Module, out: str | Path, *, tokenizer: str | Path | None
             earlier files are deleted first (links unlinked, never followed).
         peft: instead of merging the LoRA adapters, write the base weights to ``out`` and the
             adapters to this directory as a PEFT adapter (``export_peft``) for that base.
+        names: how the user named ``out``, ``peft`` and ``tokenizer``, for messages (a command
+            passes its options, ``("--hf", "--peft", "--tokenizer")``).
 
     Both destinations follow the output rule (``headwise.atomic.check_output_dir``), checked
     before anything is written or deleted: never a link, a file, a run, a checkpoint or inside
@@ -151,13 +154,14 @@ def export_hf(model: nn.Module, out: str | Path, *, tokenizer: str | Path | None
         raise ConfigError(f"model: got {model!r}, expected a headwise Transformer (export a run "
                           "directory with headwise.export_hf or headwise export RUN)")
     out = Path(out)
-    check_destinations(out, peft, overwrite)
-    copies = tokenizer_files(Path(tokenizer)) if tokenizer is not None else {}
+    out_name, peft_name, tokenizer_name = names
+    check_destinations(out, peft, overwrite, (out_name, peft_name))
+    copies = tokenizer_files(Path(tokenizer), tokenizer_name) if tokenizer is not None else {}
     config = check_exportable(model)
     converter = get_converter(export_model_type(config))
     assert converter.config_to_hf is not None  # every listed family can export
     hf_config = converter.config_to_hf(config)
-    _check_peft(model, peft)
+    _check_peft(model, peft, peft_name)
     body, head = split_mlm_head(converter, model, merged_state_dict(model, merge=peft is None))
     tensors = hf_state_dict(converter, config, body)
     if head:  # the checkpoint's masked-LM head goes back, in its class's layout
@@ -172,7 +176,7 @@ def export_hf(model: nn.Module, out: str | Path, *, tokenizer: str | Path | None
             export_peft(model, peft, hf_config["model_type"], base_model_name_or_path=str(out),
                         overwrite=overwrite)
         except ValueError as e:
-            raise ConfigError(f"peft: {e}") from None
+            raise ConfigError(f"{peft_name}: {e}") from None
     save_tensors(tensors, out / SAFETENSORS, {"format": "pt"})
     for name, data in copies.items():
         write_bytes_atomic(out / name, data)
@@ -182,26 +186,29 @@ def export_hf(model: nn.Module, out: str | Path, *, tokenizer: str | Path | None
     return out
 
 
-def _check_peft(model: nn.Module, peft: str | Path | None) -> None:
-    """Refuse ``peft`` for a model without adapters or with merged ones."""
+def _check_peft(model: nn.Module, peft: str | Path | None, name: str) -> None:
+    """Refuse ``peft`` (named ``name`` in messages) for a model without adapters or with merged
+    ones."""
     if peft is None:
         return
     adapters = lora_modules(model)
     if not adapters:
-        raise ConfigError("peft: the model has no LoRA adapters to export; leave it unset")
+        raise ConfigError(f"{name}: the model has no LoRA adapters to export; leave it unset")
     if any(a.merged for a in adapters.values()):
-        raise ConfigError("peft: the adapters are merged into the weights; unmerge_lora first")
+        raise ConfigError(f"{name}: the adapters are merged into the weights; unmerge_lora "
+                          "first")
 
 
-def tokenizer_files(path: Path) -> dict[str, bytes]:
-    """``name -> bytes`` of the tokenizer file ``path`` or of those in the directory ``path``."""
+def tokenizer_files(path: Path, option: str = "tokenizer") -> dict[str, bytes]:
+    """``name -> bytes`` of the tokenizer file ``path`` or of those in the directory ``path``;
+    ``option``: how the user named ``path``, for messages (``--tokenizer`` in a command)."""
     if path.is_file():
         if path.name not in TOKENIZER_FILES:
-            raise CheckpointError(f"tokenizer: {path} is not one of {list(TOKENIZER_FILES)}")
-        return read_tokenizer_files(path.parent, (path.name,))
-    files = read_tokenizer_files(path)
+            raise CheckpointError(f"{option}: {path} is not one of {list(TOKENIZER_FILES)}")
+        return read_tokenizer_files(path.parent, (path.name,), option)
+    files = read_tokenizer_files(path, option=option)
     if not files:
-        raise CheckpointError(f"tokenizer: {path} holds none of {list(TOKENIZER_FILES)}")
+        raise CheckpointError(f"{option}: {path} holds none of {list(TOKENIZER_FILES)}")
     return files
 
 

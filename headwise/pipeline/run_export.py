@@ -43,7 +43,7 @@ def export_hf(source: str | Path | nn.Module, out: str | Path, *,
 
 def export_run(run: str | Path, out: str | Path, *, tokenizer: str | Path | None = None,
                overwrite: bool = False, peft: str | Path | None = None,
-               names: tuple[str, str] = ("out", "peft")) -> Path:
+               names: tuple[str, str, str] = ("out", "peft", "tokenizer")) -> Path:
     """Write a finished run's model (levers rebuilt from its ``spec.yaml``) as an HF directory.
 
     Args:
@@ -53,8 +53,8 @@ def export_run(run: str | Path, out: str | Path, *, tokenizer: str | Path | None
             pretrained checkpoint's, else its text tasks' tokenizer, if any.
         overwrite: replace the HF files of a non-empty ``out``.
         peft: write the LoRA adapters to this directory as a PEFT adapter instead of merging.
-        names: how the user named ``out`` and ``peft``, for messages (``headwise export``
-            passes ``("--hf", "--peft")``).
+        names: how the user named ``out``, ``peft`` and ``tokenizer``, for messages
+            (``headwise export`` passes ``("--hf", "--peft", "--tokenizer")``).
 
     A run on a sentence-transformers checkpoint also gets its ``modules.json``, module
     directories (``1_Pooling/``, ...) and configs in ``out`` (``headwise.interop.st_export``);
@@ -71,19 +71,21 @@ def export_run(run: str | Path, out: str | Path, *, tokenizer: str | Path | None
         SpecError: the run's spec is invalid.
     """
     run, out = Path(run), Path(out)
+    out_name, peft_name, tokenizer_name = names
     if out.resolve() == run.resolve():
-        raise ConfigError(f"{names[0]}: {out} is the run directory itself; expected another "
+        raise ConfigError(f"{out_name}: {out} is the run directory itself; expected another "
                           "directory (the run's own config.json would be overwritten)")
-    check_destinations(out, peft, overwrite, names)  # before any work
-    if tokenizer is not None:
-        tokenizer_files(Path(tokenizer))  # refuses a missing one, or links leaving it
+    check_destinations(out, peft, overwrite, (out_name, peft_name))  # before any work
+    if tokenizer is not None:  # refuses a missing one, or links leaving it
+        tokenizer_files(Path(tokenizer), tokenizer_name)
     model, spec = _load_run(run)
     # Read before anything is written: a malformed file refuses the export.
     st_files = (sentence_transformers_files(Path(spec.model.pretrained.path))
                 if spec.model.pretrained is not None else {})
-    default_tokenizer = stored_tokenizer(run) or tokenizer_source(spec)
-    export_model(model, out, tokenizer=tokenizer if tokenizer is not None
-                 else default_tokenizer, overwrite=overwrite, peft=peft)
+    if tokenizer is None:  # the run's own: the user named none, so the library's name
+        tokenizer, tokenizer_name = stored_tokenizer(run) or tokenizer_source(spec), "tokenizer"
+    export_model(model, out, tokenizer=tokenizer, overwrite=overwrite, peft=peft,
+                 names=(out_name, peft_name, tokenizer_name))
     write_sentence_transformers_files(st_files, out)
     return out
 

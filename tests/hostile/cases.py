@@ -573,7 +573,8 @@ def output_cases() -> dict[str, dict[str, Any]]:
         "export tokenizer linked outside": {
             "argv": ["export", "run", "--hf", "out", "--tokenizer", "tok"],
             "setup": [run, ["write", "secret.txt", "password"],
-                      ["symlink", "tok/tokenizer.json", "../secret.txt"]]},
+                      ["symlink", "tok/tokenizer.json", "../secret.txt"]],
+            "expect": "error: --tokenizer: tok/tokenizer.json is a link to "},
         "export into a checkpoint (overwrite)": {
             "argv": ["export", "run", "--hf", ckpt, "--overwrite"], "setup": [run]},
         "export peft into the run (overwrite)": {

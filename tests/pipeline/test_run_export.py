@@ -154,7 +154,7 @@ def test_plain_run_exports_and_bad_outputs_exit_2(tmp_path, capsys):
     assert main(["export", str(run), "--hf", str(tmp_path / "hf"), "--overwrite"]) == 0
     assert main(["export", str(run), "--hf", str(tmp_path / "h2"), "--peft",
                  str(tmp_path / "p")]) == 2
-    assert "peft: the model has no LoRA adapters" in capsys.readouterr().err
+    assert "error: --peft: the model has no LoRA adapters" in capsys.readouterr().err
     model = load_compiled(run).model
     back = load_hf(tmp_path / "hf")
     for key, value in model.state_dict().items():
