@@ -247,9 +247,11 @@ def _importance_html(m: Mapping[str, Any]) -> str:
         matrix = [[cells.get((u, t)) for t in m["tasks"]] for u in m["units"]]
         # a symmetric scale (red hurts, blue helps) at least IMPORTANCE_SCALE_FLOOR wide
         top = fig.symmetric_limit(matrix, IMPORTANCE_SCALE_FLOOR)
+        # gradient importance has no mode: each optional part brings its own leading space
+        mode = f" {m['info']['mode']}" if m["info"].get("mode") else ""
         kind = " (estimates)" if m["info"].get("estimate") else ""
-        png = fig.heatmap(matrix, f"{m['info'].get('method')} {m['info'].get('mode') or ''}"
-                              f"{kind} - {metric}", m["tasks"], m["units"],
+        png = fig.heatmap(matrix, f"{m['info'].get('method')}{mode}{kind} - {metric}",
+                          m["tasks"], m["units"],
                           cmap="RdBu_r" if metric != "gradient" else "Reds",
                           vmin=-top if metric != "gradient" else 0.0, vmax=top, annotate=True)
         parts.append(H.img(fig.data_uri(png), f"importance: {metric} (units x tasks)"))

@@ -176,3 +176,31 @@ def test_extra_figures_and_minimal_report(tmp_path: Path) -> None:
     paths = write_report(build_report(title="minimal"), tmp_path, figures={"my figure": png})
     html = paths["html"].read_text()
     assert "More figures" in html and "my figure" in html and html.count("<img") == 1
+
+
+def test_importance_heatmap_titles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each importance heatmap is titled method, mode if any, ``(estimates)`` if so, metric,
+    single-spaced: gradient importance has no mode."""
+    import headwise.render.figures as figures
+    from headwise.analysis.attribution import attribution_importance
+    from headwise.analysis.importance import gradient_importance
+
+    titles: list[str] = []
+    drawn = figures.heatmap_figure
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        figure = drawn(*args, **kwargs)
+        titles.append(figure.axes[0].get_title())
+        return figure
+
+    monkeypatch.setattr(figures, "heatmap_figure", spy)
+    cfg = ModelConfig(n_layers=1, n_heads=2, d_model=8, vocab_size=20, max_seq_len=16)
+    model = build_model(cfg, seed=0).eval()
+    tasks = {"copy": _B(torch.randint(0, 20, (4, 6), generator=torch.Generator().manual_seed(0)))}
+    render_html(build_report(importance=[
+        ablation_importance(model, tasks, n_boot=10),
+        attribution_importance(model, tasks),
+        gradient_importance(model, tasks, n_boot=10)]))
+    assert titles == ["ablation zero - loss", "ablation zero - accuracy", "ablation zero - exact",
+                      "attribution zero (estimates) - loss",
+                      "gradient (Michel et al. 2019) - gradient"]
