@@ -9,16 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from headwise.cli import main
 from headwise.cli.demo import demo_spec_path
 from headwise.runspec import load_spec
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
 
 
 def test_demo_spec_is_bundled_and_uses_every_kind_of_lever() -> None:

@@ -26,11 +26,6 @@ from headwise.training.evaluate import forward
 ETA = EnforceConfig().eta_batch
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
-
-
 def _planned(clauses: list[dict[str, object]], causal: bool = True,
              config: EnforceConfig | None = None) -> tuple[torch.nn.Module, Contract, object]:
     """A 2-layer, 3-head model (distinct sizes), its contract prepared and planned."""

@@ -36,11 +36,6 @@ contract:
 """
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
-
-
 def test_enforce_turns_a_failing_contract_into_one_that_holds(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = tmp_path / "spec.yaml"

@@ -24,11 +24,6 @@ from headwise.pipeline.resume import RUN_FORMAT, check_run_info
 ALPHA = 0.05
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
-
-
 def test_powered_is_the_one_sided_sample_size_formula() -> None:
     # n = n0 ((z_a + z_b) / z_a)^2 with z_0.95 = 1.6449, z_0.8 = 0.8416: a factor of 2.2861.
     assert powered(100, ALPHA) == math.ceil(100 * ((1.644854 + 0.841621) / 1.644854) ** 2) == 229

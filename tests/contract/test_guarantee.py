@@ -31,11 +31,6 @@ contract:
 """
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
-
-
 def test_the_verification_set_is_read_once_after_training(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     trained, reads = [], []

@@ -14,11 +14,6 @@ from headwise.contract.task import input_blind
 from headwise.data import IGNORE
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
-
-
 def test_input_blind_answers_each_position_with_its_most_common_target() -> None:
     x = IGNORE
     targets = torch.tensor([[3, 5, x], [3, 6, x], [4, 5, 7], [3, 5, x]])
