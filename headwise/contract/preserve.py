@@ -93,6 +93,10 @@ class PreserveMetric:
 
 MAX_PRESERVE = 32  # preserve clauses per contract
 CHUNK_ELEMENTS = 1 << 24  # logits per forward chunk when measuring (64 MiB in float32)
+# Logits (or hidden values) per call of a metric's sums: a few small rows at a time (one call
+# per row cost its Python overhead on each), a large vocabulary's one at a time (its temporaries
+# stay in cache; a whole chunk at once ran slower) (bench/bench_preserve_rows.py).
+SUMS_ELEMENTS = 1 << 18
 
 
 class PreserveKind(ClauseKind):
@@ -263,13 +267,14 @@ class _Rows:
             return self.targets != IGNORE
         return real_tokens(self.tokens, self.attention_mask)
 
-    def chunks(self, size: int) -> Iterable[_Rows]:
+    def chunks(self, size: int) -> Iterable[tuple[slice, _Rows]]:
+        """Consecutive groups of ``size`` rows: each one's slice of the rows, and its rows."""
         def cut(x: Tensor | None, s: slice) -> Tensor | None:
             return None if x is None else x[s]
         for start in range(0, self.tokens.shape[0], size):
             s = slice(start, start + size)
-            yield _Rows(self.tokens[s], cut(self.attention_mask, s), cut(self.task_ids, s),
-                        cut(self.targets, s))
+            yield s, _Rows(self.tokens[s], cut(self.attention_mask, s), cut(self.task_ids, s),
+                           cut(self.targets, s))
 
 
 def _rows(clause: Clause, data: VerifyData) -> tuple[str, _Rows]:
@@ -290,7 +295,8 @@ def _rows(clause: Clause, data: VerifyData) -> tuple[str, _Rows]:
 def _distance(model: nn.Module, base: BaseReference, metric: PreserveMetric,
               rows: _Rows, chunk_elements: int) -> tuple[float, float, float]:
     """``metric``'s distance of ``model`` to ``base`` on ``rows``, pooled exactly over
-    memory-sized chunks of rows (each forwarded once); its standard error over
+    memory-sized chunks of rows (each forwarded once; its rows' sums computed a group of
+    ``SUMS_ELEMENTS`` at a time, each row's its own); its standard error over
     ``STDERR_GROUPS`` contiguous groups of rows (``ratio_stderr``) and the skewness of the
     rows' own linearised values (``ratio_skewness``), which its bound corrects for."""
     m: Any = model
@@ -300,13 +306,16 @@ def _distance(model: nn.Module, base: BaseReference, metric: PreserveMetric,
                                       else m.config.vocab_size)
     n = rows.tokens.shape[0]
     size = max(1, chunk_elements // per_row)
-    each: list[Tensor] = []  # per chunk (rows, 2): each row's distance summed, its count
-    for part in rows.chunks(size):
+    per_call = max(1, SUMS_ELEMENTS // per_row)
+    each: list[Tensor] = []  # per call (rows, 2): each row's distance summed, its count
+    for _, part in rows.chunks(size):
         kw = {"attention_mask": part.attention_mask, "task_ids": part.task_ids}
         with base.model() as b:
             ref = b.hidden(part.tokens, **kw) if metric.reads_hidden else b(part.tokens, **kw)
         out = m.hidden(part.tokens, **kw) if metric.reads_hidden else model(part.tokens, **kw)
-        each.append(torch.stack([x.double() for x in metric.sums(ref, out, part, pooled)], 1))
+        for s, few in part.chunks(per_call):
+            each.append(torch.stack([x.double()
+                                     for x in metric.sums(ref[s], out[s], few, pooled)], 1))
     sums = torch.cat(each).cpu()  # (n, 2): read to the host once
     num, den = sums.unbind(1)
     if float(den.sum()) == 0:
