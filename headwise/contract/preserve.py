@@ -44,14 +44,21 @@ from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.lever import ClauseLever, LeverKind, PlanContext, names
 from headwise.contract.results import Bound, ClauseResult, VerifyData
 from headwise.control.base_reference import BaseReference, base_of, capture_base
-from headwise.control.distill import Distill, PatternDistill, cosine_sums, kl_sums, scored_rows
+from headwise.control.distill import (
+    Distill,
+    PatternDistill,
+    cosines,
+    kl_terms,
+    per_sequence,
+    scored_rows,
+)
 from headwise.control.task_levers import IGNORE
 from headwise.errors import SpecError
 from headwise.heads import Head, HeadSet
 from headwise.patterns import ROLE_NAMES, real_tokens
 
-Pair = tuple["Tensor | float", "Tensor | float"]  # rows' (distance summed, count)
-Sums = Callable[[Tensor, Tensor, "_Rows", slice, bool], Pair]
+Pair = tuple[Tensor, Tensor]  # per row (B,): the distance summed over its positions, their count
+Sums = Callable[[Tensor, Tensor, "_Rows", bool], Pair]
 
 
 @dataclass(frozen=True)
@@ -64,9 +71,9 @@ class PreserveMetric:
         low, high: the range of the measured value.
         unit: the value's unit, in words.
         on_task: whether ``on`` must name a task (``loss_increase``).
-        sums: one group of rows' ``(distance summed, count)`` from the base's and the model's
-            outputs (``_distance`` pools them), or ``None`` for a role-score change
-            (``role_drift``, measured by ``_role_drift``).
+        sums: each row's ``(distance summed, count)`` (two (B,) tensors) of a chunk of rows,
+            from the base's and the model's outputs (``_distance`` pools them), or ``None``
+            for a role-score change (``role_drift``, measured by ``_role_drift``).
         reads_hidden: whether ``sums`` reads the final hidden states (else the logits).
         lever: what its ``Distill`` lever matches (``"kl"`` or ``"hidden_cosine"``), or
             ``None``: attention-pattern distillation on the free heads (``PatternDistill``).
@@ -86,6 +93,10 @@ class PreserveMetric:
 
 MAX_PRESERVE = 32  # preserve clauses per contract
 CHUNK_ELEMENTS = 1 << 24  # logits per forward chunk when measuring (64 MiB in float32)
+# Logits (or hidden values) per call of a metric's sums: a few small rows at a time (one call
+# per row cost its Python overhead on each), a large vocabulary's one at a time (its temporaries
+# stay in cache; a whole chunk at once ran slower) (bench/bench_preserve_rows.py).
+SUMS_ELEMENTS = 1 << 18
 
 
 class PreserveKind(ClauseKind):
@@ -256,13 +267,14 @@ class _Rows:
             return self.targets != IGNORE
         return real_tokens(self.tokens, self.attention_mask)
 
-    def chunks(self, size: int) -> Iterable[_Rows]:
+    def chunks(self, size: int) -> Iterable[tuple[slice, _Rows]]:
+        """Consecutive groups of ``size`` rows: each one's slice of the rows, and its rows."""
         def cut(x: Tensor | None, s: slice) -> Tensor | None:
             return None if x is None else x[s]
         for start in range(0, self.tokens.shape[0], size):
             s = slice(start, start + size)
-            yield _Rows(self.tokens[s], cut(self.attention_mask, s), cut(self.task_ids, s),
-                        cut(self.targets, s))
+            yield s, _Rows(self.tokens[s], cut(self.attention_mask, s), cut(self.task_ids, s),
+                           cut(self.targets, s))
 
 
 def _rows(clause: Clause, data: VerifyData) -> tuple[str, _Rows]:
@@ -283,7 +295,8 @@ def _rows(clause: Clause, data: VerifyData) -> tuple[str, _Rows]:
 def _distance(model: nn.Module, base: BaseReference, metric: PreserveMetric,
               rows: _Rows, chunk_elements: int) -> tuple[float, float, float]:
     """``metric``'s distance of ``model`` to ``base`` on ``rows``, pooled exactly over
-    memory-sized chunks of rows (each forwarded once); its standard error over
+    memory-sized chunks of rows (each forwarded once; its rows' sums computed a group of
+    ``SUMS_ELEMENTS`` at a time, each row's its own); its standard error over
     ``STDERR_GROUPS`` contiguous groups of rows (``ratio_stderr``) and the skewness of the
     rows' own linearised values (``ratio_skewness``), which its bound corrects for."""
     m: Any = model
@@ -293,18 +306,17 @@ def _distance(model: nn.Module, base: BaseReference, metric: PreserveMetric,
                                       else m.config.vocab_size)
     n = rows.tokens.shape[0]
     size = max(1, chunk_elements // per_row)
-    each: list[Tensor] = []  # per row: the distance summed over its positions, their count
-    for part in rows.chunks(size):
+    per_call = max(1, SUMS_ELEMENTS // per_row)
+    each: list[Tensor] = []  # per call (rows, 2): each row's distance summed, its count
+    for _, part in rows.chunks(size):
         kw = {"attention_mask": part.attention_mask, "task_ids": part.task_ids}
         with base.model() as b:
             ref = b.hidden(part.tokens, **kw) if metric.reads_hidden else b(part.tokens, **kw)
         out = m.hidden(part.tokens, **kw) if metric.reads_hidden else model(part.tokens, **kw)
-        for i in range(part.tokens.shape[0]):
-            row = slice(i, i + 1)
-            each.append(torch.stack([torch.as_tensor(x, dtype=torch.float64, device=ref.device)
-                                     for x in metric.sums(ref[row], out[row], part, row,
-                                                          pooled)]))
-    sums = torch.stack(each).double().cpu()  # (n, 2): read to the host once
+        for s, few in part.chunks(per_call):
+            each.append(torch.stack([x.double()
+                                     for x in metric.sums(ref[s], out[s], few, pooled)], 1))
+    sums = torch.cat(each).cpu()  # (n, 2): read to the host once
     num, den = sums.unbind(1)
     if float(den.sum()) == 0:
         return math.nan, math.nan, math.nan
@@ -315,24 +327,24 @@ def _distance(model: nn.Module, base: BaseReference, metric: PreserveMetric,
             ratio_skewness(num, den))
 
 
-def _cosine_sums(ref: Tensor, out: Tensor, part: _Rows, g: slice, pooled: bool) -> Pair:
+def _cosine_sums(ref: Tensor, out: Tensor, part: _Rows, pooled: bool) -> Pair:
     """Cosine of the final hidden states: per scored position, or per sequence when pooled."""
-    return cosine_sums(ref, out, part.valid(not pooled)[g], pooled)
+    cos, w = cosines(ref, out, part.valid(not pooled), pooled)  # (B, T), or (B,) pooled
+    return (cos * w).reshape(len(w), -1).sum(1), w.reshape(len(w), -1).sum(1)
 
 
-def _kl_sums(ref: Tensor, out: Tensor, part: _Rows, g: slice, pooled: bool) -> Pair:
+def _kl_sums(ref: Tensor, out: Tensor, part: _Rows, pooled: bool) -> Pair:
     """``KL(base || trained)`` of the output distributions at the scored positions."""
-    valid = part.valid(True)[g]
+    valid = part.valid(True)  # (B, T)
     (p, w), (q, _) = scored_rows(ref, valid), scored_rows(out, valid)
-    return kl_sums(p, q, w)
+    return per_sequence(kl_terms(p, q) * w, valid), valid.sum(1)
 
 
-def _loss_increase_sums(ref: Tensor, out: Tensor, part: _Rows, g: slice, pooled: bool) -> Pair:
+def _loss_increase_sums(ref: Tensor, out: Tensor, part: _Rows, pooled: bool) -> Pair:
     """The task's loss of the trained model minus the base's, summed over target tokens."""
     assert part.targets is not None  # measured on a task's batch, which has targets
-    targets = part.targets[g]
-    trained, count = example_stats(out, targets)["loss"]
-    return trained.sum() - example_stats(ref, targets)["loss"][0].sum(), count.sum()
+    trained, count = example_stats(out, part.targets)["loss"]  # (B,) each
+    return trained - example_stats(ref, part.targets)["loss"][0], count
 
 
 def _drift_scores(model: nn.Module, base: BaseReference, clause: Clause,

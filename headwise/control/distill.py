@@ -1,14 +1,17 @@
 """Distillation to the starting model: the levers and the distances of ``preserve`` clauses.
 
 The distances (one definition, read by the levers here and by the clauses' measurement in
-``headwise.contract.preserve``), each as ``(sum, count)`` so batches pool exactly:
+``headwise.contract.preserve``), each per position (or per sequence) with its weights, and as
+``(sum, count)`` so batches pool exactly (the levers' ``*_sums``; a clause sums each sequence
+alone, ``per_sequence``, for its bound):
 
-- ``kl_sums``: ``KL(base || trained) = sum_v p_base(v) (log p_base(v) - log p_trained(v))`` of
-  the output distributions, per scored position (on the rows ``scored_rows`` keeps: only the
-  scored positions are unembedded and normalised over the vocabulary);
-- ``cosine_sums``: cosine of the final hidden states (B, T, D), per scored position, or, for a
-  bidirectional encoder (``pooled``), of the embeddings mean-pooled over the real tokens as
-  sentence-transformers pools them, per sequence;
+- ``kl_terms`` / ``kl_sums``: ``KL(base || trained) = sum_v p_base(v) (log p_base(v) -
+  log p_trained(v))`` of the output distributions, per scored position (on the rows
+  ``scored_rows`` keeps: only the scored positions are unembedded and normalised over the
+  vocabulary);
+- ``cosines`` / ``cosine_sums``: cosine of the final hidden states (B, T, D), per scored
+  position, or, for a bidirectional encoder (``pooled``), of the embeddings mean-pooled over the
+  real tokens as sentence-transformers pools them, per sequence;
 - ``pattern_kl_sums``: ``KL(base row || trained row)`` of attention patterns, per head and
   real query row (of the clause's task's rows, where it names a task).
 
@@ -82,18 +85,36 @@ def output_logits(model: nn.Module, hidden: Tensor) -> Tensor:
     return m.unembed(hidden) if m.mlm_head is None else m.mlm_head(hidden, m.unembed)
 
 
-def kl_sums(base_logits: Tensor, logits: Tensor, weights: Tensor) -> Sums:
-    """``(sum of weight x KL(base || trained), sum of weights)`` over rows of logits.
+def per_sequence(values: Tensor, valid: Tensor) -> Tensor:
+    """(B,) each sequence's sum of ``values`` (N,), given at the rows ``scored_rows(x, valid)``
+    kept (every position, weighted, or the valid ones alone): summed over the sequence's T
+    positions with zeros at the others, so either way gives the same sums, bit for bit.
+
+    Args:
+        values: (N,) per-row values, already weighted.
+        valid: (B, T) bool, the scored positions ``scored_rows`` was given.
+    """
+    if values.shape[0] != valid.numel():  # the valid positions alone: back to (B, T)
+        values = values.new_zeros(valid.numel()).masked_scatter_(valid.flatten(), values)
+    return values.view(valid.shape).sum(1)
+
+
+def kl_terms(base_logits: Tensor, logits: Tensor) -> Tensor:
+    """(N,) ``KL(base || trained)`` of each row of logits (in float32).
 
     Args:
         base_logits, logits: (N, V) logits of the base and the trained model at the same
             positions (``scored_rows``).
-        weights: (N,) the rows' weights.
     """
     log_p = F.log_softmax(base_logits.float(), -1)  # (N, V)
     log_q = F.log_softmax(logits.float(), -1)
-    kl = F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(-1)  # (N,)
-    return (kl * weights).sum(), weights.sum()
+    return F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(-1)
+
+
+def kl_sums(base_logits: Tensor, logits: Tensor, weights: Tensor) -> Sums:
+    """``(sum of weight x KL(base || trained), sum of weights)`` over rows (N, V) of logits
+    (``kl_terms``), ``weights`` (N,) the rows' weights."""
+    return (kl_terms(base_logits, logits) * weights).sum(), weights.sum()
 
 
 def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
@@ -103,17 +124,22 @@ def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
     return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)
 
 
-def cosine_sums(base_hidden: Tensor, hidden: Tensor, valid: Tensor, pooled: bool) -> Sums:
-    """``(sum of cosines, count)`` of final hidden states (B, T, D): per valid position, or
-    with ``pooled`` per sequence of the mean-pooled states (``valid``: the pooled tokens; a
-    sequence without one is not counted)."""
+def cosines(base_hidden: Tensor, hidden: Tensor, valid: Tensor,
+            pooled: bool) -> tuple[Tensor, Tensor]:
+    """Cosines of final hidden states (B, T, D) and their weights: (B, T) per position,
+    weighted by ``valid``, or with ``pooled`` (B,) per sequence of the mean-pooled states
+    (``valid``: the pooled tokens; a sequence without one weighs 0)."""
     if pooled:
         cos = F.cosine_similarity(mean_pool(base_hidden.float(), valid),
                                   mean_pool(hidden.float(), valid), dim=-1)  # (B,)
-        w = valid.any(1).to(cos.dtype)
-    else:
-        cos = F.cosine_similarity(base_hidden.float(), hidden.float(), dim=-1)  # (B, T)
-        w = valid.to(cos.dtype)
+        return cos, valid.any(1).to(cos.dtype)
+    cos = F.cosine_similarity(base_hidden.float(), hidden.float(), dim=-1)  # (B, T)
+    return cos, valid.to(cos.dtype)
+
+
+def cosine_sums(base_hidden: Tensor, hidden: Tensor, valid: Tensor, pooled: bool) -> Sums:
+    """``(sum of cosines, count)`` of final hidden states (B, T, D) (``cosines``)."""
+    cos, w = cosines(base_hidden, hidden, valid, pooled)
     return (cos * w).sum(), w.sum()
 
 

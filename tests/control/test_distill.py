@@ -14,7 +14,13 @@ from host_reads import forbid_host_reads
 from headwise.contract import VerifyData, parse_contract, verify
 from headwise.control import Distill, PatternDistill, capture_base
 from headwise.control.base_reference import BaseReference
-from headwise.control.distill import final_hidden_point, kl_sums, scored_rows
+from headwise.control.distill import (
+    final_hidden_point,
+    kl_sums,
+    kl_terms,
+    per_sequence,
+    scored_rows,
+)
 from headwise.data import Batch
 from headwise.training.evaluate import forward
 
@@ -113,6 +119,22 @@ def test_the_kl_sums_are_the_same_on_the_gathered_and_the_weighted_rows() -> Non
     expected = F.kl_div(q.log_softmax(-1), p.log_softmax(-1), reduction="none",
                         log_target=True).sum(-1)[valid]
     torch.testing.assert_close(sums[0][0], expected.sum())
+
+
+def test_per_sequence_sums_are_the_same_on_the_gathered_and_the_weighted_rows() -> None:
+    g = torch.Generator().manual_seed(0)
+    p, q = torch.randn(2, 3, 5, 11, generator=g)
+    valid = torch.rand(3, 5, generator=g) > 0.6
+    valid[1] = False  # a sequence with nothing scored
+    sums = []
+    for gather in (True, False):
+        (a, w), (b, _) = scored_rows(p, valid, gather), scored_rows(q, valid, gather)
+        sums.append(per_sequence(kl_terms(a, b) * w, valid))
+    assert sums[0].shape == (3,) and torch.equal(sums[0], sums[1])  # bit for bit
+    kl = F.kl_div(q.double().log_softmax(-1), p.double().log_softmax(-1), reduction="none",
+                  log_target=True).sum(-1)  # (3, 5)
+    torch.testing.assert_close(sums[0].double(), (kl * valid).sum(1), rtol=1e-5, atol=1e-6)
+    assert float(sums[0][1]) == 0.0
 
 
 def test_the_cosine_lever_pools_an_encoders_states_over_the_attention_mask() -> None:
