@@ -15,7 +15,8 @@ a task whose floor fails back off).
 (``data.verify_examples=2048``: every run verified on a larger set, training unchanged).
 ``--seed 0 1 2 3 4`` trains every spec at each of those ``train.seed`` values; ``--fresh OFFSET``
 verifies each enforced run again on a verification set drawn from ``OFFSET + seed``
-(``headwise verify RUN --fresh``), beside the run's own verdict.
+(``headwise verify RUN --fresh``), beside the run's own verdict. ``--enforce-budget F`` trains
+each enforced run with ``headwise train --enforce-budget F`` (up to ``F x train.steps``).
 Prints a markdown table: clauses held plain / enforced on the verification set, each enforced
 clause's state there (certified / holds / fails, and on the fresh set), and enforced on
 the enforcement set at the kept step, steps trained and the step kept, the tasks' accuracy and
@@ -26,6 +27,7 @@ measure of it at the same seed: not learned plainly either, or lost to enforceme
 
     python -m bench.contract_suite [--jobs 1] [--only NAME ...] [--json PATH] [--set NAME=VALUE]
         [--variant halving] [--seed SEED ...] [--fresh OFFSET] [--spec-set PATH=VALUE]
+        [--enforce-budget F]
     python -m bench.contract_suite --merge PART.json ...   # one table from several --json runs
                                                            # (or their .partial.jsonl files)
 
@@ -104,7 +106,8 @@ def enforce_config(sets: list[str], variant: str | None = None) -> Any:
 
 def spawn(spec: Path, enforce: bool, tmp: Path, sets: list[str],
           variant: str | None = None, seed: int | None = None,
-          fresh: int | None = None, spec_sets: Sequence[str] = ()) -> dict[str, Any]:
+          fresh: int | None = None, spec_sets: Sequence[str] = (),
+          budget: float | None = None) -> dict[str, Any]:
     """``run_one`` in a fresh subprocess (one thread, nothing shared between runs)."""
     out = tmp / f"{spec.stem}-{'enf' if enforce else 'plain'}-{seed}"
     cmd = module_command(__spec__.name, "--worker", spec, out)
@@ -120,6 +123,8 @@ def spawn(spec: Path, enforce: bool, tmp: Path, sets: list[str],
         cmd += ["--set", item]
     for item in spec_sets:
         cmd += ["--spec-set", item]
+    if enforce and budget is not None:
+        cmd += ["--enforce-budget", str(budget)]
     return run_worker(cmd, f"{spec.stem} (enforce={enforce})")
 
 
@@ -249,6 +254,8 @@ def main() -> None:
     parser.add_argument("--spec-set", action="append", default=[], metavar="PATH=VALUE",
                         help="override a field of every spec, as `headwise train --set` "
                              "(repeatable), e.g. data.verify_examples=2048")
+    parser.add_argument("--enforce-budget", type=float, default=None, metavar="F",
+                        help="the enforced runs' --enforce-budget (1 to 1.3)")
     parser.add_argument("--variant", choices=sorted(VARIANTS), default=None,
                         help="enforce with an earlier rule, for comparison")
     parser.add_argument("--seed", type=int, nargs="+", default=[None], metavar="SEED",
@@ -265,7 +272,7 @@ def main() -> None:
         seed = args.seed[0]
         print(json.dumps(run_one(Path(args.worker[0]), args.enforce, Path(args.worker[1]),
                                  enforce_config(args.set, args.variant), seed, args.fresh,
-                                 args.spec_set)))
+                                 args.spec_set, args.enforce_budget)))
         return
     if args.merge:
         parts = [pair for f in args.merge for pair in read_pairs(f)]
@@ -284,7 +291,7 @@ def main() -> None:
         done = list(pool.map(lambda job: keep(args.json, spawn(
             job[0], job[1], Path(tmp), args.set, args.variant, job[2],
             None if args.fresh is None or not job[1] else args.fresh + (job[2] or 0),
-            args.spec_set)), jobs))
+            args.spec_set, args.enforce_budget)), jobs))
     by = {(r["spec"], r["enforce"], r["seed"]): r for r in done}
     results = [(by[(s.stem, False, seed)], by[(s.stem, True, seed)])
                for s in specs for seed in args.seed]

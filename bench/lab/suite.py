@@ -23,7 +23,8 @@ SUITE = ROOT / "headwise" / "examples" / "suite"  # the suite's specs
 
 
 def run_one(spec: Path, enforce: bool, out: Path, config: Any = None, seed: int | None = None,
-            fresh: int | None = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+            fresh: int | None = None, overrides: Sequence[str] = (),
+            budget: float | None = None) -> dict[str, Any]:
     """Train ``spec`` once (in this process) and return what the table needs.
 
     ``config`` is the ``EnforceConfig`` of the enforced run (default: the library's; its
@@ -31,6 +32,7 @@ def run_one(spec: Path, enforce: bool, out: Path, config: Any = None, seed: int 
     ``fresh``: the trained model is verified again on a verification set drawn from that
     seed (``headwise verify RUN --fresh SEED``), recorded per clause beside the run's own.
     ``overrides``: ``--set`` items applied to the spec (``data.verify_examples=2048``).
+    ``budget``: the enforced run's ``--enforce-budget`` (default: none, the spec's steps).
     """
     import hashlib
 
@@ -54,7 +56,8 @@ def run_one(spec: Path, enforce: bool, out: Path, config: Any = None, seed: int 
     start = time.perf_counter()
     outcome = train_run(spec, out, RunOptions(enforce=enforce, overwrite=True, progress=False,
                                               seed=seed, overrides=tuple(overrides) or None,
-                                              enforce_config=config or EnforceConfig()))
+                                              enforce_config=config or EnforceConfig(),
+                                              enforce_budget=budget if enforce else None))
     wall = time.perf_counter() - start
     compiled = outcome.compiled
     spec_data = compiled.spec.data
