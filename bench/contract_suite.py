@@ -274,6 +274,11 @@ def main() -> None:
                                  enforce_config(args.set, args.variant), seed, args.fresh,
                                  args.spec_set, args.enforce_budget)))
         return
+    from headwise.pipeline.options import ENFORCE_BUDGET_MAX
+
+    if args.enforce_budget is not None and not 1.0 <= args.enforce_budget <= ENFORCE_BUDGET_MAX:
+        parser.error(f"--enforce-budget: got {args.enforce_budget:g}, expected a number in "
+                     f"[1, {ENFORCE_BUDGET_MAX:g}]")
     if args.merge:
         parts = [pair for f in args.merge for pair in read_pairs(f)]
         print(table(sorted(parts, key=lambda pair: (pair[0]["spec"],  # type: ignore[arg-type]

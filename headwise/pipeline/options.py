@@ -19,6 +19,7 @@ from headwise.contract import EnforceConfig
 from headwise.runspec.overrides import overrides_of
 
 SHAPING = ("enforce", "enforce_budget", "allow_unenforced", "steps", "overrides")
+ENFORCE_BUDGET_MAX = 1.3  # ``--enforce-budget``: at most this factor on ``train.steps``
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class RunOptions:
 
     Attributes:
         enforce: ``--enforce``: constrained training with the contract's levers.
-        enforce_budget: ``--enforce-budget``: a factor in [1, 1.3] on the steps.
+        enforce_budget: ``--enforce-budget``: a factor in [1, ``ENFORCE_BUDGET_MAX``] on the steps.
         allow_unenforced: ``--allow-unenforced``: enforce the clauses that have a lever.
         steps: ``--steps``: the steps trained (before the budget) instead of ``train.steps``.
         overrides: ``--set`` items (``path.to.key=value``).

@@ -43,7 +43,7 @@ from headwise.memory import check_memory, training_bytes
 from headwise.pipeline.compile import Compiled, compile_spec
 from headwise.pipeline.finished import checkpoint_seals
 from headwise.pipeline.heldout import enforcement_data, probe_sampler, verification_data
-from headwise.pipeline.options import RunOptions
+from headwise.pipeline.options import ENFORCE_BUDGET_MAX, RunOptions
 from headwise.pipeline.resume import (
     RUN_ENTRY,
     read_run_info,
@@ -221,9 +221,10 @@ def _run_spec(spec: Spec, opts: RunOptions) -> Spec:
     enforce, enforce_budget = bool(opts.enforce), opts.enforce_budget
     device, forecast_every = opts.device, opts.forecast_every
     if isinstance(enforce_budget, bool) or not (
-            isinstance(enforce_budget, (int, float)) and 1.0 <= enforce_budget <= 1.3):
+            isinstance(enforce_budget, (int, float))
+            and 1.0 <= enforce_budget <= ENFORCE_BUDGET_MAX):
         raise SpecError(f"--enforce-budget: got {enforce_budget!r}, expected a number in "
-                        "[1, 1.3] (a factor on train.steps)")
+                        f"[1, {ENFORCE_BUDGET_MAX:g}] (a factor on train.steps)")
     if enforce_budget != 1.0 and not enforce:
         raise SpecError("--enforce-budget: given without --enforce; expected both or neither")
     if opts.steps is not None:
