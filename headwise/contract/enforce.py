@@ -207,6 +207,11 @@ class Enforcer:
                 share = 1.0 + lever.objectives[0].weight  # the task loss's weight now
                 for obj in lever.assists:
                     obj.weight = self.config.assist_weight * share if on else 0.0
+            if lever.desaturation:
+                on = self._desaturate(record, lever, r, state)
+                share = 1.0 + lever.objectives[0].weight
+                for obj in lever.desaturation:
+                    obj.weight = self.config.assist_weight * share if on else 0.0
         confident = all(v <= 0.0 for v in aimed.values())
         certified = result.passed and self._certified(state, result)
         pace = self._pace(state, record, result, lambdas, aimed, failing)
@@ -260,6 +265,30 @@ class Enforcer:
             return False
         now = result.clause.entry.violation(result)
         return min(past) - now <= 0.01
+
+    def _desaturate(self, record: EnforcementRecord, lever: ClauseLever,
+                    result: ClauseResult, state: TrainState) -> bool:
+        """Whether a task floor's desaturation is on from this point. It switches on, once in
+        a run, at a point where the floor fails, its task has learned nothing from its input
+        (``task.task_learned``: the measure's interval does not clear the input-blind
+        answers) and some head of the lever is saturated where the task's answers are read
+        (its mean normalised entropy there, on the enforcement set's examples, below the
+        lever's floor); it switches off for good once the task has learned or the floor holds
+        (``EnforcementRecord.desaturated``)."""
+        index = result.clause.index
+        span = record.desaturated.get(index)
+        if span is not None:
+            if span[1] is None and (result.passed or task.task_learned(result) is not False):
+                span[1] = state.step
+            return span[1] is None
+        if result.passed or task.task_learned(result) is not False:
+            return False
+        batch = self.data.batch(result.clause.task or "", result.clause.path)
+        if not any(obj.lowest(state.model, batch) < (obj.min or 0.0)
+                   for obj in lever.desaturation):
+            return False
+        record.desaturated[index] = [state.step, None]
+        return True
 
     def _pace(self, state: TrainState, record: EnforcementRecord, result: ContractResult,
               lambdas: dict[int, float], aimed: dict[int, float],
@@ -400,6 +429,8 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
     the verdict, whether it was confident and certified, and the values measured there at
     that step, beside the verification set's ``final``;
     ``assists_from``: per floor whose circuit assists switched on, the step they did;
+    ``desaturated``: per floor whose desaturation switched on, the steps it was on from and
+    to (``None``: to the end);
     ``pace``: each evaluation point after which the factor on the learning rate changed, and
     the factor (``EnforceConfig.pace_max``; empty: the schedule's rate throughout);
     ``enforced``: whether some lever was weighted at some evaluation point (multipliers
@@ -441,6 +472,8 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
             "steps": steps_done, "contract_holds": final.passed,
             "enforcement_set": enforcement_set,
             "assists_from": {str(i): s for i, s in record.assisted.items()},
+            "desaturated": {str(i): {"from": span[0], "to": span[1]}
+                            for i, span in record.desaturated.items()},
             "clauses": clauses, "history": [p.to_dict() for p in history]}
 
 

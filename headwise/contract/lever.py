@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from headwise.control.objectives import Objective
+from headwise.control.objectives import Desaturation, Objective
 from headwise.control.task_levers import OnProbeData
 from headwise.data import Batch
 from headwise.errors import field_error
@@ -299,7 +299,10 @@ class ClauseLever:
     a second stage, else 0. ``assists``: objectives the enforcer switches on (at
     ``EnforceConfig.assist_weight`` times the task loss's weight, 1 + the weight of
     ``objectives[0]``) once the clause fails and has stopped improving (a task floor's
-    circuit assists). ``perturbs``: the tasks whose examples the lever degrades
+    circuit assists). ``desaturation``: an idle entropy floor (``Desaturation``) the enforcer
+    switches on while a task floor fails, its task has learned nothing from its input and the
+    floor has stopped improving, and off once the task has learned (``Enforcer._desaturate``).
+    ``perturbs``: the tasks whose examples the lever degrades
     (an ablation lever ablates heads on them), so it backs off while a floor on one of them
     fails (``Enforcer.dual_step``). ``unit``: set by ``plan`` for a lever whose objectives
     measure its clause on every training batch (``batch_values``): the room the clause's bound
@@ -320,6 +323,7 @@ class ClauseLever:
     loss_terms: list[Objective] = field(default_factory=list)
     loss_from: float = 0.0
     assists: list[Objective] = field(default_factory=list)
+    desaturation: list[Desaturation] = field(default_factory=list)
     perturbs: frozenset[str] = frozenset()
     unit: float | None = None
     start: float = 0.0

@@ -115,6 +115,8 @@ class EnforcementRecord:
         chosen: the head whose lever an ``any_of`` clause drives, by clause index.
         clauses: each clause's track, by clause index.
         assisted: the step at which each floor's circuit assists switched on.
+        desaturated: per floor whose desaturation switched on, ``[on, off]``: the step it
+            switched on and the step it switched off (``None`` while on).
         held_at: the first step at which the whole contract held.
         kept_step: the step whose weights the run keeps (``None``: none yet).
         kept_sha256: the kept weights file's digest (with a run directory).
@@ -129,6 +131,7 @@ class EnforcementRecord:
     chosen: dict[int, str] = field(default_factory=dict)
     clauses: dict[int, ClauseTrack] = field(default_factory=dict)
     assisted: dict[int, int] = field(default_factory=dict)
+    desaturated: dict[int, list[int | None]] = field(default_factory=dict)
     held_at: int | None = None
     kept_step: int | None = None
     kept_sha256: str | None = None
@@ -142,7 +145,8 @@ class EnforcementRecord:
             "multipliers": {str(i): v for i, v in self.multipliers.items()},
             "chosen": {str(i): h for i, h in self.chosen.items()},
             "clauses": {str(i): t.to_dict() for i, t in self.clauses.items()},
-            "assisted": {str(i): s for i, s in self.assisted.items()}}
+            "assisted": {str(i): s for i, s in self.assisted.items()},
+            "desaturated": {str(i): list(span) for i, span in self.desaturated.items()}}
         for name in ("held_at", "kept_step", "kept_sha256", "kept_as", "pace_ceiling"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
@@ -158,6 +162,8 @@ class EnforcementRecord:
                    {int(k): str(v) for k, v in d.get("chosen", {}).items()},
                    {int(k): ClauseTrack.from_dict(v) for k, v in d.get("clauses", {}).items()},
                    {int(k): int(v) for k, v in d.get("assisted", {}).items()},
+                   {int(k): [int(v[0]), None if v[1] is None else int(v[1])]
+                    for k, v in d.get("desaturated", {}).items()},
                    d.get("held_at"), d.get("kept_step"), d.get("kept_sha256"),
                    d.get("kept_as"), d.get("pace_ceiling"))
 

@@ -7,7 +7,10 @@ extra weight on the task's loss. When the task has a circuit (declared by its ge
 ``headwise.data.Task.circuit``, or proposed from its training examples,
 ``headwise.data.circuit_proposals``), the lever also holds that circuit's role objectives on
 heads the contract leaves to it (*assists*), which the enforcer switches on only when the floor
-fails and has stopped improving.
+fails and has stopped improving. Every floor's lever also holds a *desaturation* (an entropy
+floor, ``DESATURATION_FLOOR``, on the heads no mask fixes and no score clause shapes), idle
+until the floor fails with its task at the input-blind answers and stalled (docs/contracts.md,
+"A task that learns nothing").
 """
 
 from __future__ import annotations
@@ -27,12 +30,19 @@ from headwise.contract.clause import METRICS, UNIT_METRICS, Clause, holds, numbe
 from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.lever import ClauseLever, LeverKind, PlanContext
 from headwise.contract.results import Bound, ClauseResult, VerifyData
-from headwise.control.objectives import PatternObjective
+from headwise.control.objectives import Desaturation, PatternObjective
 from headwise.control.task_levers import TaskLossWeight
 from headwise.data import IGNORE
 from headwise.errors import SpecError
 from headwise.heads import Head, HeadSet
 from headwise.render.numbers import fixed
+
+# The normalised entropy (0 = one key, 1 = uniform) a task floor's desaturation holds the rows
+# of its task's examples above while it is on. Any floor well off 0 restores the gradient a
+# saturated softmax withholds: 0.1, 0.3 and 0.5 all took modular addition off its seed-2
+# saddle (docs/benchmarks.md, "A task that learns nothing"); 0.3 leaves a row most of its mass
+# on one key.
+DESATURATION_FLOOR = 0.3
 
 
 class TaskKind(ClauseKind):
@@ -112,7 +122,23 @@ class TaskKind(ClauseKind):
                              for role, h in assists]
             lever.description += ("; if it stops improving, the task's circuit: "
                                   + ", ".join(f"{role} on {h}" for role, h in assists))
+        shaped = _shaped(ctx.contract)
+        free = [Head(layer, head) for layer in range(ctx.n_layers)
+                for head in range(ctx.n_heads)
+                if Head(layer, head) not in ctx.fixed and Head(layer, head) not in shaped]
+        if free:
+            lever.desaturation = [ctx.add(ctx.on_task(
+                Desaturation(ctx.model, ctx.heads(free), min=DESATURATION_FLOOR), clause.task),
+                f"enforce:desaturation[{clause.task}][{clause.path}]")]
+            lever.description += ("; if its task learns nothing and stalls, an entropy floor "
+                                  f"({DESATURATION_FLOOR:g}) on {ctx.heads(free)}")
         return lever
+
+
+def _shaped(contract: Iterable[Clause]) -> frozenset[Head]:
+    """The heads whose attention a score clause asks for (its lever shapes their pattern, which
+    an entropy floor would contradict)."""
+    return frozenset(h for c in contract if c.entry is score.KIND for h in c.heads)
 
 
 def metric_range(metric: str) -> tuple[float, float]:

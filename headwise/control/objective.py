@@ -10,11 +10,16 @@ One training step of a lever, in order (``headwise.training.evaluate.forward``):
    the hooks left, so no per-step state leaks into the next step or an evaluation forward.
 
 ``weight`` is what a caller (a schedule, the contract enforcer) changes between steps; ``name``
-is unique in a run (checkpoints store weights by name).
+is unique in a run (checkpoints store weights by name). A lever may also have an ``idle``
+attribute: while it is true the step leaves the lever out entirely (no ``prepare``, no hooks,
+its term 0 with no logs; ``sits_out``), so a lever that is off most of a run (the enforcer's
+desaturation) does not change the forward it would otherwise watch: a pattern hook makes the
+model compute the watched heads' attention explicitly rather than through the fused kernel.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
@@ -47,3 +52,13 @@ class Objective(Protocol):
              ) -> tuple[Tensor, dict[str, Tensor]]:
         """``(weight * loss, {log name: detached 0-d tensor})`` after the forward pass."""
         ...
+
+
+def sits_out(obj: Any) -> bool:
+    """Whether ``obj`` is left out of this step (its optional ``idle`` attribute is true)."""
+    return bool(getattr(obj, "idle", False))
+
+
+def taking_part(objectives: Sequence[Any]) -> list[Any]:
+    """The objectives of ``objectives`` that take part in this step (``sits_out``)."""
+    return [obj for obj in objectives if not sits_out(obj)]

@@ -46,6 +46,8 @@ from torch import Tensor, nn
 from headwise.control._common import as_headset, masked_mean, masked_means, model_shape
 from headwise.control.objective import Objective
 from headwise.control.regularizers import FFNPenalty, HeadDiversity
+from headwise.data.batch import IGNORE
+from headwise.model.eval_mode import eval_mode
 from headwise.model.hook_point import Hook, HookContext
 from headwise.patterns import (
     DEFAULT_WINDOW,
@@ -400,6 +402,57 @@ class EntropyBound(RoleBound):
         self.name = "entropy"
 
 
-__all__ = ["EPS", "LOSS_KINDS", "TARGETS", "EntropyBound", "FFNPenalty", "HeadDiversity",
-           "Objective", "PatternObjective", "RoleBound", "masked_mean", "pattern_target",
-           "row_loss"]
+class Desaturation(EntropyBound):
+    """An entropy floor on a task's rows, left out of every step at weight 0 (``idle``): the
+    contract enforcer's way off a saddle of saturated attention.
+
+    When the heads put all their attention on one key where the answer is read (all four heads
+    of a one-layer modular-addition model on ``=`` itself, a score 5 to 15 above any other
+    key's), the softmax passes no gradient to the queries and keys, the output there is the
+    same for every input and training stalls at the input-blind answers (docs/contracts.md,
+    "A task that learns nothing"). Holding the rows' normalised entropy above ``min`` keeps the
+    gradient flowing. ``lowest`` measures the symptom: its heads' entropy on the rows where the
+    answers are read. Idle, the lever attaches no pattern hooks, so a run in which it never
+    switches on computes exactly what it would without it.
+    """
+
+    _scored: Tensor | None = None  # (B, T) rows ``lowest`` reads: where the answers are read
+
+    def __init__(self, model: nn.Module, heads: Any, min: float,
+                 weight: float = 1.0) -> None:
+        super().__init__(model, heads, min=min, weight=weight)
+        self.name = "desaturation"
+
+    @property
+    def idle(self) -> bool:
+        """Whether the step leaves it out (``headwise.control.objective.sits_out``)."""
+        return self.weight == 0.0
+
+    def _rows(self, rows: Tensor) -> Tensor:
+        rows = super()._rows(rows)
+        return rows if self._scored is None else rows & self._scored.to(rows.device)
+
+    @torch.no_grad()
+    def lowest(self, model: nn.Module, batch: Any) -> float:
+        """The lowest of its heads' mean normalised entropies over the rows of ``batch`` (one
+        task's examples) where the answers are read (``targets != IGNORE``), in eval mode:
+        below ``min``, some head is saturated there. 1.0 when no head attends on such a
+        row."""
+        self.prepare(batch)
+        self._task_rows = None  # the batch is the task's own
+        self._scored = batch.targets != IGNORE
+        try:
+            with eval_mode(model), model.hooks(*self.hooks()):  # type: ignore[operator]
+                model(batch.tokens, attention_mask=batch.attention_mask,
+                      task_ids=batch.task_ids)
+            self.loss(batch.tokens, batch.attention_mask)
+            assert self._scores is not None
+            return float(self._scores.nan_to_num(1.0).min())
+        finally:
+            self._scored = None
+            self.reset()
+
+
+__all__ = ["EPS", "LOSS_KINDS", "TARGETS", "Desaturation", "EntropyBound", "FFNPenalty",
+           "HeadDiversity", "Objective", "PatternObjective", "RoleBound", "masked_mean",
+           "pattern_target", "row_loss"]

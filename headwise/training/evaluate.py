@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headwise.control.objective import Objective
+from headwise.control.objective import Objective, taking_part
 from headwise.data import Batch, Mixture
 from headwise.model.eval_mode import eval_mode
 from headwise.training.distributed import DistContext
@@ -42,14 +42,17 @@ def forward(model: Callable[..., Tensor], inner: nn.Module, batch: Batch,
     Args:
         model: what to call (the DDP wrapper, a compiled model, or the model itself).
         inner: the unwrapped model, whose hook points the objectives' hooks attach to.
-        hooks: the objectives' hooks, made once by the caller (default: made here).
+        hooks: the hooks of the objectives taking part in this step (``taking_part``), made
+            once by the caller (default: made here).
         step: the training step of the batch (``Objective.prepare``; 0 for evaluation).
     """
+    live = {id(obj) for obj in taking_part(objectives)}  # an idle lever sits the step out
     try:
         for obj in objectives:  # per-batch levers (e.g. stochastic ablation by task) see it
-            obj.prepare(batch, step)
+            if id(obj) in live:
+                obj.prepare(batch, step)
         if hooks is None:
-            hooks = [h for obj in objectives for h in obj.hooks()]
+            hooks = [h for obj in objectives if id(obj) in live for h in obj.hooks()]
         attached = (inner.hooks(*hooks) if hooks  # type: ignore[operator]
                     else contextlib.nullcontext())
         with autocast(device, bf16):
@@ -61,7 +64,8 @@ def forward(model: Callable[..., Tensor], inner: nn.Module, batch: Batch,
             # they captured from this forward and leak their ablations into its forward.
             terms = []
             for obj in objectives:
-                value, logs = obj.loss(batch.tokens, batch.attention_mask)
+                value, logs = (obj.loss(batch.tokens, batch.attention_mask)
+                               if id(obj) in live else (0.0, {}))
                 terms.append((torch.as_tensor(value, dtype=torch.float32, device=logits.device)
                               if not isinstance(value, Tensor) else value, logs))
         return logits, terms

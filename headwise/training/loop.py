@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from headwise.atomic import write_bytes_atomic
-from headwise.control.objective import Objective
+from headwise.control.objective import Objective, taking_part
 from headwise.data import Mixture
 from headwise.dtensors import is_dtensor
 from headwise.errors import ConfigError, TrainingDiverged
@@ -358,8 +358,8 @@ def _run(run: _Run) -> TrainResult:
     step_model = torch.compile(wrap(run.model, ctx)) if config.compile else wrap(run.model, ctx)
     # Hooks are made once (attached around each training forward, after the objectives'
     # ``prepare``, which may run forwards of its own): a compiled model sees the same hook
-    # objects at every step (no recompilation).
-    hooks = [h for obj in run.objectives for h in obj.hooks()]
+    # objects at every step (no recompilation but where an idle lever joins or leaves).
+    hooks = {id(obj): obj.hooks() for obj in run.objectives}
     params = [p for g in run.optimizer.param_groups for p in g["params"]]
     bar = ProgressBar(config.steps, run.start, run.progress and ctx.is_main)
     t0 = time.perf_counter()
@@ -380,8 +380,8 @@ def _run(run: _Run) -> TrainResult:
     return _finish(run)
 
 
-def _step(run: _Run, step_model: Callable[..., Tensor], step: int, hooks: list[Any],
-          params: list[Tensor]) -> float:
+def _step(run: _Run, step_model: Callable[..., Tensor], step: int,
+          hooks: dict[int, list[Any]], params: list[Tensor]) -> float:
     """One optimisation step on the next batch; returns its learning rate."""
     config, ctx = run.config, run.ctx
     scale = float(run.extra.get(LR_SCALE, 1.0))
@@ -391,8 +391,9 @@ def _step(run: _Run, step_model: Callable[..., Tensor], step: int, hooks: list[A
     batch = ctx.shard(run.data.sample(config.batch_size, run.gen))
     if ctx.device.type != "cpu":
         batch = batch.to(ctx.device)
+    attached = [h for obj in taking_part(run.objectives) for h in hooks[id(obj)]]
     logits, terms = forward(step_model, run.model, batch, run.objectives, config.bf16,
-                            ctx.device, hooks, step)
+                            ctx.device, attached, step)
     loss, step_stats = task_loss(logits, batch, len(run.data.names))
     total = loss
     for term, _ in terms:
