@@ -9,8 +9,8 @@ extra weight on the task's loss. When the task has a circuit (declared by its ge
 heads the contract leaves to it (*assists*), which the enforcer switches on only when the floor
 fails and has stopped improving. Every floor's lever also holds a *desaturation* (an entropy
 floor, ``DESATURATION_FLOOR``, on the heads no mask fixes and no score clause shapes), idle
-until the floor fails with its task at the input-blind answers and stalled (docs/contracts.md,
-"A task that learns nothing").
+until the floor fails with its task at the input-blind answers and a head saturated where the
+answers are read (docs/contracts.md, "A task that learns nothing").
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from headwise.heads import Head, HeadSet
 from headwise.render.numbers import fixed
 
 # The normalised entropy (0 = one key, 1 = uniform) a task floor's desaturation holds the rows
-# of its task's examples above while it is on. Any floor well off 0 restores the gradient a
-# saturated softmax withholds: 0.1, 0.3 and 0.5 all took modular addition off its seed-2
-# saddle (docs/benchmarks.md, "A task that learns nothing"); 0.3 leaves a row most of its mass
-# on one key.
+# of its task's examples above while it is on, and below which a head counts as saturated.
+# As a whole-run floor 0.1, 0.3 and 0.5 each took modular addition off its seed-2 saddle; 0.3
+# lets a row put 90% of its mass on one of five keys (docs/benchmarks.md, "A task that learns
+# nothing").
 DESATURATION_FLOOR = 0.3
 
 
@@ -130,8 +130,8 @@ class TaskKind(ClauseKind):
             lever.desaturation = [ctx.add(ctx.on_task(
                 Desaturation(ctx.model, ctx.heads(free), min=DESATURATION_FLOOR), clause.task),
                 f"enforce:desaturation[{clause.task}][{clause.path}]")]
-            lever.description += ("; if its task learns nothing and stalls, an entropy floor "
-                                  f"({DESATURATION_FLOOR:g}) on {ctx.heads(free)}")
+            lever.description += ("; while its task learns nothing with a head saturated, an "
+                                  f"entropy floor ({DESATURATION_FLOOR:g}) on {ctx.heads(free)}")
         return lever
 
 

@@ -17,7 +17,8 @@ def _record() -> EnforcementRecord:
                         first_failed_at=20, failed_evals=1,
                         best={"step": 20, "violation": 0.49, "value": 0.41})
     return EnforcementRecord([point], {0: 2.24}, {0: "L0.H1"}, {0: track}, {0: 20},
-                             held_at=None, kept_step=None)
+                             desaturated={3: [10, 40], 4: [20, None]}, held_at=None,
+                             kept_step=None)
 
 
 def test_the_json_form_reads_back_to_the_same_record() -> None:
@@ -30,6 +31,7 @@ def test_json_keys_are_the_clause_indices_as_strings() -> None:
     d = _record().to_dict()
     assert set(d["multipliers"]) == {"0"} and set(d["history"][0]["clauses"]) == {"0", "3"}
     assert d["assisted"] == {"0": 20} and d["chosen"] == {"0": "L0.H1"}
+    assert d["desaturated"] == {"3": [10, 40], "4": [20, None]}
     assert "kept_step" not in d and "held_at" not in d  # only what was decided is written
 
 
