@@ -199,19 +199,19 @@ class Enforcer:
             lever = self.levers[index]
             assert lever is not None
             self._apply(lever, lambdas[index], r, record.chosen, state.step >= interval)
+            # assists and a desaturation, once on, weigh as the task's loss does now
+            assist = self.config.assist_weight * (1.0 + lever.objectives[0].weight)
             if lever.assists:
                 if index not in record.assisted and self._stalled(
                         record.history, index, r, state.step, interval):
                     record.assisted[index] = state.step
                 on = index in record.assisted and lambdas[index] > 0
-                share = 1.0 + lever.objectives[0].weight  # the task loss's weight now
                 for obj in lever.assists:
-                    obj.weight = self.config.assist_weight * share if on else 0.0
+                    obj.weight = assist if on else 0.0
             if lever.desaturation:
                 on = self._desaturate(record, lever, r, state)
-                share = 1.0 + lever.objectives[0].weight
                 for obj in lever.desaturation:
-                    obj.weight = self.config.assist_weight * share if on else 0.0
+                    obj.weight = assist if on else 0.0
         confident = all(v <= 0.0 for v in aimed.values())
         certified = result.passed and self._certified(state, result)
         pace = self._pace(state, record, result, lambdas, aimed, failing)
@@ -284,8 +284,7 @@ class Enforcer:
         if result.passed or task.task_learned(result) is not False:
             return False
         batch = self.data.batch(result.clause.task or "", result.clause.path)
-        if not any(obj.lowest(state.model, batch) < (obj.min or 0.0)
-                   for obj in lever.desaturation):
+        if not any(obj.saturated(state.model, batch) for obj in lever.desaturation):
             return False
         record.desaturated[index] = [state.step, None]
         return True

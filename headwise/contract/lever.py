@@ -300,8 +300,9 @@ class ClauseLever:
     ``EnforceConfig.assist_weight`` times the task loss's weight, 1 + the weight of
     ``objectives[0]``) once the clause fails and has stopped improving (a task floor's
     circuit assists). ``desaturation``: an idle entropy floor (``Desaturation``) the enforcer
-    switches on while a task floor fails, its task has learned nothing from its input and the
-    floor has stopped improving, and off once the task has learned (``Enforcer._desaturate``).
+    switches on, at the same weight as the assists, where a task floor fails, its task has
+    learned nothing from its input and one of its heads is saturated where the answers are
+    read, and off once the task has learned (``Enforcer._desaturate``).
     ``perturbs``: the tasks whose examples the lever degrades
     (an ablation lever ablates heads on them), so it backs off while a floor on one of them
     fails (``Enforcer.dual_step``). ``unit``: set by ``plan`` for a lever whose objectives

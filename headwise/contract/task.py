@@ -122,10 +122,9 @@ class TaskKind(ClauseKind):
                              for role, h in assists]
             lever.description += ("; if it stops improving, the task's circuit: "
                                   + ", ".join(f"{role} on {h}" for role, h in assists))
-        shaped = _shaped(ctx.contract)
-        free = [Head(layer, head) for layer in range(ctx.n_layers)
-                for head in range(ctx.n_heads)
-                if Head(layer, head) not in ctx.fixed and Head(layer, head) not in shaped]
+        left_out = ctx.fixed | _shaped(ctx.contract)
+        free = [h for h in (Head(layer, head) for layer in range(ctx.n_layers)
+                            for head in range(ctx.n_heads)) if h not in left_out]
         if free:
             lever.desaturation = [ctx.add(ctx.on_task(
                 Desaturation(ctx.model, ctx.heads(free), min=DESATURATION_FLOOR), clause.task),

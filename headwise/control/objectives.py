@@ -452,6 +452,12 @@ class Desaturation(EntropyBound):
             self._scored = None
             self.reset()
 
+    def saturated(self, model: nn.Module, batch: Any) -> bool:
+        """Whether some head's mean normalised entropy where ``batch``'s answers are read is
+        below the floor (``lowest``)."""
+        assert self.min is not None  # the floor __init__ requires
+        return self.lowest(model, batch) < self.min
+
 
 __all__ = ["EPS", "LOSS_KINDS", "TARGETS", "Desaturation", "EntropyBound", "FFNPenalty",
            "HeadDiversity", "Objective", "PatternObjective", "RoleBound", "masked_mean",

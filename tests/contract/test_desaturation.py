@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
+from enforcer_points import enforcement_points
 
 from headwise.cli import main
 from headwise.contract import EnforceConfig, Enforcer, plan
@@ -110,21 +110,18 @@ def test_it_switches_on_once_while_the_task_learns_nothing_and_a_head_is_saturat
 
     config = EnforceConfig()
     enforcer = Canned(spec.contract, enforcement_data(compiled), levers, config)
-    state = SimpleNamespace(step=0, model=compiled.model, extra={}, stop=False, out_dir=None,
-                            rank=0, config=spec.train)
-    weights, task_weights = [], []
-    for step in (5, 10, 15, 20, 25):
-        state.step = step
-        enforcer(state)  # type: ignore[arg-type]
-        weights.append(obj.weight)
-        task_weights.append(floor.objectives[0].weight)
+    points = enforcement_points(enforcer, compiled.model, spec.train, (5, 10, 15, 20, 25),
+                                lambda state: (obj.weight, floor.objectives[0].weight,
+                                               state.extra["enforce"]))
+    weights = [w for w, _, _ in points]
+    task_weights = [t for _, t, _ in points]
     # step 5: no head saturated; 10: saturated, on (weighted like the task's loss); 15: on
     # without measuring again; 20: the task learned, off for good; 25: at chance and (were it
     # measured) saturated again, but a run switches it on once only
     assert weights[0] == 0.0 and weights[3:] == [0.0, 0.0]
     assert weights[1:3] == pytest.approx([config.assist_weight * (1.0 + w)
                                           for w in task_weights[1:3]])
-    assert state.extra["enforce"]["desaturated"] == {"1": [10, 20]}
+    assert points[-1][2]["desaturated"] == {"1": [10, 20]}
 
 
 def test_enforcement_takes_modular_addition_off_its_saddle(tmp_path: Path) -> None:

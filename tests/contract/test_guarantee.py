@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from enforcer_points import enforcement_points
 
 from headwise.cli import main
 from headwise.contract import EnforcementRecord, LeverKind, plan
@@ -263,7 +264,6 @@ contract:
 
 
 def test_a_floor_that_stops_improving_switches_its_circuit_assists_on() -> None:
-    from types import SimpleNamespace
 
     from headwise.contract import EnforceConfig, Enforcer
     from headwise.contract.results import ClauseResult, ContractResult
@@ -290,16 +290,14 @@ def test_a_floor_that_stops_improving_switches_its_circuit_assists_on() -> None:
                 ClauseResult(spec.contract[1], False, v, ">= 0.9", "the model")])
 
     enforcer = Canned(spec.contract, enforcement_data(compiled), levers, config)
-    state = SimpleNamespace(step=0, model=compiled.model, extra={}, stop=False, out_dir=None,
-                            rank=0, config=spec.train)
-    weights, task_weights = [], []
-    for step in (5, 10, 15, 20, 25):
-        state.step = step
-        enforcer(state)  # type: ignore[arg-type]
-        weights.append(floor.assists[0].weight)
-        # the task loss's weight: 1 + the floor's multiplier (its lever's scale is 1)
-        task_weights.append(1.0 + state.extra["enforce"]["history"][-1]["clauses"]["1"][
-            "multiplier"])
+    # the task loss's weight: 1 + the floor's multiplier (its lever's scale is 1)
+    points = enforcement_points(
+        enforcer, compiled.model, spec.train, (5, 10, 15, 20, 25),
+        lambda state: (floor.assists[0].weight,
+                       1.0 + state.extra["enforce"]["history"][-1]["clauses"]["1"]["multiplier"],
+                       state.extra["enforce"]))
+    weights = [w for w, _, _ in points]
+    task_weights = [t for _, t, _ in points]
     # Points 1-2: no history to judge; point 3 (0.505) improved 0.005 on the best of the last
     # two (0.50): stalled, so the assists switch on from step 15 and stay on, weighted like
     # the task's loss (its weight 1 + the floor's multiplier), so the floor's rising
@@ -307,7 +305,7 @@ def test_a_floor_that_stops_improving_switches_its_circuit_assists_on() -> None:
     assert weights[:2] == [0.0, 0.0]
     assert weights[2:] == pytest.approx([config.assist_weight * w for w in task_weights[2:]])
     assert task_weights[2] < task_weights[4]  # the multiplier kept rising while it failed
-    assert state.extra["enforce"]["assisted"] == {"1": 15}
+    assert points[-1][2]["assisted"] == {"1": 15}
 
 
 @pytest.mark.parametrize(("clauses", "expected"), [

@@ -1,0 +1,22 @@
+"""Driving an ``Enforcer`` through evaluation points the way ``train()`` calls it, without
+training: the tests of enforcement rules that read canned measurements."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from types import SimpleNamespace
+from typing import Any
+
+
+def enforcement_points(enforcer: Any, model: Any, train: Any, steps: Iterable[int],
+                       read: Callable[[SimpleNamespace], Any]) -> list[Any]:
+    """Call ``enforcer`` at each of ``steps`` with a trainer state holding ``model`` and the
+    run's ``train`` settings; ``read(state)`` after each call, in order."""
+    state = SimpleNamespace(step=0, model=model, extra={}, stop=False, out_dir=None, rank=0,
+                            config=train)
+    out = []
+    for step in steps:
+        state.step = step
+        enforcer(state)
+        out.append(read(state))
+    return out
