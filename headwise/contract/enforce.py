@@ -199,6 +199,8 @@ class Enforcer:
             lever = self.levers[index]
             assert lever is not None
             self._apply(lever, lambdas[index], r, record.chosen, state.step >= interval)
+            if not (lever.assists or lever.desaturation):
+                continue
             # assists and a desaturation, once on, weigh as the task's loss does now
             assist = self.config.assist_weight * (1.0 + lever.objectives[0].weight)
             if lever.assists:
