@@ -140,3 +140,42 @@ def test_enforcement_takes_modular_addition_off_its_saddle(tmp_path: Path) -> No
     assert plain["measured"] < 0.2  # at chance: 1 in 7
     span = json.loads((tmp_path / "enforced" / "enforcement.json").read_text())["desaturated"]
     assert span["1"]["to"] is not None  # off again once the sums learned
+
+
+def test_the_other_levers_wait_while_a_task_learns_nothing() -> None:
+    """A failing score clause's multiplier stays at 0 at the points where the floor's task is
+    at the input-blind answers, and rises once the task's interval clears them; the floor's own
+    multiplier rises throughout."""
+    spec, compiled = _compiled()
+    levers = plan(compiled.model, spec.contract, compiled.structure).levers
+    assert levers[0] is not None and levers[1] is not None
+    sums = iter([(0.15, 0.10, 0.20), (0.15, 0.10, 0.20), (0.40, 0.30, 0.50), (0.45, 0.35, 0.55)])
+
+    class Canned(Enforcer):
+        def measure(self, state: object) -> ContractResult:
+            return ContractResult([
+                ClauseResult(spec.contract[0], False, 0.1, ">= 0.5", "L0.H0"),
+                _result(spec.contract[1], *next(sums))])
+
+    enforcer = Canned(spec.contract, enforcement_data(compiled), levers, EnforceConfig())
+    points = enforcement_points(enforcer, compiled.model, spec.train, (5, 10, 15, 20),
+                                lambda state: dict(state.extra["enforce"]["multipliers"]))
+    assert [p["0"] for p in points[:2]] == [0.0, 0.0]  # the sums at chance: it waits
+    assert 0.0 < points[2]["0"] < points[3]["0"]  # learning: it steps as usual
+    assert 0.0 < points[0]["1"] < points[1]["1"]  # the floor's own multiplier never waits
+
+
+@pytest.mark.slow
+def test_a_lever_that_would_keep_a_task_from_starting_waits(tmp_path: Path) -> None:
+    """The suite's bidirectional mixture at seed 1: its next-token lever (one head of layer 0,
+    on reverse's rows) acting from the first points kept the sums at chance to the end
+    (0.152; docs/benchmarks.md); waiting while they learn nothing, every clause is certified
+    and the lever was at 0 at the first point, where the sums were at chance."""
+    spec = Path(__file__).resolve().parents[2] / "headwise/examples/suite/bidir_mixture.yaml"
+    out = tmp_path / "run"
+    assert main(["train", str(spec), "--seed", "1", "--enforce", "--out", str(out),
+                 "--quiet", "--no-report"]) == 0
+    clauses = json.loads((out / "contract.json").read_text())["clauses"]
+    assert [c["state"] for c in clauses] == ["certified"] * 5, clauses
+    first = json.loads((out / "enforcement.json").read_text())["history"][0]["clauses"]
+    assert first["4"]["measured"] < 0.2 and first["0"]["multiplier"] == 0.0
