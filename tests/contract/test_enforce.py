@@ -100,7 +100,6 @@ def test_enforce_turns_a_failing_contract_into_one_that_holds(
     assert e["held_at_step"] == e["kept_step"] == e["history"][-1]["step"] == held[0]
 
 
-@pytest.mark.usefixtures("tasks_started")
 def test_multipliers_follow_dual_ascent_and_a_failing_floor_backs_no_lever_off() -> None:
     spec = load_spec(SPEC.replace("contract:", "contract:\n  - {task: copy, at_least: 0.99}"))
     compiled = compile_spec(spec)

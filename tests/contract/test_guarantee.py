@@ -333,7 +333,6 @@ def test_circuit_assists_use_heads_the_contract_leaves_to_them(clauses, expected
     assert [(o.target, str(o.heads)) for o in floor.assists] == expected  # type: ignore[attr-defined]
 
 
-@pytest.mark.usefixtures("tasks_started")
 def test_a_failing_floor_backs_off_only_the_levers_that_degrade_its_task() -> None:
     from types import SimpleNamespace
 

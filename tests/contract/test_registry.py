@@ -88,7 +88,6 @@ class _Weighted:
     def reset(self) -> None: ...
 
 
-@pytest.mark.usefixtures("tasks_started")
 def test_a_new_kind_is_one_entry() -> None:
     with_constant = ConstantKind()
     kinds = {**KINDS, with_constant.name: with_constant}  # passed in: the registry is unchanged
