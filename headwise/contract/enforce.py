@@ -194,16 +194,10 @@ class Enforcer:
                                 DualContext(self.levers, failing, floors, self.config.eta,
                                             self.config.lambda_max, rates,
                                             share=since / interval))
-        # While some task has learned nothing from its input, every lever but the task floors'
-        # waits at 0: shaping heads before the task has found a use for them can keep it from
-        # ever starting (docs/contracts.md, "A task that learns nothing").
-        waiting = any(task.task_learned(r) is False for r in result.results)
         for r in levered:
             index = r.clause.index
             lever = self.levers[index]
             assert lever is not None
-            if waiting and not r.clause.entry.guards_task(r.clause):
-                lambdas[index] = 0.0
             self._apply(lever, lambdas[index], r, record.chosen, state.step >= interval)
             if not (lever.assists or lever.desaturation):
                 continue
