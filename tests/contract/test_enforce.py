@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
+from enforcer_points import trainer_state
 
 from headwise.cli import main
 from headwise.contract import EnforceConfig, Enforcer, LeverKind, plan
@@ -106,8 +106,7 @@ def test_multipliers_follow_dual_ascent_and_a_failing_floor_backs_no_lever_off()
     contract = spec.contract
     levers = plan(compiled.model, contract, compiled.structure).levers
     enforcer = Enforcer(contract, enforcement_data(compiled), levers)
-    state = SimpleNamespace(step=20, model=compiled.model, extra={}, stop=False, out_dir=None,
-                            rank=0, config=spec.train)
+    state = trainer_state(compiled.model, spec.train, step=20)
     enforcer(state)  # type: ignore[arg-type]
     point = state.extra["enforce"]["history"][0]["clauses"]
     floor, score = point["0"], point["1"]
@@ -141,8 +140,7 @@ def test_multipliers_follow_dual_ascent_and_a_failing_floor_backs_no_lever_off()
     spec = load_spec(SPEC)
     alone = Enforcer(spec.contract, enforcement_data(compiled),
                      plan(compiled.model, spec.contract, compiled.structure).levers)
-    state = SimpleNamespace(step=20, model=compiled.model, extra={}, stop=False, out_dir=None,
-                            rank=0, config=spec.train)
+    state = trainer_state(compiled.model, spec.train, step=20)
     for step in (20, 40):
         state.step = step
         alone(state)  # type: ignore[arg-type]

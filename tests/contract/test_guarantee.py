@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from enforcer_points import enforcement_points
+from enforcer_points import enforcement_points, trainer_state
 
 from headwise.cli import main
 from headwise.contract import EnforcementRecord, LeverKind, plan
@@ -215,8 +215,6 @@ def test_the_kept_model_is_the_last_evaluation_point_that_held(tmp_path: Path) -
 @pytest.mark.parametrize("on_disk", [False, True])
 def test_a_later_failure_restores_the_model_of_the_last_point_that_held(
         tmp_path: Path, on_disk: bool) -> None:
-    from types import SimpleNamespace
-
     from headwise.contract import Enforcer
     from headwise.contract.results import ClauseResult, ContractResult
     from headwise.errors import CheckpointError
@@ -234,8 +232,7 @@ def test_a_later_failure_restores_the_model_of_the_last_point_that_held(
 
     levers = plan(compiled.model, spec.contract, compiled.structure).levers
     enforcer = Canned(spec.contract, enforcement_data(compiled), levers)
-    state = SimpleNamespace(step=0, model=model, extra={}, stop=False,
-                            out_dir=tmp_path if on_disk else None, rank=0, config=spec.train)
+    state = trainer_state(model, spec.train, out_dir=tmp_path if on_disk else None)
     snapshots = {}
     for step in (10, 20, 30):  # holds at 10 and 20, fails at 30
         with torch.no_grad():
@@ -264,7 +261,6 @@ contract:
 
 
 def test_a_floor_that_stops_improving_switches_its_circuit_assists_on() -> None:
-
     from headwise.contract import EnforceConfig, Enforcer
     from headwise.contract.results import ClauseResult, ContractResult
     from headwise.control.objectives import PatternObjective
@@ -334,8 +330,6 @@ def test_circuit_assists_use_heads_the_contract_leaves_to_them(clauses, expected
 
 
 def test_a_failing_floor_backs_off_only_the_levers_that_degrade_its_task() -> None:
-    from types import SimpleNamespace
-
     from headwise.contract import EnforceConfig, Enforcer
 
     spec = load_spec(SPEC.replace("contract:", "contract:\n  - {task: copy, at_least: 0.99}\n"
@@ -346,8 +340,7 @@ def test_a_failing_floor_backs_off_only_the_levers_that_degrade_its_task() -> No
     # 0: the copy floor, 1: the ablation clause on copy, 2: the score clause.
     assert levers[1].perturbs == {"copy"} and not levers[2].perturbs  # type: ignore[union-attr]
     enforcer = Enforcer(spec.contract, enforcement_data(compiled), levers)
-    state = SimpleNamespace(step=20, model=compiled.model, extra={}, stop=False, out_dir=None,
-                            rank=0, config=spec.train)
+    state = trainer_state(compiled.model, spec.train, step=20)
     lambdas = state.extra.setdefault("enforce", {"history": [], "multipliers": {},
                                                  "chosen": {}, "clauses": {}})["multipliers"]
     lambdas.update({"0": 1.0, "1": 2.0, "2": 4.0})
@@ -393,8 +386,6 @@ def test_a_clause_held_within_its_noise_keeps_its_multiplier_and_is_not_kept(
     its measurement is not yet safe on fresh data: its multiplier keeps rising, and the kept
     model is the last point at which every clause held past its guard. ``confidence: 0.5``
     (guard 0) is the bare bound: the multiplier falls once the clause holds at all."""
-    from types import SimpleNamespace
-
     from headwise.contract import EnforceConfig, Enforcer
     from headwise.contract.results import ClauseResult, ContractResult
 
@@ -414,8 +405,7 @@ def test_a_clause_held_within_its_noise_keeps_its_multiplier_and_is_not_kept(
                                                 "L0.H1", stderr=se)])
 
     enforcer = Canned(spec.contract, enforcement_data(compiled), levers, config)
-    state = SimpleNamespace(step=0, model=compiled.model, extra={}, stop=False, out_dir=None,
-                            rank=0, config=spec.train)
+    state = trainer_state(compiled.model, spec.train)
     state.extra["enforce"] = {"history": [], "multipliers": {"0": 1.0}, "chosen": {},
                               "clauses": {}}
     multipliers = []

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from enforcer_points import trainer_state
 
 from headwise import ModelConfig, build_model
 from headwise.contract import (
@@ -117,8 +118,7 @@ def test_a_new_kind_is_one_entry() -> None:
     lever = planned.levers[1]
     assert lever is not None and lever.objectives[0] in planned.objectives
     enforcer = Enforcer(contract, VerifyData(tasks={"copy": batch}), planned.levers)
-    state = SimpleNamespace(step=5, model=model, extra={}, stop=False, out_dir=None, rank=0,
-                            config=SimpleNamespace(steps=10, eval_every=5))
+    state = trainer_state(model, SimpleNamespace(steps=10, eval_every=5), step=5)
     enforcer(state)  # type: ignore[arg-type]
     record = EnforcementRecord.of(state.extra)
     eta = EnforceConfig().eta  # the failing clause's multiplier steps by eta x its violation
