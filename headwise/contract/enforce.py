@@ -209,7 +209,9 @@ class Enforcer:
                     record.assisted[index] = state.step
                 on = index in record.assisted and lambdas[index] > 0
                 for obj in lever.assists:
-                    obj.weight = assist if on else 0.0
+                    follows = lever.follows.get(obj.name)
+                    pulls = follows is None or follows.pulls(record.chosen)
+                    obj.weight = assist if on and pulls else 0.0
             if lever.desaturation:
                 on = self._desaturate(record, lever, r, state)
                 for obj in lever.desaturation:

@@ -288,6 +288,29 @@ class LeverKind(str, Enum):
     STRUCTURAL = "structural"  # nothing to train: the run's structure decides the clause
 
 
+@dataclass(frozen=True)
+class Follows:
+    """An assist that is one of several heads an ``any_of`` score clause may drive for the
+    same role: it pulls only while that clause drives its head, so the assist and the clause
+    build the role on one head, not on two. Until the clause has chosen one of ``options``
+    (or where it chose a head outside them), the first of ``options`` pulls.
+
+    Attributes:
+        clause: the ``any_of`` clause's index (``EnforcementRecord.chosen`` is keyed by it).
+        head: this assist's head, ``L1.H0``.
+        options: the heads of the assist's layer the clause may drive, first the default.
+    """
+
+    clause: int
+    head: str
+    options: tuple[str, ...]
+
+    def pulls(self, chosen: Mapping[int, str]) -> bool:
+        """Whether this assist's head is the one to pull, given the heads chosen so far."""
+        pick = chosen.get(self.clause)
+        return self.head == (pick if pick in self.options else self.options[0])
+
+
 @dataclass
 class ClauseLever:
     """A clause's lever: ``objectives`` whose weight is ``multiplier * scale`` (at most ``cap``).
@@ -299,10 +322,12 @@ class ClauseLever:
     a second stage, else 0. ``assists``: objectives the enforcer switches on (at
     ``EnforceConfig.assist_weight`` times the task loss's weight, 1 + the weight of
     ``objectives[0]``) once the clause fails and has stopped improving (a task floor's
-    circuit assists). ``desaturation``: an idle entropy floor (``Desaturation``) the enforcer
-    switches on, at the same weight as the assists, where a task floor fails, its task has
-    learned nothing from its input and one of its heads is saturated where the answers are
-    read, and off once the task has learned (``Enforcer._desaturate``).
+    circuit assists); ``follows``: per assist's name, where the head it pulls is the choice
+    of an ``any_of`` clause (``Follows``). ``desaturation``: an idle entropy floor
+    (``Desaturation``) the enforcer switches on, at the same weight as the assists, where a
+    task floor fails, its task has learned nothing from its input and one of its heads is
+    saturated where the answers are read, and off once the task has learned
+    (``Enforcer._desaturate``).
     ``perturbs``: the tasks whose examples the lever degrades
     (an ablation lever ablates heads on them), so it backs off while a floor on one of them
     fails (``Enforcer.dual_step``). ``unit``: set by ``plan`` for a lever whose objectives
@@ -324,6 +349,7 @@ class ClauseLever:
     loss_terms: list[Objective] = field(default_factory=list)
     loss_from: float = 0.0
     assists: list[Objective] = field(default_factory=list)
+    follows: dict[str, Follows] = field(default_factory=dict)
     desaturation: list[Desaturation] = field(default_factory=list)
     perturbs: frozenset[str] = frozenset()
     unit: float | None = None

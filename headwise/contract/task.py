@@ -28,7 +28,7 @@ from headwise.contract import fields, path, score
 from headwise.contract.certify import examples_if_perfect, task_clause_bound
 from headwise.contract.clause import METRICS, UNIT_METRICS, Clause, holds, number_or_none
 from headwise.contract.kind import ClauseKind, ParseContext
-from headwise.contract.lever import ClauseLever, LeverKind, PlanContext
+from headwise.contract.lever import ClauseLever, Follows, LeverKind, PlanContext, names
 from headwise.contract.results import Bound, ClauseResult, VerifyData
 from headwise.control.objectives import Desaturation, PatternObjective
 from headwise.control.task_levers import TaskLossWeight
@@ -114,14 +114,20 @@ class TaskKind(ClauseKind):
                       f"enforce:task-weight[{clause.task}][{clause.path}]")
         lever = ClauseLever(LeverKind.TASK_WEIGHT, f"extra loss weight on {clause.task}", [obj])
         assists = _assists(ctx, clause)
+        for role, options, chooser in assists:
+            for h in options:
+                obj = ctx.add(ctx.on_task(PatternObjective(ctx.model, ctx.heads(h), role,
+                                                           kind="ce"), clause.task),
+                              f"enforce:assist:{role}[{h}][{clause.path}]")
+                lever.assists.append(obj)
+                if chooser is not None:
+                    lever.follows[obj.name] = Follows(chooser.index, str(h),
+                                                      tuple(str(o) for o in options))
         if assists:
-            lever.assists = [ctx.add(ctx.on_task(PatternObjective(ctx.model, ctx.heads(h),
-                                                                  role, kind="ce"),
-                                                 clause.task),
-                                     f"enforce:assist:{role}[{h}][{clause.path}]")
-                             for role, h in assists]
-            lever.description += ("; if it stops improving, the task's circuit: "
-                                  + ", ".join(f"{role} on {h}" for role, h in assists))
+            lever.description += "; if it stops improving, the task's circuit: " + ", ".join(
+                f"{role} on {options[0]}" if chooser is None else
+                f"{role} on the one of {names(options)} {chooser.path} drives"
+                for role, options, chooser in assists)
         left_out = ctx.fixed | _shaped(ctx.contract)
         free = [h for h in (Head(layer, head) for layer in range(ctx.n_layers)
                             for head in range(ctx.n_heads)) if h not in left_out]
@@ -145,19 +151,24 @@ def metric_range(metric: str) -> tuple[float, float]:
     return (0.0, 1.0) if metric in UNIT_METRICS else (0.0, math.inf)
 
 
-def _assists(ctx: PlanContext, clause: Clause) -> list[tuple[str, Head]]:
+def _assists(ctx: PlanContext, clause: Clause) -> list[tuple[str, list[Head], Clause | None]]:
     """The task's circuit placed on heads the contract leaves to it: for each ``(role,
     layer)``, the head a path clause on the task implies that role for (``path.implied_roles``:
     the floor builds the circuit the contract names), else the first head of that layer that
     no clause names and no mask fixes, else the
     first whose every clause asks it for that very role (a score floor on ``role``: the
-    assist pulls the way the contract does). None when a layer has no such head, the model is
-    too shallow, or the task has no circuit (none declared, and none of its training examples
-    propose: ``RunStructure.circuits``)."""
+    assist pulls the way the contract does). Where those asked heads are several that one
+    ``any_of`` floor on the role chooses among, the assist follows that clause's choice
+    (``Follows``): it pulls the head the clause drives, not a second one (on
+    kv_retrieval_circuit_3l at seed 3 an assist on L1.H0 beside the clause's L1.H1 left
+    both at the induction plateau for 1,300 steps: docs/benchmarks.md). Each entry is
+    ``(role, heads, the clause followed or None)``, one head unless one is followed. None
+    when a layer has no such head, the model is too shallow, or the task has no circuit (none
+    declared, and none of its training examples propose: ``RunStructure.circuits``)."""
     circuit = ctx.structure.circuits.get(clause.task or "", ())
     implied = {(role, h) for c in ctx.contract if c.entry is path.KIND and c.task == clause.task
                for role, h in path.implied_roles(ctx, c.edges[0], clause.task or "")}
-    out = []
+    out: list[tuple[str, list[Head], Clause | None]] = []
     for role, layer in circuit:
         if layer >= ctx.n_layers:
             return []
@@ -165,9 +176,18 @@ def _assists(ctx: PlanContext, clause: Clause) -> list[tuple[str, Head]]:
         on_path = [h for h in heads if (role, h) in implied]
         free = [h for h in heads if h not in ctx.named]
         asked = [h for h in heads if h in ctx.named and _asks_only(ctx.contract, h, role)]
-        if not on_path + free + asked:
+        if on_path or free:
+            out.append((role, [(on_path + free)[0]], None))
+            continue
+        if not asked:
             return []
-        out.append((role, (on_path + free + asked)[0]))
+        chooser = next((c for c in ctx.contract if c.quantifier == "any_of"
+                        and c.entry is score.KIND and c.score == role
+                        and sum(h in c.heads for h in asked) > 1), None)
+        if chooser is None:
+            out.append((role, asked[:1], None))
+        else:
+            out.append((role, [h for h in asked if h in chooser.heads], chooser))
     return out
 
 

@@ -305,9 +305,17 @@ def test_a_floor_that_stops_improving_switches_its_circuit_assists_on() -> None:
 
 
 @pytest.mark.parametrize(("clauses", "expected"), [
-    # every head of L0-1 named, by floors on the circuit's own roles: the assists share them
+    # every head of L0-1 named, by floors on the circuit's own roles: the assists share them,
+    # one objective per head the clause may drive (which pulls follows its choice: below)
     ("  - {any_of: L0.*, score: previous_token, at_least: 0.8}\n"
      "  - {any_of: L1.*, score: induction, at_least: 0.5}\n",
+     [("previous_token", "L0.H0"), ("previous_token", "L0.H1"), ("induction", "L1.H0"),
+      ("induction", "L1.H1")]),
+    # floors on single heads choose nothing: the first asked head of each layer
+    ("  - {head: L0.H1, score: previous_token, at_least: 0.8}\n"
+     "  - {head: L0.H0, score: previous_token, at_least: 0.8}\n"
+     "  - {head: L1.H1, score: induction, at_least: 0.5}\n"
+     "  - {head: L1.H0, score: induction, at_least: 0.5}\n",
      [("previous_token", "L0.H0"), ("induction", "L1.H0")]),
     # a head asked for another role, or capped on this one, is not the circuit's to use
     ("  - {head: L0.H0, score: first_token, at_least: 0.5}\n"
@@ -327,6 +335,50 @@ def test_circuit_assists_use_heads_the_contract_leaves_to_them(clauses, expected
     floor = next(lv for lv in levers.values()
                  if lv is not None and lv.kind is LeverKind.TASK_WEIGHT)
     assert [(o.target, str(o.heads)) for o in floor.assists] == expected  # type: ignore[attr-defined]
+
+
+def test_an_assist_pulls_the_head_its_any_of_clause_drives() -> None:
+    """Where the circuit's role falls on heads an ``any_of`` floor on that role chooses among,
+    the assist pulls the head the clause drives once it has chosen (the first before), so the
+    assist and the clause build the role on one head."""
+    from headwise.contract import EnforceConfig, Enforcer
+    from headwise.contract.lever import Follows
+    from headwise.contract.results import ClauseResult, ContractResult
+
+    spec = load_spec(KV.replace("n_heads: 4", "n_heads: 2").replace(
+        "contract:\n  - {any_of: L0.H0-1, score: previous_token, at_least: 0.5}\n",
+        "contract:\n  - {any_of: L0.*, score: previous_token, at_least: 0.8}\n"
+        "  - {any_of: L1.*, score: induction, at_least: 0.5}\n"))
+    compiled = compile_spec(spec)
+    config = EnforceConfig(assist_patience=1)
+    levers = plan(compiled.model, spec.contract, compiled.structure, config=config).levers
+    floor = levers[2]
+    assert floor is not None
+    heads = [str(o.heads) for o in floor.assists]  # type: ignore[attr-defined]
+    assert [floor.follows[o.name] for o in floor.assists] == [
+        Follows(0, "L0.H0", ("L0.H0", "L0.H1")), Follows(0, "L0.H1", ("L0.H0", "L0.H1")),
+        Follows(1, "L1.H0", ("L1.H0", "L1.H1")), Follows(1, "L1.H1", ("L1.H0", "L1.H1"))]
+    assert "induction on the one of L1.H0,L1.H1 contract[1] drives" in floor.description
+    # before a choice, or with one outside its options, the first option pulls
+    assert [f.pulls({}) for f in floor.follows.values()] == [True, False, True, False]
+    assert [f.pulls({1: "L2.H0"}) for f in floor.follows.values()][2:] == [True, False]
+
+    class Canned(Enforcer):  # L0.H1 and L1.H1 decide their clauses; retrieval stalls
+        def measure(self, state: object) -> ContractResult:
+            return ContractResult([
+                ClauseResult(spec.contract[0], True, 0.9, ">= 0.8", "L0.H1"),
+                ClauseResult(spec.contract[1], False, 0.3, ">= 0.5", "L1.H1"),
+                ClauseResult(spec.contract[2], False, 0.3, ">= 0.9", "the model")])
+
+    enforcer = Canned(spec.contract, enforcement_data(compiled), levers, config)
+    points = enforcement_points(
+        enforcer, compiled.model, spec.train, (5, 10, 15),
+        lambda state: ({h: o.weight for h, o in zip(heads, floor.assists, strict=True)},
+                       dict(state.extra["enforce"]["chosen"])))
+    weights, chosen = points[-1]
+    assert chosen == {"0": "L0.H1", "1": "L1.H1"}
+    assert weights["L0.H0"] == weights["L1.H0"] == 0.0
+    assert weights["L0.H1"] == weights["L1.H1"] > 0.0  # on, weighted like the task's loss
 
 
 def test_a_failing_floor_backs_off_only_the_levers_that_degrade_its_task() -> None:
