@@ -456,7 +456,8 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
             item.update(best_value=best.get("value"), best_step=best.get("step"),
                         saturated=saturated,
                         advice=unlearned.get(task_of.get(index) or "")
-                        or _advice(track, saturated, at, index))
+                        or _advice(track, saturated, at, index,
+                                   record.assisted.get(index)))
         clauses.append(item)
     acted = any(c.multiplier for p in history  # a lever weighted at some point
                 for c in p.clauses.values())
@@ -481,12 +482,15 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
 
 
 def _advice(track: ClauseTrack, saturated: bool, kept: EvalPoint | None,
-            index: int) -> str:
+            index: int, assisted: int | None = None) -> str:
     """What would help a clause that fails on the verification set, in words: where the kept
     model held it on the enforcement set, the two sets disagree; else its lever's state says.
     (A clause that held only at an earlier point, before the task was learned for one, is no
-    disagreement between the sets.) A clause on a task that learned nothing from its input
-    is told so instead (``task.did_not_learn``)."""
+    disagreement between the sets.) A clause whose circuit assists switched on (at step
+    ``assisted``: it had stalled) waited on a circuit in which one head reads another's
+    output, which forms sooner at a lower learning rate (docs/contracts.md, "Circuit
+    assists"). A clause on a task that learned nothing from its input is told so instead
+    (``task.did_not_learn``)."""
     if track.lever is None:
         return ("no lever moves it: change the spec (a structural mask, a gate or an "
                 "objective on the head), or drop the clause")
@@ -494,6 +498,10 @@ def _advice(track: ClauseTrack, saturated: bool, kept: EvalPoint | None,
         return ("it held on the enforcement set but not on the verification set: raise "
                 "enforce.confidence, or hold out more data (data.eval_examples, a corpus "
                 "task's eval_fraction) so both sets measure it closer")
+    if assisted is not None:
+        return (f"it stalled and its task's circuit was assisted from step {assisted}: a "
+                "circuit whose head reads another head's output forms sooner at a lower "
+                "train.lr (half the rate, say), or give it more steps (--enforce-budget)")
     if saturated:
         return ("its lever saturated: a structural lever (a mask or a gate on the head), a "
                 "larger budget, or a larger enforce.lambda_max / p_max / pace_max")

@@ -457,6 +457,13 @@ def test_advice_reads_the_kept_point_not_an_early_vacuous_hold() -> None:
                                clauses={0: track})
     (item,) = summary(record, final, 300, 300)["clauses"]
     assert item["saturated"] and item["advice"].startswith("its lever saturated")
+    # its circuit assisted (it stalled): the rate, not the lever, is what to change
+    record.assisted = {0: 150}
+    (item,) = summary(record, final, 300, 300)["clauses"]
+    assert item["advice"].startswith("it stalled and its task's circuit was assisted from "
+                                     "step 150: a circuit whose head reads another head's "
+                                     "output forms sooner at a lower train.lr")
+    record.assisted = {}
     record.history = [point(10, False, False), point(300, True, False)]
     (item,) = summary(record, final, 300, 300)["clauses"]
     assert item["advice"].startswith("it held on the enforcement set but not on the "
