@@ -482,7 +482,7 @@ def summary(record: EnforcementRecord, final: ContractResult, steps_done: int,
 
 
 def _advice(track: ClauseTrack, saturated: bool, kept: EvalPoint | None,
-            index: int, assisted: int | None = None) -> str:
+            index: int, assisted: int | None) -> str:
     """What would help a clause that fails on the verification set, in words: where the kept
     model held it on the enforcement set, the two sets disagree; else its lever's state says.
     (A clause that held only at an earlier point, before the task was learned for one, is no

@@ -30,7 +30,7 @@ from headwise.contract.clause import METRICS, UNIT_METRICS, Clause, holds, numbe
 from headwise.contract.kind import ClauseKind, ParseContext
 from headwise.contract.lever import ClauseLever, Follows, LeverKind, PlanContext, names
 from headwise.contract.results import Bound, ClauseResult, VerifyData
-from headwise.control.objectives import Desaturation, PatternObjective
+from headwise.control.objectives import Desaturation, PatternObjective, StandbyPattern
 from headwise.control.task_levers import TaskLossWeight
 from headwise.data import IGNORE
 from headwise.errors import SpecError
@@ -115,9 +115,10 @@ class TaskKind(ClauseKind):
         lever = ClauseLever(LeverKind.TASK_WEIGHT, f"extra loss weight on {clause.task}", [obj])
         assists = _assists(ctx, clause)
         for role, options, chooser in assists:
-            for h in options:
-                obj = ctx.add(ctx.on_task(PatternObjective(ctx.model, ctx.heads(h), role,
-                                                           kind="ce"), clause.task),
+            for i, h in enumerate(options):  # every candidate but the first waits, idle
+                cls = PatternObjective if i == 0 else StandbyPattern
+                obj = ctx.add(ctx.on_task(cls(ctx.model, ctx.heads(h), role, kind="ce"),
+                                          clause.task),
                               f"enforce:assist:{role}[{h}][{clause.path}]")
                 lever.assists.append(obj)
                 if chooser is not None:

@@ -462,3 +462,17 @@ class Desaturation(EntropyBound):
 __all__ = ["EPS", "LOSS_KINDS", "TARGETS", "Desaturation", "EntropyBound", "FFNPenalty",
            "HeadDiversity", "Objective", "PatternObjective", "RoleBound", "masked_mean",
            "pattern_target", "row_loss"]
+
+
+class StandbyPattern(PatternObjective):
+    """A pattern objective left out of every step at weight 0 (``idle``): one of several
+    candidate heads for a role of which the contract enforcer pulls one (a circuit assist on
+    the heads an ``any_of`` clause chooses among, ``headwise.contract.lever.Follows``). The
+    candidates it does not pull cost no step; idleness follows the weight, which checkpoints
+    store, so a resumed run leaves out the same ones."""
+
+    @property
+    def idle(self) -> bool:
+        """Whether the step leaves it out (``headwise.control.objective.sits_out``)."""
+        return self.weight == 0.0
+

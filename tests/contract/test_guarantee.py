@@ -344,6 +344,7 @@ def test_an_assist_pulls_the_head_its_any_of_clause_drives() -> None:
     from headwise.contract import EnforceConfig, Enforcer
     from headwise.contract.lever import Follows
     from headwise.contract.results import ClauseResult, ContractResult
+    from headwise.control.objective import sits_out
 
     spec = load_spec(KV.replace("n_heads: 4", "n_heads: 2").replace(
         "contract:\n  - {any_of: L0.H0-1, score: previous_token, at_least: 0.5}\n",
@@ -359,6 +360,8 @@ def test_an_assist_pulls_the_head_its_any_of_clause_drives() -> None:
         Follows(0, "L0.H0", ("L0.H0", "L0.H1")), Follows(0, "L0.H1", ("L0.H0", "L0.H1")),
         Follows(1, "L1.H0", ("L1.H0", "L1.H1")), Follows(1, "L1.H1", ("L1.H0", "L1.H1"))]
     assert "induction on the one of L1.H0,L1.H1 contract[1] drives" in floor.description
+    # at weight 0 every candidate but the first sits out of the step: nothing computed for it
+    assert [sits_out(o) for o in floor.assists] == [False, True, False, True]
     # before a choice, or with one outside its options, the first option pulls
     assert [f.pulls({}) for f in floor.follows.values()] == [True, False, True, False]
     assert [f.pulls({1: "L2.H0"}) for f in floor.follows.values()][2:] == [True, False]
@@ -379,6 +382,7 @@ def test_an_assist_pulls_the_head_its_any_of_clause_drives() -> None:
     assert chosen == {"0": "L0.H1", "1": "L1.H1"}
     assert weights["L0.H0"] == weights["L1.H0"] == 0.0
     assert weights["L0.H1"] == weights["L1.H1"] > 0.0  # on, weighted like the task's loss
+    assert [sits_out(o) for o in floor.assists] == [False, False, False, False]
 
 
 def test_a_failing_floor_backs_off_only_the_levers_that_degrade_its_task() -> None:
