@@ -117,6 +117,11 @@ def enforcement_table(summary: dict[str, Any]) -> Table:
     if paced:
         title += "; learning rate x " + ", ".join(
             f"{p['pace']:g} from step {p['step']}" for p in paced)
+    from headwise.report.sections import describe_attempts
+
+    attempts = describe_attempts(summary)
+    if attempts is not None:
+        title = f"{attempts}. Of attempt {summary.get('attempt')}: {title}"
     table = Table(title=title)
     for col in ("#", "clause", "lever", "multiplier", "first failed", "held from"):
         table.add_column(col)

@@ -172,6 +172,11 @@ class EnforceConfig:
             at which every clause did (else the last at which the contract held). 0.5: the
             bare bound.
 
+        retries: how many times a run whose kept model is not certified on the enforcement
+            set at the end of its budget trains again, from its initial weights at half the
+            previous attempt's learning rate; the run keeps the attempt whose kept model
+            reached the highest tier there (``headwise.contract.retry``). 0: never.
+
     Raises:
         ConfigError: a value out of range or carrier stages not in ``CARRIER_STAGES`` (the
             message names the field).
@@ -191,8 +196,12 @@ class EnforceConfig:
     eta_batch: float = 0.1
     pace_max: float = 8.0
     every: int | None = None
+    retries: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) \
+                or self.retries < 0:
+            raise field_error("retries", self.retries, "an integer >= 0")
         if self.every is not None and (isinstance(self.every, bool)
                                        or not isinstance(self.every, int) or self.every < 1):
             raise field_error("every", self.every, "an integer >= 1 (steps), or null")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,12 @@ from headwise.contract import (
 )
 from headwise.contract.clause_watch import ClauseWatch
 from headwise.contract.evidence import GROWTH, pilot_examples
+from headwise.contract.retry import (
+    RETRY_LR_FACTOR,
+    attempt_tier_name,
+    best_attempt,
+    retry_due,
+)
 from headwise.errors import SpecError
 from headwise.forecast.clauses import load_clause_forecasters
 from headwise.forecast.roles import Forecaster, load_forecaster
@@ -58,10 +65,17 @@ from headwise.pipeline.run_analysis import (
     run_role_table,
 )
 from headwise.pipeline.run_data import with_stored_data
-from headwise.pipeline.run_dir import is_main_process, prepare_run_dir, write_json, write_outcome
+from headwise.pipeline.run_dir import (
+    RETRIES,
+    holds_work,
+    is_main_process,
+    prepare_run_dir,
+    write_json,
+    write_outcome,
+)
 from headwise.pipeline.run_tokenizer import with_stored_tokenizer
 from headwise.runspec import Spec
-from headwise.runspec.overrides import load_spec_with
+from headwise.runspec.overrides import load_spec_with, text_with_overrides
 from headwise.training import TrainConfig, TrainResult, train
 from headwise.training.device import check_device_name, model_device, place
 from headwise.training.progress import EvalLines
@@ -129,11 +143,78 @@ def train_run(spec_source: str | Path, out: str | Path,
     if opts.forecaster is not None and not opts.forecast_every:
         raise SpecError("--forecaster: only used with --forecast-every")
     watch_with = read_forecaster(opts.forecaster) if opts.forecast_every else None
+    contract, config = spec.contract, opts.enforce_config or spec.enforce
+    setup = _set_up(spec, opts, config, watch_with)
+    main = is_main_process()
+    with hold_lock(out) if main else contextlib.nullcontext():  # one writer per run
+        info = _prepare(out, spec, spec_source, resume, opts) if main else {}
+        attempts = [_train_attempt(setup, out, resume, opts, info, main)]
+        while setup.enforcing is not None and _one_process(spec) and retry_due(
+                [a.record for a in attempts], config):
+            again = _retry_spec(spec, len(attempts))
+            where = out / RETRIES / str(len(attempts))
+            go_on = resume and holds_work(where)
+            if opts.progress and main:
+                print(f"the contract is not certified on the enforcement set: training "
+                      f"again from the initial weights at train.lr={again.train.lr:g} "
+                      f"({where})", flush=True)
+            child = _prepare(where, again, spec_source, go_on, opts) if main else {}
+            attempts.append(_train_attempt(_set_up(again, opts, config, watch_with), where,
+                                           go_on, opts, child, main))
+        chosen = attempts[best_attempt([a.record for a in attempts])]
+        if main and chosen.out != out:  # the run's weights are the chosen attempt's
+            save_weights(chosen.compiled.model, out / "model.safetensors")
+        verdict, examples = _verify_trained(chosen.compiled, contract,
+                                            setup.enforcing is not None)
+        enforcement = None
+        if setup.enforcing is not None and verdict is not None:
+            enforcement = summary(chosen.record, verdict, chosen.result.step, chosen.step)
+            if len(attempts) > 1:
+                enforcement["attempts"] = [_attempt_entry(a, out) for a in attempts]
+                enforcement["attempt"] = attempts.index(chosen) + 1
+        if main:
+            write_json(out / "run.json", {**info, "step": chosen.step,
+                                          "trained_steps": chosen.result.step,
+                                          "verify_examples": examples,
+                                          "checkpoints": checkpoint_seals(out)})
+            write_outcome(out, verdict, enforcement)
+    return RunOutcome(out, chosen.compiled, chosen.result, verdict, enforcement)
+
+
+@dataclass
+class _SetUp:
+    """One attempt's model, levers and training settings, before it trains."""
+
+    compiled: Compiled
+    planned: Plan | None
+    enforcing: Enforcer | None
+    train_config: TrainConfig
+    callbacks: list[Callable[[Any], None]]
+
+
+@dataclass
+class _Attempt:
+    """One trained attempt: its directory, its model (the kept weights restored), the step
+    those weights are from and its enforcement record."""
+
+    out: Path
+    compiled: Compiled
+    result: TrainResult
+    step: int
+    record: EnforcementRecord
+
+
+def _set_up(spec: Spec, opts: RunOptions, config: EnforceConfig,
+            watch_with: Forecaster | None) -> _SetUp:
+    """Compile ``spec``, plan its contract and attach enforcement and the forecast watches.
+
+    Raises:
+        SpecError: as ``_plan``; ``enforce.stop: end`` on sharded training.
+    """
     compiled = compile_spec(spec)
     place(compiled.model, spec.train.device,
           "--device" if opts.device is not None else "train.device")
     contract = spec.contract
-    config = opts.enforce_config or spec.enforce
     data = enforcement_data(compiled)  # on the training device: enforcement measures mid-run
     planned = _plan(compiled, contract, data, opts, config)
     train_config = _budgeted(spec.train, opts.enforce_budget or 1.0)
@@ -148,35 +229,58 @@ def train_run(spec_source: str | Path, out: str | Path,
     if watch_with is not None:
         callbacks += _forecast_watch(compiled, data, contract, opts, train_config.steps,
                                      watch_with, enforcing is not None, planned)
-    main = is_main_process()
-    levers = planned.objectives if enforcing is not None and planned is not None else []
+    return _SetUp(compiled, planned, enforcing, train_config, callbacks)
+
+
+def _train_attempt(setup: _SetUp, out: Path, resume: bool, opts: RunOptions,
+                   info: dict[str, Any], main: bool) -> _Attempt:
+    """Train one attempt into ``out`` (resuming it from its latest checkpoint with
+    ``resume``) and put its kept model back."""
+    compiled, enforcing, train_config = setup.compiled, setup.enforcing, setup.train_config
+    levers = setup.planned.objectives if enforcing is not None and setup.planned else []
     objectives = [*compiled.objectives, *levers]
-    with hold_lock(out) if main else contextlib.nullcontext():  # one writer per run
-        info = _prepare(out, spec, spec_source, resume, opts) if main else {}
-        if opts.progress and main:
-            callbacks.append(EvalLines(train_config.steps, _clauses_held))
-        if train_config.checkpoint_every and train_config.eval_every:  # the report's trajectory
-            callbacks.append(CheckpointRoleTables(verification_data(compiled)))
-        result = train(compiled.model, compiled.data, train_config, out_dir=out,
-                       objectives=objectives, callbacks=callbacks,
-                       optimizer_hooks=compiled.optimizer_hooks, resume=resume,
-                       eval_data=compiled.eval_data, progress=opts.progress, figures=FIGURES,
-                       extra={RUN_ENTRY: info} if main else None)
-        step = result.step
-        record = EnforcementRecord.of(result.extra)
-        if enforcing is not None:
-            step = enforcing.restore_kept(compiled.model, out, record, result.step)
-            if main and step != result.step:  # the run's weights are the kept model's
-                save_weights(compiled.model, out / "model.safetensors")
-        verdict, examples = _verify_trained(compiled, contract, enforcing is not None)
-        enforcement = (summary(record, verdict, result.step, step)
-                       if enforcing is not None and verdict is not None else None)
-        if main:
-            write_json(out / "run.json", {**info, "step": step, "trained_steps": result.step,
-                                          "verify_examples": examples,
-                                          "checkpoints": checkpoint_seals(out)})
-            write_outcome(out, verdict, enforcement)
-    return RunOutcome(out, compiled, result, verdict, enforcement)
+    callbacks = list(setup.callbacks)
+    if opts.progress and main:
+        callbacks.append(EvalLines(train_config.steps, _clauses_held))
+    if train_config.checkpoint_every and train_config.eval_every:  # the report's trajectory
+        callbacks.append(CheckpointRoleTables(verification_data(compiled)))
+    result = train(compiled.model, compiled.data, train_config, out_dir=out,
+                   objectives=objectives, callbacks=callbacks,
+                   optimizer_hooks=compiled.optimizer_hooks, resume=resume,
+                   eval_data=compiled.eval_data, progress=opts.progress, figures=FIGURES,
+                   extra={RUN_ENTRY: info} if main else None)
+    step = result.step
+    record = EnforcementRecord.of(result.extra)
+    if enforcing is not None:
+        step = enforcing.restore_kept(compiled.model, out, record, result.step)
+        if main and step != result.step:  # the run's weights are the kept model's
+            save_weights(compiled.model, out / "model.safetensors")
+    return _Attempt(out, compiled, result, step, record)
+
+
+def _one_process(spec: Spec) -> bool:
+    """Whether the run trains in one process with no process group (not under ``torchrun``,
+    not ``train.parallel: fsdp``): only such a run trains again (``train`` sets the group up
+    and tears it down once per process)."""
+    return (int(os.environ.get("WORLD_SIZE", "1")) <= 1
+            and spec.train.parallel in (None, "none"))
+
+
+def _retry_spec(spec: Spec, done: int) -> Spec:
+    """The spec of the attempt after ``done`` attempts: ``train.lr`` halved for each
+    (``headwise.contract.retry``), the rest as the run's own."""
+    lr = spec.train.lr * RETRY_LR_FACTOR ** done
+    return dataclasses.replace(
+        spec, train=dataclasses.replace(spec.train, lr=lr),
+        text=text_with_overrides(spec.text, "spec.yaml", [f"train.lr={lr!r}"]))
+
+
+def _attempt_entry(attempt: _Attempt, out: Path) -> dict[str, Any]:
+    """One attempt's line in ``enforcement.json``: where it trained, at which rate, its steps
+    and the tier of its kept model on the enforcement set."""
+    return {"dir": str(attempt.out.relative_to(out)) if attempt.out != out else ".",
+            "lr": attempt.compiled.spec.train.lr, "steps": attempt.result.step,
+            "kept_step": attempt.step, "kept_as": attempt_tier_name(attempt.record)}
 
 
 def _plan(compiled: Compiled, contract: Contract, data: VerifyData, opts: RunOptions,

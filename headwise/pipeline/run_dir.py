@@ -12,7 +12,9 @@ contract held, ``headwise.contract.kept``), the tokenizer it reads (``tokenizer.
 files beside it: ``headwise.pipeline.run_tokenizer``), its data files
 (``data.<i>.<name>``: ``headwise.pipeline.run_data``), ``report.json``, ``report.html`` and
 ``.headwise.lock`` (the writer's lock, ``headwise.atomic.hold_lock``: one process writes a run
-at a time).
+at a time), and ``retries/<n>/`` where an enforced run trained again (``headwise.contract.retry``):
+that attempt's own ``spec.yaml``, ``run.json``, checkpoints, ``metrics.jsonl`` and weights (the
+run directory's model, verdict and ``enforcement.json`` are those of the attempt kept).
 
 Lifecycle: ``--resume`` continues the same run (its recorded flags) from the latest checkpoint
 or refuses (exit 2) when there is none; it never retrains over a run. A directory left by a run
@@ -42,6 +44,7 @@ from headwise.training.manifest import MANIFEST, write_manifest
 RUN_FILES = ("spec.yaml", "run.json", "config.json", "model.safetensors", MANIFEST,
              "metrics.jsonl", "contract.json", "enforcement.json", "report.json", "report.html",
              KEPT)
+RETRIES = "retries"  # the directory of an enforced run's further attempts, one per attempt
 # Every file a run writes (its tokenizer copy too: a directory holding only such a file is no
 # run, but replacing a run replaces it).
 OWN_FILES = (*RUN_FILES, *TOKENIZER_FILES)
@@ -71,7 +74,7 @@ def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
     if resume and overwrite:
         raise SpecError("--resume and --overwrite: conflicting options; expected one of them "
                         "(--resume continues the run, --overwrite replaces it)")
-    own = (*OWN_FILES, *stored_data_names(out), "checkpoints")
+    own = (*OWN_FILES, *stored_data_names(out), "checkpoints", RETRIES)
     linked = linked_entries(out, own)
     if resume:
         if linked:
@@ -88,7 +91,7 @@ def prepare_run_dir(out: Path, spec: Spec, resume: bool, overwrite: bool,
         raise SpecError(f"{out}: already holds a run; pass --resume to continue it, "
                         "--overwrite to replace it, or choose another --out")
     remove_entries(out, own,  # links unlinked, never followed
-                   directories=("checkpoints",))
+                   directories=("checkpoints", RETRIES))
     try:
         out.mkdir(parents=True, exist_ok=True)
         # run.json first: a directory left with it alone is an interrupted run's (no work)

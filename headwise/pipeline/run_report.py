@@ -235,6 +235,15 @@ def read_enforcement(path: Path) -> dict[str, Any]:
             if not isinstance(clause.get(name), types) or isinstance(clause.get(name), bool):
                 raise bad(f"clauses[{i}].{name}", " or ".join(
                     "null" if t is type(None) else t.__name__ for t in types))
+    attempts = data.get("attempts")
+    if attempts is not None:
+        if not isinstance(attempts, list) or not all(
+                isinstance(a, dict) and isinstance(a.get("dir"), str)
+                and isinstance(a.get("lr"), (int, float)) and not isinstance(a.get("lr"), bool)
+                and isinstance(a.get("kept_as"), _OPT_STR) for a in attempts):
+            raise bad("attempts", "a list of objects with 'dir', 'lr' and 'kept_as'")
+        if type(data.get("attempt")) is not int or not 1 <= data["attempt"] <= len(attempts):
+            raise bad("attempt", f"an integer in [1, {len(attempts)}]")
     for i, point in enumerate(data["history"]):
         if type(point.get("step")) is not int or not isinstance(point.get("clauses"), dict) \
                 or not all(isinstance(k, str) and k.isdigit() and isinstance(v, dict)

@@ -58,6 +58,18 @@ def training_html(t: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
+def describe_attempts(summary: Mapping[str, Any]) -> str | None:
+    """One sentence on an enforced run's attempts, from its ``enforcement.json`` (``None``:
+    it trained once), for the terminal and the report."""
+    attempts = summary.get("attempts")
+    if not attempts:
+        return None
+    parts = [f"at train.lr={a['lr']:g} in {a['dir']} (kept model: "
+             f"{a['kept_as'] or 'never held'} on the enforcement set)" for a in attempts]
+    return (f"trained {len(attempts)} times from the same initial weights, "
+            + "; ".join(parts) + f"; the run keeps attempt {summary.get('attempt')}")
+
+
 def enforcement_html(e: Mapping[str, Any]) -> str:
     """What enforcement did: one row per clause (by its name), and each clause's violation and
     Lagrange multiplier at every evaluation point."""
@@ -70,6 +82,11 @@ def enforcement_html(e: Mapping[str, Any]) -> str:
                else "the contract did not hold there at any evaluation point") +
             ". The verdict above is measured on the verification set, which enforcement "
             "never read.</p>")
+    attempts = describe_attempts(e)
+    if attempts is not None:
+        html = (f"<p>{H.esc(attempts)}; what follows is that attempt's (the training curves "
+                "above are the first attempt's; each later one's are in its directory)."
+                "</p>" + html)
     failing = [(names[str(c["index"])], c.get("best_value"), c.get("best_step"),
                 "yes" if c.get("saturated") else "no", c.get("advice"))
                for c in e["clauses"] if c.get("holds_at_end") is False and "advice" in c]

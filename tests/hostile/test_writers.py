@@ -177,6 +177,26 @@ def test_report_refuses_a_malformed_enforcement_history_even_under_a_forged_mani
     assert len(err.splitlines()) == 1 and "enforcement.json: clauses[0].index: expected" in err
 
 
+@pytest.mark.parametrize(("attempts", "field"), [
+    ([{"dir": 3, "lr": 0.001, "kept_as": None}], "attempts"),
+    ([{"dir": ".", "lr": True, "kept_as": None}], "attempts"),
+    ("twice", "attempts"),
+    ([{"dir": ".", "lr": 0.001, "kept_as": None}], "attempt"),  # attempt 2 of 1
+])
+def test_report_refuses_malformed_attempts_even_under_a_forged_manifest(
+        trained: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        attempts: object, field: str) -> None:
+    _, run = trained
+    run = Path(shutil.copytree(run, tmp_path / "run"))
+    e = {"steps": 20, "held_at_step": None, "clauses": [], "history": []}  # well formed
+    (run / "enforcement.json").write_text(json.dumps({**e, "attempts": attempts, "attempt": 2}))
+    seal(run, ["enforcement.json"])
+    capsys.readouterr()
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"enforcement.json: {field}: expected" in err
+
+
 def test_export_never_replaces_an_adapter_or_deletes_before_checking(tmp_path: Path) -> None:
     adapter, hf = tmp_path / "adapter", tmp_path / "hf"
     export_hf(lora_model(CFG, 0), hf, peft=adapter)
