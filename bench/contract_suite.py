@@ -214,6 +214,10 @@ def table(results: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
         share = enf["verify_s"] / enf["wall_s"]
         on_enf = {True: "held", False: "failed", None: "never held"}[enf["held_enforcement_set"]]
         kept = f", kept {enf['kept_step']}" if enf["kept_step"] != enf["steps"] else ""
+        if enf.get("attempts"):  # trained again at half the rate (headwise.contract.retry)
+            steps = " + ".join(str(a["steps"]) for a in enf["attempts"])
+            rates = ", ".join(f"{a['lr']:g}" for a in enf["attempts"])
+            kept += f"; {steps} steps at lr {rates}, attempt {enf['attempt']} kept"
         lines.append(
             f"| {enf['spec']} | {enf.get('seed')} | {plain['held']}/{plain['n_clauses']} / "
             f"{enf['held']}/{enf['n_clauses']} (enforcement set: {on_enf}) | "

@@ -89,6 +89,9 @@ def run_one(spec: Path, enforce: bool, out: Path, config: Any = None, seed: int 
         "contract_certified": verdict.certified, "seed": seed, "fresh_seed": fresh,
         "capped_failing_at": capped_failing,
         "held_enforcement_set": at_kept.get("passed"),
+        "attempts": [{k: a[k] for k in ("lr", "steps", "kept_as")}
+                     for a in enforcement.get("attempts") or []],
+        "attempt": enforcement.get("attempt", 1),
         "clauses": [{"index": r.clause.index, "name": r.clause.label,
                      "kind": r.clause.kind, "threshold": r.clause.threshold_text(),
                      "measured": r.measured, "passed": r.passed, "state": r.state,
