@@ -49,7 +49,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--allow-unenforced", action="store_true", default=None,
                    help="with --enforce, accept clauses no lever can move (else exit 2)")
     p.add_argument("--enforce-budget", type=float, default=None, metavar="F",
-                   help="with --enforce, allow up to F x train.steps (1 to 1.3; default 1)")
+                   help="with --enforce, allow up to F x train.steps (1 to 1.3; default 1) "
+                        "per attempt (a run not certified trains again at half train.lr: "
+                        "enforce.retries)")
     p.add_argument("--no-report", action="store_true",
                    help="print the verdict and stop: no report.html (write it later with "
                         "`headwise report RUN`)")

@@ -501,7 +501,8 @@ def _advice(track: ClauseTrack, saturated: bool, kept: EvalPoint | None,
     if assisted is not None:
         return (f"it stalled and its task's circuit was assisted from step {assisted}: a "
                 "circuit whose head reads another head's output forms sooner at a lower "
-                "train.lr (half the rate, say), or give it more steps (--enforce-budget)")
+                "train.lr (each of enforce.retries more attempts halves it), or give it "
+                "more steps (--enforce-budget)")
     if saturated:
         return ("its lever saturated: a structural lever (a mask or a gate on the head), a "
                 "larger budget, or a larger enforce.lambda_max / p_max / pace_max")
