@@ -103,3 +103,24 @@ def test_a_run_killed_in_its_second_attempt_resumes_it_exactly(
     assert all(load_file(str(run / "model.safetensors"))[k].equal(v) for k, v in weights.items())
     assert all(load_file(str(retry / "model.safetensors"))[k].equal(v)
                for k, v in retried.items())
+
+
+@pytest.mark.parametrize(("world", "parallel", "alone"), [
+    (None, None, True), ("1", "none", True), ("2", None, False), (None, "fsdp", False)])
+def test_only_a_run_in_one_process_trains_again(
+        monkeypatch: pytest.MonkeyPatch, world: str | None, parallel: str | None,
+        alone: bool) -> None:
+    """Under torchrun (or sharded) ``train`` sets a process group up once per process, so a
+    second attempt is left to the user there."""
+    import dataclasses
+
+    from headwise.pipeline.run import _one_process
+    from headwise.runspec import load_spec
+
+    if world is None:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("WORLD_SIZE", world)
+    spec = load_spec(SPEC)
+    spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, parallel=parallel))
+    assert _one_process(spec) is alone
