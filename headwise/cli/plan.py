@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title=f"enforcement plan: {args.spec}",
                   caption=f"under --enforce the contract is measured on the enforcement set "
                           f"({spec.data.eval_examples} examples) every {every} steps of "
-                          f"{spec.train.steps} (enforce.every); the verdict on the "
-                          f"verification set ({_verify_size(spec)})")
+                          f"{spec.train.steps} (enforce.every); {_retries(spec)}; the "
+                          f"verdict on the verification set ({_verify_size(spec)})")
     for col in ("#", "clause", "kind", "bound", "measured on", "lever", "start weight"):
         table.add_column(col)
     for c in contract:
@@ -83,6 +83,17 @@ def _start_weight(lever: ClauseLever) -> str:
         return f"{lever.start:g}, fixed"
     cap = "" if lever.cap is None else f", cap {lever.cap:g}"
     return f"{lever.start:g} (multiplier x scale {lever.scale:g}{cap})"
+
+
+def _retries(spec: Spec) -> str:
+    """What a run not certified on the enforcement set does next (``enforce.retries``)."""
+    n = spec.enforce.retries
+    if not n:
+        return "one attempt (enforce.retries: 0)"
+    times = "once" if n == 1 else f"up to {n} times, each at half the last rate"
+    return ("not certified there at the end, it trains again from its initial weights at half "
+            f"train.lr, {times} (enforce.retries), and keeps the attempt that went furthest "
+            "there")
 
 
 def _verify_size(spec: Spec) -> str:

@@ -240,6 +240,8 @@ def test_enforce_refuses_a_clause_without_a_lever_unless_allowed(
     assert ("measured on the enforcement set (128 examples) every 10 steps of 20 "
             "(enforce.every)") in out
     assert "the verdict on the verification set (128 examples" in out
+    assert ("not certified there at the end, it trains again from its initial weights at half "
+            "train.lr, once (enforce.retries)") in out
     # --set applies to the spec plan reads, as train's does (here: a contract whose clause a
     # pattern objective moves)
     assert main(["plan", str(spec), "--set",
