@@ -66,7 +66,14 @@ from headwise.contract.lever import (
     ProbeSampler,
     RunStructure,
 )
-from headwise.contract.record import ENTRY, ClauseTrack, EnforcementRecord, EvalPoint, PointValues
+from headwise.contract.record import (
+    ENTRY,
+    KEPT_TIERS,
+    ClauseTrack,
+    EnforcementRecord,
+    EvalPoint,
+    PointValues,
+)
 from headwise.contract.results import ClauseResult, ContractResult, VerifyData
 from headwise.contract.verify import verify
 from headwise.control.objective import Objective
@@ -234,7 +241,7 @@ class Enforcer:
             if self.config.stop == "first_hold":  # training ends here: the final model
                 record.kept_step, state.stop = state.step, True
             elif _tier(point) >= _tier_of(record.kept_as):
-                record.kept_as = _TIERS[_tier(point)]
+                record.kept_as = KEPT_TIERS[_tier(point)]
                 self.kept.keep(state.model, state.out_dir, state.rank, record, state.step)
 
     def _certified(self, state: TrainState, result: ContractResult) -> bool:
@@ -366,7 +373,6 @@ class Enforcer:
             obj.weight = max(0.0, lam - lever.loss_from) if loss_term else weight
 
 
-_TIERS = ("held", "past every guard", "certified")  # what a kept point was, weakest first
 
 
 def _rose(before: PointValues | None, now: float, stderr: float | None) -> bool:
@@ -394,7 +400,7 @@ def _tier(point: EvalPoint) -> int:
 
 
 def _tier_of(kept_as: str | None) -> int:
-    return _TIERS.index(kept_as) if kept_as in _TIERS else 0
+    return KEPT_TIERS.index(kept_as) if kept_as in KEPT_TIERS else 0
 
 
 def _track(entry: ClauseTrack, result: ClauseResult, step: int) -> None:

@@ -16,6 +16,9 @@ from typing import Any
 
 ENTRY = "enforce"  # the record's entry in TrainState.extra
 
+# What a kept point was (``EnforcementRecord.kept_as``), weakest first.
+KEPT_TIERS = ("held", "past every guard", "certified")
+
 
 @dataclass
 class PointValues:
@@ -120,8 +123,8 @@ class EnforcementRecord:
         held_at: the first step at which the whole contract held.
         kept_step: the step whose weights the run keeps (``None``: none yet).
         kept_sha256: the kept weights file's digest (with a run directory).
-        kept_as: what the kept point was: ``"certified"`` (the contract certified on the
-            enforcement set), ``"past every guard"`` or ``"held"``.
+        kept_as: what the kept point was, one of ``KEPT_TIERS``: ``"certified"`` (the
+            contract certified on the enforcement set), ``"past every guard"`` or ``"held"``.
         pace_ceiling: the highest pace allowed from now on, once a faster one overshot
             (``None``: ``EnforceConfig.pace_max``).
     """

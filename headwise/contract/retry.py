@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from headwise.contract.lever import EnforceConfig
-from headwise.contract.record import EnforcementRecord
+from headwise.contract.record import KEPT_TIERS, EnforcementRecord
 
 RETRY_LR_FACTOR = 0.5  # each attempt's learning rate, per unit of the previous attempt's
-TIERS = (None, "held", "past every guard", "certified")  # a kept model's tier, weakest first
+TIERS = (None, *KEPT_TIERS)  # an attempt's kept model, weakest first (None: never held)
 
 
 def attempt_tier_name(record: EnforcementRecord) -> str | None:

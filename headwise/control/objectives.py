@@ -402,7 +402,28 @@ class EntropyBound(RoleBound):
         self.name = "entropy"
 
 
-class Desaturation(EntropyBound):
+class IdleAtZero:
+    """Left out of every step while its weight is 0 (``idle``, read by
+    ``headwise.control.objective.sits_out``): a lever the contract enforcer switches on and
+    off attaches no hooks and adds no term while off. Idleness follows the weight, which
+    checkpoints store, so a resumed run leaves out the same objectives."""
+
+    weight: float
+
+    @property
+    def idle(self) -> bool:
+        """Whether the step leaves it out."""
+        return self.weight == 0.0
+
+
+class StandbyPattern(IdleAtZero, PatternObjective):
+    """A pattern objective idle at weight 0: one of several candidate heads for a role of
+    which the contract enforcer pulls one (a circuit assist on the heads an ``any_of`` clause
+    chooses among, ``headwise.contract.lever.Follows``); the candidates it does not pull cost
+    no step."""
+
+
+class Desaturation(IdleAtZero, EntropyBound):
     """An entropy floor on a task's rows, left out of every step at weight 0 (``idle``): the
     contract enforcer's way off a saddle of saturated attention.
 
@@ -422,11 +443,6 @@ class Desaturation(EntropyBound):
                  weight: float = 1.0) -> None:
         super().__init__(model, heads, min=min, weight=weight)
         self.name = "desaturation"
-
-    @property
-    def idle(self) -> bool:
-        """Whether the step leaves it out (``headwise.control.objective.sits_out``)."""
-        return self.weight == 0.0
 
     def _rows(self, rows: Tensor) -> Tensor:
         rows = super()._rows(rows)
@@ -460,19 +476,6 @@ class Desaturation(EntropyBound):
 
 
 __all__ = ["EPS", "LOSS_KINDS", "TARGETS", "Desaturation", "EntropyBound", "FFNPenalty",
-           "HeadDiversity", "Objective", "PatternObjective", "RoleBound", "masked_mean",
-           "pattern_target", "row_loss"]
-
-
-class StandbyPattern(PatternObjective):
-    """A pattern objective left out of every step at weight 0 (``idle``): one of several
-    candidate heads for a role of which the contract enforcer pulls one (a circuit assist on
-    the heads an ``any_of`` clause chooses among, ``headwise.contract.lever.Follows``). The
-    candidates it does not pull cost no step; idleness follows the weight, which checkpoints
-    store, so a resumed run leaves out the same ones."""
-
-    @property
-    def idle(self) -> bool:
-        """Whether the step leaves it out (``headwise.control.objective.sits_out``)."""
-        return self.weight == 0.0
+           "HeadDiversity", "IdleAtZero", "Objective", "PatternObjective", "RoleBound",
+           "StandbyPattern", "masked_mean", "pattern_target", "row_loss"]
 

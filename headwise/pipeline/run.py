@@ -278,7 +278,7 @@ def _retry_spec(spec: Spec, done: int) -> Spec:
 def _attempt_entry(attempt: _Attempt, out: Path) -> dict[str, Any]:
     """One attempt's line in ``enforcement.json``: where it trained, at which rate, its steps
     and the tier of its kept model on the enforcement set."""
-    return {"dir": str(attempt.out.relative_to(out)) if attempt.out != out else ".",
+    return {"dir": str(attempt.out.relative_to(out)),
             "lr": attempt.compiled.spec.train.lr, "steps": attempt.result.step,
             "kept_step": attempt.step, "kept_as": attempt_tier_name(attempt.record)}
 

@@ -51,6 +51,9 @@ def test_enforce_turns_a_failing_contract_into_one_that_holds(
     assert verdict["passed"] and verdict["clauses"][0]["measured"] >= 0.9
     e = json.loads((run / "enforcement.json").read_text())
     assert e["enforced"] and e["contract_holds"]
+    # certified on the enforcement set at the spec's rate: one attempt, no retries/
+    assert e["kept_as"] == "certified" and "attempts" not in e
+    assert not (run / "retries").exists()
     (clause,) = e["clauses"]
     assert clause["index"] == 0 and clause["lever"].startswith("pattern objective (previous")
     assert clause["lever_objectives"] == ["enforce:previous_token[L0.H1][contract[0]]"]
